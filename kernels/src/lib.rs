@@ -1,0 +1,13 @@
+//! DeepEP-equivalent expert-parallel communication kernels.
+//!
+//! Module map (see `docs/architecture.md`):
+//! - [`error`]: error type and the GPU diagnostic record (rank / phase / channel on timeout).
+//! - `cubins`: the embedded sm_90a cubins and their build manifest (from `build.rs`).
+//! - `reference`: the CPU oracle of the dispatch/combine contract (pure Rust).
+//! - `validate`: argument checks run before any launch.
+//! - `runtime`: rendezvous, launcher, CUDA context/module/launch helpers, IPC, NCCL, timing.
+//! - `intranode`: layout + NVLink dispatch/combine (`Buffer`).
+//! - `nvshmem`: NVSHMEM host binding, runtime knobs, low-latency and internode modes.
+
+pub mod error;
+pub use error::{EpError, Result};
