@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test that needs neither a GPU nor network beyond the package registries:
+#   1. installs the pinned CUDA 13.0 pip toolchain + NVSHMEM 3.4.5 wheel into .toolchain/
+#   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks)
+#   3. the generator's determinism check on the committed files (lock --offline --check)
+#   4. Nix: parse, pure evaluation tests, deadnix, formatter (Debian's Nix 2.8, installed if missing)
+# Prints a final line "total: N passed, M failed" and exits non-zero on any failure.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+log_dir=$(mktemp -d)
+trap 'rm -rf "$log_dir"' EXIT
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain (pip wheels -> .toolchain/)"
+eval "$(bash scripts/install-toolchain.sh --quiet)"
+export CUDA_HOME NVSHMEM_DIR DEEPEP_NVSHMEM_WHEEL
+echo "CUDA_HOME=$CUDA_HOME"; echo "NVSHMEM_DIR=$NVSHMEM_DIR"; echo "DEEPEP_NVSHMEM_WHEEL=$DEEPEP_NVSHMEM_WHEEL"
+
+step "cargo test --workspace"
+set +e
+cargo test --workspace --all-targets --locked 2>&1 | tee "$log_dir/cargo.log"
+cargo_rc=${PIPESTATUS[0]}
+set -e
+
+step "deepep-nix lock --offline --check (committed Nix data is reproducible)"
+cargo run --quiet --locked -p deepep-nix -- lock --offline --check
+
+step "deepep-nix verify --file (real wheel bytes against the pinned hash)"
+cargo run --quiet --locked -p deepep-nix -- verify --file "$DEEPEP_NVSHMEM_WHEEL"
+
+step "Nix checks"
+bash scripts/nix-checks.sh
+
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log_dir/cargo.log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log_dir/cargo.log" | awk '{s+=$1} END {print s+0}')
+if [ "$cargo_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+echo
+echo "total: $passed passed, $failed failed"
+[ "$cargo_rc" -eq 0 ] && [ "$failed" -eq 0 ]
