@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Install the pinned CUDA 13.0 compiler + NVSHMEM 3.4.5 from pip wheels into <repo>/.toolchain
+# (git-ignored), for building the deepep-kernels cubins on a machine without a CUDA toolkit or GPU.
+#
+# Usage: scripts/install-toolchain.sh [--print-env] [--help]
+#   (no flag)    download the wheels into .toolchain/wheels/ (skipped when already there), install
+#                them into .toolchain/ (skipped when the install stamp matches), then print the
+#                environment to export.
+#   --print-env  only print the environment lines (fails if the toolchain is not installed).
+#
+# Typical use:  eval "$(scripts/install-toolchain.sh | grep '^export ')"
+#
+# The versions must match what the GPU machine runs: NVSHMEM device library linked into the cubins
+# == libnvshmem_host.so.3 at run time (3.4.5), nvcc 13.0 for the CUDA 13.0 / 580 driver.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tc="$repo/.toolchain"
+wheels="$tc/wheels"
+stamp="$tc/.installed"
+
+pins=(
+  nvidia-cuda-nvcc==13.0.88
+  nvidia-cuda-crt==13.0.88
+  nvidia-nvvm==13.0.88
+  nvidia-cuda-runtime==13.0.96
+  nvidia-cuda-cccl==13.0.85
+  nvidia-nvshmem-cu13==3.4.5
+)
+
+die() { echo "install-toolchain: error: $*" >&2; exit 1; }
+
+print_env() {
+  local cu="$tc/nvidia/cu13" nvs="$tc/nvidia/nvshmem" whl
+  [[ -x "$cu/bin/nvcc" ]] || die "no nvcc at $cu/bin/nvcc; run scripts/install-toolchain.sh without --print-env first"
+  [[ -f "$nvs/lib/libnvshmem_device.a" ]] || die "no NVSHMEM device library at $nvs/lib; run scripts/install-toolchain.sh without --print-env first"
+  whl="$(ls "$wheels"/nvidia_nvshmem_cu13-3.4.5-*x86_64*.whl 2>/dev/null | head -n1 || true)"
+  [[ -n "$whl" ]] || die "the NVSHMEM 3.4.5 x86_64 wheel is missing from $wheels; run scripts/install-toolchain.sh without --print-env"
+  echo "export CUDA_HOME=$cu NVSHMEM_DIR=$nvs DEEPEP_NVSHMEM_WHEEL=$whl"
+}
+
+case "${1:-}" in
+  --print-env) print_env; exit 0 ;;
+  -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) die "unknown argument '$1' (use --print-env or --help)" ;;
+esac
+
+command -v python3 >/dev/null || die "python3 not found; install Python 3 with pip (e.g. apt-get install python3-pip)"
+python3 -m pip --version >/dev/null 2>&1 || die "pip not available for python3; install it (apt-get install python3-pip)"
+
+want="$(printf '%s\n' "${pins[@]}")"
+mkdir -p "$wheels"
+
+# 1. Download (only wheels that are not already present). Linux x86_64 wheels, whatever the host.
+missing=()
+for p in "${pins[@]}"; do
+  name="${p%%==*}"; ver="${p##*==}"
+  if ! ls "$wheels/${name//-/_}-$ver-"*x86_64*.whl >/dev/null 2>&1; then missing+=("$p"); fi
+done
+if ((${#missing[@]})); then
+  echo "install-toolchain: downloading ${missing[*]} into $wheels" >&2
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
+    --python-version 3.11 --implementation py --abi none \
+    -d "$wheels" "${missing[@]}" \
+    || die "pip download failed; check network access to the Python package index (or copy the wheels into $wheels)"
+fi
+
+# 2. Install from the local wheels (idempotent: the stamp records the pin list).
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$tc/nvidia/cu13/bin/nvcc" ]]; then
+  echo "install-toolchain: already installed in $tc" >&2
+else
+  files=()
+  for p in "${pins[@]}"; do
+    name="${p%%==*}"; ver="${p##*==}"
+    f="$(ls "$wheels/${name//-/_}-$ver-"*x86_64*.whl | head -n1)"
+    files+=("$f")
+  done
+  rm -f "$stamp"
+  echo "install-toolchain: installing into $tc" >&2
+  python3 -m pip install --quiet --no-deps --upgrade --target "$tc" "${files[@]}" \
+    || die "pip install into $tc failed"
+  [[ -x "$tc/nvidia/cu13/bin/nvcc" ]] || die "nvcc missing after install ($tc/nvidia/cu13/bin/nvcc)"
+  printf '%s\n' "$want" > "$stamp"
+fi
+
+"$tc/nvidia/cu13/bin/nvcc" --version | tail -n2 >&2
+print_env
