@@ -11,3 +11,4 @@
 
 pub mod error;
 pub use error::{EpError, Result};
+pub mod nvshmem;
