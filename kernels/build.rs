@@ -1,1 +1,549 @@
-fn main() {}
+//! Build script of `deepep-kernels`: compiles the CUDA sources into sm_90a cubins (SASS only) and
+//! generates `$OUT_DIR/cubins.rs`, the table that `src/cubins.rs` embeds.
+//!
+//! - `cuda/*.cu`          -> plain cubins:   `nvcc -cubin`
+//! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`, then
+//!                           `nvlink ... -L$NVSHMEM_DIR/lib -lnvshmem_device`
+//!
+//! Toolkit: `CUDA_HOME` (env), else `<workspace>/.toolchain/nvidia/cu13` (installed by
+//! `scripts/install-toolchain.sh`), else `/usr/local/cuda`.
+//! NVSHMEM: `NVSHMEM_DIR` (env); unset -> `<workspace>/.toolchain/nvidia/nvshmem` if present;
+//! set to the empty string or not found -> a cargo warning and the NVSHMEM cubins are left out.
+//! `DEEPEP_NVCC_FLAGS`: extra nvcc flags (whitespace separated), e.g. `-lineinfo` or `-G`.
+//!
+//! ptxas `-v` output is parsed; any register spill in a kernel (or in one of our own device
+//! functions) fails the build unless the function is in [`SPILL_ALLOW`].
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+#[path = "src/cubins/elf.rs"]
+#[allow(dead_code)]
+mod elf;
+
+const ARCH: &str = "sm_90a";
+const GENCODE: &str = "-gencode=arch=compute_90a,code=sm_90a";
+
+/// Functions whose register spills are tolerated: (file stem, function name, why).
+/// Keep empty unless a spill is understood and measured harmless; say why in the reason.
+const SPILL_ALLOW: &[(&str, &str, &str)] = &[];
+
+/// Resource usage of one function, from `ptxas -v` (and `nvlink -v` for NVSHMEM cubins).
+#[derive(Debug, Default, Clone)]
+struct Res {
+    entry: bool,
+    registers: u32,
+    stack: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    smem: u32,
+}
+
+struct Built {
+    name: String,
+    cubin: PathBuf,
+    nvshmem: bool,
+    kernels: Vec<String>,
+    res: BTreeMap<String, Res>,
+}
+
+fn main() {
+    let manifest = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
+    let workspace = manifest.parent().unwrap().to_path_buf();
+    let out = PathBuf::from(env("OUT_DIR").unwrap());
+    let cuda_dir = manifest.join("cuda");
+
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/cubins/elf.rs");
+    println!("cargo:rerun-if-changed=cuda");
+    for v in ["CUDA_HOME", "NVSHMEM_DIR", "DEEPEP_NVCC_FLAGS"] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+
+    let cuda_home = find_cuda_home(&workspace);
+    let nvcc = cuda_home.join("bin/nvcc");
+    let nvcc_version = nvcc_version(&nvcc, &cuda_home);
+    let nvshmem = find_nvshmem(&workspace);
+    let nvshmem_version = nvshmem.as_ref().map(|d| nvshmem_version(d));
+
+    let plain = list_cu(&cuda_dir);
+    let nvs_sources = list_cu(&cuda_dir.join("nvshmem"));
+    if nvshmem.is_none() && !nvs_sources.is_empty() {
+        println!(
+            "cargo:warning=NVSHMEM_DIR not set and no .toolchain/nvidia/nvshmem: the NVSHMEM cubins ({}) are left out; \
+             NVSHMEM modes will report that the crate was built without NVSHMEM. Fix: run scripts/install-toolchain.sh \
+             or export NVSHMEM_DIR=<nvshmem prefix with include/ and lib/libnvshmem_device.a>",
+            nvs_sources.iter().map(|p| stem(p)).collect::<Vec<_>>().join(", ")
+        );
+    }
+
+    let mut common = vec![
+        GENCODE.to_string(),
+        "-O3".into(),
+        "-std=c++17".into(),
+        "-Xptxas".into(),
+        "-v".into(),
+        format!("-I{}", cuda_dir.display()),
+    ];
+    let cccl = cuda_home.join("include/cccl");
+    if cccl.is_dir() {
+        common.push(format!("-I{}", cccl.display()));
+    }
+    if let Ok(extra) = std::env::var("DEEPEP_NVCC_FLAGS") {
+        common.extend(extra.split_whitespace().map(String::from));
+    }
+
+    let mut jobs: Vec<(PathBuf, bool)> = plain.iter().map(|p| (p.clone(), false)).collect();
+    if nvshmem.is_some() {
+        jobs.extend(nvs_sources.iter().map(|p| (p.clone(), true)));
+    }
+
+    // Compile in parallel: a shared queue drained by up to `available_parallelism` workers.
+    let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let results = Mutex::new(Vec::<(usize, Result<Built, String>)>::new());
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(1);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let Some((i, (src, is_nvs))) = queue.lock().unwrap().pop() else { break };
+                let r = compile(&src, is_nvs, &cuda_home, nvshmem.as_deref(), &common, &out);
+                results.lock().unwrap().push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+
+    let mut built = Vec::new();
+    let mut errors = Vec::new();
+    for (_, r) in results {
+        match r {
+            Ok(b) => built.push(b),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        panic!("\n\n{}\n", errors.join("\n\n"));
+    }
+
+    let source_hash = hash_tree(&cuda_dir);
+    write_table(&out, &built, nvshmem_version, &nvcc_version, &source_hash, nvshmem.is_some());
+}
+
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+fn stem(p: &Path) -> String {
+    p.file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+fn find_cuda_home(workspace: &Path) -> PathBuf {
+    let candidates: Vec<(PathBuf, &str)> = match env("CUDA_HOME") {
+        Some(h) => vec![(PathBuf::from(h), "CUDA_HOME")],
+        None => vec![
+            (workspace.join(".toolchain/nvidia/cu13"), "<workspace>/.toolchain/nvidia/cu13"),
+            (PathBuf::from("/usr/local/cuda"), "/usr/local/cuda"),
+        ],
+    };
+    for (dir, _) in &candidates {
+        if dir.join("bin/nvcc").is_file() {
+            return dir.clone();
+        }
+    }
+    let tried = candidates
+        .iter()
+        .map(|(d, why)| format!("{}/bin/nvcc ({why})", d.display()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    panic!(
+        "\n\nnvcc not found (tried {tried}).\nFix: run `scripts/install-toolchain.sh` (pinned CUDA 13.0 pip wheels into \
+         .toolchain/, no GPU needed) or export CUDA_HOME=<CUDA 13.0 toolkit with bin/nvcc>.\n"
+    );
+}
+
+fn find_nvshmem(workspace: &Path) -> Option<PathBuf> {
+    let dir = match std::env::var("NVSHMEM_DIR") {
+        Ok(v) if v.is_empty() => return None, // explicitly disabled
+        Ok(v) => PathBuf::from(v),
+        Err(_) => {
+            let d = workspace.join(".toolchain/nvidia/nvshmem");
+            if !d.is_dir() {
+                return None;
+            }
+            d
+        }
+    };
+    let lib = dir.join("lib/libnvshmem_device.a");
+    if !lib.is_file() || !dir.join("include/nvshmem.h").is_file() {
+        panic!(
+            "\n\nNVSHMEM_DIR={} has no include/nvshmem.h or lib/libnvshmem_device.a.\nFix: point NVSHMEM_DIR at an NVSHMEM \
+             prefix (e.g. the nvidia-nvshmem-cu13 3.4.5 wheel's nvidia/nvshmem directory; scripts/install-toolchain.sh \
+             installs it), or set NVSHMEM_DIR= (empty) to build without the NVSHMEM kernels.\n",
+            dir.display()
+        );
+    }
+    Some(dir)
+}
+
+fn nvcc_version(nvcc: &Path, cuda_home: &Path) -> String {
+    let o = Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| {
+        panic!("\n\ncannot run {}: {e}\nFix: check CUDA_HOME={} (or run scripts/install-toolchain.sh)\n", nvcc.display(), cuda_home.display())
+    });
+    let text = String::from_utf8_lossy(&o.stdout);
+    // "Cuda compilation tools, release 13.0, V13.0.88"
+    text.lines()
+        .find_map(|l| l.split(", V").nth(1))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("\n\ncannot parse `{} --version` output:\n{text}\n", nvcc.display()))
+}
+
+fn nvshmem_version(dir: &Path) -> (u32, u32, u32) {
+    let candidates = [dir.join("include/non_abi/nvshmem_version.h"), dir.join("include/nvshmem_version.h")];
+    for f in &candidates {
+        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        let get = |what: &str| -> Option<u32> {
+            let key = format!("NVSHMEM_VENDOR_{what}_VERSION");
+            text.lines().find_map(|l| {
+                let mut it = l.split_whitespace();
+                (it.next() == Some("#define") && it.next() == Some(key.as_str()))
+                    .then(|| it.next()?.parse().ok())
+                    .flatten()
+            })
+        };
+        if let (Some(a), Some(b), Some(c)) = (get("MAJOR"), get("MINOR"), get("PATCH")) {
+            return (a, b, c);
+        }
+    }
+    panic!(
+        "\n\ncannot find NVSHMEM_VENDOR_{{MAJOR,MINOR,PATCH}}_VERSION in {}.\nFix: NVSHMEM_DIR must be a complete NVSHMEM \
+         prefix (>= 3.x, with include/non_abi/nvshmem_version.h).\n",
+        candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or ")
+    );
+}
+
+fn list_cu(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return vec![] };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
+    let o = cmd.output().map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
+    let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    if !o.status.success() {
+        return Err(format!("{what} failed ({}):\n{cmd:?}\n{log}", o.status));
+    }
+    Ok(log)
+}
+
+fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, common: &[String], out: &Path) -> Result<Built, String> {
+    let name = stem(src);
+    let source = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let kernels = parse_kernels(&source);
+    let cubin = out.join(format!("{name}.cubin"));
+    let nvcc = cuda_home.join("bin/nvcc");
+    let mut log;
+    let mut res;
+    if !is_nvs {
+        log = run(
+            Command::new(&nvcc).args(common).arg("-cubin").arg("-o").arg(&cubin).arg(src),
+            &format!("nvcc {}", src.display()),
+        )?;
+        res = parse_ptxas(&log);
+    } else {
+        let nvs = nvshmem.unwrap();
+        let rdc = out.join(format!("{name}.rdc.cubin"));
+        log = run(
+            Command::new(&nvcc)
+                .args(common)
+                .arg(format!("-I{}", src.parent().unwrap().display()))
+                .arg(format!("-I{}", nvs.join("include").display()))
+                .args(["-rdc=true", "-cubin", "-o"])
+                .arg(&rdc)
+                .arg(src),
+            &format!("nvcc -rdc {}", src.display()),
+        )?;
+        res = parse_ptxas(&log);
+        let link_log = run(
+            Command::new(cuda_home.join("bin/nvlink"))
+                .args(["-v", &format!("-arch={ARCH}")])
+                .arg(&rdc)
+                .arg(format!("-L{}", nvs.join("lib").display()))
+                .args(["-lnvshmem_device", "-o"])
+                .arg(&cubin),
+            &format!("nvlink {}", rdc.display()),
+        )?;
+        merge_nvlink(&link_log, &mut res);
+        log.push_str(&link_log);
+    }
+    let _ = std::fs::write(out.join(format!("{name}.ptxas.log")), &log);
+
+    // Spill check.
+    let mut spills = Vec::new();
+    for (f, r) in &res {
+        let ours = r.entry || !f.contains("nvshmem");
+        let allowed = SPILL_ALLOW.iter().any(|(file, func, _)| *file == name && func == f);
+        if ours && !allowed && (r.spill_stores > 0 || r.spill_loads > 0) {
+            spills.push(format!(
+                "  {f}: {} bytes spill stores, {} bytes spill loads ({} registers)",
+                r.spill_stores, r.spill_loads, r.registers
+            ));
+        }
+    }
+    if !spills.is_empty() {
+        return Err(format!(
+            "register spills in {} (ptxas -v):\n{}\nFix: reduce register pressure (fewer live values, smaller unroll, \
+             __launch_bounds__ with a lower block size), or if the spill is measured harmless add the function to \
+             SPILL_ALLOW in kernels/build.rs with the reason.",
+            src.display(),
+            spills.join("\n")
+        ));
+    }
+
+    // Every parsed extern "C" __global__ name must be in the cubin.
+    let bytes = std::fs::read(&cubin).map_err(|e| format!("{}: {e}", cubin.display()))?;
+    let syms = elf::global_functions(&bytes).map_err(|e| format!("{}: {e}", cubin.display()))?;
+    let missing: Vec<_> = kernels.iter().filter(|k| !syms.contains(k)).collect();
+    if !missing.is_empty() {
+        return Err(format!("{}: kernels {missing:?} parsed from the source are not in the cubin symbols {syms:?}", src.display()));
+    }
+    Ok(Built { name, cubin, nvshmem: is_nvs, kernels, res })
+}
+
+/// Parse `ptxas -v` output into per-function resources.
+fn parse_ptxas(log: &str) -> BTreeMap<String, Res> {
+    let mut m: BTreeMap<String, Res> = BTreeMap::new();
+    let mut cur: Option<String> = None;
+    let num_before = |l: &str, key: &str| -> Option<u32> {
+        let i = l.find(key)?;
+        l[..i].split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).last()?.parse().ok()
+    };
+    for line in log.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.strip_prefix("ptxas info    : Compiling entry function '") {
+            let f = rest.split('\'').next().unwrap_or("").to_string();
+            m.entry(f.clone()).or_default().entry = true;
+            cur = Some(f);
+        } else if let Some(f) = l.strip_prefix("ptxas info    : Function properties for ") {
+            let f = f.trim().to_string();
+            m.entry(f.clone()).or_default();
+            cur = Some(f);
+        } else if l.contains("bytes spill stores") {
+            if let Some(r) = cur.as_ref().and_then(|f| m.get_mut(f)) {
+                r.stack = num_before(l, "bytes stack frame").unwrap_or(0);
+                r.spill_stores = num_before(l, "bytes spill stores").unwrap_or(0);
+                r.spill_loads = num_before(l, "bytes spill loads").unwrap_or(0);
+            }
+        } else if l.starts_with("ptxas info    : Used ") {
+            if let Some(r) = cur.as_ref().and_then(|f| m.get_mut(f)) {
+                r.registers = num_before(l, "registers").unwrap_or(0);
+                r.smem = num_before(l, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    m
+}
+
+/// Fold `nvlink -v` final properties (registers / stack after linking the device library) in.
+fn merge_nvlink(log: &str, m: &mut BTreeMap<String, Res>) {
+    let mut cur: Option<String> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for '").nth(1) {
+            cur = rest.split('\'').next().map(String::from);
+        } else if let (Some(f), true) = (&cur, line.contains("registers")) {
+            let field = |key: &str| -> Option<u32> {
+                line.split(',').find(|p| p.contains(key))?.split_whitespace().find_map(|w| w.parse().ok())
+            };
+            if let Some(r) = m.get_mut(f) {
+                r.registers = field("registers").unwrap_or(r.registers);
+                r.stack = field("stack").unwrap_or(r.stack);
+            }
+            cur = None;
+        }
+    }
+}
+
+/// The names of the `extern "C" __global__` functions of a CUDA source (comments and preprocessor
+/// lines ignored; `extern "C" { ... }` blocks understood; attributes such as `__launch_bounds__(..)`
+/// skipped).
+fn parse_kernels(src: &str) -> Vec<String> {
+    let toks = tokenize(src);
+    let mut names = Vec::new();
+    let mut braces: Vec<bool> = Vec::new(); // per open brace: is it an extern "C" block?
+    for i in 0..toks.len() {
+        let t = toks[i].as_str();
+        match t {
+            "{" => braces.push(i >= 2 && toks[i - 2] == "extern" && toks[i - 1] == "\"C\""),
+            "}" => {
+                braces.pop();
+            }
+            "__global__" => {
+                let prefixed = i >= 2 && toks[i - 2] == "extern" && toks[i - 1] == "\"C\"";
+                if !(prefixed || braces.iter().any(|&b| b)) {
+                    continue;
+                }
+                // Walk to the first identifier followed by "(" that is not a __attribute__.
+                let mut j = i + 1;
+                while j + 1 < toks.len() {
+                    let is_ident = toks[j].chars().next().is_some_and(|c| c.is_alphabetic() || c == '_');
+                    if is_ident && toks[j + 1] == "(" {
+                        if toks[j].starts_with("__") {
+                            // skip the balanced attribute argument list
+                            let mut depth = 0;
+                            j += 1;
+                            loop {
+                                match toks[j].as_str() {
+                                    "(" => depth += 1,
+                                    ")" => depth -= 1,
+                                    _ => {}
+                                }
+                                j += 1;
+                                if depth == 0 || j >= toks.len() {
+                                    break;
+                                }
+                            }
+                            continue;
+                        }
+                        names.push(toks[j].clone());
+                        break;
+                    }
+                    j += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+fn tokenize(src: &str) -> Vec<String> {
+    // Drop preprocessor lines (with continuations) first.
+    let mut text = String::new();
+    let mut in_pp = false;
+    for line in src.lines() {
+        let starts_pp = line.trim_start().starts_with('#');
+        if starts_pp || in_pp {
+            in_pp = line.trim_end().ends_with('\\');
+            text.push('\n');
+            continue;
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    let c: Vec<char> = text.chars().collect();
+    let mut toks = Vec::new();
+    let mut i = 0;
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '/' && c.get(i + 1) == Some(&'/') {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if ch == '/' && c.get(i + 1) == Some(&'*') {
+            i += 2;
+            while i + 1 < c.len() && !(c[i] == '*' && c[i + 1] == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if ch == '"' || ch == '\'' {
+            let start = i;
+            i += 1;
+            while i < c.len() && c[i] != ch {
+                if c[i] == '\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i += 1;
+            toks.push(c[start..i.min(c.len())].iter().collect());
+        } else if ch.is_alphanumeric() || ch == '_' {
+            let start = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            toks.push(c[start..i].iter().collect());
+        } else {
+            if !ch.is_whitespace() {
+                toks.push(ch.to_string());
+            }
+            i += 1;
+        }
+    }
+    toks
+}
+
+/// FNV-1a 64 over (relative path, contents) of every file under `cuda/`, sorted by path.
+fn hash_tree(dir: &Path) -> String {
+    fn walk(d: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    files.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for f in files {
+        feed(f.strip_prefix(dir).unwrap().to_string_lossy().as_bytes());
+        feed(&[0]);
+        feed(&std::fs::read(&f).unwrap_or_default());
+        feed(&[0]);
+    }
+    format!("{h:016x}")
+}
+
+fn write_table(out: &Path, built: &[Built], nvs: Option<(u32, u32, u32)>, nvcc: &str, hash: &str, nvs_enabled: bool) {
+    let mut s = String::new();
+    writeln!(s, "// @generated by kernels/build.rs").unwrap();
+    writeln!(s, "pub static CUBINS: &[Cubin] = &[").unwrap();
+    for b in built {
+        writeln!(s, "    Cubin {{").unwrap();
+        writeln!(s, "        name: {:?},", b.name).unwrap();
+        writeln!(s, "        bytes: include_bytes!({:?}),", b.cubin.display().to_string()).unwrap();
+        writeln!(s, "        nvshmem: {},", b.nvshmem).unwrap();
+        writeln!(s, "        kernels: &{:?},", b.kernels).unwrap();
+        writeln!(s, "        resources: &[").unwrap();
+        for k in &b.kernels {
+            let r = b.res.get(k).cloned().unwrap_or_default();
+            writeln!(
+                s,
+                "            KernelResources {{ name: {k:?}, registers: {}, stack_bytes: {}, spill_bytes: {}, static_smem_bytes: {} }},",
+                r.registers,
+                r.stack,
+                r.spill_stores + r.spill_loads,
+                r.smem
+            )
+            .unwrap();
+        }
+        writeln!(s, "        ],").unwrap();
+        writeln!(s, "    }},").unwrap();
+    }
+    writeln!(s, "];").unwrap();
+    writeln!(s, "pub const NVSHMEM_VERSION: Option<(u32, u32, u32)> = {nvs:?};").unwrap();
+    writeln!(s, "pub const NVSHMEM_ENABLED: bool = {nvs_enabled};").unwrap();
+    writeln!(s, "pub const NVCC_VERSION: &str = {nvcc:?};").unwrap();
+    writeln!(s, "pub const ARCH: &str = {ARCH:?};").unwrap();
+    writeln!(s, "pub const SOURCE_HASH: &str = {hash:?};").unwrap();
+    std::fs::write(out.join("cubins.rs"), s).unwrap();
+}

@@ -11,4 +11,5 @@
 
 pub mod error;
 pub use error::{EpError, Result};
+pub mod cubins;
 pub mod nvshmem;

@@ -1,0 +1,122 @@
+//! Minimal ELF64 little-endian symbol-table reader for cubins.
+//!
+//! Shared by `build.rs` (cross-checks that every parsed `extern "C" __global__` name was emitted)
+//! and by the crate (`cubins::Cubin::symbols`, used by `tests/cubins.rs`). Only what a cubin needs:
+//! section headers, `SHT_SYMTAB` and its linked string table.
+
+/// One symbol of the ELF symbol table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    /// `STT_*` type (0 notype, 1 object, 2 func, 3 section, ...).
+    pub kind: u8,
+    /// `STB_*` binding (0 local, 1 global, 2 weak).
+    pub binding: u8,
+    /// `st_other`; CUDA marks kernel entry points with [`STO_CUDA_ENTRY`].
+    pub other: u8,
+    /// Section index (0 = undefined).
+    pub section: u16,
+    pub size: u64,
+}
+
+pub const STT_OBJECT: u8 = 1;
+pub const STT_FUNC: u8 = 2;
+pub const STB_GLOBAL: u8 = 1;
+/// `st_other` bit of a CUDA kernel entry point.
+pub const STO_CUDA_ENTRY: u8 = 0x10;
+/// `e_machine` of CUDA cubins.
+pub const EM_CUDA: u16 = 190;
+
+const SHT_SYMTAB: u32 = 2;
+
+fn rd<const N: usize>(b: &[u8], off: usize) -> Result<[u8; N], String> {
+    b.get(off..off + N)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| format!("ELF truncated: need {N} bytes at offset {off}, file has {}", b.len()))
+}
+fn u16_at(b: &[u8], off: usize) -> Result<u16, String> {
+    Ok(u16::from_le_bytes(rd(b, off)?))
+}
+fn u32_at(b: &[u8], off: usize) -> Result<u32, String> {
+    Ok(u32::from_le_bytes(rd(b, off)?))
+}
+fn u64_at(b: &[u8], off: usize) -> Result<u64, String> {
+    Ok(u64::from_le_bytes(rd(b, off)?))
+}
+fn cstr(b: &[u8], off: usize) -> Result<String, String> {
+    let tail = b.get(off..).ok_or_else(|| format!("ELF string offset {off} out of range"))?;
+    let end = tail.iter().position(|&c| c == 0).ok_or("ELF string not NUL-terminated")?;
+    Ok(String::from_utf8_lossy(&tail[..end]).into_owned())
+}
+
+/// All symbols of every `SHT_SYMTAB` section. Errors name what is malformed.
+pub fn symbols(b: &[u8]) -> Result<Vec<Symbol>, String> {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" {
+        return Err("not an ELF file (bad magic)".into());
+    }
+    if b[4] != 2 || b[5] != 1 {
+        return Err(format!("unsupported ELF class/endianness ({}, {}); cubins are ELF64 little-endian", b[4], b[5]));
+    }
+    let shoff = u64_at(b, 0x28)? as usize;
+    let shentsize = u16_at(b, 0x3A)? as usize;
+    let shnum = u16_at(b, 0x3C)? as usize;
+    if shentsize < 64 {
+        return Err(format!("ELF section header size {shentsize} < 64"));
+    }
+    let sh = |i: usize| shoff + i * shentsize;
+    let mut out = Vec::new();
+    for i in 0..shnum {
+        let h = sh(i);
+        if u32_at(b, h + 4)? != SHT_SYMTAB {
+            continue;
+        }
+        let off = u64_at(b, h + 0x18)? as usize;
+        let size = u64_at(b, h + 0x20)? as usize;
+        let link = u32_at(b, h + 0x28)? as usize;
+        let entsize = (u64_at(b, h + 0x38)? as usize).max(24);
+        if link >= shnum {
+            return Err(format!("symbol table links to string section {link} of {shnum}"));
+        }
+        let stroff = u64_at(b, sh(link) + 0x18)? as usize;
+        for k in 0..size / entsize {
+            let e = off + k * entsize;
+            let name_off = u32_at(b, e)? as usize;
+            let info = rd::<1>(b, e + 4)?[0];
+            out.push(Symbol {
+                name: cstr(b, stroff + name_off)?,
+                kind: info & 0xF,
+                binding: info >> 4,
+                other: rd::<1>(b, e + 5)?[0],
+                section: u16_at(b, e + 6)?,
+                size: u64_at(b, e + 16)?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Names of the defined global functions (kernel entry points and exported device functions).
+pub fn global_functions(b: &[u8]) -> Result<Vec<String>, String> {
+    Ok(symbols(b)?
+        .into_iter()
+        .filter(|s| s.kind == STT_FUNC && s.binding == STB_GLOBAL && s.section != 0)
+        .map(|s| s.name)
+        .collect())
+}
+
+/// `e_machine` of the image (cubins: [`EM_CUDA`]).
+pub fn machine(b: &[u8]) -> Result<u16, String> {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" {
+        return Err("not an ELF file (bad magic)".into());
+    }
+    u16_at(b, 0x12)
+}
+
+/// Names of the kernel entry points (global functions flagged [`STO_CUDA_ENTRY`]).
+pub fn entry_points(b: &[u8]) -> Result<Vec<String>, String> {
+    Ok(symbols(b)?
+        .into_iter()
+        .filter(|s| s.kind == STT_FUNC && s.section != 0 && s.other & STO_CUDA_ENTRY != 0)
+        .map(|s| s.name)
+        .collect())
+}
