@@ -13,3 +13,5 @@ pub mod error;
 pub use error::{EpError, Result};
 pub mod cubins;
 pub mod nvshmem;
+pub mod reference;
+pub mod validate;

@@ -1,0 +1,143 @@
+//! Deterministic inputs from `(seed, rank)`, so that every rank can compute the CPU reference of
+//! all ranks locally without exchanging inputs.
+//!
+//! Streams come from `rand::rngs::StdRng::seed_from_u64(mix(seed, rank, stream))` (`rand` 0.9,
+//! ChaCha12). `StdRng`'s algorithm is only stable within a `rand` version: a seed printed by one
+//! build reproduces the same inputs with any build that uses the same `rand` 0.9.x, not across a
+//! `rand` major upgrade. All ranks run the same binary, so they always agree.
+
+use super::fp8::cast_per_token;
+use super::numeric::bf16_rn;
+use super::{Payload, RankInput};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// splitmix64 finalizer: a bijective 64-bit mixer.
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Independent random stream for `(seed, rank, stream)`. Use distinct `stream` constants for
+/// distinct purposes (inputs, combine inputs, biases, ...).
+pub fn rng(seed: u64, rank: usize, stream: u64) -> StdRng {
+    let mixed = splitmix64(splitmix64(splitmix64(seed) ^ rank as u64) ^ stream.wrapping_mul(0xd6e8_feb8_6659_fd93));
+    StdRng::seed_from_u64(mixed)
+}
+
+/// Stream ids used by this module (callers may pick any other values for their own streams).
+pub mod streams {
+    pub const TOKENS: u64 = 1;
+    pub const TOPK: u64 = 2;
+    pub const VALUES: u64 = 3;
+    pub const COUNTS: u64 = 4;
+    pub const COMBINE_Y: u64 = 5;
+    pub const BIAS0: u64 = 6;
+    pub const BIAS1: u64 = 7;
+}
+
+/// Shape and options of one rank's random input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InputSpec {
+    pub num_tokens: usize,
+    pub hidden: usize,
+    pub num_topk: usize,
+    pub num_experts: usize,
+    /// Produce `Payload::Fp8` (cast per token with f32 scales, no `round_scale`) instead of bf16.
+    pub fp8: bool,
+    /// Probability that a `(t, k)` slot is replaced by `-1`.
+    pub masked_fraction: f64,
+}
+
+/// A standard-normal-ish f32 (Box-Muller).
+fn normal(rng: &mut StdRng) -> f32 {
+    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
+    let u2: f64 = rng.random::<f64>();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+/// `rows × cols` bf16 values, normal-ish, with a per-row power-of-two magnitude in `2^-3..=2^3`
+/// (so FP8 scale groups see different ranges), never zero (a value that rounds to zero is
+/// replaced by `±2^-4` times the row magnitude).
+pub fn bf16_rows(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<bf16> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for _ in 0..rows {
+        let mag = 2f32.powi(rng.random_range(-3..=3));
+        for _ in 0..cols {
+            let mut v = normal(rng) * mag;
+            if bf16_rn(v).to_f32() == 0.0 {
+                v = if rng.random::<bool>() { mag / 16.0 } else { -mag / 16.0 };
+            }
+            out.push(bf16_rn(v));
+        }
+    }
+    out
+}
+
+/// `[n, k]` top-k ids: per token `k` distinct experts drawn uniformly in random order (what
+/// top-k over i.i.d. random scores gives, as in DeepEP's tests); then each slot becomes `-1`
+/// with probability `masked_fraction`.
+pub fn topk_idx(rng: &mut StdRng, n: usize, k: usize, num_experts: usize, masked_fraction: f64) -> Vec<i64> {
+    assert!(k <= num_experts, "top-k {k} larger than the expert count {num_experts}");
+    let mut perm: Vec<i64> = (0..num_experts as i64).collect();
+    let mut out = Vec::with_capacity(n * k);
+    for _ in 0..n {
+        for j in 0..k {
+            let p = rng.random_range(j..num_experts);
+            perm.swap(j, p);
+        }
+        for &e in &perm[..k] {
+            out.push(if masked_fraction > 0.0 && rng.random::<f64>() < masked_fraction { -1 } else { e });
+        }
+    }
+    out
+}
+
+/// `[n, k]` positive weights in `[0.05, 1.05)`.
+pub fn topk_weights(rng: &mut StdRng, n: usize, k: usize) -> Vec<f32> {
+    (0..n * k).map(|_| 0.05 + rng.random::<f32>()).collect()
+}
+
+/// The input of `rank` for `seed`: values, top-k ids (with `-1` slots) and weights.
+pub fn rank_input(seed: u64, rank: usize, spec: &InputSpec) -> RankInput {
+    let InputSpec { num_tokens: n, hidden: h, num_topk: k, num_experts, fp8, masked_fraction } = *spec;
+    let x = bf16_rows(&mut rng(seed, rank, streams::VALUES), n, h);
+    let mut r = rng(seed, rank, streams::TOPK);
+    let topk_idx = topk_idx(&mut r, n, k, num_experts, masked_fraction);
+    let topk_weights = topk_weights(&mut r, n, k);
+    let x = if fp8 {
+        let (data, scales) = cast_per_token(&x, n, h, false, false).expect("rank_input: fp8 needs hidden % 128 == 0");
+        Payload::Fp8 { data, scales: scales.to_f32() }
+    } else {
+        Payload::Bf16(x)
+    };
+    RankInput { n, hidden: h, k, x, topk_idx, topk_weights }
+}
+
+/// Inputs of all `num_ranks` ranks; `tokens[r]` tokens on rank `r` (see [`token_counts`]).
+pub fn all_inputs(seed: u64, tokens: &[usize], spec: &InputSpec) -> Vec<RankInput> {
+    tokens.iter().enumerate().map(|(r, &n)| rank_input(seed, r, &InputSpec { num_tokens: n, ..*spec })).collect()
+}
+
+/// Ragged token counts per rank, identical on every rank for the same seed: each rank gets 0, 1,
+/// `max_tokens`, or a uniform count in `0..=max_tokens` (0 and 1 each with probability 1/8,
+/// `max_tokens` with 1/4).
+pub fn token_counts(seed: u64, num_ranks: usize, max_tokens: usize) -> Vec<usize> {
+    let mut r = rng(seed, usize::MAX, streams::COUNTS);
+    (0..num_ranks)
+        .map(|_| match r.random_range(0..8u32) {
+            0 => 0,
+            1 => 1.min(max_tokens),
+            2 | 3 => max_tokens,
+            _ => r.random_range(0..=max_tokens),
+        })
+        .collect()
+}
+
+/// Random combine inputs `[rows, hidden]` for `rank` (independent of the dispatch inputs).
+pub fn combine_rows(seed: u64, rank: usize, stream: u64, rows: usize, hidden: usize) -> Vec<bf16> {
+    bf16_rows(&mut rng(seed, rank, stream), rows, hidden)
+}
