@@ -1,0 +1,432 @@
+// Intranode (NVLink, CUDA IPC) notify / dispatch / combine. Design and memory ordering:
+// see intranode.cuh (summary) and docs/kernels.md ("Intranode").
+//
+// Entry points (all take `EpDiag` last):
+//   ep_intranode_notify                       grid 1 + R, kNotifyThreads
+//   ep_intranode_dispatch_r{2,4,8}            grid num_sms, up to kMaxThreads
+//   ep_intranode_combine_r{2,4,8}             grid num_sms, up to kMaxThreads (push + reduce warps)
+// There is no separate "cached notify" kernel: with a cached handle the dispatch kernel's own
+// ready handshake is all the synchronisation needed (no queues to clear, counters self-reset).
+#include <cuda_bf16.h>
+
+#include "intranode.cuh"
+
+#define kNotifyThreads 512
+#define kMaxThreads 768
+#define kFullMask 0xffffffffu
+
+// =========================================================================================
+// notify: count exchange + prefix sums
+// =========================================================================================
+// Block 0: ready handshake, publish this rank's per-rank counts (to every rank) and its per-expert
+// counts (each rank gets the counts of its own local experts), gather everyone's, write the count
+// matrix to the handle and, host-mapped, M, the matrix and the aligned per-local-expert counts.
+// Block 1 + d: send_pos[t][d] = exclusive prefix over t of is_token_in_rank[t][d] (-1 if not sent).
+extern "C" __global__ void __launch_bounds__(kNotifyThreads, 1)
+ep_intranode_notify(IntranodeArgs a, NotifyParams p, EpDiag diag) {
+    const int tid = threadIdx.x;
+    const int R = a.num_ranks, me = a.rank;
+    if (blockIdx.x > 0) {
+        const int d = blockIdx.x - 1;
+        const int lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+        __shared__ int s_warp[kNotifyThreads / 32];
+        int running = 0;
+        for (int base = 0; base < p.num_tokens; base += blockDim.x) {
+            const int t = base + tid;
+            const bool f = t < p.num_tokens && p.is_token_in_rank[static_cast<long>(t) * R + d] != 0;
+            const unsigned ballot = __ballot_sync(kFullMask, f);
+            const int lane_prefix = __popc(ballot & ((1u << lane) - 1u));
+            if (lane == 0) s_warp[warp] = __popc(ballot);
+            __syncthreads();
+            int warp_offset = 0, block_total = 0;
+            for (int w = 0; w < nwarps; ++w) {
+                const int c = s_warp[w];
+                warp_offset += w < warp ? c : 0;
+                block_total += c;
+            }
+            if (t < p.num_tokens)
+                p.send_pos[static_cast<long>(t) * R + d] = f ? running + warp_offset + lane_prefix : -1;
+            running += block_total;
+            __syncthreads();
+        }
+        if (tid == 0 && running != p.tokens_per_rank[d])
+            ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_NOTIFY, -1, d, running, 0);
+        return;
+    }
+
+    __shared__ int s_abort;
+    __shared__ int s_matrix[EP_INTRANODE_MAX_RANKS * EP_INTRANODE_MAX_RANKS];
+    __shared__ int s_expert[EP_INTRANODE_MAX_LOCAL_EXPERTS];
+    const int L = p.num_local_experts;
+    for (int e = tid; e < L; e += blockDim.x) s_expert[e] = 0;
+    if (!ep_ready_handshake(a, diag, EP_PHASE_NOTIFY, &s_abort)) return;
+
+    const int W = R + L;  // values per (source, destination) pair
+    const uint64_t tag = static_cast<uint64_t>(a.epoch) << 32;
+    // Publish. Every value carries the epoch, so no separate flag (and no ordering) is needed.
+    for (int i = tid; i < R * W; i += blockDim.x) {
+        const int d = i / W, j = i % W;
+        uint64_t* dst;
+        uint32_t v;
+        if (j < R) {
+            dst = ep_at<uint64_t>(a, d, a.off_notify_rank) + me * R + j;
+            v = static_cast<uint32_t>(p.tokens_per_rank[j]);
+        } else {
+            dst = ep_at<uint64_t>(a, d, a.off_notify_expert) +
+                  static_cast<long>(me) * a.max_local_experts + (j - R);
+            v = static_cast<uint32_t>(p.tokens_per_expert[d * L + (j - R)]);
+        }
+        st_relaxed_sys_u64(dst, tag | v);
+    }
+    // Gather what every source published into this rank's buffer.
+    for (int i = tid; i < R * W; i += blockDim.x) {
+        const int s = i / W, j = i % W;
+        const uint64_t* src =
+            j < R ? ep_at<uint64_t>(a, me, a.off_notify_rank) + s * R + j
+                  : ep_at<uint64_t>(a, me, a.off_notify_expert) +
+                        static_cast<long>(s) * a.max_local_experts + (j - R);
+        EpWait w(diag);
+        uint64_t v;
+        bool ok = true;
+        while (((v = ld_volatile_u64(src)) & 0xffffffff00000000ull) != tag) {
+            if (!w.tick(EP_PHASE_NOTIFY, 0, s, j)) { ok = false; break; }
+        }
+        if (!ok) { s_abort = 1; break; }
+        const int value = static_cast<int>(static_cast<uint32_t>(v));
+        if (j < R) s_matrix[s * R + j] = value;
+        else atomicAdd(&s_expert[j - R], value);
+    }
+    __syncthreads();
+    if (s_abort) return;
+
+    int32_t* host = p.host_out;
+    for (int i = tid; i < R * R; i += blockDim.x) {
+        p.count_matrix[i] = s_matrix[i];
+        host[2 + i] = s_matrix[i];
+    }
+    for (int e = tid; e < L; e += blockDim.x) {
+        const int c = s_expert[e], al = p.expert_alignment;
+        host[2 + R * R + e] = (c + al - 1) / al * al;
+    }
+    if (tid == 0) {
+        int m = 0;
+        for (int s = 0; s < R; ++s) m += s_matrix[s * R + me];
+        host[1] = m;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence_system();
+        *reinterpret_cast<volatile int32_t*>(&host[0]) = static_cast<int32_t>(a.epoch);
+    }
+}
+
+// =========================================================================================
+// dispatch: direct stores into the destination's recv region
+// =========================================================================================
+// Warp w of block b handles tokens t = b*nwarps + w, += grid warps. For each token it reads the row
+// once (16 B per lane, kUnroll loads in flight) and stores it to every destination rank at
+// row = (rows of lower source ranks at that destination) + send_pos[t][d]. Then per block: the rows
+// written to each peer are added to the peer's dispatch_rows[me] with a system-scope release
+// (after a block barrier and a system fence, so every warp's stores are covered). Block 0 then
+// waits until dispatch_rows[s] equals the exact count s sends here and resets it.
+template <int kR, int kUnroll>
+__device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const DispatchParams& p,
+                                              const EpDiag& diag) {
+    __shared__ int s_abort;
+    __shared__ int s_rows[kR];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    const int me = a.rank;
+    if (tid < kR) s_rows[tid] = 0;
+    if (!ep_ready_handshake(a, diag, EP_PHASE_DISPATCH_SEND, &s_abort)) return;
+
+    // Lane d: first row of this rank's block inside destination d's recv region.
+    int base = 0;
+    if (lane < kR)
+        for (int s = 0; s < me; ++s) base += p.count_matrix[s * kR + lane];
+    int dst_base[kR];
+#pragma unroll
+    for (int d = 0; d < kR; ++d) dst_base[d] = __shfl_sync(kFullMask, base, d);
+
+    const int64_t row_bytes = p.row_bytes;
+    const int n16 = static_cast<int>(row_bytes / 16);
+    const int K = p.num_topk, S = p.num_scales;
+    const int64_t L = p.num_local_experts;
+    int sent = 0;  // lane d: rows this warp wrote to rank d
+
+    for (int t = blockIdx.x * nwarps + warp; t < p.num_tokens; t += gridDim.x * nwarps) {
+        const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
+        sent += pos >= 0 ? 1 : 0;
+        int row[kR];
+        int4* dst[kR];
+#pragma unroll
+        for (int d = 0; d < kR; ++d) {
+            const int pd = __shfl_sync(kFullMask, pos, d);
+            row[d] = pd >= 0 ? dst_base[d] + pd : -1;
+            dst[d] = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                             static_cast<uint64_t>(row[d] < 0 ? 0 : row[d]) * row_bytes);
+        }
+
+        // Row payload.
+        const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(p.x) +
+                                                        static_cast<int64_t>(t) * row_bytes);
+        for (int i = lane; i < n16; i += 32 * kUnroll) {
+            int4 v[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+                if (i + 32 * u < n16) v[u] = ld_nc_v4(src + i + 32 * u);
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                if (row[d] < 0) continue;
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u)
+                    if (i + 32 * u < n16) st_na_v4(dst[d] + i + 32 * u, v[u]);
+            }
+        }
+
+        // FP8 scales (row-major at the destination).
+        for (int g = lane; g < S; g += 32) {
+            const float sc = __ldg(p.scales + t * p.scale_row_stride + g * p.scale_col_stride);
+#pragma unroll
+            for (int d = 0; d < kR; ++d)
+                if (row[d] >= 0)
+                    st_na_f32(ep_at<float>(a, d, a.off_recv_scales) + static_cast<int64_t>(row[d]) * S + g, sc);
+        }
+
+        // Routing metadata (fresh dispatch only): local expert ids, weights, source index.
+        if (K > 0) {
+            const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<long>(t) * K + lane) : -1;
+            const float wv = lane < K ? __ldg(p.topk_w + static_cast<long>(t) * K + lane) : 0.f;
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                if (row[d] < 0 || lane >= K) continue;
+                const int64_t lo = d * L;
+                const bool local = e >= lo && e < lo + L;
+                const int64_t idx = static_cast<int64_t>(row[d]) * K + lane;
+                st_na_s64(ep_at<int64_t>(a, d, a.off_recv_topk_idx) + idx, local ? e - lo : -1);
+                st_na_f32(ep_at<float>(a, d, a.off_recv_topk_w) + idx, local ? wv : 0.f);
+            }
+            if (lane < kR && pos >= 0)
+                st_na_s32(ep_at<int>(a, lane, a.off_recv_src_idx) + base + pos, t);
+        }
+    }
+
+    // Publish this block's rows to every peer.
+    if (lane < kR && sent > 0) atomicAdd(&s_rows[lane], sent);
+    __syncthreads();
+    if (tid < kR && tid != me && s_rows[tid] > 0) {
+        __threadfence_system();
+        atomic_add_release_sys(ep_at<int>(a, tid, a.off_dispatch_rows) + me, s_rows[tid]);
+    }
+
+    // Receive side: wait until every peer's rows have all landed, then reset the counter.
+    if (blockIdx.x == 0 && tid < kR && tid != me) {
+        const int expect = p.count_matrix[tid * kR + me];
+        int* counter = ep_at<int>(a, me, a.off_dispatch_rows) + tid;
+        EpWait w(diag);
+        int seen;
+        while ((seen = ld_acquire_sys(counter)) != expect) {
+            if (seen > expect) {
+                ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_DISPATCH_RECV, 0, tid, seen, 0);
+                return;
+            }
+            if (!w.tick(EP_PHASE_DISPATCH_RECV, 0, tid, expect)) return;
+        }
+        // Nobody adds to this counter again before this rank announces its next epoch, which
+        // happens in a later kernel (ordered after this store by kernel completion).
+        st_relaxed_sys(counter, 0);
+    }
+}
+
+#define EP_DISPATCH_ENTRY(R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                              \
+        ep_intranode_dispatch_r##R(IntranodeArgs a, DispatchParams p, EpDiag diag) {          \
+        dispatch_impl<R, 4>(a, p, diag);                                                        \
+    }
+EP_DISPATCH_ENTRY(2)
+EP_DISPATCH_ENTRY(4)
+EP_DISPATCH_ENTRY(8)
+
+// =========================================================================================
+// combine: push y rows back to their origin's staging slots, reduce at the origin
+// =========================================================================================
+__device__ __forceinline__ void ep_accumulate_bf16x8(float (&acc)[8], const int4& v) {
+    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y),
+                           static_cast<uint32_t>(v.z), static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc[2 * i] += __uint_as_float(w[i] << 16);
+        acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);  // .x = low half
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    return make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]),
+                     static_cast<int>(w[3]));
+}
+
+// Warps [0, push_warps) of every block push; the rest reduce.
+//  push: unit u = j*(R-1) + q (q-th peer after me, j-th row that peer sent me), so rows go out in
+//        ascending j for all peers at once. Row -> origin's stage slot for me at row j, weights
+//        beside it, then (after __syncwarp) lane 0 stores flag = epoch with release at system scope.
+//  reduce: token t of this rank (grid-strided over reduce warps, ascending): lane d acquires the
+//        flag of the row rank d staged for t, then the warp sums in f32: bias0, bias1, then ranks
+//        ascending (own contribution read from y directly), rounds once to bf16.
+template <int kR, int kU>
+__device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const CombineParams& p,
+                                             const EpDiag& diag) {
+    __shared__ int s_abort;
+    if (!ep_ready_handshake(a, diag, EP_PHASE_COMBINE_SEND, &s_abort)) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    const int me = a.rank;
+    const int H = p.hidden, K = p.num_topk;
+    const int n16 = H / 8;  // 8 bf16 per int4
+    const int64_t row_elems = H;
+    const int epoch = static_cast<int>(a.epoch);
+
+    // Lane s: rows of y that came from rank s (count) and where they start (offset).
+    int cnt = 0, off = 0;
+    if (lane < kR) {
+        for (int s = 0; s < lane; ++s) off += p.count_matrix[s * kR + me];
+        cnt = p.count_matrix[lane * kR + me];
+    }
+
+    if (warp < p.push_warps) {
+        int maxc = (lane < kR && lane != me) ? cnt : 0;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) maxc = max(maxc, __shfl_xor_sync(kFullMask, maxc, m));
+        const int num_units = (kR - 1) * maxc;
+        const int stride = gridDim.x * p.push_warps;
+        for (int u = blockIdx.x * p.push_warps + warp; u < num_units; u += stride) {
+            const int q = u % (kR - 1), j = u / (kR - 1);
+            const int s = (me + 1 + q) % kR;
+            const int cnt_s = __shfl_sync(kFullMask, cnt, s);
+            const int off_s = __shfl_sync(kFullMask, off, s);
+            if (j >= cnt_s) continue;
+            const int slot = ep_stage_slot(me, s, kR);
+            const int4* src = reinterpret_cast<const int4*>(p.y + (off_s + j) * row_elems);
+            int4* dst = reinterpret_cast<int4*>(a.peer_base[s] + a.off_stage_x +
+                                                slot * a.stage_x_slot_bytes) +
+                        static_cast<int64_t>(j) * n16;
+            for (int i = lane; i < n16; i += 32 * 4) {
+                int4 v[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (i + 32 * k < n16) v[k] = ld_nc_v4(src + i + 32 * k);
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
+            }
+            if (p.topk_w != nullptr && lane < K) {
+                float* wdst = reinterpret_cast<float*>(a.peer_base[s] + a.off_stage_w +
+                                                       slot * a.stage_w_slot_bytes);
+                st_na_f32(wdst + static_cast<int64_t>(j) * K + lane,
+                          __ldg(p.topk_w + static_cast<int64_t>(off_s + j) * K + lane));
+            }
+            __syncwarp();
+            if (lane == 0)
+                st_release_sys(ep_at<int>(a, s, a.off_stage_flag) +
+                                   static_cast<int64_t>(slot) * a.max_tokens + j,
+                               epoch);
+        }
+        return;
+    }
+
+    // Reduce role.
+    const int reduce_warps = nwarps - p.push_warps;
+    const int off_me = __shfl_sync(kFullMask, off, me);
+    for (int t = blockIdx.x * reduce_warps + (warp - p.push_warps); t < p.num_tokens;
+         t += gridDim.x * reduce_warps) {
+        const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
+        bool ok = true;
+        if (lane < kR && lane != me && pos >= 0) {
+            const int* flag = ep_at<int>(a, me, a.off_stage_flag) +
+                              static_cast<int64_t>(ep_stage_slot(lane, me, kR)) * a.max_tokens + pos;
+            EpWait w(diag);
+            while (ld_acquire_sys(flag) != epoch) {
+                if (!w.tick(EP_PHASE_COMBINE_RECV, blockIdx.x, lane, t)) { ok = false; break; }
+            }
+        }
+        if (__any_sync(kFullMask, !ok)) return;
+        __syncwarp();
+
+        int pds[kR];
+        const int4* srcs[kR];
+#pragma unroll
+        for (int d = 0; d < kR; ++d) {
+            const int pd = __shfl_sync(kFullMask, pos, d);
+            pds[d] = pd;
+            if (pd < 0) {
+                srcs[d] = nullptr;
+            } else if (d == me) {
+                srcs[d] = reinterpret_cast<const int4*>(p.y + (off_me + pd) * row_elems);
+            } else {
+                srcs[d] = reinterpret_cast<const int4*>(a.peer_base[me] + a.off_stage_x +
+                                                        ep_stage_slot(d, me, kR) * a.stage_x_slot_bytes) +
+                          static_cast<int64_t>(pd) * n16;
+            }
+        }
+        const int4* b0 = p.bias0 ? reinterpret_cast<const int4*>(p.bias0 + t * row_elems) : nullptr;
+        const int4* b1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1 + t * row_elems) : nullptr;
+        int4* out = reinterpret_cast<int4*>(p.out + t * row_elems);
+
+        for (int i = lane; i < n16; i += 32 * kU) {
+            int4 v[kR][kU];
+            int4 bv0[kU], bv1[kU];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                if (i + 32 * u >= n16) continue;
+                if (b0) bv0[u] = ld_nc_v4(b0 + i + 32 * u);
+                if (b1) bv1[u] = ld_nc_v4(b1 + i + 32 * u);
+#pragma unroll
+                for (int d = 0; d < kR; ++d) {
+                    if (srcs[d] == nullptr) continue;
+                    v[d][u] = d == me ? ld_nc_v4(srcs[d] + i + 32 * u)
+                                      : ld_volatile_v4(srcs[d] + i + 32 * u);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                if (i + 32 * u >= n16) continue;
+                float acc[8];
+#pragma unroll
+                for (int x = 0; x < 8; ++x) acc[x] = 0.f;
+                if (b0) ep_accumulate_bf16x8(acc, bv0[u]);
+                if (b1) ep_accumulate_bf16x8(acc, bv1[u]);
+#pragma unroll
+                for (int d = 0; d < kR; ++d)
+                    if (srcs[d] != nullptr) ep_accumulate_bf16x8(acc, v[d][u]);
+                out[i + 32 * u] = ep_pack_bf16x8(acc);
+            }
+        }
+
+        if (p.out_w != nullptr && lane < K) {
+            float sum = 0.f;
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                const int pd = pds[d];
+                if (pd < 0) continue;
+                sum += d == me ? __ldg(p.topk_w + static_cast<int64_t>(off_me + pd) * K + lane)
+                               : ld_volatile_f32(reinterpret_cast<const float*>(
+                                                     a.peer_base[me] + a.off_stage_w +
+                                                     ep_stage_slot(d, me, kR) * a.stage_w_slot_bytes) +
+                                                 static_cast<int64_t>(pd) * K + lane);
+            }
+            p.out_w[static_cast<int64_t>(t) * K + lane] = sum;
+        }
+    }
+}
+
+#define EP_COMBINE_ENTRY(R, U)                                                                  \
+    extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                              \
+        ep_intranode_combine_r##R(IntranodeArgs a, CombineParams p, EpDiag diag) {            \
+        combine_impl<R, U>(a, p, diag);                                                         \
+    }
+EP_COMBINE_ENTRY(2, 2)
+EP_COMBINE_ENTRY(4, 1)
+EP_COMBINE_ENTRY(8, 1)

@@ -1,0 +1,161 @@
+// Intranode (NVLink, CUDA IPC) dispatch/combine: argument structs shared with the Rust host
+// (`deepep_kernels::intranode::ffi`, size-checked there) and address helpers for the per-rank
+// NVLink buffer.
+//
+// Design summary (details: docs/kernels.md, "Intranode"):
+// - Every rank owns one IPC buffer with the SAME layout (byte offsets in `IntranodeArgs`):
+//     ctrl:   ready[R] i32 | dispatch_rows[R] i32 | notify_rank[R][R] u64 | notify_expert[R][Lmax] u64
+//             | stage_flag[R-1][max_tokens] i32
+//     recv:   recv_x [R*max_tokens][row]  | recv_scales | recv_topk_idx i64 | recv_topk_w f32 | recv_src_idx i32
+//     stage:  stage_x [R-1][max_tokens][hidden bf16] | stage_w [R-1][max_tokens][Kmax] f32
+// - Dispatch: senders store token rows DIRECTLY at their final row in the destination's recv
+//   region (row = rank prefix of the source + position of the token in the source->dest stream),
+//   then add the number of rows they wrote to `dispatch_rows[src]` on the destination with a
+//   system-scope release. The destination waits until that counter equals the exact expected count
+//   and resets it (no ring queue, no second copy).
+// - Combine: every rank pushes the y rows it received from origin s back into s's staging slot,
+//   at the same position j the token had in the s->rank stream, and releases a per-row flag (epoch).
+//   The origin reduces token by token (f32, biases first, then ranks ascending), waiting on the
+//   per-row flags, overlapped with the pushes of the same kernel.
+// - Reuse without host re-zeroing: each collective call carries an epoch (host counter, the same on
+//   every rank). At kernel start a rank announces `ready[me] = epoch` in every peer's buffer; nobody
+//   writes into a peer's buffer for call e before seeing that peer's ready >= e. Flags compare against
+//   the epoch; tagged notify values carry the epoch in their upper 32 bits.
+#pragma once
+#include "common.cuh"
+
+#define EP_INTRANODE_MAX_RANKS 8
+#define EP_INTRANODE_MAX_TOPK 32
+#define EP_INTRANODE_MAX_LOCAL_EXPERTS 1024
+
+// Mirrored by `IntranodeArgs` in kernels/src/intranode/ffi.rs (size 200 bytes).
+struct IntranodeArgs {
+    uint64_t peer_base[EP_INTRANODE_MAX_RANKS];  // every rank's buffer, as mapped in this process
+    uint64_t off_ready;          // i32[R]: ready[s] = last epoch announced by rank s
+    uint64_t off_dispatch_rows;  // i32[R]: rows received from s in the running dispatch (reset by receiver)
+    uint64_t off_notify_rank;    // u64[R][R]: from source s: (epoch << 32) | tokens s sends to rank j
+    uint64_t off_notify_expert;  // u64[R][max_local_experts]: from s: tagged count for my local expert
+    uint64_t off_stage_flag;     // i32[R-1][max_tokens]: epoch when staged row j of slot q landed
+    uint64_t off_recv_x;         // recv rows, compact [M][row_bytes]
+    uint64_t off_recv_scales;    // f32 [M][S]
+    uint64_t off_recv_topk_idx;  // i64 [M][K]
+    uint64_t off_recv_topk_w;    // f32 [M][K]
+    uint64_t off_recv_src_idx;   // i32 [M]
+    uint64_t off_stage_x;        // bf16 [R-1][max_tokens][hidden], slot stride `stage_x_slot_bytes`
+    uint64_t off_stage_w;        // f32 [R-1][max_tokens][K], slot stride `stage_w_slot_bytes`
+    uint64_t stage_x_slot_bytes;
+    uint64_t stage_w_slot_bytes;
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t max_tokens;          // per rank (capacity the buffer was sized for)
+    int32_t max_local_experts;
+    uint32_t epoch;              // this call's epoch (>= 1, +1 per collective call, same on all ranks)
+    int32_t pad_;
+};
+
+// Mirrored by `NotifyParams` (size 64 bytes).
+struct NotifyParams {
+    const uint8_t* is_token_in_rank;    // [N][R] bool
+    const int32_t* tokens_per_rank;     // [R]
+    const int32_t* tokens_per_expert;   // [E] = [R * L]
+    int32_t* send_pos;                  // out [N][R]: position of token t in the stream to rank d, -1 if not sent
+    int32_t* count_matrix;              // out [R][R] (device): tokens rank s sends to rank d
+    int32_t* host_out;                  // out, host-mapped: [0]=epoch when done, [1]=M, [2..2+R*R]=matrix, then [L] aligned counts
+    int32_t num_tokens;                 // N
+    int32_t num_local_experts;          // L
+    int32_t expert_alignment;
+    int32_t pad_;
+};
+
+// Mirrored by `DispatchParams` (size 88 bytes).
+struct DispatchParams {
+    const void* x;                      // [N][row_bytes] (bf16 or e4m3 bytes)
+    const float* scales;                // FP8 only: element (t, g) at scales[t*scale_row_stride + g*scale_col_stride]; null for BF16
+    const int64_t* topk_idx;            // [N][K]; null in cached mode
+    const float* topk_w;                // [N][K]; null in cached mode
+    const int32_t* send_pos;            // [N][R]
+    const int32_t* count_matrix;        // [R][R] (device)
+    int64_t row_bytes;                  // multiple of 16
+    int64_t scale_row_stride;           // elements
+    int64_t scale_col_stride;           // elements
+    int32_t num_tokens;                 // N
+    int32_t num_scales;                 // S (0 for BF16)
+    int32_t num_topk;                   // K (0 in cached mode: no top-k / src_idx written)
+    int32_t num_local_experts;          // L
+};
+
+// Mirrored by `CombineParams` (size 80 bytes).
+struct CombineParams {
+    const uint16_t* y;                  // bf16 [M][H], rows in dispatch-output order
+    const float* topk_w;                // [M][K] or null
+    const uint16_t* bias0;              // bf16 [N][H] or null
+    const uint16_t* bias1;              // bf16 [N][H] or null
+    uint16_t* out;                      // bf16 [N][H]
+    float* out_w;                       // [N][K] or null (null iff topk_w null)
+    const int32_t* send_pos;            // [N][R] (handle)
+    const int32_t* count_matrix;        // [R][R] (handle)
+    int32_t hidden;                     // H (H*2 % 16 == 0)
+    int32_t num_topk;                   // K
+    int32_t num_tokens;                 // N (this rank's original token count)
+    int32_t push_warps;                 // warps per block that push; the others reduce
+};
+
+static_assert(sizeof(IntranodeArgs) == 200, "IntranodeArgs layout");
+static_assert(sizeof(NotifyParams) == 64, "NotifyParams layout");
+static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
+static_assert(sizeof(CombineParams) == 80, "CombineParams layout");
+
+// ---- address helpers ---------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ T* ep_at(const IntranodeArgs& a, int rank, uint64_t off) {
+    return reinterpret_cast<T*>(a.peer_base[rank] + off);
+}
+// Staging slot (at owner rank `owner`) holding rows that came from rank `src` (src != owner).
+__device__ __forceinline__ int ep_stage_slot(int src, int owner, int num_ranks) {
+    return (src - owner - 1 + num_ranks) % num_ranks;
+}
+// Epoch comparison that survives wrap-around: has `seen` reached `want`?
+__device__ __forceinline__ bool ep_epoch_reached(uint32_t seen, uint32_t want) {
+    return static_cast<int32_t>(seen - want) >= 0;
+}
+
+// Announce (block 0 only) that this rank entered call `a.epoch`, then wait until every peer did
+// the same. After this returns true, writing into any peer's buffer for this call is allowed:
+// each peer's previous kernels (the last readers of its regions) have completed.
+// Must be called by all threads of the block (contains __syncthreads). Returns false on timeout.
+__device__ __forceinline__ bool ep_ready_handshake(const IntranodeArgs& a, const EpDiag& diag,
+                                                   int phase, int* s_abort) {
+    const int tid = threadIdx.x;
+    if (tid == 0) *s_abort = 0;
+    if (blockIdx.x == 0 && tid < a.num_ranks && tid != a.rank)
+        st_release_sys(ep_at<int>(a, tid, a.off_ready) + a.rank, static_cast<int>(a.epoch));
+    __syncthreads();
+    if (tid < a.num_ranks && tid != a.rank) {
+        const int* flag = ep_at<int>(a, a.rank, a.off_ready) + tid;
+        EpWait w(diag);
+        while (!ep_epoch_reached(static_cast<uint32_t>(ld_acquire_sys(flag)), a.epoch)) {
+            if (!w.tick(phase, blockIdx.x, tid, static_cast<int>(a.epoch))) { *s_abort = 1; break; }
+        }
+    }
+    __syncthreads();
+    return *s_abort == 0;
+}
+
+__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
+    uint64_t v; asm volatile("ld.volatile.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_f32(float* p, float v) {
+    asm volatile("st.global.L1::no_allocate.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_s32(int* p, int v) {
+    asm volatile("st.global.L1::no_allocate.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_s64(int64_t* p, int64_t v) {
+    asm volatile("st.global.L1::no_allocate.s64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ float ld_volatile_f32(const float* p) {
+    float v; asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v;
+}
