@@ -1,0 +1,646 @@
+// Internode normal-mode dispatch/combine: the two-hop scheme over NVSHMEM's public device API.
+//
+// Ranks form hosts of `ranks_per_host` GPUs. Source rank s = (hs, ls) sends each token ONCE per
+// destination host hd, to the forwarder f = (hd, ls) (same local index), with
+// `nvshmemx_putmem_signal_nbi_block` (any NVSHMEM transport: IBGDA, IBRC, UCX, P2P). The records
+// for its own host are written straight into its own receive region. Every destination GPU d of
+// host hd then PULLS the records meant for it from the forwarders of its host over NVLink
+// (`nvshmem_ptr`; a plain local copy when ranks_per_host == 1). Combine is the reverse: each
+// forwarder pulls the rows of its host's ranks over NVLink, sums them in f32, rounds to bf16 and
+// puts one partial per (token, host) back to the origin, which sums host partials + biases in f32.
+//
+// Kernels (all take `EpDiag` last; every wait is bounded by `EpWait`):
+//   internode_notify   (1 block)  barrier, count exchange across hosts (stage 1: every rank puts
+//                                 its per-channel counts to every rank), prefix sums, host-mapped
+//                                 counters, then inside the host (stage 2: output offsets to the
+//                                 local forwarders).
+//   internode_barrier  (1 block)  seq-tagged all-rank barrier (cached dispatch, combine).
+//   internode_dispatch (2C blocks) blocks [0,C): senders of channel c; [C,2C): pullers of channel c.
+//   internode_combine  (2C blocks) blocks [0,C): forwarders (reduce + put back); [C,2C): receivers.
+//
+// Ordering rules used throughout:
+//   * signals are u64 tagged with `seq` (strictly increasing per call), waited for with `>= seq`:
+//     no reset, stale values from earlier calls never satisfy a wait;
+//   * a producer makes its data visible with `__threadfence_system()` by every writing thread,
+//     `__syncthreads()`, then one release store (own memory) or an NVSHMEM put-with-signal /
+//     signal op (NVSHMEM orders the signal after the data);
+//   * a consumer acquires the signal (`ld.acquire.sys`) in one thread, `__syncthreads()`, then
+//     reads the data with volatile (L1-bypassing) loads;
+//   * buffer reuse across calls is protected by the barrier at the start of notify / the barrier
+//     kernel: when a rank passes it, every rank has finished all kernels of the previous call.
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include "../common.cuh"
+#include "internode.cuh"
+
+#define FULL_MASK 0xffffffffu
+
+namespace {
+
+__device__ __forceinline__ int align16(int v) { return (v + 15) & ~15; }
+
+// Exclusive prefix of a per-thread flag over the whole block; `total` = number of set flags.
+// Must be called by every thread of the block (contains two __syncthreads). `scratch` >= 32 ints.
+__device__ __forceinline__ int block_excl_scan(bool flag, int* scratch, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned b = __ballot_sync(FULL_MASK, flag);
+    if (lane == 0) scratch[warp] = __popc(b);
+    __syncthreads();
+    int off = 0, tot = 0;
+    for (int i = 0; i < nw; ++i) {
+        const int v = scratch[i];
+        if (i < warp) off += v;
+        tot += v;
+    }
+    __syncthreads();
+    total = tot;
+    return off + __popc(b & ((1u << lane) - 1u));
+}
+
+// Wait (one thread) until a u64 signal reaches `seq`. Returns false on timeout/abort.
+__device__ __forceinline__ bool wait_signal(const EpDiag& diag, const uint64_t* sig, uint64_t seq,
+                                            int phase, int channel, int peer) {
+    EpWait w(diag);
+    while (ld_acquire_sys_u64(sig) < seq) {
+        if (!w.tick(phase, channel, peer)) return false;
+    }
+    return true;
+}
+
+// Channel c owns tokens [min(c*ceil(N/C), N), min((c+1)*ceil(N/C), N)).
+__device__ __forceinline__ void channel_range(int n, int C, int c, int& t0, int& t1) {
+    const int per = ceil_div(n, C);
+    t0 = min(c * per, n);
+    t1 = min((c + 1) * per, n);
+}
+
+// Record layout inside a dispatch slot (all offsets multiples of 16 where data follows):
+//   [0] i32 src token index, [4] u32 local destination mask, [8..16) reserved,
+//   [16] i32 topk ids [K] (global), [16+4K] f32 weights [K], [align16(16+8K)] f32 scales [S],
+//   [.. + align16(4S)] payload H*elem bytes.
+struct RecLayout {
+    int idx_off, w_off, sc_off, data_off, row_bytes;
+    __device__ __forceinline__ RecLayout(const InternodeArgs& a) {
+        idx_off = 16;
+        w_off = 16 + 4 * a.topk;
+        sc_off = align16(16 + 8 * a.topk);
+        data_off = sc_off + align16(4 * a.num_scales);
+        row_bytes = a.hidden * a.elem_bytes;
+    }
+};
+// Combine record: [0] f32 weight sums [K], [align16(4K)] bf16 partial row [H].
+__device__ __forceinline__ int comb_data_off(const InternodeArgs& a) { return align16(4 * a.topk); }
+
+__device__ __forceinline__ uint8_t* region(uint8_t* base, const InternodeArgs& a, int host, int slot) {
+    return base + ((size_t)host * a.max_tokens + slot) * (size_t)a.rec_stride;
+}
+
+// Seq-tagged barrier over all ranks, executed by threads [0, world) of one block; on return every
+// rank has at least entered the same call (so it finished all kernels of the previous one).
+// Returns false (all threads) on timeout.
+__device__ bool all_rank_barrier(const InternodeArgs& a, const EpDiag& diag, int* s_fail) {
+    const int tid = threadIdx.x;
+    if (tid == 0) *s_fail = 0;
+    __threadfence_system();
+    __syncthreads();
+    for (int p = tid; p < a.world; p += blockDim.x)
+        nvshmemx_signal_op(a.bar_sig + a.rank, a.seq, NVSHMEM_SIGNAL_SET, p);
+    for (int p = tid; p < a.world; p += blockDim.x)
+        if (!wait_signal(diag, a.bar_sig + p, a.seq, EP_PHASE_BARRIER, -1, p)) *s_fail = 1;
+    __syncthreads();
+    return *s_fail == 0;
+}
+
+// Bulk copy of `bytes` (multiple of 16) by one warp: src may be written by another GPU (volatile).
+__device__ __forceinline__ void warp_copy_volatile(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    int4* d = reinterpret_cast<int4*>(dst);
+    for (int i = lane; i < bytes / 16; i += 32) st_na_v4(d + i, ld_volatile_v4(s + i));
+}
+
+// Round to nearest even (NaN kept quiet), same as __float2bfloat16_rn.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ void acc_bf16x8(float* acc, const int4& v) {
+    const uint32_t w[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc[2 * i] += __uint_as_float(w[i] << 16);
+        acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ int4 pack_bf16x8(const float* acc) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (uint32_t)f32_to_bf16(acc[2 * i]) | ((uint32_t)f32_to_bf16(acc[2 * i + 1]) << 16);
+    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+}
+
+}  // namespace
+
+// =================================================================================================
+// notify: one block of 1024 threads.
+// =================================================================================================
+extern "C" __global__ void __launch_bounds__(1024, 1)
+internode_notify(InternodeArgs a, EpDiag diag) {
+    __shared__ int s_cnt[EP_INTERNODE_MAX_RC];                                   // [world][C]
+    __shared__ int s_ecnt[EP_INTERNODE_MAX_EXPERTS];                             // [E]
+    __shared__ int s_hoff[EP_INTERNODE_MAX_HOSTS * (EP_INTERNODE_MAX_CHANNELS + 1)];
+    __shared__ int s_run[EP_INTERNODE_MAX_HOSTS];
+    __shared__ int s_scan[32];
+    __shared__ int s_rank_pre[EP_INTERNODE_MAX_RANKS + 1];
+    __shared__ int s_fail;
+    __shared__ int s_bad;
+
+    const int tid = threadIdx.x, NT = blockDim.x;
+    const int R = a.world, P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels;
+    const int E = a.num_experts, L = E / R, K = a.topk, N = a.num_tokens;
+    const int ms = a.meta_stride;
+
+    for (int i = tid; i < R * C; i += NT) s_cnt[i] = 0;
+    for (int i = tid; i < E; i += NT) s_ecnt[i] = 0;
+    if (tid < NH) s_run[tid] = 0;
+    if (tid == 0) s_bad = -1;
+
+    // Barrier: every rank finished the previous call, so the notify buffers are free.
+    if (!all_rank_barrier(a, diag, &s_fail)) return;
+
+    // ---- stage 0: count, and give every token its slot in each destination host's region.
+    for (int c = 0; c < C; ++c) {
+        int t0, t1;
+        channel_range(N, C, c, t0, t1);
+        if (tid < NH) s_hoff[tid * (C + 1) + c] = s_run[tid];
+        __syncthreads();
+        for (int base = t0; base < t1; base += NT) {
+            const int t = base + tid;
+            const bool valid = t < t1;
+            uint32_t hostmask = 0;
+            if (valid) {
+                const int64_t* row = a.topk_idx + (size_t)t * K;
+                for (int k = 0; k < K; ++k) {
+                    const int64_t e = row[k];
+                    if (e < 0) continue;
+                    if (e >= E) { s_bad = e > 0x7fffffff ? 0x7fffffff : (int)e; continue; }
+                    atomicAdd(&s_ecnt[e], 1);
+                    const int r = (int)(e / L);
+                    bool dup = false;
+                    for (int k2 = 0; k2 < k; ++k2) {
+                        const int64_t e2 = row[k2];
+                        if (e2 >= 0 && e2 < E && (int)(e2 / L) == r) { dup = true; break; }
+                    }
+                    if (!dup) {
+                        atomicAdd(&s_cnt[r * C + c], 1);
+                        hostmask |= 1u << (r / P);
+                    }
+                }
+            }
+            for (int h = 0; h < NH; ++h) {
+                const bool flag = valid && ((hostmask >> h) & 1u);
+                int total;
+                const int pre = block_excl_scan(flag, s_scan, total);
+                if (valid) {
+                    int slot = -1;
+                    uint32_t lmask = 0;
+                    if (flag) {
+                        slot = s_run[h] + pre;
+                        const int64_t* row = a.topk_idx + (size_t)t * K;
+                        for (int k = 0; k < K; ++k) {
+                            const int64_t e = row[k];
+                            if (e < 0 || e >= E) continue;
+                            const int r = (int)(e / L);
+                            if (r / P == h) lmask |= 1u << (r % P);
+                        }
+                    }
+                    a.send_slot[(size_t)t * NH + h] = slot;
+                    a.send_lmask[(size_t)t * NH + h] = (uint8_t)lmask;
+                }
+                __syncthreads();  // everyone read s_run[h]
+                if (tid == 0) s_run[h] += total;
+                __syncthreads();
+            }
+        }
+    }
+    if (tid < NH) s_hoff[tid * (C + 1) + C] = s_run[tid];
+    __syncthreads();
+    for (int i = tid; i < NH * (C + 1); i += NT) a.send_off[i] = s_hoff[i];
+    if (tid == 0 && s_bad >= 0)
+        ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_NOTIFY, -1, -1, s_bad, 0);
+
+    // ---- stage 1: message to every rank d: cnt[d][c] (C), records to d's host per channel (C),
+    //      this rank's token count per expert of d (L).
+    for (int i = tid; i < R * ms; i += NT) {
+        const int d = i / ms, j = i - d * ms;
+        int v = 0;
+        if (j < C) v = s_cnt[d * C + j];
+        else if (j < 2 * C) {
+            const int h = d / P, c = j - C;
+            v = s_hoff[h * (C + 1) + c + 1] - s_hoff[h * (C + 1) + c];
+        } else if (j < 2 * C + L) v = s_ecnt[d * L + (j - 2 * C)];
+        a.meta_send[i] = v;
+    }
+    __threadfence_system();
+    __syncthreads();
+    {
+        const int warp = tid >> 5, nw = NT >> 5;
+        for (int d = warp; d < R; d += nw)
+            nvshmemx_putmem_signal_nbi_warp(a.meta_recv + (size_t)a.rank * ms, a.meta_send + (size_t)d * ms,
+                                            (size_t)ms * sizeof(int32_t), a.meta_sig + a.rank, a.seq,
+                                            NVSHMEM_SIGNAL_SET, d);
+    }
+    for (int s = tid; s < R; s += NT)
+        if (!wait_signal(diag, a.meta_sig + s, a.seq, EP_PHASE_INTERNODE_NOTIFY, -1, s)) s_fail = 1;
+    __syncthreads();
+    if (s_fail) return;
+
+    // ---- prefix sums over sources (rank order) and channels.
+    if (tid == 0) {
+        int run = 0;
+        for (int s = 0; s < R; ++s) {
+            s_rank_pre[s] = run;
+            for (int c = 0; c < C; ++c) run += ld_volatile(a.meta_recv + (size_t)s * ms + c);
+        }
+        s_rank_pre[R] = run;
+    }
+    __syncthreads();
+    for (int s = tid; s < R; s += NT) {
+        const int32_t* m = a.meta_recv + (size_t)s * ms;
+        int run = s_rank_pre[s], hrun = 0;
+        for (int c = 0; c < C; ++c) {
+            a.recv_off[s * (C + 1) + c] = run;
+            a.rdma_off[s * (C + 1) + c] = hrun;
+            run += ld_volatile(m + c);
+            hrun += ld_volatile(m + C + c);
+        }
+        a.recv_off[s * (C + 1) + C] = run;
+        a.rdma_off[s * (C + 1) + C] = hrun;
+    }
+    for (int le = tid; le < L; le += NT) {
+        int sum = 0;
+        for (int s = 0; s < R; ++s) sum += ld_volatile(a.meta_recv + (size_t)s * ms + 2 * C + le);
+        const int al = a.expert_alignment;
+        a.host_counters[2 + le] = (sum + al - 1) / al * al;
+    }
+    if (tid == 0) a.host_counters[1] = s_rank_pre[R];
+    __threadfence_system();
+    __syncthreads();
+    if (tid == 0)
+        *reinterpret_cast<volatile int32_t*>(a.host_counters) = (int32_t)(a.seq & 0x7fffffffu);
+
+    // ---- stage 2 (inside the host): tell local peer ld where my rows of sources (hs, ld) start,
+    //      so that it can gather them in combine.
+    const int nhc = NH * C;
+    for (int i = tid; i < P * nhc; i += NT) {
+        const int ld = i / nhc, j = i - ld * nhc, hs = j / C, c = j - hs * C;
+        const int s = hs * P + ld;
+        a.fmeta_send[i] = a.recv_off[s * (C + 1) + c];
+    }
+    __threadfence_system();
+    __syncthreads();
+    {
+        const int warp = tid >> 5;
+        if (warp < P)
+            nvshmemx_putmem_signal_nbi_warp(a.fmeta_recv + (size_t)a.my_local * nhc,
+                                            a.fmeta_send + (size_t)warp * nhc, (size_t)nhc * sizeof(int32_t),
+                                            a.fwd_sig + a.my_local, a.seq, NVSHMEM_SIGNAL_SET,
+                                            a.my_host * P + warp);
+    }
+    if (tid < P && !wait_signal(diag, a.fwd_sig + tid, a.seq, EP_PHASE_INTERNODE_NOTIFY, -2,
+                                a.my_host * P + tid))
+        s_fail = 1;
+    __syncthreads();
+    if (s_fail) return;
+    for (int i = tid; i < P * nhc; i += NT) {
+        const int ld = i / nhc, j = i - ld * nhc;  // j = hs * C + c
+        a.fwd_base[j * P + ld] = ld_volatile(a.fmeta_recv + i);
+    }
+}
+
+// =================================================================================================
+// barrier: one block (>= world threads preferred).
+// =================================================================================================
+extern "C" __global__ void __launch_bounds__(256, 1)
+internode_barrier(InternodeArgs a, EpDiag diag) {
+    __shared__ int s_fail;
+    all_rank_barrier(a, diag, &s_fail);
+}
+
+// =================================================================================================
+// dispatch: 2C blocks x 512 threads.
+// =================================================================================================
+#define EP_INTERNODE_THREADS 512
+
+__device__ void dispatch_sender(const InternodeArgs& a, const int c) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int NH = a.num_hosts, K = a.topk, S = a.num_scales;
+    const RecLayout L(a);
+    int t0, t1;
+    channel_range(a.num_tokens, a.num_channels, c, t0, t1);
+
+    const int nvec = L.row_bytes / 16;
+    for (int t = t0 + warp; t < t1; t += nw) {
+        // Lane h < NH describes destination host h: its slot, local mask and record address.
+        const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
+        const uint32_t lm_l = lane < NH ? a.send_lmask[(size_t)t * NH + lane] : 0u;
+        uint8_t* rec_l = slot_l >= 0 ? region(lane == a.my_host ? a.rdma_recv : a.rdma_send, a, lane, slot_l)
+                                     : nullptr;
+        const uint32_t dests = __ballot_sync(FULL_MASK, slot_l >= 0);
+        if (dests == 0) continue;
+        // Metadata (the loop over `dests` is warp-uniform, so full-mask shuffles are safe).
+        for (uint32_t m = dests; m; m &= m - 1) {
+            const int h = __ffs(m) - 1;
+            const uint32_t lm = __shfl_sync(FULL_MASK, lm_l, h);
+            uint8_t* rec = reinterpret_cast<uint8_t*>(
+                __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
+            if (lane == 0) {
+                reinterpret_cast<int32_t*>(rec)[0] = t;
+                reinterpret_cast<uint32_t*>(rec)[1] = lm;
+            }
+            for (int k = lane; k < K; k += 32) {
+                reinterpret_cast<int32_t*>(rec + L.idx_off)[k] = (int32_t)a.topk_idx[(size_t)t * K + k];
+                reinterpret_cast<float*>(rec + L.w_off)[k] =
+                    a.topk_weights ? a.topk_weights[(size_t)t * K + k] : 0.0f;
+            }
+            for (int i = lane; i < S; i += 32)
+                reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
+        }
+        // Payload: load each 16 B once, store it into every destination host's record.
+        const int4* src = reinterpret_cast<const int4*>(a.x + (size_t)t * L.row_bytes);
+        for (int ib = 0; ib < nvec; ib += 32) {
+            const int i = ib + lane;
+            int4 v = make_int4(0, 0, 0, 0);
+            if (i < nvec) v = ld_nc_v4(src + i);
+            for (uint32_t m = dests; m; m &= m - 1) {
+                const int h = __ffs(m) - 1;
+                uint8_t* rec = reinterpret_cast<uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
+                if (i < nvec) st_na_v4(reinterpret_cast<int4*>(rec + L.data_off) + i, v);
+            }
+        }
+    }
+
+    // Publish: remote hosts through NVSHMEM put-with-signal, own host with a release store.
+    __threadfence_system();
+    __syncthreads();
+    const int C = a.num_channels;
+    for (int h = 0; h < NH; ++h) {
+        if (h == a.my_host) continue;
+        const int off = a.send_off[h * (C + 1) + c];
+        const int n = a.send_off[h * (C + 1) + c + 1] - off;
+        const int pe = h * a.ranks_per_host + a.my_local;
+        uint64_t* sig = a.disp_sig + a.my_host * C + c;
+        if (n > 0) {
+            nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off),
+                                             region(a.rdma_send, a, h, off), (size_t)n * a.rec_stride,
+                                             sig, a.seq, NVSHMEM_SIGNAL_SET, pe);
+        } else if (tid == 0) {
+            nvshmemx_signal_op(sig, a.seq, NVSHMEM_SIGNAL_SET, pe);
+        }
+    }
+    if (tid == 0) st_release_sys_u64(a.disp_sig + a.my_host * C + c, a.seq);
+}
+
+__device__ void dispatch_puller(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan,
+                                int* s_pos, int* s_fail) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int R = a.world, P = a.ranks_per_host, C = a.num_channels, K = a.topk, S = a.num_scales;
+    const int L = a.num_experts / R;
+    const int64_t lo = (int64_t)a.rank * L, hi = lo + L;
+    const RecLayout RL(a);
+
+    for (int si = 0; si < R; ++si) {
+        const int s = (a.rank + si) % R;
+        const int hs = s / P, ls = s % P;
+        const int f = a.my_host * P + ls;  // forwarder of s on this host
+        const bool self_fwd = (f == a.rank);
+        const int roff = a.rdma_off[s * (C + 1) + c];
+        const int n_rec = a.rdma_off[s * (C + 1) + c + 1] - roff;
+        const int out0 = a.recv_off[s * (C + 1) + c];
+        const int my_cnt = a.recv_off[s * (C + 1) + c + 1] - out0;
+        if (n_rec == 0 || (my_cnt == 0 && !self_fwd)) continue;
+
+        const uint64_t* sig = a.disp_sig + hs * C + c;
+        const uint8_t* rbase = region(a.rdma_recv, a, hs, roff);
+        if (!self_fwd) {
+            sig = reinterpret_cast<const uint64_t*>(nvshmem_ptr(sig, f));
+            rbase = reinterpret_cast<const uint8_t*>(nvshmem_ptr(rbase, f));
+            if (sig == nullptr || rbase == nullptr) {  // host validation should have caught this
+                if (tid == 0)
+                    ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_DISPATCH, c, f, -1, 0);
+                return;
+            }
+        }
+        if (tid == 0 && !wait_signal(diag, sig, a.seq, EP_PHASE_INTERNODE_DISPATCH, c, s)) *s_fail = 1;
+        __syncthreads();
+        if (*s_fail) return;
+
+        int run = 0;
+        for (int jb = 0; jb < n_rec; jb += blockDim.x) {
+            const int j = jb + tid;
+            uint32_t m = 0;
+            if (j < n_rec) {
+                m = (uint32_t)ld_volatile(reinterpret_cast<const int*>(rbase + (size_t)j * a.rec_stride) + 1);
+                if (self_fwd) a.fwd_mask[(size_t)hs * a.max_tokens + roff + j] = (uint8_t)m;
+            }
+            const bool mine = (m >> a.my_local) & 1u;
+            int total;
+            const int pre = block_excl_scan(mine, s_scan, total);
+            if (mine) s_pos[pre] = j;
+            __syncthreads();
+            for (int i = warp; i < total; i += nw) {
+                const int row = out0 + run + i;
+                if (run + i >= my_cnt) break;  // inconsistent counts: reported below
+                const uint8_t* rec = rbase + (size_t)s_pos[i] * a.rec_stride;
+                if (lane == 0) a.recv_src_idx[row] = ld_volatile(reinterpret_cast<const int*>(rec));
+                for (int k = lane; k < K; k += 32) {
+                    const int64_t e = ld_volatile(reinterpret_cast<const int*>(rec + RL.idx_off) + k);
+                    const bool local = e >= lo && e < hi;
+                    const int wbits = ld_volatile(reinterpret_cast<const int*>(rec + RL.w_off) + k);
+                    a.recv_topk_idx[(size_t)row * K + k] = local ? e - lo : -1;
+                    a.recv_topk_weights[(size_t)row * K + k] = local ? __int_as_float(wbits) : 0.0f;
+                }
+                for (int q = lane; q < S; q += 32)
+                    a.recv_scales[(size_t)row * S + q] =
+                        __int_as_float(ld_volatile(reinterpret_cast<const int*>(rec + RL.sc_off) + q));
+                warp_copy_volatile(a.recv_x + (size_t)row * RL.row_bytes, rec + RL.data_off, RL.row_bytes, lane);
+            }
+            run += total;
+            __syncthreads();
+        }
+        if (tid == 0 && run != my_cnt)
+            ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_DISPATCH, c, s, run - my_cnt, 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(EP_INTERNODE_THREADS, 1)
+internode_dispatch(InternodeArgs a, EpDiag diag) {
+    __shared__ int s_scan[32];
+    __shared__ int s_pos[EP_INTERNODE_THREADS];
+    __shared__ int s_fail;
+    if (threadIdx.x == 0) s_fail = 0;
+    __syncthreads();
+    const int C = a.num_channels;
+    if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x);
+    else dispatch_puller(a, diag, blockIdx.x - C, s_scan, s_pos, &s_fail);
+}
+
+// =================================================================================================
+// combine: 2C blocks x 512 threads. Input rows were copied into comb_in[comb_parity] (and weights
+// into comb_w[comb_parity]) by the host before the barrier kernel that precedes this one.
+// =================================================================================================
+__device__ void combine_forwarder(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan, int* s_rows,
+                                  int* s_run, const uint8_t** s_peer_in, const float** s_peer_w) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
+    const int NT = blockDim.x;
+    const int row_bytes = H * 2;
+    const int doff = comb_data_off(a);
+
+    if (tid < P) {
+        const int pe = a.my_host * P + tid;
+        const uint8_t* in = a.comb_in + (size_t)a.comb_parity * a.comb_in_half;
+        const float* w = a.comb_w + (size_t)a.comb_parity * a.comb_w_half;
+        s_peer_in[tid] = pe == a.rank ? in : reinterpret_cast<const uint8_t*>(nvshmem_ptr(in, pe));
+        s_peer_w[tid] = pe == a.rank ? w : reinterpret_cast<const float*>(nvshmem_ptr(w, pe));
+        if (s_peer_in[tid] == nullptr || s_peer_w[tid] == nullptr)  // not NVLink-reachable
+            ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_FORWARD, c, pe, -1, 0);
+    }
+    __syncthreads();
+    if (ep_aborted(diag)) return;  // nobody waits on this block's signals any more than the timeout
+
+    for (int hi = 0; hi < NH; ++hi) {
+        const int hs = (a.my_host + hi) % NH;  // origin host; origin rank (hs, my_local)
+        const int s = hs * P + a.my_local;
+        const int off = a.rdma_off[s * (C + 1) + c];
+        const int n = a.rdma_off[s * (C + 1) + c + 1] - off;
+        const bool own = hs == a.my_host;
+        uint8_t* dst = region(own ? a.rdma_recv : a.rdma_send, a, own ? a.my_host : hs, off);
+        if (tid < P) s_run[tid] = a.fwd_base[(hs * C + c) * P + tid];
+        __syncthreads();
+        for (int jb = 0; jb < n; jb += NT) {
+            const int j = jb + tid;
+            const uint32_t m = j < n ? a.fwd_mask[(size_t)hs * a.max_tokens + off + j] : 0u;
+            for (int ld = 0; ld < P; ++ld) {
+                const bool flag = (m >> ld) & 1u;
+                int total;
+                const int pre = block_excl_scan(flag, s_scan, total);
+                s_rows[tid * EP_INTERNODE_MAX_RANKS_PER_HOST + ld] = flag ? s_run[ld] + pre : -1;
+                __syncthreads();
+                if (tid == 0) s_run[ld] += total;
+                // next scan's first __syncthreads orders this update before any later read
+            }
+            __syncthreads();
+            const int cnt = min(NT, n - jb);
+            for (int i = warp; i < cnt; i += nw) {
+                const int* rows = s_rows + i * EP_INTERNODE_MAX_RANKS_PER_HOST;
+                uint8_t* rec = dst + (size_t)(jb + i) * a.rec_stride;
+                for (int q = lane; q < row_bytes / 16; q += 32) {
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (int ld = 0; ld < P; ++ld) {
+                        const int r = rows[ld];
+                        if (r < 0) continue;
+                        acc_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes) + q));
+                    }
+                    st_na_v4(reinterpret_cast<int4*>(rec + doff) + q, pack_bf16x8(acc));
+                }
+                if (a.combined_w) {
+                    for (int k = lane; k < K; k += 32) {
+                        float w = 0.0f;
+                        for (int ld = 0; ld < P; ++ld) {
+                            const int r = rows[ld];
+                            if (r < 0) continue;
+                            w += __int_as_float(ld_volatile(reinterpret_cast<const int*>(s_peer_w[ld] + (size_t)r * K + k)));
+                        }
+                        reinterpret_cast<float*>(rec)[k] = w;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        __threadfence_system();
+        __syncthreads();
+        uint64_t* sig = a.comb_sig + a.my_host * C + c;
+        if (own) {
+            if (tid == 0) st_release_sys_u64(sig, a.seq);
+        } else if (n > 0) {
+            nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off), dst,
+                                             (size_t)n * a.rec_stride, sig, a.seq, NVSHMEM_SIGNAL_SET, s);
+        } else if (tid == 0) {
+            nvshmemx_signal_op(sig, a.seq, NVSHMEM_SIGNAL_SET, s);
+        }
+        __syncthreads();
+    }
+}
+
+__device__ void combine_receiver(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_fail) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
+    const int row_bytes = H * 2;
+    const int doff = comb_data_off(a);
+    int t0, t1;
+    channel_range(a.num_tokens, C, c, t0, t1);
+
+    for (int h = tid; h < NH; h += blockDim.x) {
+        const int n = a.send_off[h * (C + 1) + c + 1] - a.send_off[h * (C + 1) + c];
+        if (n > 0 && !wait_signal(diag, a.comb_sig + h * C + c, a.seq, EP_PHASE_INTERNODE_COMBINE, c,
+                                  h * a.ranks_per_host + a.my_local))
+            *s_fail = 1;
+    }
+    __syncthreads();
+    if (*s_fail) return;
+
+    const int nvec = row_bytes / 16;
+    for (int t = t0 + warp; t < t1; t += nw) {
+        // Lane h < NH: the partial of host h for token t (slot in region h), if any.
+        const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
+        const uint8_t* rec_l = slot_l >= 0 ? region(a.rdma_recv, a, lane, slot_l) : nullptr;
+        const uint32_t hosts = __ballot_sync(FULL_MASK, slot_l >= 0);
+        const int4* b0 = a.comb_bias0 ? reinterpret_cast<const int4*>(a.comb_bias0 + (size_t)t * H) : nullptr;
+        const int4* b1 = a.comb_bias1 ? reinterpret_cast<const int4*>(a.comb_bias1 + (size_t)t * H) : nullptr;
+        int4* out = reinterpret_cast<int4*>(a.combined_x + (size_t)t * H);
+        for (int qb = 0; qb < nvec; qb += 32) {
+            const int q = qb + lane;
+            const bool ok = q < nvec;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (ok && b0) acc_bf16x8(acc, ld_nc_v4(b0 + q));
+            if (ok && b1) acc_bf16x8(acc, ld_nc_v4(b1 + q));
+            for (uint32_t m = hosts; m; m &= m - 1) {  // ascending host order
+                const int h = __ffs(m) - 1;
+                const uint8_t* rec = reinterpret_cast<const uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
+                if (ok) acc_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const int4*>(rec + doff) + q));
+            }
+            if (ok) st_na_v4(out + q, pack_bf16x8(acc));
+        }
+        if (a.combined_w) {
+            float w = 0.0f;
+            for (uint32_t m = hosts; m; m &= m - 1) {
+                const int h = __ffs(m) - 1;
+                const uint8_t* rec = reinterpret_cast<const uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
+                if (lane < K) w += __int_as_float(ld_volatile(reinterpret_cast<const int*>(rec) + lane));
+            }
+            if (lane < K) a.combined_w[(size_t)t * K + lane] = w;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(EP_INTERNODE_THREADS, 1)
+internode_combine(InternodeArgs a, EpDiag diag) {
+    __shared__ int s_scan[32];
+    __shared__ int s_rows[EP_INTERNODE_THREADS * EP_INTERNODE_MAX_RANKS_PER_HOST];
+    __shared__ int s_run[EP_INTERNODE_MAX_RANKS_PER_HOST];
+    __shared__ const uint8_t* s_peer_in[EP_INTERNODE_MAX_RANKS_PER_HOST];
+    __shared__ const float* s_peer_w[EP_INTERNODE_MAX_RANKS_PER_HOST];
+    __shared__ int s_fail;
+    if (threadIdx.x == 0) s_fail = 0;
+    __syncthreads();
+    const int C = a.num_channels;
+    if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w);
+    else combine_receiver(a, diag, blockIdx.x - C, &s_fail);
+}
