@@ -1,0 +1,38 @@
+# Compares one evaluated configuration with a case of cases.nix; used by lib-eval.nix and
+# nixos-eval.nix so both check exactly the same things.
+#   check case config { nvshmemDir; gdrdrvPackage; }  ->  "ok" or throw
+# The module's own contribution is isolated where NixOS adds text of its own:
+# boot.extraModprobeConfig is compared exactly (the cases set it only where they test the
+# conflict), nixos.conf is checked in nixos-eval.nix.
+{ lib }:
+c: config: { nvshmemDir, gdrdrvPackage }:
+let
+  e = c.expect;
+  enabled = config.services.deepep.enable;
+  fail = field: want: got:
+    throw "module case '${c.name}': ${field}: expected ${builtins.toJSON want}, got ${builtins.toJSON got}";
+  same = field: want: got: if want == got then true else fail field want got;
+  opt = field: got: if e ? ${field} then same field e.${field} got else true;
+
+  failedMessages = map (a: a.message) (lib.filter (a: !a.assertion) config.assertions);
+  failedOk =
+    if !(e ? failed) then true
+    else if e.failed == [ ] then same "failed assertions" [ ] failedMessages
+    else lib.all (s: lib.any (m: lib.hasInfix s m) failedMessages || fail "failed assertion containing" s failedMessages) e.failed;
+
+  # Everything else is only meaningful for configurations that evaluate without failures.
+  valuesOk = lib.all (x: x) [
+    (opt "modprobe" config.boot.extraModprobeConfig)
+    (opt "initrdModprobe" config.boot.initrd.extraModprobeConfig)
+    (opt "kernelModules" (lib.filter (m: lib.elem m [ "gdrdrv" "nvidia_peermem" ]) config.boot.kernelModules))
+    (opt "gdrdrvPackage" (lib.elem gdrdrvPackage config.boot.extraModulePackages))
+    (opt "env" (if enabled then builtins.removeAttrs config.services.deepep.environment [ "NVSHMEM_DIR" ] else { }))
+    (if enabled then same "NVSHMEM_DIR" nvshmemDir (config.environment.variables.NVSHMEM_DIR or null) else true)
+    (if enabled && e ? env then same "environment.variables" (e.env // { NVSHMEM_DIR = nvshmemDir; })
+      (lib.filterAttrs (n: _: lib.hasPrefix "NVSHMEM_" n) config.environment.variables) else true)
+    (opt "udevGdrdrv" (lib.hasInfix ''KERNEL=="gdrdrv"'' config.services.udev.extraRules))
+    (opt "persistenced" config.hardware.nvidia.nvidiaPersistenced)
+    (opt "datacenter" config.hardware.nvidia.datacenter.enable)
+  ];
+in
+if failedOk && (e.failed or [ ] != [ ] || valuesOk) then "ok" else throw "module case '${c.name}': unreachable"

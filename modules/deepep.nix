@@ -1,0 +1,292 @@
+# services.deepep: a host set up for DeepEP-style expert-parallel communication over NVSHMEM.
+#
+# - nvidia driver options for GPU-initiated IBGDA (one `options nvidia` line with
+#   NVreg_EnableStreamMemOPs=1 and a single merged NVreg_RegistryDwords), also in the initrd
+#   when nvidia loads there;
+# - GDRCopy's gdrdrv kernel module, /dev/gdrdrv (udev), libgdrapi on the system;
+# - NVSHMEM on the system and its runtime knobs exported (only those that are set);
+# - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards.
+#
+# The text this module writes is rendered by ./lib.nix (plain Nix, tested in CI without nixpkgs).
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  inherit (lib)
+    literalExpression
+    mkDefault
+    mkEnableOption
+    mkIf
+    mkOption
+    optional
+    types
+    ;
+
+  pure = import ./lib.nix;
+  deepepPkgs = import ../pkgs { inherit pkgs; };
+
+  cfg = config.services.deepep;
+  features = pure.methodFeatures cfg.ibgda.method;
+  knobs = cfg.nvshmem;
+
+  modprobeText = pure.renderModprobeConfig {
+    inherit (cfg.ibgda) method registryDwords;
+    gdrdrvParams = cfg.gdrcopy.moduleParams;
+  };
+
+  gdrdrvNodeScript = pkgs.writeShellScript "gdrdrv-mknod" ''
+    PATH=${lib.makeBinPath [ pkgs.coreutils pkgs.gawk ]}
+    ${pure.gdrdrvNodeScript { group = cfg.gdrcopy.group; mode = cfg.gdrcopy.deviceMode; }}
+  '';
+
+  conflicts = pure.conflictingRegistryDwords cfg.ibgda.registryDwords;
+
+  # NVreg_RegistryDwords given anywhere else than through this module.
+  dwordsInKernelParams = lib.filter (p: lib.hasPrefix "nvidia.NVreg_RegistryDwords=" p) config.boot.kernelParams;
+  dwordsSettings = pure.registryDwordsSettings config.boot.extraModprobeConfig + lib.length dwordsInKernelParams;
+
+  nvshmemVersion = cfg.nvshmem.package.version or "unknown";
+
+  knobOption = { type, default ? null, description, example ? null }:
+    mkOption ({
+      type = types.nullOr type;
+      inherit default;
+      description = description + " Exported system-wide only when not null.";
+    } // lib.optionalAttrs (example != null) { inherit example; });
+in
+{
+  options.services.deepep = {
+    enable = mkEnableOption "a host configured for DeepEP-style expert-parallel communication (NVSHMEM, IBGDA)";
+
+    ibgda = {
+      method = mkOption {
+        type = types.enum (lib.attrNames pure.ibgdaMethods);
+        default = "driver";
+        description = ''
+          How NVSHMEM's IBGDA transport drives the NIC.
+          - "driver": GPU-initiated; sets `options nvidia NVreg_EnableStreamMemOPs=1
+            NVreg_RegistryDwords="PeerMappingOverride=1;"` (applied when the nvidia module loads,
+            i.e. after a reboot).
+          - "gdrcopy": CPU-assisted with the gdrcopy backend; builds and loads gdrdrv, creates
+            /dev/gdrdrv and installs libgdrapi.
+          - "both": all of the above (NVSHMEM picks the GPU handler when the driver allows it).
+          - "none": no driver options and no gdrdrv; NVSHMEM >= 3.4.5 still runs IBGDA with its
+            CPU-assisted fallback.
+        '';
+      };
+
+      registryDwords = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "RmProfilingAdminOnly=0" ];
+        description = ''
+          Entries of the nvidia module's NVreg_RegistryDwords, one "Key=Value" per element. Every
+          module and the user may add to this list; the entries are joined with ';' into the single
+          NVreg_RegistryDwords value this module writes (the driver reads only one). With
+          `method = "driver"` or `"both"` this module adds "PeerMappingOverride=1". Do not set
+          NVreg_RegistryDwords anywhere else (boot.extraModprobeConfig, boot.kernelParams): that is
+          refused by an assertion. Only used when the method sets driver options.
+        '';
+      };
+
+      initrd = mkOption {
+        type = types.bool;
+        default = lib.elem "nvidia" config.boot.initrd.kernelModules;
+        defaultText = literalExpression ''lib.elem "nvidia" config.boot.initrd.kernelModules'';
+        description = ''
+          Also write the modprobe lines to boot.initrd.extraModprobeConfig. Needed when the nvidia
+          module is loaded in stage 1 (options are read when a module loads).
+        '';
+      };
+    };
+
+    gdrcopy = {
+      package = mkOption {
+        type = types.package;
+        default = deepepPkgs.packages.gdrcopy;
+        defaultText = literalExpression "deepep-nix's gdrcopy package";
+        description = "GDRCopy library and tools installed on the system (libgdrapi.so.2).";
+      };
+
+      kernelModule = mkOption {
+        type = types.package;
+        default = deepepPkgs.gdrdrvFor config.boot.kernelPackages config.hardware.nvidia.package;
+        defaultText = literalExpression "gdrdrv built with config.boot.kernelPackages for config.hardware.nvidia.package";
+        description = "The gdrdrv kernel module package; it must match the running kernel and nvidia driver.";
+      };
+
+      moduleParams = mkOption {
+        type = types.attrsOf (types.oneOf [ types.bool types.int types.str ]);
+        default = { };
+        example = { use_persistent_mapping = true; };
+        description = "gdrdrv module parameters (dbg_enabled, info_enabled, use_persistent_mapping), written as an `options gdrdrv` line.";
+      };
+
+      group = mkOption {
+        type = types.str;
+        default = "video";
+        description = "Group that owns /dev/gdrdrv; users running NVSHMEM jobs must be in it.";
+      };
+
+      deviceMode = mkOption {
+        type = types.strMatching "0?[0-7]{3}";
+        default = "0660";
+        description = "Mode of /dev/gdrdrv (upstream's scripts use 0666).";
+      };
+    };
+
+    nvshmem = {
+      package = mkOption {
+        type = types.package;
+        default = deepepPkgs.packages.nvshmem;
+        defaultText = literalExpression "deepep-nix's nvshmem (3.4.5, CUDA 13)";
+        example = literalExpression "inputs.deepep-nix.packages.\${pkgs.system}.nvshmem_3_3_9_cuda12";
+        description = "NVSHMEM installed on the system; NVSHMEM_DIR points at it.";
+      };
+
+      disableP2P = knobOption {
+        type = types.bool;
+        description = "NVSHMEM_DISABLE_P2P: do not use NVLink/PCIe peer-to-peer between GPUs of a node.";
+      };
+      ibEnableIbgda = knobOption {
+        type = types.bool;
+        description = "NVSHMEM_IB_ENABLE_IBGDA: use the IBGDA (GPUDirect Async) transport.";
+      };
+      ibgdaNumRcPerPe = knobOption {
+        type = types.ints.positive;
+        example = 24;
+        description = "NVSHMEM_IBGDA_NUM_RC_PER_PE: RC queue pairs per PE (DeepEP low-latency mode uses one per local expert).";
+      };
+      qpDepth = knobOption {
+        type = types.ints.positive;
+        default = 1024;
+        description = "NVSHMEM_QP_DEPTH (DeepEP's value: 1024).";
+      };
+      maxTeams = knobOption {
+        type = types.ints.positive;
+        default = 7;
+        description = "NVSHMEM_MAX_TEAMS (DeepEP's value: 7; NVSHMEM 3.7 needs more, see the warning).";
+      };
+      cumemGranularity = knobOption {
+        type = types.ints.positive;
+        example = 536870912;
+        description = "NVSHMEM_CUMEM_GRANULARITY in bytes; at least 256 MiB (268435456). DeepEP uses 2^29.";
+      };
+      ibSl = knobOption {
+        type = types.ints.between 0 15;
+        description = "NVSHMEM_IB_SL: InfiniBand service level.";
+      };
+    };
+
+    environment = mkOption {
+      type = types.attrsOf types.str;
+      readOnly = true;
+      description = ''
+        The variables this module exports system-wide (NVSHMEM_DIR and the knobs that are set).
+        Use it for services, which do not see environment.variables:
+        `systemd.services.<name>.environment = config.services.deepep.environment;`.
+      '';
+    };
+
+    persistenced.enable = mkOption {
+      type = types.bool;
+      default = true;
+      description = "Run nvidia-persistenced (keeps GPUs initialised on headless hosts; sets hardware.nvidia.nvidiaPersistenced by default).";
+    };
+
+    fabricManager.enable = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        NVSwitch systems (HGX 8-GPU boards) need the fabric manager before GPUs can talk over
+        NVLink; this enables nixpkgs' datacenter driver (hardware.nvidia.datacenter.enable), which
+        runs it. A single-host NVLink pair (no NVSwitch) does not need it.
+      '';
+    };
+
+    peermem.enable = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Load nvidia_peermem. Only for kernels with MLNX_OFED's peer-memory API (upstream kernels
+        lack ib_register_peer_memory_client); otherwise NVSHMEM registers GPU memory with
+        DMA-BUF, which needs the open kernel modules.
+      '';
+    };
+  };
+
+  config = mkIf cfg.enable {
+    services.deepep.environment =
+      { NVSHMEM_DIR = "${cfg.nvshmem.package}"; }
+      // pure.nvshmemEnv (lib.filterAttrs (n: _: pure.knobVariables ? ${n}) knobs);
+
+    services.deepep.ibgda.registryDwords = mkIf features.driverOptions pure.ibgdaRegistryDwords;
+
+    assertions = [
+      {
+        assertion = config.hardware.nvidia.enabled;
+        message = ''
+          services.deepep needs the nvidia driver. Enable it with
+            services.xserver.videoDrivers = [ "nvidia" ];   # also right on headless hosts
+          or, on NVSwitch (HGX) systems, services.deepep.fabricManager.enable = true, and set
+          hardware.nvidia.open = true.'';
+      }
+      {
+        assertion = conflicts == [ ];
+        message = ''
+          services.deepep.ibgda.registryDwords sets the same key to different values: ${
+            lib.concatMapStringsSep "; " (c: "${c.key} = ${lib.concatStringsSep " and " c.values}") conflicts
+          }. Keep one value per key (lib.mkForce on the option replaces all definitions).'';
+      }
+      {
+        assertion = features.driverOptions -> dwordsSettings <= 1;
+        message = ''
+          NVreg_RegistryDwords is set outside services.deepep (boot.extraModprobeConfig or
+          boot.kernelParams); the nvidia driver would see only one of the values. Move the entries
+          into services.deepep.ibgda.registryDwords (a list; they are joined with ';').'';
+      }
+      {
+        assertion = knobs.cumemGranularity == null || knobs.cumemGranularity >= pure.minCumemGranularity;
+        message = "services.deepep.nvshmem.cumemGranularity = ${toString knobs.cumemGranularity} is below 256 MiB; use at least ${toString pure.minCumemGranularity} (DeepEP uses 536870912) or null.";
+      }
+      {
+        assertion = features.gdrcopy -> config.hardware.nvidia.open;
+        message = ''
+          services.deepep.ibgda.method = "${cfg.ibgda.method}" builds gdrdrv for the open nvidia kernel
+          modules, which does not load next to the proprietary ones${
+            lib.optionalString pkgs.stdenv.hostPlatform.isAarch64 " (and on aarch64/Grace the proprietary-flavour gdrdrv is not supported)"
+          }. Set hardware.nvidia.open = true, or use ibgda.method = "driver".'';
+      }
+      {
+        assertion = cfg.ibgda.method != "none" -> (config.hardware.nvidia.open || cfg.peermem.enable);
+        message = ''
+          IBGDA registers GPU memory with the NIC through DMA-BUF, which needs the open nvidia kernel
+          modules. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
+          services.deepep.peermem.enable = true), or services.deepep.ibgda.method = "none".'';
+      }
+    ];
+
+    warnings =
+      optional (knobs.maxTeams != null && knobs.maxTeams <= 7 && lib.versionAtLeast nvshmemVersion "3.7")
+        "services.deepep: NVSHMEM ${nvshmemVersion} with NVSHMEM_MAX_TEAMS=${toString knobs.maxTeams} fails with \"No more teams available\"; set services.deepep.nvshmem.maxTeams to a larger value or null."
+      ++ optional (!features.driverOptions && cfg.ibgda.registryDwords != [ ])
+        "services.deepep.ibgda.registryDwords is set but ibgda.method = \"${cfg.ibgda.method}\" writes no nvidia options; the dwords are ignored (use method \"driver\" or \"both\").";
+
+    boot.extraModprobeConfig = modprobeText;
+    boot.initrd.extraModprobeConfig = mkIf cfg.ibgda.initrd modprobeText;
+
+    boot.extraModulePackages = optional features.gdrcopy cfg.gdrcopy.kernelModule;
+    boot.kernelModules = optional features.gdrcopy "gdrdrv" ++ optional cfg.peermem.enable "nvidia_peermem";
+
+    services.udev.extraRules = mkIf features.gdrcopy (pure.gdrdrvUdevRule gdrdrvNodeScript);
+
+    environment.systemPackages = [ cfg.nvshmem.package ] ++ optional features.gdrcopy cfg.gdrcopy.package;
+    environment.variables = cfg.environment;
+
+    hardware.nvidia.nvidiaPersistenced = mkIf cfg.persistenced.enable (mkDefault true);
+    hardware.nvidia.datacenter.enable = mkIf cfg.fabricManager.enable (mkDefault true);
+  };
+}

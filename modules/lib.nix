@@ -1,0 +1,191 @@
+# Pure helpers for the `services.deepep` NixOS module.
+#
+# Everything here is plain Nix: no nixpkgs, no `lib`, only builtins. That keeps
+# the text the module writes into /etc/modprobe.d/nixos.conf, the udev rule and
+# the environment set testable with any Nix (CI uses Debian's Nix 2.8; see
+# checks/pure.nix).
+let
+  inherit (builtins)
+    attrNames
+    concatStringsSep
+    elem
+    filter
+    foldl'
+    head
+    isBool
+    isInt
+    isString
+    length
+    lessThan
+    listToAttrs
+    match
+    sort
+    split
+    stringLength
+    substring
+    ;
+
+  # Remove later duplicates, keep first-seen order.
+  unique = foldl' (acc: x: if elem x acc then acc else acc ++ [ x ]) [ ];
+
+  # One line of the option set: `name = value` pairs joined by spaces.
+  renderValue = v:
+    if isBool v then (if v then "1" else "0")
+    else if isInt v then toString v
+    else if isString v then v
+    else throw "deepep: module parameter values must be bool, int or string";
+
+  # Number of non-overlapping occurrences of `needle` in `haystack`.
+  countOccurrences = needle: haystack:
+    let parts = split needle haystack;
+    in (length parts - 1) / 2;
+in
+rec {
+  # ---------------------------------------------------------------- IBGDA methods
+
+  # What each `services.deepep.ibgda.method` value turns on.
+  #   driverOptions: NVreg_EnableStreamMemOPs=1 + NVreg_RegistryDwords (GPU-initiated NIC handler)
+  #   gdrcopy:       build and load gdrdrv, create /dev/gdrdrv, install libgdrapi (CPU-assisted
+  #                  NIC handler with the gdrcopy backend)
+  ibgdaMethods = {
+    driver = { driverOptions = true; gdrcopy = false; };
+    gdrcopy = { driverOptions = false; gdrcopy = true; };
+    both = { driverOptions = true; gdrcopy = true; };
+    none = { driverOptions = false; gdrcopy = false; };
+  };
+
+  methodFeatures = method:
+    ibgdaMethods.${method} or (throw ''
+      services.deepep.ibgda.method = "${method}" is not known; use one of: ${concatStringsSep ", " (map (m: "\"${m}\"") (attrNames ibgdaMethods))}'');
+
+  # The registry dword NVIDIA documents for GPU-initiated IBGDA.
+  ibgdaRegistryDwords = [ "PeerMappingOverride=1" ];
+
+  # ---------------------------------------------------------------- registry dwords
+
+  # "Key=Value" -> { key, value }; anything else is refused with the fix.
+  parseRegistryDword = d:
+    let m = match "[[:space:]]*([A-Za-z0-9_]+)[[:space:]]*=[[:space:]]*([^;\"[:space:]]+)[[:space:]]*" d;
+    in
+    if m == null then
+      throw ''
+        services.deepep.ibgda.registryDwords: "${d}" is not of the form "Key=Value" (one dword per list
+        element, without ';' or quotes), e.g. "PeerMappingOverride=1".''
+    else { key = head m; value = builtins.elemAt m 1; };
+
+  # Keys that are given more than one distinct value, e.g. both "RmFoo=1" and "RmFoo=0":
+  # [ { key = "RmFoo"; values = [ "0" "1" ]; } ] (values sorted).
+  conflictingRegistryDwords = dwords:
+    let
+      parsed = map parseRegistryDword dwords;
+      keys = unique (map (p: p.key) parsed);
+      valuesOf = k: sort lessThan (unique (map (p: p.value) (filter (p: p.key == k) parsed)));
+    in
+    map (k: { key = k; values = valuesOf k; }) (filter (k: length (valuesOf k) > 1) keys);
+
+  # The one NVreg_RegistryDwords value: normalised entries, duplicates dropped, sorted (so the
+  # text does not depend on the order in which modules contribute), joined by ';' with the
+  # trailing ';' NVIDIA's documentation uses ("PeerMappingOverride=1;").
+  registryDwordsValue = dwords:
+    let entries = unique (map (d: let p = parseRegistryDword d; in "${p.key}=${p.value}") dwords);
+    in concatStringsSep "" (map (e: e + ";") (sort lessThan entries));
+
+  # ---------------------------------------------------------------- modprobe text
+
+  # `options <module> k=v ...` for an attrset of parameters, or "" when there are none.
+  # Parameters are rendered in attribute-name order.
+  renderModprobeOptions = module: params:
+    let names = attrNames params;
+    in
+    if names == [ ] then ""
+    else "options ${module} ${concatStringsSep " " (map (n: "${n}=${renderValue params.${n}}") names)}";
+
+  # The nvidia driver line. One line carries both parameters: a second `options nvidia` line with
+  # NVreg_RegistryDwords would not merge with the first, so everything is rendered here at once.
+  #   { enableStreamMemOps = true; registryDwords = [ "PeerMappingOverride=1" ]; }
+  #   -> options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;"
+  renderNvidiaOptions = { enableStreamMemOps ? false, registryDwords ? [ ] }:
+    let
+      parts =
+        (if enableStreamMemOps then [ "NVreg_EnableStreamMemOPs=1" ] else [ ])
+        ++ (if registryDwords == [ ] then [ ] else [ "NVreg_RegistryDwords=\"${registryDwordsValue registryDwords}\"" ]);
+    in
+    if parts == [ ] then "" else "options nvidia ${concatStringsSep " " parts}";
+
+  # All lines the module contributes to boot.extraModprobeConfig (and, when nvidia loads in
+  # stage 1, to boot.initrd.extraModprobeConfig), newline-terminated; "" when nothing applies.
+  renderModprobeConfig = { method, registryDwords ? [ ], gdrdrvParams ? { } }:
+    let
+      features = methodFeatures method;
+      lines = filter (l: l != "") [
+        (if features.driverOptions then renderNvidiaOptions { enableStreamMemOps = true; inherit registryDwords; } else "")
+        (if features.gdrcopy then renderModprobeOptions "gdrdrv" gdrdrvParams else "")
+      ];
+    in
+    concatStringsSep "" (map (l: l + "\n") lines);
+
+  # How many places set NVreg_RegistryDwords in a modprobe text (more than one is a conflict:
+  # the driver keeps only one of them).
+  registryDwordsSettings = text: countOccurrences "NVreg_RegistryDwords" text;
+
+  # ---------------------------------------------------------------- /dev/gdrdrv
+
+  # gdrdrv registers a character device with a dynamic major and creates no device node.
+  # This script reads the major from /proc/devices and creates /dev/gdrdrv; it expects
+  # awk, mknod, chgrp, chmod and rm on PATH (the module wraps it with a fixed PATH).
+  gdrdrvNodeScript = { group, mode }:
+    let
+      validMode = match "0?[0-7]{3}" mode != null;
+    in
+    if !validMode then throw "services.deepep.gdrcopy.deviceMode = \"${mode}\" is not an octal mode; use e.g. \"0660\""
+    else ''
+      set -eu
+      major=$(awk '$2 == "gdrdrv" { print $1 }' /proc/devices)
+      if [ -z "$major" ]; then
+        echo "gdrdrv: no 'gdrdrv' entry in /proc/devices; is the module loaded?" >&2
+        exit 1
+      fi
+      rm -f /dev/gdrdrv
+      mknod -m ${mode} /dev/gdrdrv c "$major" 0
+      chgrp ${group} /dev/gdrdrv
+      chmod ${mode} /dev/gdrdrv
+    '';
+
+  # The udev rule that runs the script above when the gdrdrv module appears.
+  gdrdrvUdevRule = script:
+    ''ACTION=="add", SUBSYSTEM=="module", KERNEL=="gdrdrv", RUN+="${script}"'';
+
+  # ---------------------------------------------------------------- environment
+
+  # Smallest NVSHMEM_CUMEM_GRANULARITY the module accepts (256 MiB).
+  minCumemGranularity = 268435456;
+
+  # Option name -> NVSHMEM variable, in the order they are documented.
+  knobVariables = {
+    disableP2P = "NVSHMEM_DISABLE_P2P";
+    ibEnableIbgda = "NVSHMEM_IB_ENABLE_IBGDA";
+    ibgdaNumRcPerPe = "NVSHMEM_IBGDA_NUM_RC_PER_PE";
+    qpDepth = "NVSHMEM_QP_DEPTH";
+    maxTeams = "NVSHMEM_MAX_TEAMS";
+    cumemGranularity = "NVSHMEM_CUMEM_GRANULARITY";
+    ibSl = "NVSHMEM_IB_SL";
+  };
+
+  # { disableP2P = null; qpDepth = 1024; ... } -> { NVSHMEM_QP_DEPTH = "1024"; ... }
+  # Knobs set to null are left out (NVSHMEM's own default applies). Booleans become "1"/"0".
+  # Unknown knob names are refused.
+  nvshmemEnv = knobs:
+    let
+      unknown = filter (n: !(knobVariables ? ${n})) (attrNames knobs);
+      set = filter (n: knobs.${n} != null) (attrNames knobs);
+    in
+    if unknown != [ ] then throw "deepep: unknown NVSHMEM knob(s): ${concatStringsSep ", " unknown}"
+    else listToAttrs (map (n: { name = knobVariables.${n}; value = renderValue knobs.${n}; }) set);
+
+  # ---------------------------------------------------------------- small utilities (exported for tests)
+
+  inherit countOccurrences unique;
+
+  # Guard used by the module for string options that end up inside udev/shell text.
+  isSafeWord = s: match "[A-Za-z0-9_.-]+" s != null && stringLength s > 0 && substring 0 1 s != "-";
+}

@@ -1,0 +1,28 @@
+# The `deepep-nix` CLI: pins NVSHMEM releases (lock/render), verifies and installs them, and
+# checks a host (`doctor`).
+{
+  lib,
+  rustPlatform,
+}:
+let
+  src = import ../workspace-src.nix { inherit lib; } [
+    # Embedded into the binary (lock --offline, releases, render work without a checkout).
+    ../nvshmem/manifests
+  ];
+in
+rustPlatform.buildRustPackage {
+  pname = "deepep-nix";
+  version = (lib.importTOML ../../Cargo.toml).workspace.package.version;
+  inherit src;
+
+  cargoLock.lockFile = ../../Cargo.lock;
+  cargoBuildFlags = [ "-p" "deepep-nix" ];
+  cargoTestFlags = [ "-p" "deepep-nix" ];
+
+  meta = {
+    description = "Pin, render, verify and install NVIDIA NVSHMEM releases; check a host for DeepEP-style EP";
+    license = with lib.licenses; [ mit asl20 ];
+    mainProgram = "deepep-nix";
+    platforms = lib.platforms.linux;
+  };
+}

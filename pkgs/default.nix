@@ -1,0 +1,63 @@
+# This repository's packages for one nixpkgs instance (used by flake.nix for `packages`, by
+# the overlay, and by the NixOS module for its defaults).
+#
+#   nvshmem                          NVSHMEM 3.4.5, CUDA 13, NVIDIA tarball
+#   nvshmem_<v>                      release <v> (CUDA 13 where it exists, else 12)
+#   nvshmem_<v>_cuda12 / _cuda13     one CUDA major
+#   gdrcopy                          libgdrapi + tools; gdrdrv comes from gdrdrvFor / the module
+#   deepep-kernels                   kernels + deepep-bench / deepep-gpu-tests against `nvshmem`
+#   deepep-kernels-no-nvshmem        the same without NVSHMEM (DeepEP's DISABLE_NVSHMEM build)
+#   deepep-nix                       the CLI
+#
+# `packages` holds only combinations that exist for the host system. `missing` binds every
+# absent nvshmem_<v>_cuda<M> to the evaluation error that says what exists; the overlay
+# exposes those too, so `pkgs.nvshmem_3_3_9_cuda13` fails with that message instead of being
+# an unknown attribute.
+{ pkgs, releases ? import ./nvshmem/releases.nix }:
+let
+  inherit (pkgs) lib;
+  nvshmemLib = import ./nvshmem/lib.nix;
+  system = pkgs.stdenv.hostPlatform.system;
+
+  gdrcopy = pkgs.callPackage ./gdrcopy/package.nix {
+    # The library/tools' CUDA only matters for the tools; CUDA 13 matches the default NVSHMEM.
+    cudaPackages = pkgs.cudaPackages_13 or pkgs.cudaPackages;
+  };
+
+  mkNvshmem = { version, cudaMajor }:
+    pkgs.callPackage ./nvshmem/package.nix {
+      inherit releases version cudaMajor gdrcopy;
+    };
+
+  toAttrs = plan: lib.listToAttrs (map (p: lib.nameValuePair p.name (mkNvshmem { inherit (p) version cudaMajor; })) plan);
+
+  nvshmemPackages = toAttrs (nvshmemLib.attrPlan releases system);
+
+  # Forcing one of these throws select's message (the derivation is never reached).
+  missing = lib.listToAttrs (map
+    (p: lib.nameValuePair p.name (nvshmemLib.select {
+      inherit releases system;
+      inherit (p) version cudaMajor;
+    }))
+    (nvshmemLib.missingAttrPlan releases system));
+
+  nvshmem = nvshmemPackages.nvshmem or (throw "NVSHMEM ${nvshmemLib.defaultVersion} for CUDA ${nvshmemLib.defaultCudaMajor} has no build for ${system} in the release data.");
+
+  deepep-kernels = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem; };
+in
+{
+  packages = nvshmemPackages // {
+    inherit gdrcopy deepep-kernels;
+    deepep-kernels-no-nvshmem = pkgs.callPackage ./deepep-kernels/package.nix {
+      nvshmem = null;
+      inherit (nvshmem) cudaPackages;
+    };
+    deepep-nix = pkgs.callPackage ./deepep-nix/package.nix { };
+  };
+
+  inherit missing;
+
+  # gdrdrv for a kernel package set and nvidia driver (the NixOS module passes its own).
+  gdrdrvFor = kernelPackages: nvidia_x11:
+    kernelPackages.callPackage ./gdrcopy/gdrdrv.nix { inherit nvidia_x11; };
+}
