@@ -39,6 +39,17 @@ pub enum Command {
     Lock(LockArgs),
     /// Render pkgs/nvshmem/releases.nix from the lock (tera template, compiled in).
     Render(RenderArgs),
+    /// List the locked releases per system and CUDA major, marking gaps.
+    Releases(ReleasesArgs),
+    /// Download pinned artifacts (or take local files with --file) and check their size and
+    /// sha256 against the lock.
+    Verify(VerifyArgs),
+    /// Print a file's sha256 as hex, Nix base-32 and SRI, or a directory's NAR hash.
+    Hash(HashArgs),
+    /// Download, verify and unpack a release into a prefix; print the shell exports.
+    Install(InstallArgs),
+    /// Print the shell exports for an existing install (NVSHMEM_DIR, LD_LIBRARY_PATH, PATH).
+    Env(EnvArgs),
     /// Check this host for what DeepEP-style EP needs (GPU, driver, NVSHMEM, IBGDA, gdrdrv).
     Doctor(crate::doctor::DoctorArgs),
 }
@@ -121,6 +132,115 @@ pub struct RenderArgs {
     pub check: bool,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct ReleasesArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Print JSON (every cell with its sources, gap and artifacts) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also list every artifact with its SRI hash, size and file name.
+    #[arg(long)]
+    pub hashes: bool,
+}
+
+/// Which locked artifact: shared by `verify` and `install`.
+#[derive(Debug, Clone, Args)]
+pub struct SelectArgs {
+    /// NVSHMEM release, e.g. 3.4.5.
+    #[arg(long = "version", value_name = "VERSION")]
+    pub nvshmem_version: Option<String>,
+    /// CUDA major: 12 or 13.
+    #[arg(long, value_parser = ["12", "13"])]
+    pub cuda: Option<String>,
+    /// Nix system [default: this machine's].
+    #[arg(long, value_parser = ["x86_64-linux", "aarch64-linux"])]
+    pub system: Option<String>,
+    /// Artifact source [default: nvidia when the lock pins it, else pypi].
+    #[arg(long, value_enum)]
+    pub source: Option<SourceKind>,
+}
+
+impl SelectArgs {
+    fn selector(&self) -> Result<crate::verify::Selector> {
+        Ok(crate::verify::Selector {
+            version: self.nvshmem_version.as_deref().map(str::parse).transpose()?,
+            system: self.system.as_deref().map(str::parse).transpose()?,
+            cuda: self.cuda.as_deref().map(|c| c.parse().expect("validated by clap")),
+            source: self.source,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// Local file to verify instead of downloading (repeatable). Without --version etc. the
+    /// lock entry is found by the file's name. A local file that fails is left in place.
+    #[arg(long = "file", value_name = "PATH")]
+    pub files: Vec<PathBuf>,
+    /// Directory to download into (resumes <name>.part; a file that fails is deleted).
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dest: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HashArgs {
+    /// Files (flat sha256) or directories (NAR sha256, as `nix hash path` / fetchzip).
+    #[arg(required_unless_present = "convert", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Convert a sha256 given as hex, Nix base-32 or SRI into all three forms.
+    #[arg(long, value_name = "HASH", conflicts_with = "paths")]
+    pub convert: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// Install into this directory (must not exist or be empty, unless --replace).
+    #[arg(long, value_name = "DIR")]
+    pub prefix: PathBuf,
+    /// Use this local archive (.tar.xz or .whl) instead of downloading; it is verified
+    /// against the lock first.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Download cache [default: $XDG_CACHE_HOME/deepep-nix or ~/.cache/deepep-nix].
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// Replace an existing non-empty prefix (swapped only after the new tree is complete).
+    #[arg(long)]
+    pub replace: bool,
+    /// Syntax of the printed exports.
+    #[arg(long, value_enum, default_value = "sh")]
+    pub shell: crate::install::Shell,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EnvArgs {
+    /// An install made by `deepep-nix install`.
+    #[arg(long, value_name = "DIR")]
+    pub prefix: PathBuf,
+    /// Syntax of the exports.
+    #[arg(long, value_enum, default_value = "sh")]
+    pub shell: crate::install::Shell,
+}
+
 /// Prints statuses; with `check`, reports drift on stderr and returns exit code 1.
 fn finish(statuses: &[FileStatus], check: bool, fix: &str) -> i32 {
     for s in statuses {
@@ -189,11 +309,153 @@ pub fn render(args: &RenderArgs) -> Result<i32> {
     run_plan(&plan, args.check, "deepep-nix render")
 }
 
+pub fn releases(args: &ReleasesArgs) -> Result<i32> {
+    let found = repo::find_repo(args.repo.repo.as_deref())?;
+    let (lock, _, origin) = repo::read_lock(found.as_ref())?;
+    let rows = crate::releases::rows(&lock);
+    if args.json {
+        let doc = serde_json::json!({ "lock": origin.to_string(), "releases": rows });
+        println!("{}", serde_json::to_string_pretty(&doc).expect("serialisable"));
+    } else {
+        println!("lock: {origin}\n");
+        print!("{}", crate::releases::table(&rows, args.hashes));
+    }
+    Ok(0)
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).expect("serialisable"));
+}
+
+pub fn verify(args: &VerifyArgs) -> Result<i32> {
+    use crate::verify::{self as v, OnMismatch};
+    let found = repo::find_repo(args.repo.repo.as_deref())?;
+    let (lock, _, _) = repo::read_lock(found.as_ref())?;
+    let sel = args.select.selector()?;
+    let mut report = Vec::new();
+    if args.files.is_empty() {
+        let pinned = v::select(&lock, &sel)?;
+        let http = args.net.http(true)?;
+        let path = v::fetch_verified(&http, &pinned, &args.dest)?;
+        report.push((pinned, path));
+    } else {
+        for file in &args.files {
+            let pinned = if sel.is_empty() {
+                let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let mut hits = v::by_filename(&lock, &name);
+                match hits.len() {
+                    1 => hits.remove(0),
+                    0 => return Err(Error::Usage(format!(
+                        "{}: no artifact named {name:?} in the lock; pass --version/--cuda/--system/--source to pick the entry",
+                        file.display()))),
+                    _ => return Err(Error::Usage(format!(
+                        "{}: {} lock entries are named {name:?}; pass --version/--cuda/--system/--source", file.display(), hits.len()))),
+                }
+            } else {
+                v::select(&lock, &sel)?
+            };
+            if !file.is_file() {
+                return Err(Error::Usage(format!("--file {}: no such file", file.display())));
+            }
+            v::check_file(file, &pinned.artifact, OnMismatch::Keep)?;
+            report.push((pinned, file.clone()));
+        }
+    }
+    if args.json {
+        let items: Vec<_> = report.iter().map(|(p, path)| serde_json::json!({
+            "path": path, "version": p.version, "system": p.system, "cuda": p.cuda, "source": p.source,
+            "sha256": p.artifact.sha256, "hash": p.artifact.hash, "size": p.artifact.size, "ok": true,
+        })).collect();
+        print_json(&serde_json::Value::Array(items));
+    } else {
+        for (p, path) in &report {
+            println!("OK {} ({}; sha256 {})", path.display(), p.describe(), p.artifact.sha256);
+        }
+    }
+    Ok(0)
+}
+
+pub fn hash(args: &HashArgs) -> Result<i32> {
+    use crate::hash::Sha256;
+    let mut items = Vec::new();
+    if let Some(h) = &args.convert {
+        let d = Sha256::parse_any(h)?;
+        items.push(serde_json::json!({ "input": h, "kind": "hash", "hex": d.to_hex(), "nix32": d.to_nix32(), "sri": d.to_sri() }));
+    }
+    for p in &args.paths {
+        let meta = std::fs::symlink_metadata(p).map_err(|e| Error::io(p, e))?;
+        if meta.is_dir() {
+            let d = Sha256::of_nar(p)?;
+            items.push(serde_json::json!({ "path": p, "kind": "nar", "hex": d.to_hex(), "nix32": d.to_nix32(), "sri": d.to_sri() }));
+        } else {
+            let (d, size) = Sha256::of_file(p)?;
+            items.push(serde_json::json!({ "path": p, "kind": "file", "size": size, "hex": d.to_hex(), "nix32": d.to_nix32(), "sri": d.to_sri() }));
+        }
+    }
+    if args.json {
+        print_json(&serde_json::Value::Array(items));
+        return Ok(0);
+    }
+    for it in &items {
+        let title = match it["kind"].as_str() {
+            Some("nar") => format!("{} (directory: NAR hash, for fetchzip / nix hash path)", it["path"].as_str().unwrap_or("")),
+            Some("file") => format!("{} (file, {} bytes: flat hash, for fetchurl)", it["path"].as_str().unwrap_or(""), it["size"]),
+            _ => it["input"].as_str().unwrap_or("").to_string(),
+        };
+        println!("{title}");
+        for (label, key) in [("hex  ", "hex"), ("nix32", "nix32"), ("SRI  ", "sri")] {
+            println!("  {label} {}", it[key].as_str().unwrap_or(""));
+        }
+    }
+    Ok(0)
+}
+
+fn default_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("deepep-nix")
+}
+
+pub fn install(args: &InstallArgs) -> Result<i32> {
+    use crate::install::{self as inst, Format};
+    use crate::verify::{self as v, OnMismatch};
+    let found = repo::find_repo(args.repo.repo.as_deref())?;
+    let (lock, _, _) = repo::read_lock(found.as_ref())?;
+    let pinned = v::select(&lock, &args.select.selector()?)?;
+    eprintln!("installing NVSHMEM {} from {}", pinned.describe(), pinned.artifact.filename);
+    let archive = match &args.file {
+        Some(f) => {
+            v::check_file(f, &pinned.artifact, OnMismatch::Keep)?;
+            f.clone()
+        }
+        None => v::fetch_verified(&args.net.http(true)?, &pinned, &args.cache.clone().unwrap_or_else(default_cache))?,
+    };
+    let format = Format::detect(&pinned.artifact.format)
+        .ok_or_else(|| Error::upstream("lock", format!("unknown artifact format {:?}", pinned.artifact.format)))?;
+    let prefix = inst::install(&archive, format, &args.prefix, args.replace)?;
+    eprintln!("installed into {}; add it to your shell with:", prefix.display());
+    print!("{}", inst::exports(&prefix, args.shell));
+    Ok(0)
+}
+
+pub fn env(args: &EnvArgs) -> Result<i32> {
+    let prefix = crate::install::check_prefix(&args.prefix)?;
+    print!("{}", crate::install::exports(&prefix, args.shell));
+    Ok(0)
+}
+
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: &Cli) -> anyhow::Result<i32> {
     Ok(match &cli.command {
         Command::Lock(a) => lock(a)?,
         Command::Render(a) => render(a)?,
+        Command::Releases(a) => releases(a)?,
+        Command::Verify(a) => verify(a)?,
+        Command::Hash(a) => hash(a)?,
+        Command::Install(a) => install(a)?,
+        Command::Env(a) => env(a)?,
         Command::Doctor(a) => crate::doctor::run(a)?,
     })
 }

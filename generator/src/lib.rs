@@ -12,13 +12,16 @@ pub mod error;
 pub mod generate;
 pub mod hash;
 pub mod http;
+pub mod install;
 pub mod lock;
 pub mod model;
 pub mod nvidia;
 pub mod output;
 pub mod pypi;
+pub mod releases;
 pub mod render;
 pub mod repo;
+pub mod verify;
 pub mod version;
 
 pub use error::{Error, Result};
