@@ -1,13 +1,145 @@
-//! `deepep-nix doctor` (being written; see issue "doctor").
-use clap::Args;
+//! `deepep-nix doctor`: is this host ready for NVSHMEM, IBGDA and our kernels?
+//!
+//! Every check reads files (below `--root`), the environment and, on the real host,
+//! `nvidia-smi`; nothing loads NVSHMEM or touches a GPU. Each finding is a [`Check`] (ok / warn /
+//! fail / skip, what was found, the exact fix); each [`Capability`] is ready when none of the
+//! checks it needs failed. `docs/doctor.md` lists every check with its sources and fixes.
 
+mod driver;
+mod elf;
+mod host;
+mod knobs;
+mod nvshmem;
+mod rdma;
+mod report;
+
+pub use host::{NoTools, SystemTools, ToolOutput, Tools};
+pub use nvshmem::Version;
+pub use report::{Capability, Check, Report, Status, Verdict};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Check whether this host is ready for NVSHMEM, IBGDA and the deepep kernels.
+///
+/// Prints one line per check (ok / warn / fail / skip, what was found and the exact fix), then a
+/// verdict per capability. Exit status: 0 when every requested capability is ready, 1 when one
+/// is not, 2 on usage errors.
 #[derive(Debug, Clone, Args)]
 pub struct DoctorArgs {
-    /// Print JSON instead of the table.
+    /// Print the report as JSON (checks, verdicts, exit_code) instead of the table.
     #[arg(long)]
     pub json: bool,
+
+    /// NVSHMEM prefix to check (the directory holding lib/libnvshmem_host.so.3).
+    /// Default: $NVSHMEM_DIR, else the libnvshmem_host.so.3 the loader finds
+    /// (LD_LIBRARY_PATH, /etc/ld.so.conf, system directories).
+    #[arg(long, value_name = "DIR")]
+    pub nvshmem_dir: Option<PathBuf>,
+
+    /// Read /proc, /sys, /dev and /etc (and every other host path) below DIR instead of /.
+    /// With a root other than /, nvidia-smi is not run and NVLink is reported unverified.
+    #[arg(long, value_name = "DIR", default_value = "/", value_parser = existing_dir)]
+    pub root: PathBuf,
+
+    /// Low-latency tokens per rank you plan to dispatch (num_max_dispatch_tokens_per_rank);
+    /// checks NVSHMEM_QP_DEPTH (default 1024) >= 2*(N+1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
+
+    /// Capability whose readiness sets the exit status; repeat for several. Default: all four.
+    #[arg(long = "capability", value_enum, value_name = "CAP")]
+    pub capabilities: Vec<Capability>,
+
+    /// NVSHMEM version the kernels were built against, compared with the host library.
+    /// Default: $DEEPEP_KERNELS_NVSHMEM_VERSION; without either the comparison is skipped.
+    #[arg(long, value_name = "X.Y.Z", value_parser = parse_version_arg)]
+    pub kernels_nvshmem_version: Option<Version>,
 }
 
-pub fn run(_args: &DoctorArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("doctor is not built yet")
+fn existing_dir(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_dir() {
+        Ok(p)
+    } else {
+        Err(format!("{s} is not a directory; --root must name an existing directory (default /)"))
+    }
+}
+
+fn parse_version_arg(s: &str) -> Result<Version, String> {
+    Version::parse(s).ok_or_else(|| format!("{s:?} is not a version of the form X.Y.Z (e.g. 3.4.5)"))
+}
+
+/// Facts about the host that change the wording of fixes.
+#[derive(Debug, Clone, Default)]
+pub struct HostKind {
+    /// NixOS: fixes name `services.deepep` / `hardware.*` options instead of files and commands.
+    pub nixos: bool,
+}
+
+impl HostKind {
+    fn detect(host: &host::Host) -> HostKind {
+        let os_release = host.read_text(Path::new("/etc/os-release")).unwrap_or_default();
+        let nixos = host.exists(Path::new("/etc/NIXOS"))
+            || os_release.lines().any(|l| l.trim() == "ID=nixos" || l.trim() == "ID=\"nixos\"");
+        HostKind { nixos }
+    }
+}
+
+/// The CLI entry point: checks the host, prints the report, returns the exit status.
+pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect();
+    let mut args = args.clone();
+    let is_real_root = std::fs::canonicalize(&args.root).map(|p| p == Path::new("/")).unwrap_or(false);
+    if let Some(dir) = &args.nvshmem_dir {
+        if dir.is_relative() && is_real_root {
+            args.nvshmem_dir = Some(std::env::current_dir()?.join(dir));
+        }
+    }
+    let report = if is_real_root {
+        run_with(&args, &env, &SystemTools::default())?
+    } else {
+        run_with(&args, &env, &NoTools("not run: --root describes another host".into()))?
+    };
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        report.render_text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).context("writing the report to stdout")?;
+    stdout.flush().context("writing the report to stdout")?;
+    Ok(report.exit_code)
+}
+
+/// Checks the host below `args.root` with the given environment and tools.
+pub fn run_with(args: &DoctorArgs, env: &BTreeMap<String, String>, tools: &dyn Tools) -> anyhow::Result<Report> {
+    if !args.root.is_dir() {
+        bail!("{} is not a directory; --root must name an existing directory", args.root.display());
+    }
+    let host = host::Host::new(&args.root, env, tools);
+    let kind = HostKind::detect(&host);
+    let mut checks = Vec::new();
+
+    let driver_info = driver::check(&host, &kind, &mut checks);
+    driver::check_params(&host, &kind, &driver_info, &mut checks);
+    let rdma_info = rdma::check_nics(&host, &kind, &mut checks);
+    rdma::check_memory_registration(&host, &kind, &driver_info, &mut checks);
+    let settings =
+        nvshmem::Settings { dir: args.nvshmem_dir.clone(), kernels_version: args.kernels_nvshmem_version };
+    let mut nvshmem_checks = Vec::new();
+    let nvshmem_info = nvshmem::check(&host, &settings, &mut nvshmem_checks);
+    rdma::check_gdrcopy(&host, &kind, nvshmem_info.ident, &mut checks);
+    checks.append(&mut nvshmem_checks);
+    let ctx = knobs::Context { max_tokens: args.max_tokens, nvshmem_version: nvshmem_info.version, rdma: &rdma_info };
+    knobs::check(&host, &ctx, &mut checks);
+
+    let requested: Vec<Capability> =
+        if args.capabilities.is_empty() { Capability::ALL.to_vec() } else { args.capabilities.clone() };
+    Ok(Report::new(args.root.display().to_string(), checks, &requested))
 }
