@@ -43,7 +43,14 @@ let
 
   nvshmem = nvshmemPackages.nvshmem or (throw "NVSHMEM ${nvshmemLib.defaultVersion} for CUDA ${nvshmemLib.defaultCudaMajor} has no build for ${system} in the release data.");
 
-  deepep-kernels = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem; };
+  # passthru.gpuCheck: runs the GPU tests and a quick benchmark (needs the "cuda" system feature).
+  deepep-kernels =
+    let base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem; };
+    in base.overrideAttrs (old: {
+      passthru = old.passthru // {
+        gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; };
+      };
+    });
 in
 {
   packages = nvshmemPackages // {

@@ -1,0 +1,59 @@
+# `nix flake check` checks for one system. None needs a GPU (those are in gpuChecks); most need
+# network for sources (NVIDIA tarballs, GitHub, crates), the VM test needs KVM.
+#   pure                 checks/pure.nix (the same tests CI runs with Debian's Nix 2.8)
+#   module-lib-eval      the module through lib.evalModules with stub NixOS option declarations
+#   module-nixos-eval    the module inside real NixOS (eval-config), several configurations
+#   module-vm            NixOS VM boots with services.deepep (x86_64-linux only)
+#   generator-reproducible  `deepep-nix lock --offline --check` / `render --check` on the repo
+#   nvshmem-layout       the default NVSHMEM package's files and RUNPATHs
+#   gdrdrv               gdrdrv built for nixpkgs' default kernel and production driver
+#   gdrcopy, deepep-nix, deepep-kernels-no-nvshmem   package builds (with their own tests)
+{
+  pkgs,
+  nixpkgs,
+  system,
+  ours,
+  deepepModule,
+}:
+let
+  inherit (pkgs) lib;
+
+  # A check whose work happens during evaluation: `value` must evaluate (it throws on failure);
+  # the derivation records it.
+  evalCheck = name: value:
+    pkgs.runCommand name { result = builtins.toJSON value; passAsFile = [ "result" ]; } ''
+      cp "$resultPath" "$out"
+    '';
+
+  repoSrc = lib.fileset.toSource {
+    root = ../.;
+    fileset = lib.fileset.unions [ ../pkgs/nvshmem ];
+  };
+in
+{
+  pure = evalCheck "deepep-pure-tests" (import ./pure.nix);
+
+  module-lib-eval = evalCheck "deepep-module-lib-eval" (import ./module/lib-eval.nix { inherit lib; });
+
+  module-nixos-eval = evalCheck "deepep-module-nixos-eval" (import ./module/nixos-eval.nix {
+    inherit nixpkgs system deepepModule;
+  });
+
+  generator-reproducible = pkgs.runCommand "deepep-generator-reproducible"
+    { nativeBuildInputs = [ ours.packages.deepep-nix ]; }
+    ''
+      cp -r ${repoSrc} repo
+      chmod -R u+w repo
+      deepep-nix lock --offline --check --repo repo
+      deepep-nix render --check --repo repo
+      touch "$out"
+    '';
+
+  nvshmem-layout = ours.packages.nvshmem.tests.layout;
+
+  gdrdrv = ours.gdrdrvFor pkgs.linuxPackages pkgs.linuxPackages.nvidiaPackages.production;
+
+  inherit (ours.packages) gdrcopy deepep-nix deepep-kernels-no-nvshmem;
+} // lib.optionalAttrs (system == "x86_64-linux") {
+  module-vm = import ./vm.nix { inherit pkgs deepepModule; };
+}
