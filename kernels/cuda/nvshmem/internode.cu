@@ -99,7 +99,7 @@ __device__ __forceinline__ uint8_t* region(uint8_t* base, const InternodeArgs& a
 // Seq-tagged barrier over all ranks, executed by threads [0, world) of one block; on return every
 // rank has at least entered the same call (so it finished all kernels of the previous one).
 // Returns false (all threads) on timeout.
-__device__ bool all_rank_barrier(const InternodeArgs& a, const EpDiag& diag, int* s_fail) {
+__device__ __forceinline__ bool all_rank_barrier(const InternodeArgs& a, const EpDiag& diag, int* s_fail) {
     const int tid = threadIdx.x;
     if (tid == 0) *s_fail = 0;
     __threadfence_system();
@@ -335,7 +335,7 @@ internode_barrier(InternodeArgs a, EpDiag diag) {
 // =================================================================================================
 #define EP_INTERNODE_THREADS 512
 
-__device__ void dispatch_sender(const InternodeArgs& a, const int c) {
+__device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const int c) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int NH = a.num_hosts, K = a.topk, S = a.num_scales;
     const RecLayout L(a);
@@ -403,9 +403,13 @@ __device__ void dispatch_sender(const InternodeArgs& a, const int c) {
         }
     }
     if (tid == 0) st_release_sys_u64(a.disp_sig + a.my_host * C + c, a.seq);
+    // Complete every put/signal of this call before the kernel ends: a zero-count signal nobody
+    // waits for must not land after (and overwrite) the same signal of the next call.
+    __syncthreads();
+    if (tid == 0) nvshmem_quiet();
 }
 
-__device__ void dispatch_puller(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan,
+__device__ __forceinline__ void dispatch_puller(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan,
                                 int* s_pos, int* s_fail) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int R = a.world, P = a.ranks_per_host, C = a.num_channels, K = a.topk, S = a.num_scales;
@@ -493,7 +497,7 @@ internode_dispatch(InternodeArgs a, EpDiag diag) {
 // combine: 2C blocks x 512 threads. Input rows were copied into comb_in[comb_parity] (and weights
 // into comb_w[comb_parity]) by the host before the barrier kernel that precedes this one.
 // =================================================================================================
-__device__ void combine_forwarder(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan, int* s_rows,
+__device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan, int* s_rows,
                                   int* s_run, const uint8_t** s_peer_in, const float** s_peer_w) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
@@ -575,9 +579,10 @@ __device__ void combine_forwarder(const InternodeArgs& a, const EpDiag& diag, co
         }
         __syncthreads();
     }
+    if (tid == 0) nvshmem_quiet();  // see dispatch_sender
 }
 
-__device__ void combine_receiver(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_fail) {
+__device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_fail) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
     const int row_bytes = H * 2;

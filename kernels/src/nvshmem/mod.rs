@@ -6,5 +6,6 @@
 
 pub mod binding;
 pub mod knobs;
+pub mod internode;
 
 pub use binding::{Bootstrap, HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};
