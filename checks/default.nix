@@ -8,12 +8,12 @@
 #   nvshmem-layout       the default NVSHMEM package's files and RUNPATHs
 #   gdrdrv               gdrdrv built for nixpkgs' default kernel and production driver
 #   gdrcopy, deepep-nix, deepep-kernels-no-nvshmem   package builds (with their own tests)
-{
-  pkgs,
-  nixpkgs,
-  system,
-  ours,
-  deepepModule,
+{ pkgs
+, nixpkgs
+, system
+, ours
+, deepepModule
+,
 }:
 let
   inherit (pkgs) lib;

@@ -4,10 +4,10 @@
 # /sys if configured; see docs/nix.md). Kept out of `checks` so that `nix flake check` on
 # CPU-only builders does not try to build it; exposed as `gpuChecks` and as
 # deepep-kernels.gpuCheck.
-{
-  lib,
-  runCommand,
-  deepep-kernels,
+{ lib
+, runCommand
+, deepep-kernels
+,
 }:
 let
   inherit (deepep-kernels) nvshmem cudaPackages;

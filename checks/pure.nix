@@ -125,13 +125,15 @@ let
     nvidiaUrlsNameVersionCudaAndPlatform = {
       expr = badArtifacts (x: x.src != "nvidia" || (
         let plat = if x.sys == x86 then "linux-x86_64" else "linux-sbsa";
-        in x.a.url == "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/${plat}/libnvshmem-${plat}-${x.v}_cuda${x.cuda}-archive.tar.xz"));
+        in x.a.url == "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/${plat}/libnvshmem-${plat}-${x.v}_cuda${x.cuda}-archive.tar.xz"
+      ));
       expected = [ ];
     };
     wheelsMatchTheirFileNames = {
       expr = badArtifacts (x: x.src != "pypi" || (
         urlBase x.a.url == x.a.filename
-        && match "nvidia_nvshmem_cu${x.cuda}-${builtins.replaceStrings ["."] ["\\."] x.v}-py3-none-.*(${if x.sys == x86 then "x86_64" else "aarch64"})\\.whl" x.a.filename != null));
+          && match "nvidia_nvshmem_cu${x.cuda}-${builtins.replaceStrings ["."] ["\\."] x.v}-py3-none-.*(${if x.sys == x86 then "x86_64" else "aarch64"})\\.whl" x.a.filename != null
+      ));
       expected = [ ];
     };
     onlySourcesAndSystemsWeKnow = {
@@ -157,14 +159,16 @@ let
     unknownSourceRefused = { expr = fails (sel { version = "3.4.5"; source = "conda"; }); expected = true; };
     unknownSystemRefused = { expr = fails (n.select { inherit releases; version = "3.4.5"; system = "x86_64-darwin"; }); expected = true; };
     pypiOnlyReleaseRefusesNvidiaSource = {
-      expr = let pypiOnly = filter (v: (releases.${v}.${x86}."13" or { }) ? pypi && !((releases.${v}.${x86}."13" or { }) ? nvidia)) (n.versions releases);
+      expr =
+        let pypiOnly = filter (v: (releases.${v}.${x86}."13" or { }) ? pypi && !((releases.${v}.${x86}."13" or { }) ? nvidia)) (n.versions releases);
         in map (v: [ (fails (sel { version = v; cudaMajor = "13"; source = "nvidia"; })) (sel { version = v; cudaMajor = "13"; }).source ]) pypiOnly;
       expected = map (_: [ true "pypi" ]) (filter (v: (releases.${v}.${x86}."13" or { }) ? pypi && !((releases.${v}.${x86}."13" or { }) ? nvidia)) (n.versions releases));
     };
     pypiSourceSelectable = { expr = (sel { version = "3.4.5"; source = "pypi"; }).artifact ? filename; expected = true; };
     attrNamesForBothSystems = {
       expr = map
-        (sys: let names = map (p: p.name) (n.attrPlan releases sys); in
+        (sys:
+          let names = map (p: p.name) (n.attrPlan releases sys); in
           [ (elem "nvshmem" names) (elem "nvshmem_3_3_9" names) (elem "nvshmem_3_3_9_cuda12" names) (elem "nvshmem_3_3_9_cuda13" names) (elem "nvshmem_3_4_5_cuda13" names) ])
         n.systems;
       expected = [ [ true true true false true ] [ true true true false true ] ];
@@ -189,6 +193,7 @@ let
   failed = filter (r: r.t.expr != r.t.expected) results;
 in
 if failed == [ ] then { passed = length results; names = map (r: r.name) results; }
-else throw ("pure tests failed:\n" + concatStringsSep "\n" (map
-  (r: "  ${r.name}: expected ${builtins.toJSON r.t.expected}, got ${builtins.toJSON r.t.expr}")
-  failed))
+else
+  throw ("pure tests failed:\n" + concatStringsSep "\n" (map
+    (r: "  ${r.name}: expected ${builtins.toJSON r.t.expected}, got ${builtins.toJSON r.t.expr}")
+    failed))

@@ -8,11 +8,10 @@
 # - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards.
 #
 # The text this module writes is rendered by ./lib.nix (plain Nix, tested in CI without nixpkgs).
-{
-  config,
-  lib,
-  pkgs,
-  ...
+{ config
+, lib
+, pkgs
+, ...
 }:
 let
   inherit (lib)

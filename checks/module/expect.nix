@@ -37,8 +37,9 @@ let
     (opt "gdrdrvPackage" (lib.elem gdrdrvPackage config.boot.extraModulePackages))
     (opt "env" (if enabled then builtins.removeAttrs config.services.deepep.environment [ "NVSHMEM_DIR" ] else { }))
     (if enabled then same "NVSHMEM_DIR" nvshmemDir (config.environment.variables.NVSHMEM_DIR or null) else true)
-    (if enabled && e ? env then same "environment.variables" (e.env // { NVSHMEM_DIR = nvshmemDir; })
-      (lib.filterAttrs (n: _: lib.hasPrefix "NVSHMEM_" n) config.environment.variables) else true)
+    (if enabled && e ? env then
+      same "environment.variables" (e.env // { NVSHMEM_DIR = nvshmemDir; })
+        (lib.filterAttrs (n: _: lib.hasPrefix "NVSHMEM_" n) config.environment.variables) else true)
     (opt "udevGdrdrv" (lib.hasInfix ''KERNEL=="gdrdrv"'' config.services.udev.extraRules))
     (opt "persistenced" config.hardware.nvidia.nvidiaPersistenced)
     (opt "datacenter" config.hardware.nvidia.datacenter.enable)

@@ -42,14 +42,15 @@ let
 in
 lib.listToAttrs (map
   (c:
-    let config = evalCase c;
-    in lib.nameValuePair c.name (
-      if confOk c config then
-        check c config {
-          nvshmemDir = "${config.services.deepep.nvshmem.package}";
-          gdrdrvPackage = config.services.deepep.gdrcopy.kernelModule;
-          exactModprobe = false;
-        }
-      else "unreachable"
-    ))
+  let config = evalCase c;
+  in lib.nameValuePair c.name (
+    if confOk c config then
+      check c config
+      {
+        nvshmemDir = "${config.services.deepep.nvshmem.package}";
+        gdrdrvPackage = config.services.deepep.gdrcopy.kernelModule;
+        exactModprobe = false;
+      }
+    else "unreachable"
+  ))
   cases)

@@ -7,13 +7,13 @@
 # The binaries load libcuda, NVRTC, NCCL and libnvshmem_host at run time (dlopen from the
 # executable searches the executable's RUNPATH), so their RUNPATH gets the driver directory
 # and the library directories of exactly the packages they were built against.
-{
-  lib,
-  rustPlatform,
-  symlinkJoin,
-  autoAddDriverRunpath,
-  nvshmem ? null,
-  cudaPackages ? if nvshmem != null then nvshmem.cudaPackages else throw "deepep-kernels: pass cudaPackages when nvshmem = null",
+{ lib
+, rustPlatform
+, symlinkJoin
+, autoAddDriverRunpath
+, nvshmem ? null
+, cudaPackages ? if nvshmem != null then nvshmem.cudaPackages else throw "deepep-kernels: pass cudaPackages when nvshmem = null"
+,
 }:
 let
   src = import ../workspace-src.nix { inherit lib; } [ ];

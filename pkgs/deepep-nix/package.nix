@@ -1,8 +1,8 @@
 # The `deepep-nix` CLI: pins NVSHMEM releases (lock/render), verifies and installs them, and
 # checks a host (`doctor`).
-{
-  lib,
-  rustPlatform,
+{ lib
+, rustPlatform
+,
 }:
 let
   src = import ../workspace-src.nix { inherit lib; } [

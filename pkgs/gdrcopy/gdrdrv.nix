@@ -6,14 +6,14 @@
 # to the open kernel modules (hardware.nvidia.open = true), which DMA-BUF needs anyway.
 # gdrcopy's Makefile probes /usr/src and /lib/modules; every variable it would probe is
 # passed explicitly because neither exists in the build sandbox.
-{
-  lib,
-  stdenv,
-  fetchFromGitHub,
-  kernel,
-  kernelModuleMakeFlags ? kernel.makeFlags,
-  kmod,
-  nvidia_x11,
+{ lib
+, stdenv
+, fetchFromGitHub
+, kernel
+, kernelModuleMakeFlags ? kernel.makeFlags
+, kmod
+, nvidia_x11
+,
 }:
 let
   source = import ./source.nix { inherit fetchFromGitHub; };

@@ -1,16 +1,16 @@
 # GDRCopy user-space library (libgdrapi.so.2, dlopened by NVSHMEM's IB transports for the
 # CPU-assisted IBGDA path) and its test/benchmark tools (gdrcopy_sanity, gdrcopy_copybw, ...).
 # The kernel module is ./gdrdrv.nix (it depends on the kernel and the nvidia driver).
-{
-  lib,
-  stdenv,
-  fetchFromGitHub,
-  symlinkJoin,
-  autoAddDriverRunpath,
-  which,
-  cudaPackages,
-  # The tools need nvcc and the CUDA driver stub; the library alone does not.
-  withTools ? true,
+{ lib
+, stdenv
+, fetchFromGitHub
+, symlinkJoin
+, autoAddDriverRunpath
+, which
+, cudaPackages
+, # The tools need nvcc and the CUDA driver stub; the library alone does not.
+  withTools ? true
+,
 }:
 let
   source = import ./source.nix { inherit fetchFromGitHub; };

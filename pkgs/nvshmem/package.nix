@@ -17,28 +17,28 @@
 #   nccl (optional)        libnccl.so.2 (NVSHMEM's NCCL collectives)
 # The MPI/OpenSHMEM/PMIx/libfabric/UCX plugins keep their DT_NEEDED entries unresolved: the
 # unique-id bootstrap with P2P/IBGDA transports needs none of them (see autoPatchelfIgnoreMissingDeps).
-{
-  lib,
-  stdenv,
-  fetchurl,
-  runCommand,
-  autoPatchelfHook,
-  autoAddDriverRunpath,
-  unzip,
-  binutils,
-  rdma-core,
-  cudaPackages_12 ? null,
-  cudaPackages_13 ? null,
-  # GDRCopy user-space library (this repository's pkgs/gdrcopy); null leaves it out.
-  gdrcopy ? null,
-  releases ? import ./releases.nix,
-  version ? (import ./lib.nix).defaultVersion,
-  # "12" | "13" | null (null: 13 where the release has it, else 12)
-  cudaMajor ? null,
-  # "nvidia" | "pypi" | null (null: the NVIDIA tarball where one exists, else the wheel)
-  source ? null,
-  withNccl ? true,
-  withGdrcopy ? gdrcopy != null,
+{ lib
+, stdenv
+, fetchurl
+, runCommand
+, autoPatchelfHook
+, autoAddDriverRunpath
+, unzip
+, binutils
+, rdma-core
+, cudaPackages_12 ? null
+, cudaPackages_13 ? null
+, # GDRCopy user-space library (this repository's pkgs/gdrcopy); null leaves it out.
+  gdrcopy ? null
+, releases ? import ./releases.nix
+, version ? (import ./lib.nix).defaultVersion
+, # "12" | "13" | null (null: 13 where the release has it, else 12)
+  cudaMajor ? null
+, # "nvidia" | "pypi" | null (null: the NVIDIA tarball where one exists, else the wheel)
+  source ? null
+, withNccl ? true
+, withGdrcopy ? gdrcopy != null
+,
 }:
 let
   nvshmemLib = import ./lib.nix;
@@ -71,9 +71,10 @@ stdenv.mkDerivation (finalAttrs: {
   pname = "libnvshmem";
   inherit (sel) version;
 
-  src = fetchurl {
-    inherit (sel.artifact) url hash;
-  } // lib.optionalAttrs isWheel {
+  src = fetchurl
+    {
+      inherit (sel.artifact) url hash;
+    } // lib.optionalAttrs isWheel {
     # fetchurl would name the store path after the URL's last component anyway; be explicit
     # because wheel file names carry the platform tags we match on in tests.
     name = sel.artifact.filename;
@@ -203,11 +204,12 @@ stdenv.mkDerivation (finalAttrs: {
     inherit cudaPackages;
     # For LD_LIBRARY_PATH outside Nix-built binaries (GPU checks, devShell).
     libraryPath = lib.makeLibraryPath ([ finalAttrs.finalPackage.lib ] ++ lib.optional withNccl cudaPackages.nccl);
-    tests.layout = runCommand "libnvshmem-${sel.version}-layout-test" {
-      nativeBuildInputs = [ binutils ];
-      nvshmem = finalAttrs.finalPackage;
-      expectedRunpath = lib.concatStringsSep ":" runtimeLibraryDirs;
-    } ''
+    tests.layout = runCommand "libnvshmem-${sel.version}-layout-test"
+      {
+        nativeBuildInputs = [ binutils ];
+        nvshmem = finalAttrs.finalPackage;
+        expectedRunpath = lib.concatStringsSep ":" runtimeLibraryDirs;
+      } ''
       set -eu
       for f in include/nvshmem.h include/nvshmemx.h lib/libnvshmem_device.a lib/libnvshmem_host.so lib/libnvshmem_host.so.3; do
         [ -e "$nvshmem/$f" ] || { echo "missing $f in $nvshmem" >&2; exit 1; }
