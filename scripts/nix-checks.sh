@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The Nix checks that need neither network (beyond Debian's and the crate registry) nor a GPU
+# nor nixpkgs. Runs on a fresh Debian 12 machine without Nix (CI); called by scripts/test-all.sh.
+#
+#   1. Nix itself: Debian's nix-bin (2.8) via apt-get when nix-instantiate is missing, used
+#      without a daemon, build users, substituters or flake registry (offline).
+#   2. Every .nix file of the checkout parses.
+#   3. Pure evaluation tests (checks/pure.nix): the module's rendering helpers, the NVSHMEM
+#      release selection, the generated release data.
+#   4. The texts of the key evaluation errors (3.3.9 + CUDA 13, PyPI-only release with the
+#      NVIDIA source, unknown IBGDA method).
+#   5. The NixOS module through nixpkgs' lib.evalModules (checks/module/lib-eval.nix), only when
+#      a nixpkgs `lib` directory is given in NIXPKGS_LIB (nixpkgs itself cannot be had offline;
+#      otherwise reported as skipped).
+#   6. The flake's structure: `nix flake show` and attribute listings with nixpkgs replaced by
+#      checks/stub-nixpkgs (a tiny stand-in; it cannot build or evaluate real packages).
+#   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
+#      `cargo install --locked` into .toolchain/cargo-tools when missing).
+#
+# Prints one line per check and a summary; exits 1 if any check failed.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+failed=()
+passed=0
+pass() { printf 'ok    %s\n' "$1"; passed=$((passed + 1)); }
+fail() { printf 'FAIL  %s\n' "$1"; failed+=("$1"); }
+skip() { printf 'skip  %s (%s)\n' "$1" "$2"; }
+note() { printf '      %s\n' "$@"; }
+
+# ---------------------------------------------------------------- 1. Nix
+if ! command -v nix-instantiate >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "nix-instantiate not found and not root: install Debian's nix-bin (apt-get install nix-bin) or run as root" >&2
+    exit 1
+  fi
+  echo "installing Debian's nix-bin ..."
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >/dev/null
+fi
+# Offline, single-user, no daemon: no substituters (no cache to reach), no flake registry,
+# no build-users group (none exists), no sandbox (Debian's build has no sandbox paths).
+export NIX_CONFIG='experimental-features = nix-command flakes
+substituters =
+flake-registry =
+build-users-group =
+sandbox = false'
+echo "$(nix --version)"
+
+# Every .nix file of the checkout: tracked ones plus new, not ignored ones.
+mapfile -d '' nix_files < <(git ls-files -z --cached --others --exclude-standard -- '*.nix')
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+# ---------------------------------------------------------------- 2. parse
+bad=()
+for f in "${nix_files[@]}"; do
+  [ -e "$f" ] || continue
+  nix-instantiate --parse "$f" >/dev/null 2>"$log" || { bad+=("$f"); cat "$log"; }
+done
+if [ ${#bad[@]} -eq 0 ]; then pass "parse ${#nix_files[@]} .nix files"; else fail "parse: ${bad[*]}"; fi
+
+# ---------------------------------------------------------------- 3. pure tests
+if out=$(nix-instantiate --eval --strict --json checks/pure.nix 2>"$log"); then
+  pass "pure evaluation tests ($(printf '%s' "$out" | grep -o '"passed":[0-9]*' | cut -d: -f2) passed)"
+else
+  fail "pure evaluation tests"; grep -v "^warning:" "$log" || true
+fi
+
+# ---------------------------------------------------------------- 4. error texts
+# expect_error NAME EXPR TEXT: evaluating EXPR must fail with TEXT in the message.
+expect_error() {
+  if nix-instantiate --eval --strict -E "$2" >/dev/null 2>"$log"; then
+    fail "$1: evaluated, expected an error"
+  elif grep -qF -- "$3" "$log"; then
+    pass "$1"
+  else
+    fail "$1: message lacks: $3"; grep -v "^warning:" "$log" || true
+  fi
+}
+sel="let n = import $repo/pkgs/nvshmem/lib.nix; r = import $repo/pkgs/nvshmem/releases.nix; in a: (n.select ({ releases = r; system = \"x86_64-linux\"; } // a)).artifact.url"
+expect_error "error: 3.3.9 with CUDA 13" "($sel) { version = \"3.3.9\"; cudaMajor = \"13\"; }" \
+  "NVSHMEM 3.3.9 has no CUDA 13 build for x86_64-linux; the first is 3.3.20; use nvshmem_3_3_9_cuda12"
+expect_error "error: PyPI-only release with source = nvidia" "($sel) { version = \"3.8.0\"; source = \"nvidia\"; }" \
+  'has no NVIDIA tarball in the release data; available: "pypi"; use .override { source = "pypi"; }'
+expect_error "error: unknown IBGDA method" "(import $repo/modules/lib.nix).methodFeatures \"gpu\"" \
+  'use one of: "both", "driver", "gdrcopy", "none"'
+
+# ---------------------------------------------------------------- 5. module with nixpkgs' lib
+if [ -n "${NIXPKGS_LIB:-}" ]; then
+  if out=$(nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib "import ${NIXPKGS_LIB}" 2>"$log"); then
+    pass "module through lib.evalModules: $out"
+  else
+    fail "module through lib.evalModules"; grep -v "^warning:" "$log" || true
+  fi
+else
+  skip "module through lib.evalModules" "set NIXPKGS_LIB=<nixpkgs>/lib to run checks/module/lib-eval.nix"
+fi
+
+# ---------------------------------------------------------------- 6. flake structure
+if [ -f checks/stub-nixpkgs/flake.nix ]; then
+  stub=(--override-input nixpkgs "path:$repo/checks/stub-nixpkgs" --no-write-lock-file)
+  if nix flake show "${stub[@]}" >"$log" 2>&1; then
+    pass "nix flake show (stub nixpkgs)"
+  else
+    fail "nix flake show (stub nixpkgs)"; cat "$log"
+  fi
+  for sys in x86_64-linux aarch64-linux; do
+    if out=$(nix eval --json "${stub[@]}" ".#packages.$sys" --apply builtins.attrNames 2>"$log"); then
+      missing=()
+      for want in default nvshmem nvshmem_3_3_9 nvshmem_3_3_9_cuda12 nvshmem_3_4_5_cuda13 nvshmem_3_8_0 gdrcopy deepep-kernels deepep-kernels-no-nvshmem deepep-nix; do
+        grep -q "\"$want\"" <<<"$out" || missing+=("$want")
+      done
+      unwanted=$(grep -o '"nvshmem_3_3_9_cuda13"' <<<"$out" || true)
+      if [ ${#missing[@]} -eq 0 ] && [ -z "$unwanted" ]; then pass "packages.$sys attribute names"; else fail "packages.$sys: missing ${missing[*]} ${unwanted:+, has $unwanted}"; fi
+    else
+      fail "packages.$sys"; cat "$log"
+    fi
+  done
+  if out=$(nix eval --json "${stub[@]}" .#nixosModules --apply builtins.attrNames 2>"$log") && [ "$out" = '["default","deepep"]' ]; then
+    pass "nixosModules: $out"
+  else
+    fail "nixosModules: ${out:-}"; cat "$log"
+  fi
+else
+  skip "flake structure" "no checks/stub-nixpkgs"
+fi
+
+# ---------------------------------------------------------------- 7. lints
+tools="$repo/.toolchain/cargo-tools"
+export PATH="$tools/bin:$PATH"
+for t in deadnix nixpkgs-fmt; do
+  if ! command -v "$t" >/dev/null 2>&1; then
+    echo "installing $t (cargo install --locked) ..."
+    cargo install --quiet --locked "$t" --root "$tools" >"$log" 2>&1 || { cat "$log"; fail "install $t"; }
+  fi
+done
+existing=()
+for f in "${nix_files[@]}"; do [ -e "$f" ] && existing+=("$f"); done
+if command -v deadnix >/dev/null 2>&1; then
+  if deadnix --fail "${existing[@]}" >"$log" 2>&1; then pass "deadnix --fail"; else fail "deadnix --fail"; cat "$log"; fi
+fi
+if command -v nixpkgs-fmt >/dev/null 2>&1; then
+  if nixpkgs-fmt --check "${existing[@]}" >"$log" 2>&1; then pass "nixpkgs-fmt --check"; else
+    fail "nixpkgs-fmt --check (run: nixpkgs-fmt <files>)"; cat "$log"
+  fi
+fi
+
+echo
+echo "nix checks: $passed passed, ${#failed[@]} failed"
+if [ ${#failed[@]} -ne 0 ]; then
+  printf '  failed: %s\n' "${failed[@]}"
+  exit 1
+fi
