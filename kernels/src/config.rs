@@ -1,0 +1,252 @@
+//! Launch configuration of the intranode kernels and the size formula of their NVLink buffer.
+//!
+//! The buffer layout is the contract between the host and `cuda/intranode.cuh`: every rank
+//! allocates the same [`BufferLayout`] (same rank count, token capacity and hidden capacity), so
+//! a byte offset computed here is valid in every peer's buffer.
+
+use crate::validate;
+use crate::{EpError, Result};
+
+/// Largest top-k the intranode kernels handle (one lane per top-k slot).
+pub const MAX_TOPK: usize = validate::MAX_TOPK_NORMAL;
+/// Largest number of local experts per rank (shared-memory table of the notify kernel).
+pub const MAX_LOCAL_EXPERTS: usize = 1024;
+/// Most threads per block the dispatch/combine kernels are compiled for (`__launch_bounds__`).
+pub const MAX_WARPS_PER_BLOCK: usize = 24;
+/// FP8 scale group (channels per f32 scale).
+pub const FP8_GROUP: usize = 128;
+
+/// How the dispatch and combine kernels are launched. Must be identical on every rank of a
+/// collective call (like DeepEP's `Config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Thread blocks (one per SM) of the dispatch and combine kernels. Any value >= 1; unlike
+    /// DeepEP it need not be even (there are no sender/receiver block pairs).
+    pub num_sms: usize,
+    /// Warps per dispatch block, 1..=24.
+    pub dispatch_warps: usize,
+    /// Warps per combine block, 2..=24.
+    pub combine_warps: usize,
+    /// Of the combine warps, how many push rows to their origin rank (the rest reduce);
+    /// 1..combine_warps.
+    pub combine_push_warps: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { num_sms: 24, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12 }
+    }
+}
+
+impl Config {
+    /// A config with `num_sms` blocks and the default warp split.
+    pub fn with_sms(num_sms: usize) -> Self {
+        Config { num_sms, ..Config::default() }
+    }
+
+    /// Check the values; `device_sms` (the GPU's SM count, when known) bounds `num_sms`.
+    pub fn validate(&self, device_sms: Option<usize>) -> Result<()> {
+        if self.num_sms == 0 {
+            return bad("config.num_sms is 0; use at least 1 (24 matches DeepEP's default test setting)".into());
+        }
+        if let Some(m) = device_sms {
+            if self.num_sms > m {
+                return bad(format!("config.num_sms {} exceeds the {m} SMs of this GPU; use at most {m}", self.num_sms));
+            }
+        }
+        if self.dispatch_warps == 0 || self.dispatch_warps > MAX_WARPS_PER_BLOCK {
+            return bad(format!(
+                "config.dispatch_warps {} is outside 1..={MAX_WARPS_PER_BLOCK} (the kernels are compiled for at most {} threads per block); pick a value in that range",
+                self.dispatch_warps,
+                MAX_WARPS_PER_BLOCK * 32
+            ));
+        }
+        if self.combine_warps < 2 || self.combine_warps > MAX_WARPS_PER_BLOCK {
+            return bad(format!(
+                "config.combine_warps {} is outside 2..={MAX_WARPS_PER_BLOCK} (at least one pushing and one reducing warp); pick a value in that range",
+                self.combine_warps
+            ));
+        }
+        if self.combine_push_warps == 0 || self.combine_push_warps >= self.combine_warps {
+            return bad(format!(
+                "config.combine_push_warps {} must be in 1..{} (combine_warps {}): combine needs both pushing and reducing warps; e.g. use half of combine_warps",
+                self.combine_push_warps, self.combine_warps, self.combine_warps
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn bad(msg: String) -> Result<()> {
+    Err(EpError::InvalidArgument(msg))
+}
+
+fn align(v: usize, a: usize) -> usize {
+    v.div_ceil(a) * a
+}
+
+/// Byte offsets of the regions of one rank's NVLink buffer (identical on every rank).
+///
+/// ```text
+/// ctrl   ready[R] i32 | dispatch_rows[R] i32 | notify_rank[R][R] u64 | notify_expert[R][1024] u64
+///        | stage_flag[R-1][max_tokens] i32
+/// recv   recv_x[R*max_tokens][hidden*2 B] | recv_scales f32[R*max_tokens][hidden/128]
+///        | recv_topk_idx i64[R*max_tokens][32] | recv_topk_w f32[R*max_tokens][32] | recv_src_idx i32[R*max_tokens]
+/// stage  stage_x bf16[R-1][max_tokens][hidden] | stage_w f32[R-1][max_tokens][32]
+/// ```
+/// Received rows are stored compactly with the actual row size of each call (`[M][row_bytes]`),
+/// so one buffer serves any hidden size up to its capacity, BF16 or FP8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferLayout {
+    pub num_ranks: usize,
+    pub max_tokens: usize,
+    pub hidden: usize,
+    pub off_ready: usize,
+    pub off_dispatch_rows: usize,
+    pub off_notify_rank: usize,
+    pub off_notify_expert: usize,
+    pub off_stage_flag: usize,
+    pub off_recv_x: usize,
+    pub off_recv_scales: usize,
+    pub off_recv_topk_idx: usize,
+    pub off_recv_topk_w: usize,
+    pub off_recv_src_idx: usize,
+    pub off_stage_x: usize,
+    pub off_stage_w: usize,
+    pub stage_x_slot_bytes: usize,
+    pub stage_w_slot_bytes: usize,
+    pub total_bytes: usize,
+}
+
+impl BufferLayout {
+    /// Layout for `num_ranks` ranks, up to `max_tokens` tokens per rank per call and rows of up
+    /// to `hidden` bf16 channels (FP8 rows up to the same `hidden`).
+    pub fn new(num_ranks: usize, max_tokens: usize, hidden: usize) -> Result<Self> {
+        validate::intranode_ranks(num_ranks)?;
+        validate::hidden(hidden, 2)?;
+        if max_tokens == 0 {
+            return Err(EpError::InvalidArgument(
+                "max_tokens_per_rank is 0; create the buffer with the largest token count any rank will dispatch (e.g. 4096)".into(),
+            ));
+        }
+        let (r, n, h) = (num_ranks, max_tokens, hidden);
+        let rows = r.checked_mul(n).ok_or_else(|| overflow(r, n, h))?;
+        let mut off = 0usize;
+        let mut region = |bytes: usize| {
+            let start = off;
+            off = align(off + bytes, 128);
+            start
+        };
+        let off_ready = region(r * 4);
+        let off_dispatch_rows = region(r * 4);
+        let off_notify_rank = region(r * r * 8);
+        let off_notify_expert = region(r * MAX_LOCAL_EXPERTS * 8);
+        let off_stage_flag = region((r - 1) * n * 4);
+        let off_recv_x = region(rows * h * 2);
+        let off_recv_scales = region(rows * h.div_ceil(FP8_GROUP) * 4);
+        let off_recv_topk_idx = region(rows * MAX_TOPK * 8);
+        let off_recv_topk_w = region(rows * MAX_TOPK * 4);
+        let off_recv_src_idx = region(rows * 4);
+        let stage_x_slot_bytes = align(n * h * 2, 128);
+        let stage_w_slot_bytes = align(n * MAX_TOPK * 4, 128);
+        let off_stage_x = region((r - 1) * stage_x_slot_bytes);
+        let off_stage_w = region((r - 1) * stage_w_slot_bytes);
+        let total_bytes = off;
+        if total_bytes > (1usize << 40) {
+            return Err(overflow(r, n, h));
+        }
+        Ok(BufferLayout {
+            num_ranks,
+            max_tokens,
+            hidden,
+            off_ready,
+            off_dispatch_rows,
+            off_notify_rank,
+            off_notify_expert,
+            off_stage_flag,
+            off_recv_x,
+            off_recv_scales,
+            off_recv_topk_idx,
+            off_recv_topk_w,
+            off_recv_src_idx,
+            off_stage_x,
+            off_stage_w,
+            stage_x_slot_bytes,
+            stage_w_slot_bytes,
+            total_bytes,
+        })
+    }
+
+    /// Rows the receive region holds (every rank may send all its tokens to one rank).
+    pub fn recv_capacity(&self) -> usize {
+        self.num_ranks * self.max_tokens
+    }
+}
+
+fn overflow(r: usize, n: usize, h: usize) -> EpError {
+    EpError::InvalidArgument(format!(
+        "an intranode buffer for {r} ranks x {n} tokens x hidden {h} would exceed 1 TiB; lower max_tokens_per_rank or hidden"
+    ))
+}
+
+/// Bytes of one rank's NVLink buffer (see [`BufferLayout`]); about
+/// `(2R - 1) * max_tokens * hidden * 2` plus small metadata.
+pub fn buffer_size_hint(num_ranks: usize, max_tokens: usize, hidden: usize) -> Result<usize> {
+    Ok(BufferLayout::new(num_ranks, max_tokens, hidden)?.total_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_regions_are_aligned_disjoint_and_sized() {
+        let l = BufferLayout::new(2, 4096, 7168).unwrap();
+        let offs = [
+            l.off_ready,
+            l.off_dispatch_rows,
+            l.off_notify_rank,
+            l.off_notify_expert,
+            l.off_stage_flag,
+            l.off_recv_x,
+            l.off_recv_scales,
+            l.off_recv_topk_idx,
+            l.off_recv_topk_w,
+            l.off_recv_src_idx,
+            l.off_stage_x,
+            l.off_stage_w,
+            l.total_bytes,
+        ];
+        assert!(offs.windows(2).all(|w| w[0] < w[1]), "{offs:?}");
+        assert!(offs.iter().all(|o| o % 128 == 0));
+        assert!(l.off_recv_scales - l.off_recv_x >= 2 * 4096 * 7168 * 2);
+        assert!(l.off_stage_w - l.off_stage_x >= 4096 * 7168 * 2);
+        // ~ (2R-1) * N * H * 2 = 176 MiB plus metadata.
+        assert!(l.total_bytes > 3 * 4096 * 7168 * 2 && l.total_bytes < 3 * 4096 * 7168 * 2 + (8 << 20), "{}", l.total_bytes);
+    }
+
+    #[test]
+    fn layout_rejects_bad_shapes_with_fix() {
+        let e = BufferLayout::new(3, 16, 128).unwrap_err().to_string();
+        assert!(e.contains("2, 4 or 8"), "{e}");
+        let e = BufferLayout::new(2, 0, 128).unwrap_err().to_string();
+        assert!(e.contains("max_tokens_per_rank"), "{e}");
+        let e = BufferLayout::new(2, 16, 7).unwrap_err().to_string();
+        assert!(e.contains("multiple of 8"), "{e}");
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        assert!(Config::default().validate(Some(132)).is_ok());
+        let e = Config { num_sms: 0, ..Config::default() }.validate(None).unwrap_err().to_string();
+        assert!(e.contains("num_sms"), "{e}");
+        let e = Config::with_sms(200).validate(Some(132)).unwrap_err().to_string();
+        assert!(e.contains("132"), "{e}");
+        let e = Config { combine_push_warps: 24, ..Config::default() }.validate(None).unwrap_err().to_string();
+        assert!(e.contains("combine_push_warps"), "{e}");
+        let e = Config { dispatch_warps: 25, ..Config::default() }.validate(None).unwrap_err().to_string();
+        assert!(e.contains("dispatch_warps"), "{e}");
+        // Odd SM counts are fine here (no sender/receiver pairs).
+        assert!(Config::with_sms(7).validate(Some(132)).is_ok());
+    }
+}

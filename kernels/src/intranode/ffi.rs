@@ -1,0 +1,121 @@
+//! `#[repr(C)]` mirrors of the kernel argument structs in `cuda/intranode.cuh`. Pointers are
+//! device addresses as `u64` (0 = null). Sizes are asserted at compile time against the header's
+//! own `static_assert`s.
+
+use crate::config::BufferLayout;
+
+/// Mirror of `IntranodeArgs` (200 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IntranodeArgs {
+    pub peer_base: [u64; 8],
+    pub off_ready: u64,
+    pub off_dispatch_rows: u64,
+    pub off_notify_rank: u64,
+    pub off_notify_expert: u64,
+    pub off_stage_flag: u64,
+    pub off_recv_x: u64,
+    pub off_recv_scales: u64,
+    pub off_recv_topk_idx: u64,
+    pub off_recv_topk_w: u64,
+    pub off_recv_src_idx: u64,
+    pub off_stage_x: u64,
+    pub off_stage_w: u64,
+    pub stage_x_slot_bytes: u64,
+    pub stage_w_slot_bytes: u64,
+    pub rank: i32,
+    pub num_ranks: i32,
+    pub max_tokens: i32,
+    pub max_local_experts: i32,
+    pub epoch: u32,
+    pub pad_: i32,
+}
+
+/// Mirror of `NotifyParams` (64 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotifyParams {
+    pub is_token_in_rank: u64,
+    pub tokens_per_rank: u64,
+    pub tokens_per_expert: u64,
+    pub send_pos: u64,
+    pub count_matrix: u64,
+    pub host_out: u64,
+    pub num_tokens: i32,
+    pub num_local_experts: i32,
+    pub expert_alignment: i32,
+    pub pad_: i32,
+}
+
+/// Mirror of `DispatchParams` (88 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DispatchParams {
+    pub x: u64,
+    pub scales: u64,
+    pub topk_idx: u64,
+    pub topk_w: u64,
+    pub send_pos: u64,
+    pub count_matrix: u64,
+    pub row_bytes: i64,
+    pub scale_row_stride: i64,
+    pub scale_col_stride: i64,
+    pub num_tokens: i32,
+    pub num_scales: i32,
+    pub num_topk: i32,
+    pub num_local_experts: i32,
+}
+
+/// Mirror of `CombineParams` (80 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CombineParams {
+    pub y: u64,
+    pub topk_w: u64,
+    pub bias0: u64,
+    pub bias1: u64,
+    pub out: u64,
+    pub out_w: u64,
+    pub send_pos: u64,
+    pub count_matrix: u64,
+    pub hidden: i32,
+    pub num_topk: i32,
+    pub num_tokens: i32,
+    pub push_warps: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 200);
+const _: () = assert!(std::mem::size_of::<NotifyParams>() == 64);
+const _: () = assert!(std::mem::size_of::<DispatchParams>() == 88);
+const _: () = assert!(std::mem::size_of::<CombineParams>() == 80);
+
+impl IntranodeArgs {
+    /// Arguments for `rank` with every rank's buffer base address (as mapped in this process).
+    pub fn new(layout: &BufferLayout, rank: usize, peer_base: &[u64], epoch: u32) -> Self {
+        let mut bases = [0u64; 8];
+        bases[..peer_base.len()].copy_from_slice(peer_base);
+        IntranodeArgs {
+            peer_base: bases,
+            off_ready: layout.off_ready as u64,
+            off_dispatch_rows: layout.off_dispatch_rows as u64,
+            off_notify_rank: layout.off_notify_rank as u64,
+            off_notify_expert: layout.off_notify_expert as u64,
+            off_stage_flag: layout.off_stage_flag as u64,
+            off_recv_x: layout.off_recv_x as u64,
+            off_recv_scales: layout.off_recv_scales as u64,
+            off_recv_topk_idx: layout.off_recv_topk_idx as u64,
+            off_recv_topk_w: layout.off_recv_topk_w as u64,
+            off_recv_src_idx: layout.off_recv_src_idx as u64,
+            off_stage_x: layout.off_stage_x as u64,
+            off_stage_w: layout.off_stage_w as u64,
+            stage_x_slot_bytes: layout.stage_x_slot_bytes as u64,
+            stage_w_slot_bytes: layout.stage_w_slot_bytes as u64,
+            rank: rank as i32,
+            num_ranks: layout.num_ranks as i32,
+            max_tokens: layout.max_tokens as i32,
+            max_local_experts: crate::config::MAX_LOCAL_EXPERTS as i32,
+            epoch,
+            pad_: 0,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! GPU test cases of the intranode family (filled in below).

@@ -1,0 +1,616 @@
+//! Intranode expert-parallel dispatch/combine over NVLink (CUDA IPC), DeepEP's `Buffer` API.
+//!
+//! ```text
+//! let mut buf = Buffer::new(&gpu, &comm, max_tokens_per_rank, hidden)?;
+//! let layout = buf.dispatch_layout(&topk_idx, num_experts)?;                 // counts, no comm
+//! let out = buf.dispatch(DispatchArgs::fresh(&x, &layout, &topk_idx, &topk_w))?; // notify + dispatch
+//! let y = expert_ffn(&out.recv_x);                                           // user work
+//! let comb = buf.combine(CombineArgs::new(&y, &out.handle).weights(&out.recv_topk_weights.unwrap()))?;
+//! let again = buf.dispatch(DispatchArgs::cached(&x2, &out.handle))?;         // no CPU sync
+//! ```
+//!
+//! Semantics follow the contract (ordered by source rank, then token; `-1` handling; aligned
+//! per-expert counts; unweighted f32 combine with up to two biases). Differences from DeepEP:
+//! - **Received tensors are views into the NVLink buffer** (the dispatch kernels write rows at
+//!   their final position on the destination, no second copy). They stay valid until the next
+//!   dispatch on the same `Buffer`; using one afterwards is an error ([`Tensor::check_valid`]).
+//!   Copy out with [`Tensor::to_owned`] to keep them longer.
+//! - Stream/event: all work runs on the GPU's stream ([`Gpu`]); pass `wait` (a CUDA event the
+//!   stream waits for before the first kernel) and get `event` (recorded after the last kernel).
+//!   A fresh dispatch blocks the host until notify finished (it must learn the received count,
+//!   like DeepEP); cached dispatch and combine never block.
+//! - After any error the `Buffer` is poisoned (peers may be mid-call): create a new one.
+//! - Every rank must issue the same sequence of calls with the same `Config`.
+
+pub mod checks;
+pub mod ffi;
+pub mod gpu_tests;
+
+use crate::config::{BufferLayout, Config, MAX_LOCAL_EXPERTS};
+use crate::error::EpError;
+use crate::runtime::{Comm, Gpu, HostMapped, IpcBuffer, Kernel, LaunchCfg};
+use crate::tensor::{DType, Generation, Tensor, TensorInfo};
+use crate::Result;
+use checks::{CombinePlan, DispatchPlan, HandleInfo, RoutingInfo};
+use cudarc::driver::CudaEvent;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Threads of the notify kernel (`kNotifyThreads` in `intranode.cu`).
+const NOTIFY_THREADS: u32 = 512;
+/// Threads of the layout kernel and experts per expert block (`layout.cu`).
+const LAYOUT_THREADS: u32 = 256;
+const LAYOUT_EXPERTS_PER_BLOCK: usize = 32;
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Output of [`Buffer::dispatch_layout`] (all on the GPU).
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// i32 `[R]`: tokens this rank sends to each rank.
+    pub num_tokens_per_rank: Tensor,
+    /// i32 `[E]`: selections of each expert (a token counts once per expert it selects).
+    pub num_tokens_per_expert: Tensor,
+    /// bool `[N, R]`.
+    pub is_token_in_rank: Tensor,
+    pub num_tokens: usize,
+    pub num_experts: usize,
+}
+
+/// What combine (and a cached dispatch) needs from a dispatch. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    buffer: u64,
+    /// N: tokens of this rank in the dispatch that made the handle.
+    pub num_tokens: usize,
+    /// M: rows this rank received.
+    pub num_recv_tokens: usize,
+    /// K of the fresh dispatch.
+    pub num_topk: usize,
+    pub num_experts: usize,
+    /// `[R][R]`: tokens rank s sends to rank d (row s).
+    pub count_matrix: Vec<i32>,
+    /// `[L]`: received selections per local expert, aligned up to `expert_alignment`.
+    pub num_recv_tokens_per_expert: Vec<usize>,
+    /// i32 `[R, R]` on the GPU.
+    pub count_matrix_dev: Tensor,
+    /// i32 `[N, R]`: position of token t in the stream to rank d, -1 if not sent (DeepEP's
+    /// `send_head` without channels).
+    pub send_pos: Tensor,
+    /// bool `[N, R]` (from the layout).
+    pub is_token_in_rank: Tensor,
+    /// i32 `[M]`: position of each received row in its source rank's `x` (owned copy).
+    pub recv_src_idx: Tensor,
+}
+
+impl Handle {
+    /// `rank_prefix_matrix[s][d]` = Σ_{s' <= s} count_matrix[s'][d] (DeepEP's layout, inclusive).
+    pub fn rank_prefix_matrix(&self, num_ranks: usize) -> Vec<i32> {
+        let mut out = vec![0; num_ranks * num_ranks];
+        for d in 0..num_ranks {
+            let mut acc = 0;
+            for s in 0..num_ranks {
+                acc += self.count_matrix[s * num_ranks + d];
+                out[s * num_ranks + d] = acc;
+            }
+        }
+        out
+    }
+    fn info(&self) -> HandleInfo {
+        HandleInfo { buffer: self.buffer, num_tokens: self.num_tokens, num_recv_tokens: self.num_recv_tokens, num_topk: self.num_topk }
+    }
+}
+
+/// Routing of one dispatch call.
+#[derive(Debug, Clone, Copy)]
+pub enum Routing<'a> {
+    /// From a layout of this batch's top-k (runs notify; blocks the host until counts are known).
+    Fresh { layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor, expert_alignment: usize },
+    /// Reuse the routing of an earlier dispatch (same tokens, same destinations); outputs no
+    /// top-k, weights or counts (DeepEP's cached mode).
+    Cached(&'a Handle),
+}
+
+/// Arguments of [`Buffer::dispatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchArgs<'a> {
+    /// `[N, H]` bf16, or fp8-e4m3 with `scales`.
+    pub x: &'a Tensor,
+    /// f32 `[N, H/128]` (row-major, or a transposed view of column-major), FP8 only.
+    pub scales: Option<&'a Tensor>,
+    pub routing: Routing<'a>,
+    pub config: Config,
+    /// Event the stream waits for before the first kernel.
+    pub wait: Option<&'a CudaEvent>,
+}
+
+impl<'a> DispatchArgs<'a> {
+    /// Fresh dispatch of bf16 `x` with `expert_alignment` 1 and the default config.
+    pub fn fresh(x: &'a Tensor, layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor) -> Self {
+        DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None }
+    }
+    /// Cached dispatch with `handle`.
+    pub fn cached(x: &'a Tensor, handle: &'a Handle) -> Self {
+        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None }
+    }
+    pub fn scales(mut self, scales: &'a Tensor) -> Self {
+        self.scales = Some(scales);
+        self
+    }
+    pub fn expert_alignment(mut self, a: usize) -> Self {
+        if let Routing::Fresh { expert_alignment, .. } = &mut self.routing {
+            *expert_alignment = a;
+        }
+        self
+    }
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+    pub fn wait(mut self, event: &'a CudaEvent) -> Self {
+        self.wait = Some(event);
+        self
+    }
+}
+
+/// Result of [`Buffer::dispatch`]. Tensors are views into the NVLink buffer (see module docs).
+#[derive(Debug)]
+pub struct DispatchOutput {
+    /// `[M, H]`, dtype of `x`.
+    pub recv_x: Tensor,
+    /// f32 `[M, H/128]` row-major (FP8 only).
+    pub recv_scales: Option<Tensor>,
+    /// i64 `[M, K]` local expert ids or -1 (fresh dispatch only).
+    pub recv_topk_idx: Option<Tensor>,
+    /// f32 `[M, K]`, 0 where the id is -1 (fresh dispatch only).
+    pub recv_topk_weights: Option<Tensor>,
+    /// `[L]` aligned received selections per local expert (fresh dispatch only; empty when cached).
+    pub num_recv_tokens_per_expert: Vec<usize>,
+    pub handle: Handle,
+    /// Recorded after the dispatch kernel.
+    pub event: CudaEvent,
+}
+
+/// Arguments of [`Buffer::combine`] / [`Buffer::combine_into`].
+#[derive(Debug, Clone, Copy)]
+pub struct CombineArgs<'a> {
+    /// bf16 `[M, H]`, rows in the order of the dispatch's `recv_x`.
+    pub y: &'a Tensor,
+    pub handle: &'a Handle,
+    /// f32 `[M, K]` (e.g. `recv_topk_weights`): summed per origin token into `combined_topk_weights`.
+    pub topk_weights: Option<&'a Tensor>,
+    /// bf16 `[N, H]` added once per token (in f32, before the rank contributions).
+    pub bias0: Option<&'a Tensor>,
+    pub bias1: Option<&'a Tensor>,
+    pub config: Config,
+    pub wait: Option<&'a CudaEvent>,
+}
+
+impl<'a> CombineArgs<'a> {
+    pub fn new(y: &'a Tensor, handle: &'a Handle) -> Self {
+        CombineArgs { y, handle, topk_weights: None, bias0: None, bias1: None, config: Config::default(), wait: None }
+    }
+    pub fn weights(mut self, w: &'a Tensor) -> Self {
+        self.topk_weights = Some(w);
+        self
+    }
+    pub fn bias(mut self, b0: Option<&'a Tensor>, b1: Option<&'a Tensor>) -> Self {
+        self.bias0 = b0;
+        self.bias1 = b1;
+        self
+    }
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+    pub fn wait(mut self, event: &'a CudaEvent) -> Self {
+        self.wait = Some(event);
+        self
+    }
+}
+
+/// Result of [`Buffer::combine`].
+#[derive(Debug)]
+pub struct CombineOutput {
+    /// bf16 `[N, H]` (owned).
+    pub combined_x: Tensor,
+    /// f32 `[N, K]` when `topk_weights` was given.
+    pub combined_topk_weights: Option<Tensor>,
+    pub event: CudaEvent,
+}
+
+/// The per-rank intranode communication buffer (collective: every rank creates it with the same
+/// arguments, in the same order relative to other collective allocations).
+pub struct Buffer<'g> {
+    gpu: &'g Gpu,
+    rank: usize,
+    num_ranks: usize,
+    layout: BufferLayout,
+    ipc: Arc<IpcBuffer>,
+    host_out: HostMapped<i32>,
+    /// Epoch of the last collective kernel (same on every rank).
+    epoch: u32,
+    /// Bumped whenever a dispatch overwrites the receive region (invalidates old views).
+    recv_generation: Arc<AtomicU64>,
+    id: u64,
+    poisoned: Option<String>,
+    device_sms: usize,
+    kernels: Kernels,
+}
+
+/// The loaded entry points (looked up once per buffer).
+struct Kernels {
+    layout: Kernel,
+    notify: Kernel,
+    dispatch: Kernel,
+    combine: Kernel,
+}
+
+impl<'g> std::fmt::Debug for Buffer<'g> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "intranode::Buffer(rank {}/{}, {} B, epoch {})", self.rank, self.num_ranks, self.layout.total_bytes, self.epoch)
+    }
+}
+
+impl<'g> Buffer<'g> {
+    /// Allocate and exchange the NVLink buffer for up to `max_tokens_per_rank` tokens per call
+    /// and rows of up to `hidden` channels (bf16 or FP8). Size: [`crate::config::buffer_size_hint`].
+    pub fn new(gpu: &'g Gpu, comm: &Comm, max_tokens_per_rank: usize, hidden: usize) -> Result<Buffer<'g>> {
+        let num_ranks = comm.world();
+        let layout = BufferLayout::new(num_ranks, max_tokens_per_rank, hidden)?;
+        // Fail early (before the collective allocation) if the cubins are missing.
+        crate::cubins::require("intranode")?;
+        crate::cubins::require("layout")?;
+        let ipc = IpcBuffer::new(gpu, comm, layout.total_bytes)?;
+        // Every rank has zeroed its buffer before the all-gather inside IpcBuffer::new returned,
+        // so nobody can write into a peer's buffer before the peer's zero-fill.
+        let host_out = HostMapped::new(gpu.ctx(), 2 + num_ranks * num_ranks + MAX_LOCAL_EXPERTS)?;
+        let device_sms = gpu.sm_count() as usize;
+        let kernels = Kernels {
+            layout: gpu.kernel("layout", "ep_layout")?,
+            notify: gpu.kernel("intranode", "ep_intranode_notify")?,
+            dispatch: gpu.kernel("intranode", &format!("ep_intranode_dispatch_r{num_ranks}"))?,
+            combine: gpu.kernel("intranode", &format!("ep_intranode_combine_r{num_ranks}"))?,
+        };
+        Ok(Buffer {
+            gpu,
+            rank: comm.rank(),
+            num_ranks,
+            layout,
+            ipc: Arc::new(ipc),
+            host_out,
+            epoch: 0,
+            recv_generation: Arc::new(AtomicU64::new(0)),
+            id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+            poisoned: None,
+            device_sms,
+            kernels,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn num_ranks(&self) -> usize {
+        self.num_ranks
+    }
+    pub fn layout(&self) -> &BufferLayout {
+        &self.layout
+    }
+    pub fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
+    /// Refuse to run after an earlier error, and turn a device error recorded since the last
+    /// call (e.g. a timed-out wait of a kernel nobody synchronised yet) into an error now.
+    fn check_usable(&mut self) -> Result<()> {
+        if let Some(why) = &self.poisoned {
+            return Err(EpError::InvalidArgument(format!(
+                "this intranode Buffer is unusable after an earlier error ({why}); peers may be mid-call: recreate the Buffer on every rank"
+            )));
+        }
+        match self.gpu.take_error() {
+            Some(e) => self.poison(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Record `e` as the reason the buffer is poisoned (GPU-side errors) and return it.
+    fn poison<T>(&mut self, e: EpError) -> Result<T> {
+        if !matches!(e, EpError::InvalidArgument(_)) || self.poisoned.is_none() {
+            self.poisoned = Some(e.to_string());
+        }
+        Err(e)
+    }
+
+    fn args(&self) -> ffi::IntranodeArgs {
+        ffi::IntranodeArgs::new(&self.layout, self.rank, self.ipc.ptrs(), self.epoch)
+    }
+
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // 0 is the value of freshly zeroed flags; never use it as an epoch.
+            self.epoch = 1;
+        }
+    }
+
+    fn wait_event(&self, ev: Option<&CudaEvent>) -> Result<()> {
+        if let Some(ev) = ev {
+            self.gpu.stream().wait(ev).map_err(|e| EpError::Cuda { context: "stream wait on the caller's event".into(), message: format!("{:?}", e.0) })?;
+        }
+        Ok(())
+    }
+
+    fn record_event(&self) -> Result<CudaEvent> {
+        self.gpu
+            .stream()
+            .record_event(None)
+            .map_err(|e| EpError::Cuda { context: "recording the completion event".into(), message: format!("{:?}", e.0) })
+    }
+
+    /// Per-rank and per-expert counts and `is_token_in_rank` from `topk_idx` (i64 `[N, K]`).
+    /// No communication. Ids outside `[-1, E)` are reported (phase `layout`) at the next sync.
+    pub fn dispatch_layout(&mut self, topk_idx: &Tensor, num_experts: usize) -> Result<Layout> {
+        self.check_usable()?;
+        topk_idx.check_valid()?;
+        let plan = checks::check_layout(topk_idx.info(), num_experts, self.num_ranks)?;
+        let s = self.gpu.stream();
+        let per_rank = Tensor::empty(s, DType::I32, &[self.num_ranks])?;
+        let per_expert = Tensor::empty(s, DType::I32, &[num_experts])?;
+        let in_rank = Tensor::empty(s, DType::Bool, &[plan.num_tokens, self.num_ranks])?;
+        let grid = (num_experts.div_ceil(LAYOUT_EXPERTS_PER_BLOCK) + 1) as u32;
+        let args = crate::args![
+            topk_idx.ptr(),
+            plan.num_tokens as i32,
+            plan.num_topk as i32,
+            num_experts as i32,
+            self.num_ranks as i32,
+            per_rank.ptr(),
+            per_expert.ptr(),
+            in_rank.ptr()
+        ];
+        self.gpu.launch(&self.kernels.layout, &LaunchCfg::new(grid, LAYOUT_THREADS), args)?;
+        Ok(Layout { num_tokens_per_rank: per_rank, num_tokens_per_expert: per_expert, is_token_in_rank: in_rank, num_tokens: plan.num_tokens, num_experts })
+    }
+
+    /// Dispatch (see module docs). Validates everything before launching anything.
+    pub fn dispatch(&mut self, a: DispatchArgs<'_>) -> Result<DispatchOutput> {
+        self.check_usable()?;
+        a.x.check_valid()?;
+        if let Some(s) = a.scales {
+            s.check_valid()?;
+        }
+        let routing_info = match a.routing {
+            Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment } => {
+                topk_idx.check_valid()?;
+                topk_weights.check_valid()?;
+                RoutingInfo::Fresh {
+                    layout_tokens: layout.num_tokens,
+                    num_experts: layout.num_experts,
+                    topk_idx: topk_idx.info(),
+                    topk_weights: topk_weights.info(),
+                    expert_alignment,
+                }
+            }
+            Routing::Cached(h) => RoutingInfo::Cached { handle_buffer: h.buffer, handle_tokens: h.num_tokens },
+        };
+        let plan = checks::check_dispatch(&self.layout, self.id, a.x.info(), a.scales.map(|s| s.info()), &routing_info, &a.config, Some(self.device_sms))?;
+        self.wait_event(a.wait)?;
+        let r = match a.routing {
+            Routing::Fresh { layout, topk_idx, topk_weights, .. } => self.dispatch_fresh(&a, &plan, layout, topk_idx, topk_weights),
+            Routing::Cached(h) => self.dispatch_cached(&a, &plan, h),
+        };
+        match r {
+            Ok(o) => Ok(o),
+            Err(e) => self.poison(e),
+        }
+    }
+
+    fn dispatch_fresh(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, layout: &Layout, topk_idx: &Tensor, topk_weights: &Tensor) -> Result<DispatchOutput> {
+        let (r, n) = (self.num_ranks, plan.num_tokens);
+        let l = plan.num_experts / r;
+        let s = self.gpu.stream().clone();
+        let send_pos = Tensor::empty(&s, DType::I32, &[n, r])?;
+        let count_matrix = Tensor::empty(&s, DType::I32, &[r, r])?;
+
+        // 1. notify: count exchange + prefix sums; the host learns M.
+        self.next_epoch();
+        self.host_out.set(0, 0);
+        let notify = ffi::NotifyParams {
+            is_token_in_rank: layout.is_token_in_rank.ptr(),
+            tokens_per_rank: layout.num_tokens_per_rank.ptr(),
+            tokens_per_expert: layout.num_tokens_per_expert.ptr(),
+            send_pos: send_pos.ptr(),
+            count_matrix: count_matrix.ptr(),
+            host_out: self.host_out.dev_ptr(),
+            num_tokens: n as i32,
+            num_local_experts: l as i32,
+            expert_alignment: plan.expert_alignment as i32,
+            pad_: 0,
+        };
+        let args = self.args();
+        self.gpu.launch(&self.kernels.notify, &LaunchCfg::new(1 + r as u32, NOTIFY_THREADS), crate::args![args, notify])?;
+        self.gpu.sync("intranode notify")?;
+        if self.host_out.get(0) != self.epoch as i32 {
+            return Err(EpError::Cuda {
+                context: format!("rank {}: intranode notify", self.rank),
+                message: "the notify kernel finished without publishing its counts (no device error recorded); rerun with RUST_LOG=debug".into(),
+            });
+        }
+        let m = self.host_out.get(1) as usize;
+        let matrix: Vec<i32> = (0..r * r).map(|i| self.host_out.get(2 + i)).collect();
+        let per_expert: Vec<usize> = (0..l).map(|e| self.host_out.get(2 + r * r + e) as usize).collect();
+        if m > self.layout.recv_capacity() {
+            return Err(EpError::InvalidArgument(format!(
+                "rank {} would receive {m} rows but the buffer holds {}; some rank dispatched more than max_tokens_per_rank tokens (create every rank's Buffer with the same, large enough capacity)",
+                self.rank,
+                self.layout.recv_capacity()
+            )));
+        }
+
+        // 2. dispatch.
+        self.launch_dispatch(plan, a, Some((topk_idx, topk_weights, l)), &send_pos, &count_matrix)?;
+        let (recv_x, recv_scales) = self.recv_payload_views(plan, m);
+        let k = plan.num_topk;
+        let gen = self.generation();
+        let recv_topk_idx = self.view(self.layout.off_recv_topk_idx, DType::I64, &[m, k], gen.clone());
+        let recv_topk_weights = self.view(self.layout.off_recv_topk_w, DType::F32, &[m, k], gen.clone());
+        let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], gen);
+        let recv_src_idx = recv_src_view.to_owned()?;
+        let event = self.record_event()?;
+        Ok(DispatchOutput {
+            recv_x,
+            recv_scales,
+            recv_topk_idx: Some(recv_topk_idx),
+            recv_topk_weights: Some(recv_topk_weights),
+            num_recv_tokens_per_expert: per_expert.clone(),
+            handle: Handle {
+                buffer: self.id,
+                num_tokens: n,
+                num_recv_tokens: m,
+                num_topk: k,
+                num_experts: plan.num_experts,
+                count_matrix: matrix,
+                num_recv_tokens_per_expert: per_expert,
+                count_matrix_dev: count_matrix,
+                send_pos,
+                is_token_in_rank: layout.is_token_in_rank.clone(),
+                recv_src_idx,
+            },
+            event,
+        })
+    }
+
+    fn dispatch_cached(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, h: &Handle) -> Result<DispatchOutput> {
+        self.launch_dispatch(plan, a, None, &h.send_pos, &h.count_matrix_dev)?;
+        let (recv_x, recv_scales) = self.recv_payload_views(plan, h.num_recv_tokens);
+        let event = self.record_event()?;
+        Ok(DispatchOutput { recv_x, recv_scales, recv_topk_idx: None, recv_topk_weights: None, num_recv_tokens_per_expert: Vec::new(), handle: h.clone(), event })
+    }
+
+    fn launch_dispatch(&mut self, plan: &DispatchPlan, a: &DispatchArgs<'_>, topk: Option<(&Tensor, &Tensor, usize)>, send_pos: &Tensor, count_matrix: &Tensor) -> Result<()> {
+        self.next_epoch();
+        // The receive region is about to be overwritten: invalidate every earlier view.
+        self.recv_generation.fetch_add(1, Ordering::AcqRel);
+        let p = ffi::DispatchParams {
+            x: a.x.ptr(),
+            scales: a.scales.map_or(0, |s| s.ptr()),
+            topk_idx: topk.map_or(0, |t| t.0.ptr()),
+            topk_w: topk.map_or(0, |t| t.1.ptr()),
+            send_pos: send_pos.ptr(),
+            count_matrix: count_matrix.ptr(),
+            row_bytes: plan.row_bytes as i64,
+            scale_row_stride: plan.scale_row_stride as i64,
+            scale_col_stride: plan.scale_col_stride as i64,
+            num_tokens: plan.num_tokens as i32,
+            num_scales: plan.num_scales as i32,
+            num_topk: if topk.is_some() { plan.num_topk as i32 } else { 0 },
+            num_local_experts: topk.map_or(0, |t| t.2 as i32),
+        };
+        let args = self.args();
+        let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.dispatch_warps as u32 * 32);
+        self.gpu.launch(&self.kernels.dispatch, &cfg, crate::args![args, p])
+    }
+
+    fn generation(&self) -> Option<Generation> {
+        Some(Generation {
+            counter: self.recv_generation.clone(),
+            expected: self.recv_generation.load(Ordering::Acquire),
+            overwritten_by: "a later dispatch on the same intranode Buffer",
+        })
+    }
+
+    fn view(&self, off: usize, dtype: DType, shape: &[usize], generation: Option<Generation>) -> Tensor {
+        let keep: Arc<dyn std::any::Any + Send + Sync> = self.ipc.clone();
+        Tensor::view(self.gpu.stream(), keep, self.ipc.ptr(self.rank) + off as u64, dtype, shape, generation)
+    }
+
+    fn recv_payload_views(&self, plan: &DispatchPlan, m: usize) -> (Tensor, Option<Tensor>) {
+        let gen = self.generation();
+        let x = self.view(self.layout.off_recv_x, plan.dtype, &[m, plan.hidden], gen.clone());
+        let scales = (plan.num_scales > 0).then(|| self.view(self.layout.off_recv_scales, DType::F32, &[m, plan.num_scales], gen));
+        (x, scales)
+    }
+
+    /// Combine into new output tensors (see [`Buffer::combine_into`]).
+    pub fn combine(&mut self, a: CombineArgs<'_>) -> Result<CombineOutput> {
+        self.check_usable()?;
+        let s = self.gpu.stream().clone();
+        let h = a.y.shape().get(1).copied().unwrap_or(0);
+        let out = Tensor::empty(&s, DType::Bf16, &[a.handle.num_tokens, h])?;
+        let out_w = match a.topk_weights {
+            Some(w) => Some(Tensor::empty(&s, DType::F32, &[a.handle.num_tokens, w.shape().get(1).copied().unwrap_or(0)])?),
+            None => None,
+        };
+        let event = self.combine_into(a, &out, out_w.as_ref())?;
+        Ok(CombineOutput { combined_x: out, combined_topk_weights: out_w, event })
+    }
+
+    /// Combine into caller-provided outputs: `out` bf16 `[N, H]`, `out_weights` f32 `[N, K]`
+    /// (required iff `topk_weights` is given). Returns the completion event.
+    pub fn combine_into(&mut self, a: CombineArgs<'_>, out: &Tensor, out_weights: Option<&Tensor>) -> Result<CombineEvent> {
+        self.check_usable()?;
+        for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1, Some(out), out_weights].into_iter().flatten() {
+            t.check_valid()?;
+        }
+        let plan = checks::check_combine(
+            &self.layout,
+            self.id,
+            &a.handle.info(),
+            a.y.info(),
+            a.topk_weights.map(|t| t.info()),
+            [a.bias0.map(|t| t.info()), a.bias1.map(|t| t.info())],
+            out.info(),
+            out_weights.map(|t| t.info()),
+            &a.config,
+            Some(self.device_sms),
+        )?;
+        let outs: Vec<(&str, &TensorInfo)> = [Some(("combined_x", out.info())), out_weights.map(|t| ("combined_topk_weights", t.info()))].into_iter().flatten().collect();
+        let ins: Vec<(&str, &TensorInfo)> = [Some(("y", a.y.info())), a.topk_weights.map(|t| ("topk_weights", t.info())), a.bias0.map(|t| ("bias0", t.info())), a.bias1.map(|t| ("bias1", t.info()))]
+            .into_iter()
+            .flatten()
+            .collect();
+        for (ow, o) in &outs {
+            for (iw, i) in &ins {
+                checks::check_disjoint(ow, o, iw, i)?;
+            }
+        }
+        self.wait_event(a.wait)?;
+        match self.launch_combine(&a, &plan, out, out_weights) {
+            Ok(ev) => Ok(ev),
+            Err(e) => self.poison(e),
+        }
+    }
+
+    fn launch_combine(&mut self, a: &CombineArgs<'_>, plan: &CombinePlan, out: &Tensor, out_weights: Option<&Tensor>) -> Result<CudaEvent> {
+        self.next_epoch();
+        let p = ffi::CombineParams {
+            y: a.y.ptr(),
+            topk_w: if plan.with_weights { a.topk_weights.map_or(0, |t| t.ptr()) } else { 0 },
+            bias0: a.bias0.map_or(0, |t| t.ptr()),
+            bias1: a.bias1.map_or(0, |t| t.ptr()),
+            out: out.ptr(),
+            out_w: if plan.with_weights { out_weights.map_or(0, |t| t.ptr()) } else { 0 },
+            send_pos: a.handle.send_pos.ptr(),
+            count_matrix: a.handle.count_matrix_dev.ptr(),
+            hidden: plan.hidden as i32,
+            num_topk: plan.num_topk as i32,
+            num_tokens: plan.num_tokens as i32,
+            push_warps: a.config.combine_push_warps as i32,
+        };
+        let args = self.args();
+        let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.combine_warps as u32 * 32);
+        self.gpu.launch(&self.kernels.combine, &cfg, crate::args![args, p])?;
+        self.record_event()
+    }
+}
+
+/// The completion event of a combine.
+pub type CombineEvent = CudaEvent;
+
+// SAFETY: repr(C) plain data (u64 / i32 fields only), copied by value into kernel parameters.
+unsafe impl crate::runtime::Pod for ffi::IntranodeArgs {}
+unsafe impl crate::runtime::Pod for ffi::NotifyParams {}
+unsafe impl crate::runtime::Pod for ffi::DispatchParams {}
+unsafe impl crate::runtime::Pod for ffi::CombineParams {}
