@@ -12,6 +12,7 @@
 pub mod error;
 pub use error::{EpError, Result};
 pub mod cubins;
+pub mod runtime;
 pub mod nvshmem;
 pub mod reference;
 pub mod validate;

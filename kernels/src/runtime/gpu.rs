@@ -1,0 +1,676 @@
+//! One GPU per rank: context, stream, modules from the embedded cubins, launches, and the
+//! diagnostic record that turns a stuck GPU wait into an error naming rank, phase and channel.
+
+use super::memory::{HostMapped, Pod};
+use super::{check, drv, Comm};
+use crate::cubins::{self, Cubin};
+use crate::error::{Diag, EpError, ErrorRecord, Result, ERR_NONE};
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Default bound of any single GPU-side wait (`DEEPEP_GPU_TIMEOUT_MS` overrides).
+pub const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Extra time the host waits beyond the device bound before it declares the GPU stuck
+/// (`DEEPEP_HOST_TIMEOUT_S` overrides the whole host bound).
+pub const HOST_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
+
+/// The GPU of this rank.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    ordinal: usize,
+    record: HostMapped<ErrorRecord>,
+    device_timeout_ns: AtomicU64,
+    host_timeout_ns: AtomicU64,
+    sm_count: u32,
+    l2_bytes: usize,
+    name: String,
+    done: sys::CUevent,
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+}
+
+// SAFETY: the raw event is only used with the context bound; CUDA handles are thread-safe.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu(rank {}, device {} {}, {} SMs)", self.rank, self.ordinal, self.name, self.sm_count)
+    }
+}
+
+fn attr(ctx: &CudaContext, a: sys::CUdevice_attribute) -> Result<i32> {
+    ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"))
+}
+
+impl Gpu {
+    /// The GPU `LOCAL_RANK` of `comm`, for rank `comm.rank()`.
+    pub fn from_comm(comm: &Comm) -> Result<Gpu> {
+        Gpu::new(comm.local_rank(), comm.rank())
+    }
+
+    /// Retain the primary context of device `ordinal` (current on this thread; what NVSHMEM picks
+    /// up), create a non-blocking stream and the host-mapped diagnostic record.
+    pub fn new(ordinal: usize, rank: usize) -> Result<Gpu> {
+        super::require_cuda()?;
+        let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))? as usize;
+        if ordinal >= count {
+            return Err(EpError::InvalidArgument(format!(
+                "rank {rank}: LOCAL_RANK={ordinal} but only {count} GPU(s) are visible; start at most {count} ranks per host \
+                 (check --nproc and CUDA_VISIBLE_DEVICES)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the CUDA context"))?;
+        // We pass raw pointers everywhere; cudarc's per-slice event tracking is not needed.
+        // SAFETY: no cudarc slices are shared between streams by this crate.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let record = HostMapped::<ErrorRecord>::new(&ctx, 1)?;
+        let sm_count = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let l2_bytes = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+        let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let mut done = std::ptr::null_mut();
+        // SAFETY: context is current.
+        check(unsafe { sys::cuEventCreate(&mut done, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || "cuEventCreate".into())?;
+        let dev_ms = super::env_num::<u64>("DEEPEP_GPU_TIMEOUT_MS")?;
+        let device_timeout = dev_ms.map(Duration::from_millis).unwrap_or(DEFAULT_DEVICE_TIMEOUT);
+        let host_timeout = match super::env_num::<f64>("DEEPEP_HOST_TIMEOUT_S")? {
+            Some(s) => Duration::from_secs_f64(s),
+            None => device_timeout + HOST_TIMEOUT_MARGIN,
+        };
+        Ok(Gpu {
+            ctx,
+            stream,
+            rank,
+            ordinal,
+            record,
+            device_timeout_ns: AtomicU64::new(device_timeout.as_nanos() as u64),
+            host_timeout_ns: AtomicU64::new(host_timeout.as_nanos() as u64),
+            sm_count,
+            l2_bytes,
+            name,
+            done,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+    pub fn l2_bytes(&self) -> usize {
+        self.l2_bytes
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Make this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv("binding the CUDA context"))
+    }
+
+    /// Bound of any single GPU-side wait (`EpDiag::timeout_ns`).
+    pub fn device_timeout(&self) -> Duration {
+        Duration::from_nanos(self.device_timeout_ns.load(Ordering::Relaxed))
+    }
+    /// Change the device wait bound; the host bound becomes `d` + 30 s unless `DEEPEP_HOST_TIMEOUT_S` is set.
+    pub fn set_device_timeout(&self, d: Duration) {
+        self.device_timeout_ns.store(d.as_nanos() as u64, Ordering::Relaxed);
+        if std::env::var_os("DEEPEP_HOST_TIMEOUT_S").is_none() {
+            self.host_timeout_ns.store((d + HOST_TIMEOUT_MARGIN).as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+    pub fn host_timeout(&self) -> Duration {
+        Duration::from_nanos(self.host_timeout_ns.load(Ordering::Relaxed))
+    }
+    pub fn set_host_timeout(&self, d: Duration) {
+        self.host_timeout_ns.store(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The diagnostic argument every kernel takes last (appended by [`Gpu::launch`]).
+    pub fn diag(&self) -> Diag {
+        Diag { err: self.record.dev_ptr(), timeout_ns: self.device_timeout_ns.load(Ordering::Relaxed), rank: self.rank as i32, pad_: 0 }
+    }
+
+    /// The current content of the host-mapped error record (all zero = no error).
+    pub fn error_record(&self) -> ErrorRecord {
+        let r = self.record.get(0);
+        if r.code == ERR_NONE {
+            ErrorRecord::default()
+        } else {
+            r
+        }
+    }
+
+    /// Clear the error record (only while no kernel of this rank runs).
+    pub fn clear_error(&self) {
+        self.record.set(0, ErrorRecord::default());
+    }
+
+    /// Load (once) the embedded cubin `name`.
+    pub fn module(&self, name: &str) -> Result<Arc<Module>> {
+        let mut m = self.modules.lock().unwrap();
+        if let Some(x) = m.get(name) {
+            return Ok(x.clone());
+        }
+        let cubin = cubins::require(name)?;
+        let module = Arc::new(Module::load(self, cubin)?);
+        m.insert(cubin.name, module.clone());
+        Ok(module)
+    }
+
+    /// Kernel `kernel` of the embedded cubin `module` (loads the module once).
+    pub fn kernel(&self, module: &str, kernel: &str) -> Result<Kernel> {
+        self.module(module)?.kernel(kernel)
+    }
+
+    /// Launch `k` on this GPU's stream with `args` followed by [`Gpu::diag`] (every kernel takes
+    /// `EpDiag` last). Argument count and sizes are checked against the kernel's parameters.
+    pub fn launch(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args) -> Result<()> {
+        args.push(self.diag());
+        self.launch_on(k, cfg, args, self.cu_stream())
+    }
+
+    /// [`Gpu::launch`] on another stream (of this GPU), with `args` used as given (no diag appended).
+    pub fn launch_on(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args, stream: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        k.check_args(&args)?;
+        cfg.validate(self, k)?;
+        if cfg.smem > 48 * 1024 {
+            k.ensure_dynamic_smem(cfg.smem)?;
+        }
+        let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::new();
+        if cfg.cooperative {
+            // SAFETY: zeroed union is valid; we set the member we use.
+            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            a.value.cooperative = 1;
+            attrs.push(a);
+        }
+        if let Some((x, y, z)) = cfg.cluster {
+            // SAFETY: as above.
+            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            a.value.clusterDim.x = x;
+            a.value.clusterDim.y = y;
+            a.value.clusterDim.z = z;
+            attrs.push(a);
+        }
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid.0,
+            gridDimY: cfg.grid.1,
+            gridDimZ: cfg.grid.2,
+            blockDimX: cfg.block.0,
+            blockDimY: cfg.block.1,
+            blockDimZ: cfg.block.2,
+            sharedMemBytes: cfg.smem,
+            hStream: stream,
+            attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+            numAttrs: attrs.len() as u32,
+        };
+        let mut ptrs = args.pointers();
+        // SAFETY: parameter pointers stay alive (owned by `args`) for the call; sizes checked above.
+        let res = unsafe { sys::cuLaunchKernelEx(&lc, k.func, ptrs.as_mut_ptr(), std::ptr::null_mut()) };
+        check(res, || format!("rank {}: launching {} with {cfg:?}", self.rank, k.name))
+    }
+
+    /// Wait for everything queued on this GPU's stream, bounded by the host timeout. A GPU-side
+    /// wait that expired (recorded in the diagnostic record) becomes [`EpError::GpuTimeout`] naming
+    /// rank, phase and channel (the record is cleared so later work can run); no completion within
+    /// the host bound without a record becomes [`EpError::HostTimeout`] naming `what`.
+    pub fn sync(&self, what: &str) -> Result<()> {
+        self.sync_stream(self.cu_stream(), what)
+    }
+
+    /// [`Gpu::sync`] for another stream of this GPU.
+    pub fn sync_stream(&self, stream: sys::CUstream, what: &str) -> Result<()> {
+        self.bind()?;
+        // SAFETY: event and stream belong to this context.
+        check(unsafe { sys::cuEventRecord(self.done, stream) }, || format!("rank {}: cuEventRecord ({what})", self.rank))?;
+        let start = Instant::now();
+        let host_timeout = self.host_timeout();
+        let mut nap = Duration::from_micros(2);
+        loop {
+            // SAFETY: valid event.
+            let q = unsafe { sys::cuEventQuery(self.done) };
+            match q {
+                sys::CUresult::CUDA_SUCCESS => break,
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    if start.elapsed() > host_timeout {
+                        if let Some(e) = self.take_error() {
+                            return Err(e);
+                        }
+                        return Err(EpError::HostTimeout { rank: self.rank, what: what.to_string(), secs: start.elapsed().as_secs_f64() });
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(1));
+                }
+                other => {
+                    if let Some(e) = self.take_error() {
+                        return Err(e);
+                    }
+                    return check(other, || {
+                        format!("rank {}: GPU work for '{what}' failed (a sticky error: this process must exit)", self.rank)
+                    });
+                }
+            }
+        }
+        match self.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The recorded device error, if any, as an [`EpError`]; clears the record.
+    pub fn take_error(&self) -> Option<EpError> {
+        let r = self.error_record();
+        let e = r.to_error();
+        if e.is_some() {
+            self.clear_error();
+        }
+        e
+    }
+
+    /// Synchronous host-to-device copy on this GPU's stream.
+    pub fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: caller guarantees dst has room (DeviceBuffer checks); src lives until the sync below.
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const _, src.len(), self.cu_stream()) }, || {
+            format!("rank {}: copy of {} bytes to the GPU", self.rank, src.len())
+        })?;
+        self.sync("host-to-device copy")
+    }
+
+    /// Synchronous device-to-host copy on this GPU's stream.
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.bind()?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: dst lives until the sync below.
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut _, src, dst.len(), self.cu_stream()) }, || {
+            format!("rank {}: copy of {} bytes from the GPU", self.rank, dst.len())
+        })?;
+        self.sync("device-to-host copy")
+    }
+
+    /// Asynchronous device-to-device copy on this GPU's stream (peer pointers allowed).
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller guarantees both ranges are valid.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.cu_stream()) }, || {
+            format!("rank {}: device copy of {bytes} bytes", self.rank)
+        })
+    }
+
+    /// Asynchronous byte fill on this GPU's stream.
+    pub fn memset_u8(&self, dst: u64, v: u8, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller guarantees the range.
+        check(unsafe { sys::cuMemsetD8Async(dst, v, bytes, self.cu_stream()) }, || format!("rank {}: memset of {bytes} bytes", self.rank))
+    }
+
+    /// Asynchronous 32-bit fill of `words` words (`dst` 4-byte aligned) on this GPU's stream.
+    pub fn memset_u32(&self, dst: u64, v: u32, words: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller guarantees the range.
+        check(unsafe { sys::cuMemsetD32Async(dst, v, words, self.cu_stream()) }, || {
+            format!("rank {}: memset of {words} words", self.rank)
+        })
+    }
+
+    /// Enable direct access to every other visible GPU that supports it (already enabled = fine).
+    /// IPC buffers do this lazily; call it for pointers obtained elsewhere (e.g. `nvshmem_ptr`).
+    pub fn enable_peer_access(&self) -> Result<()> {
+        self.bind()?;
+        let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))? as usize;
+        for o in (0..count).filter(|&o| o != self.ordinal) {
+            let mut can = 0;
+            let mut dev = 0;
+            // SAFETY: plain queries.
+            unsafe {
+                check(sys::cuDeviceGet(&mut dev, o as i32), || format!("cuDeviceGet({o})"))?;
+                check(sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), dev), || "cuDeviceCanAccessPeer".into())?;
+            }
+            if can == 0 {
+                continue;
+            }
+            let mut peer_ctx = std::ptr::null_mut();
+            // SAFETY: retains the peer's primary context (released right after enabling).
+            unsafe {
+                check(sys::cuDevicePrimaryCtxRetain(&mut peer_ctx, dev), || format!("retaining device {o}'s context"))?;
+                let r = sys::cuCtxEnablePeerAccess(peer_ctx, 0);
+                sys::cuDevicePrimaryCtxRelease_v2(dev);
+                if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                    check(r, || format!("rank {}: enabling peer access {} -> {o}", self.rank, self.ordinal))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: our event.
+            unsafe { sys::cuEventDestroy_v2(self.done) };
+        }
+    }
+}
+
+/// A loaded embedded cubin. The raw `CUmodule` is exposed for `nvshmemx_cumodule_init`.
+pub struct Module {
+    cubin: &'static Cubin,
+    raw: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: CUDA module handles are usable from any thread with the context bound.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl Module {
+    fn load(gpu: &Gpu, cubin: &'static Cubin) -> Result<Module> {
+        gpu.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // cuModuleLoadData wants the image suitably aligned; copy into an 8-byte aligned buffer.
+        let mut image = vec![0u64; cubin.bytes.len().div_ceil(8)];
+        // SAFETY: image has at least bytes.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(cubin.bytes.as_ptr(), image.as_mut_ptr() as *mut u8, cubin.bytes.len()) };
+        // SAFETY: a complete cubin image.
+        check(unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const _) }, || {
+            format!(
+                "rank {}: loading cubin '{}' ({} for {}, nvcc {}) on {}; the GPU must be sm_90 (H100/H200) and the driver >= CUDA 13.0",
+                gpu.rank(),
+                cubin.name,
+                if cubin.nvshmem { "NVSHMEM" } else { "plain" },
+                cubins::ARCH,
+                cubins::NVCC_VERSION,
+                gpu.name()
+            )
+        })?;
+        Ok(Module { cubin, raw, ctx: gpu.ctx().clone() })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.cubin.name
+    }
+    pub fn cubin(&self) -> &'static Cubin {
+        self.cubin
+    }
+    /// The raw module handle (e.g. for `nvshmemx_cumodule_init` / `nvshmemx_cumodule_finalize`).
+    pub fn raw(&self) -> sys::CUmodule {
+        self.raw
+    }
+
+    /// The entry point `name` (must be one of the cubin's `extern "C" __global__` kernels).
+    pub fn kernel(self: &Arc<Self>, name: &str) -> Result<Kernel> {
+        if !self.cubin.kernels.contains(&name) {
+            return Err(EpError::InvalidArgument(format!(
+                "cubin '{}' has no kernel '{name}'; its kernels are {:?}",
+                self.cubin.name, self.cubin.kernels
+            )));
+        }
+        self.ctx.bind_to_thread().map_err(drv("binding the CUDA context"))?;
+        let mut func = std::ptr::null_mut();
+        let cname = std::ffi::CString::new(name).unwrap();
+        // SAFETY: module is loaded; name is NUL-terminated.
+        check(unsafe { sys::cuModuleGetFunction(&mut func, self.raw, cname.as_ptr()) }, || {
+            format!("cuModuleGetFunction({name}) in '{}'", self.cubin.name)
+        })?;
+        // Parameter layout (CUDA >= 12.4 drivers); unknown = no argument check.
+        let mut params = Vec::new();
+        loop {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: index beyond the last parameter returns an error, which ends the loop.
+            let r = unsafe { sys::cuFuncGetParamInfo(func, params.len(), &mut off, &mut size) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                break;
+            }
+            params.push(size);
+        }
+        let params = if params.is_empty() { None } else { Some(params) };
+        Ok(Kernel { name: name.to_string(), func, params, module: self.clone(), dyn_smem: Arc::new(AtomicU32::new(48 * 1024)) })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded by us; NVSHMEM users must call nvshmemx_cumodule_finalize first.
+            unsafe { sys::cuModuleUnload(self.raw) };
+        }
+    }
+}
+
+/// A kernel entry point of a loaded [`Module`].
+#[derive(Clone)]
+pub struct Kernel {
+    name: String,
+    func: sys::CUfunction,
+    /// Parameter sizes from `cuFuncGetParamInfo` (None when the driver cannot tell).
+    params: Option<Vec<usize>>,
+    module: Arc<Module>,
+    dyn_smem: Arc<AtomicU32>,
+}
+
+// SAFETY: CUfunction handles are usable from any thread with the context bound.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({}::{})", self.module.name(), self.name)
+    }
+}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn raw(&self) -> sys::CUfunction {
+        self.func
+    }
+    pub fn module(&self) -> &Arc<Module> {
+        &self.module
+    }
+    /// Parameter sizes in bytes, when the driver reports them.
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.params.as_deref()
+    }
+
+    fn check_args(&self, args: &Args) -> Result<()> {
+        let Some(p) = &self.params else { return Ok(()) };
+        let got: Vec<usize> = args.slots.iter().map(|s| s.1).collect();
+        if got.len() != p.len() || got.iter().zip(p).any(|(a, b)| a != b) {
+            return Err(EpError::InvalidArgument(format!(
+                "kernel {}: parameter sizes {:?} but the launch passes {:?} (the EpDiag is appended automatically by Gpu::launch); \
+                 fix the argument list to match the kernel signature",
+                self.name, p, got
+            )));
+        }
+        Ok(())
+    }
+
+    fn ensure_dynamic_smem(&self, bytes: u32) -> Result<()> {
+        if self.dyn_smem.load(Ordering::Relaxed) >= bytes {
+            return Ok(());
+        }
+        // SAFETY: valid function handle.
+        check(
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    self.func,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            },
+            || format!("kernel {}: allowing {bytes} bytes of dynamic shared memory (H200 max is 227 KiB per block)", self.name),
+        )?;
+        self.dyn_smem.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many blocks of `block_threads` threads with `smem` dynamic shared bytes fit on one SM.
+    pub fn max_blocks_per_sm(&self, block_threads: u32, smem: u32) -> Result<u32> {
+        if smem > 48 * 1024 {
+            self.ensure_dynamic_smem(smem)?;
+        }
+        let mut n = 0;
+        // SAFETY: valid function handle.
+        check(unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.func, block_threads as i32, smem as usize) }, || {
+            format!("occupancy of {}", self.name)
+        })?;
+        Ok(n as u32)
+    }
+}
+
+/// Grid, block, dynamic shared memory and launch attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchCfg {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes (> 48 KiB raises the kernel's limit automatically).
+    pub smem: u32,
+    /// All blocks co-resident (grid-wide sync allowed); checked against occupancy before launch.
+    pub cooperative: bool,
+    /// Thread-block cluster dimensions (the grid must be divisible by them).
+    pub cluster: Option<(u32, u32, u32)>,
+}
+
+impl LaunchCfg {
+    /// 1-D grid of `grid` blocks of `block` threads.
+    pub fn new(grid: u32, block: u32) -> LaunchCfg {
+        LaunchCfg { grid: (grid, 1, 1), block: (block, 1, 1), smem: 0, cooperative: false, cluster: None }
+    }
+    pub fn smem(mut self, bytes: u32) -> Self {
+        self.smem = bytes;
+        self
+    }
+    pub fn cooperative(mut self, yes: bool) -> Self {
+        self.cooperative = yes;
+        self
+    }
+    pub fn cluster(mut self, x: u32, y: u32, z: u32) -> Self {
+        self.cluster = Some((x, y, z));
+        self
+    }
+
+    fn validate(&self, gpu: &Gpu, k: &Kernel) -> Result<()> {
+        let (g, b) = (self.grid, self.block);
+        let threads = b.0 as u64 * b.1 as u64 * b.2 as u64;
+        let bad = |m: String| Err(EpError::InvalidArgument(format!("kernel {}: {m}", k.name)));
+        if g.0 == 0 || g.1 == 0 || g.2 == 0 || threads == 0 {
+            return bad(format!("empty launch {self:?}"));
+        }
+        if threads > 1024 {
+            return bad(format!("{threads} threads per block (max 1024)"));
+        }
+        if let Some(c) = self.cluster {
+            if c.0 == 0 || c.1 == 0 || c.2 == 0 || g.0 % c.0 != 0 || g.1 % c.1 != 0 || g.2 % c.2 != 0 {
+                return bad(format!("grid {g:?} is not divisible by cluster {c:?}"));
+            }
+        }
+        if self.cooperative {
+            let per_sm = k.max_blocks_per_sm(threads as u32, self.smem)?;
+            let blocks = g.0 as u64 * g.1 as u64 * g.2 as u64;
+            let cap = per_sm as u64 * gpu.sm_count() as u64;
+            if blocks > cap {
+                return bad(format!(
+                    "cooperative launch of {blocks} blocks but only {cap} fit at once ({per_sm} per SM x {} SMs with {threads} threads, {} B smem); use fewer blocks (--num-sms)",
+                    gpu.sm_count(),
+                    self.smem
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Kernel arguments, each copied into its own 16-byte-aligned slot.
+#[derive(Default)]
+pub struct Args {
+    slots: Vec<(Box<[u128]>, usize)>,
+}
+
+impl Args {
+    pub fn new() -> Args {
+        Args::default()
+    }
+    /// Append one argument (by value, like the C++ signature: pass device pointers as `u64`).
+    pub fn push<T: Pod>(&mut self, v: T) -> &mut Self {
+        let size = std::mem::size_of::<T>();
+        assert!(std::mem::align_of::<T>() <= 16, "kernel argument alignment above 16");
+        let mut slot = vec![0u128; size.div_ceil(16).max(1)].into_boxed_slice();
+        // SAFETY: slot has >= size bytes and T is Pod.
+        unsafe { std::ptr::copy_nonoverlapping(&v as *const T as *const u8, slot.as_mut_ptr() as *mut u8, size) };
+        self.slots.push((slot, size));
+        self
+    }
+    /// Builder form of [`Args::push`].
+    pub fn arg<T: Pod>(mut self, v: T) -> Self {
+        self.push(v);
+        self
+    }
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+    fn pointers(&mut self) -> Vec<*mut std::ffi::c_void> {
+        self.slots.iter_mut().map(|s| s.0.as_mut_ptr() as *mut std::ffi::c_void).collect()
+    }
+}
+
+/// `args![a, b, c]` builds [`Args`] (each value must implement [`Pod`]).
+#[macro_export]
+macro_rules! args {
+    ($($x:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut a = $crate::runtime::Args::new();
+        $( a.push($x); )*
+        a
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn args_keep_values_and_sizes() {
+        let d = Diag { err: 0x1000, timeout_ns: 5, rank: 3, pad_: 0 };
+        let mut a = crate::args![7u64, 2i32, d];
+        assert_eq!(a.slots.iter().map(|s| s.1).collect::<Vec<_>>(), vec![8, 4, 24]);
+        let p = a.pointers();
+        // SAFETY: the slots hold exactly these values.
+        unsafe {
+            assert_eq!(*(p[0] as *const u64), 7);
+            assert_eq!(*(p[1] as *const i32), 2);
+            assert_eq!((*(p[2] as *const Diag)).rank, 3);
+            assert_eq!(p[0] as usize % 16, 0);
+        }
+    }
+}
