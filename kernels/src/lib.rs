@@ -12,7 +12,10 @@
 pub mod error;
 pub use error::{EpError, Result};
 pub mod cubins;
+pub mod config;
+pub mod intranode;
 pub mod runtime;
+pub mod tensor;
 pub mod nvshmem;
 pub mod reference;
 pub mod validate;
