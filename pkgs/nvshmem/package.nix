@@ -217,7 +217,8 @@ stdenv.mkDerivation (finalAttrs: {
       checked=0
       for so in "$nvshmem"/lib/libnvshmem_host.so.3 "$nvshmem"/lib/nvshmem_transport_*.so.* "$nvshmem"/lib/nvshmem_bootstrap_*.so.*; do
         [ -e "$so" ] || continue
-        runpath=$(readelf -d "$(readlink -f "$so")" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+        # DT_RUNPATH, or DT_RPATH where autoPatchelf found nothing to set and kept NVIDIA's.
+        runpath=$(readelf -d "$(readlink -f "$so")" | sed -n 's/.*(R\(UN\)\{0,1\}PATH).*\[\(.*\)\]/\2/p')
         for want in '$ORIGIN' /run/opengl-driver/lib $(echo "$expectedRunpath" | tr ':' ' '); do
           case ":$runpath:" in
             *":$want:"*) ;;
