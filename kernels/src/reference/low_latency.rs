@@ -338,6 +338,8 @@ impl LlPacked<'_> {
 /// f32 from 0 with one fused multiply-add per term (what nvcc emits for `acc += y * w`), where
 /// `y = rows(owner, local_expert, s, t)` is the combine input row of that selection on its owner.
 /// The bound covers any order and separate multiply + add roundings (2 f32 ops per term).
+/// `mask[r] == true` marks rank `r` as masked: its experts contribute nothing, and its own output
+/// has no expectation (an empty [`Bounded`]; skip it when comparing).
 pub fn ll_combine<'a, F>(inputs: &[RankInput], num_experts: usize, mask: Option<&[bool]>, rows: F) -> Result<Vec<CombineOut>>
 where
     F: Fn(usize, usize, usize, usize) -> Option<&'a [bf16]>,
@@ -348,6 +350,11 @@ where
     let mut outs = Vec::with_capacity(inputs.len());
     for (s, inp) in inputs.iter().enumerate() {
         let mut x = Bounded::new(h);
+        if is_masked(mask, s) {
+            // A masked origin rank is considered dead: its output is not checked.
+            outs.push(CombineOut { combined_x: x, combined_topk_weights: None });
+            continue;
+        }
         for t in 0..inp.n {
             let mut terms: Vec<(f32, &[bf16])> = Vec::new();
             for j in 0..k {
