@@ -379,7 +379,7 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
     use crate::hash::Sha256;
     let mut items = Vec::new();
     if let Some(h) = &args.convert {
-        let d = Sha256::parse_any(h)?;
+        let d = Sha256::parse_any(h).map_err(|e| Error::Usage(format!("--convert: {e}")))?;
         items.push(serde_json::json!({ "input": h, "kind": "hash", "hex": d.to_hex(), "nix32": d.to_nix32(), "sri": d.to_sri() }));
     }
     for p in &args.paths {
