@@ -62,7 +62,7 @@
         });
 
       nixosModules = {
-        deepep = ./modules/deepep.nix;
+        deepep = import ./modules/deepep.nix;
         default = self.nixosModules.deepep;
       };
 

@@ -120,7 +120,34 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
       fail "packages.$sys"; cat "$log"
     fi
   done
-  if out=$(nix eval --json "${stub[@]}" .#nixosModules --apply builtins.attrNames 2>"$log") && [ "$out" = '["default","deepep"]' ]; then
+  # Every package's derivation (with the stub builders), and every NVSHMEM attribute's source
+  # both as chosen by default and as the PyPI wheel: each is a fixed-output fetchurl, so this
+  # checks every pinned URL and hash the flake can reach.
+  for sys in x86_64-linux aarch64-linux; do
+    apply='ps: let
+      names = builtins.filter (n: builtins.substring 0 7 n == "nvshmem") (builtins.attrNames ps);
+      drvs = builtins.attrValues (builtins.mapAttrs (_: p: p.drvPath) ps);
+      srcs = map (n: [ ps.${n}.src.drvPath (ps.${n}.override { source = "pypi"; }).src.drvPath ]) names;
+    in "${toString (builtins.length drvs)} derivations, ${toString (builtins.length srcs)} NVSHMEM attributes x 2 sources"'
+    if out=$(nix eval --raw "${stub[@]}" ".#packages.$sys" --apply "$apply" 2>"$log"); then
+      pass "packages.$sys evaluate: $out"
+    else
+      fail "packages.$sys evaluate"; grep -v "^warning:" "$log" || true
+    fi
+    if out=$(nix eval --json "${stub[@]}" ".#devShells.$sys" --apply 'ds: builtins.mapAttrs (_: d: d.drvPath) ds' 2>"$log"); then
+      pass "devShells.$sys evaluate"
+    else
+      fail "devShells.$sys evaluate"; grep -v "^warning:" "$log" || true
+    fi
+  done
+  if nix eval --raw "${stub[@]}" .#packages.x86_64-linux --apply 'ps: (ps.nvshmem_3_3_9.override { cudaMajor = "13"; }).drvPath' >/dev/null 2>"$log"; then
+    fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; } evaluated"
+  elif grep -qF "NVSHMEM 3.3.9 has no CUDA 13 build" "$log"; then
+    pass "nvshmem_3_3_9.override { cudaMajor = \"13\"; } is refused"
+  else
+    fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; }: unexpected error"; cat "$log"
+  fi
+  if out=$(nix eval --json "${stub[@]}" .#nixosModules --apply builtins.attrNames 2>"$log") && [ "$out" = '["deepep","default"]' ]; then
     pass "nixosModules: $out"
   else
     fail "nixosModules: ${out:-}"; cat "$log"
