@@ -14,6 +14,8 @@
 #      otherwise reported as skipped).
 #   6. The flake's structure: `nix flake show` and attribute listings with nixpkgs replaced by
 #      checks/stub-nixpkgs (a tiny stand-in; it cannot build or evaluate real packages).
+#      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
+#      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
 #      `cargo install --locked` into .toolchain/cargo-tools when missing).
 #
@@ -151,6 +153,22 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     pass "nixosModules: $out"
   else
     fail "nixosModules: ${out:-}"; cat "$log"
+  fi
+
+  # The NVSHMEM package's install and fixup shell code on the real wheel (checks/nvshmem-phases.sh).
+  if [ -n "${DEEPEP_NVSHMEM_WHEEL:-}" ]; then
+    missing_tools=()
+    for t in unzip patchelf readelf; do command -v "$t" >/dev/null 2>&1 || missing_tools+=("$t"); done
+    if [ ${#missing_tools[@]} -ne 0 ] && [ "$(id -u)" -eq 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends unzip patchelf binutils >/dev/null 2>&1 || true
+    fi
+    if out=$(bash checks/nvshmem-phases.sh "$DEEPEP_NVSHMEM_WHEEL" 2>"$log"); then
+      pass "$out"
+    else
+      fail "NVSHMEM package phases on $DEEPEP_NVSHMEM_WHEEL"; cat "$log"
+    fi
+  else
+    skip "NVSHMEM package phases on the real wheel" "set DEEPEP_NVSHMEM_WHEEL=<nvidia_nvshmem_cu13-3.4.5 x86_64 wheel>"
   fi
 else
   skip "flake structure" "no checks/stub-nixpkgs"
