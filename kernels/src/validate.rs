@@ -84,7 +84,7 @@ pub fn topk_idx(topk_idx: &[i64], n: usize, k: usize, num_experts: usize) -> Res
     buffer_len("topk_idx", topk_idx.len(), n * k, &format!("[{n}, {k}]"))?;
     if let Some(i) = topk_idx.iter().position(|&e| e < -1 || e >= num_experts as i64) {
         return bad(format!(
-            "topk_idx[{}, {}] = {} is outside [-1, {num_experts}); expert ids must be in 0..{num_experts}, or -1 for an unused slot",
+            "topk_idx[{}, {}] = {} is outside [-1, {num_experts}); pass expert ids in 0..{num_experts}, or -1 for an unused slot",
             i / k.max(1),
             i % k.max(1),
             topk_idx[i]
