@@ -65,7 +65,7 @@ pub struct NvshmemInfo {
     pub plugins: Vec<PathBuf>,
 }
 
-const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix, `deepep-nix install` unpacks a verified release and prints the exports (export NVSHMEM_DIR=<prefix> LD_LIBRARY_PATH=<prefix>/lib:$LD_LIBRARY_PATH)";
+const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";
 
 /// Runs every NVSHMEM check.
 pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemInfo {
@@ -252,7 +252,7 @@ fn host_library(lib: &Path, bytes: &[u8], source: String, info: &mut NvshmemInfo
             id,
             caps::NVSHMEM,
             format!("NVSHMEM {version} ({}); DeepEP-style kernels need >= {MIN_VERSION}", lib.display()),
-            "use NVSHMEM 3.4.5 (the flake's default nvshmem package, or `deepep-nix install` of 3.4.5) and rebuild the kernels against it",
+            "use NVSHMEM 3.4.5 (the flake's default nvshmem package, or deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5) and rebuild the kernels against it",
         ));
         return Some(version);
     }
@@ -361,7 +361,7 @@ fn device_library(host: &Host, lib_dir: &Path, host_version: Option<Version>, ou
             id,
             caps::NVSHMEM,
             format!("mixed NVSHMEM installation: host library {hv}, but {listing}"),
-            "never mix lib/ and include/ of different NVSHMEM releases: install one release into a fresh prefix (`deepep-nix install`, or the flake's nvshmem package) and point NVSHMEM_DIR at it",
+            "never mix lib/ and include/ of different NVSHMEM releases: install one release into a fresh prefix (deepep-nix install --version <v> --cuda 13 --prefix <new dir>, or the flake's nvshmem package) and point NVSHMEM_DIR at it",
         ));
     } else if !problems.is_empty() {
         out.push(Check::fail(
@@ -430,7 +430,8 @@ fn loader(host: &Host, checked: &Path, checked_version: Option<Version>, out: &m
         Resolution::Missing { .. } => None,
     };
     let env_lib = host.env("NVSHMEM_DIR").filter(|d| d.starts_with('/')).map(|d| Path::new(d).join("lib").join(HOST_LIB));
-    let runtime = env_lib.clone().filter(|p| host.exists(p)).or(bare.clone());
+    let usable = |p: &PathBuf| matches!(elf::read_ident(host, p), Ok(Some(id)) if id == native_ident());
+    let runtime = env_lib.clone().filter(usable).or(bare.clone());
     let same = |p: &Path| same_file(host, p, checked);
     let version_of = |p: &Path| -> Option<Version> {
         host.read_bytes(p, elf::LIB_CAP).ok().and_then(|b| banner_versions(&b).into_iter().next())
@@ -578,10 +579,10 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
         }
     }
     // Transport SONAME majors must agree (.so.3 / .so.5 / .so.7 belong to different releases).
-    let mut majors: Vec<String> = by_plugin
+    let mut majors: Vec<String> = files
         .iter()
-        .filter(|(n, _)| n.starts_with("nvshmem_transport_"))
-        .filter_map(|(_, f)| f.split(".so.").nth(1).map(|s| s.split('.').next().unwrap_or("").to_string()))
+        .filter(|f| f.starts_with("nvshmem_transport_"))
+        .filter_map(|f| f.split(".so.").nth(1).map(|s| s.split('.').next().unwrap_or("").to_string()))
         .collect();
     majors.sort();
     majors.dedup();

@@ -1,0 +1,881 @@
+//! `deepep-nix doctor` against whole hosts described as directory trees.
+//!
+//! The trees start from committed fixtures (`tests/data/hosts/<name>`, text files of /proc, /sys,
+//! /dev, /etc) and are completed at test time: the NVSHMEM libraries, its plugins and the system
+//! libraries they need are real ELF shared objects built with the C compiler (`$CC`, default
+//! `cc`) so that the loadability checks parse real dynamic sections. `/dev/gdrdrv` is a symlink to
+//! `/dev/null`, a real character device every user can open; the fixtures' `/proc/devices`
+//! therefore lists `gdrdrv` with major 1.
+//!
+//! The one mock: `nvidia-smi topo -m` output is recorded text, because nvidia-smi cannot run on a
+//! machine without a GPU.
+//!
+//! Unreadable files: tests run as root in CI, and root reads a `chmod 000` file anyway, so
+//! unreadability is simulated with objects that are not regular files where a file is expected (a
+//! FIFO, which would block a naive reader forever, and a directory).
+
+use deepep_nix::doctor::{run_with, Capability, DoctorArgs, Report, Status, ToolOutput, Tools};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use tempfile::TempDir;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/hosts");
+
+/// `nvidia-smi topo -m` of two H200 joined by 18 NVLinks (escape codes as nvidia-smi prints them).
+const TOPO_NV18: &str = "\u{1b}[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\u{1b}[0m\n\
+GPU0\t X \tNV18\t0-47\t0\t\tN/A\n\
+GPU1\tNV18\t X \t0-47\t0\t\tN/A\n\
+\n\
+Legend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NV#  = Connection traversing a bonded set of # NVLinks\n";
+
+/// Recorded nvidia-smi (see module docs).
+struct RecordedSmi(ToolOutput);
+
+impl Tools for RecordedSmi {
+    fn nvidia_smi_topo(&self) -> ToolOutput {
+        self.0.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real ELF files, built once per test process.
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (doctor tests need a C compiler and ar)"));
+    assert!(out.status.success(), "{cmd:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Builds a shared object `out` with SONAME `soname`, C source `src`, linked against `needed`
+/// (which become its DT_NEEDED entries), with RPATH `$ORIGIN` like NVSHMEM's libraries.
+fn shared(out: &Path, soname: &str, src: &str, needed: &[PathBuf]) {
+    let c = out.with_extension("c");
+    std::fs::write(&c, src).unwrap();
+    let mut cmd = Command::new(cc());
+    cmd.args(["-shared", "-fPIC", "-nostdlib", "-Wl,--no-as-needed", "-Wl,--disable-new-dtags", "-Wl,-rpath,${ORIGIN}"])
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg("-o")
+        .arg(out)
+        .arg(&c)
+        .args(needed);
+    run_ok(&mut cmd);
+    std::fs::remove_file(c).unwrap();
+}
+
+/// Prebuilt artifacts shared by all tests.
+struct Artifacts {
+    dir: TempDir,
+}
+
+impl Artifacts {
+    fn stub(&self, soname: &str) -> PathBuf {
+        self.dir.path().join("stubs").join(soname)
+    }
+
+    /// An NVSHMEM prefix: host library of `host`, device library and header of `device`,
+    /// transport plugins with SONAME suffix `.so.<transport_major>`.
+    fn nvshmem(&self, host: &str, device: &str, transport_major: u32) -> PathBuf {
+        let prefix = self.dir.path().join(format!("nvshmem-{host}-{device}-{transport_major}"));
+        if prefix.exists() {
+            return prefix;
+        }
+        let lib = prefix.join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let libc = self.stub("libc.so.6");
+        shared(
+            &lib.join("libnvshmem_host.so.3"),
+            "libnvshmem_host.so.3",
+            &format!("__attribute__((used)) static const char banner[] = \"NVSHMEM v{host}\";\nint nvshmemx_vendor_get_version_info(int *a, int *b, int *c) {{ return 0; }}\n"),
+            &[libc.clone()],
+        );
+        shared(&lib.join("nvshmem_bootstrap_uid.so.3"), "nvshmem_bootstrap_uid.so.3", "int uid_boot;\n", &[libc.clone()]);
+        shared(
+            &lib.join("nvshmem_bootstrap_pmix.so.3"),
+            "nvshmem_bootstrap_pmix.so.3",
+            "int pmix_boot;\n",
+            &[self.stub("libpmix.so.2"), libc.clone()],
+        );
+        let t = transport_major;
+        shared(
+            &lib.join(format!("nvshmem_transport_ibgda.so.{t}")),
+            &format!("nvshmem_transport_ibgda.so.{t}"),
+            "int ibgda;\n",
+            &[self.stub("libmlx5.so.1"), libc.clone()],
+        );
+        shared(&lib.join(format!("nvshmem_transport_ibrc.so.{t}")), &format!("nvshmem_transport_ibrc.so.{t}"), "int ibrc;\n", &[libc]);
+
+        // Device library: the version lives in a local symbol of a host-side object, as in
+        // NVIDIA's libnvshmem_device.a.
+        let parts: Vec<&str> = device.split('.').collect();
+        let obj_src = lib.join("init_device.c");
+        std::fs::write(
+            &obj_src,
+            format!(
+                "__attribute__((used)) static const int v[3] __asm__(\"_ZL27nvshmemi_device_lib_version\") = {{{}, {}, {}}};\nint nvshmemi_device_state_d;\n",
+                parts[0], parts[1], parts[2]
+            ),
+        )
+        .unwrap();
+        let obj = lib.join("init_device.cu.o");
+        run_ok(Command::new(cc()).args(["-c", "-fPIC", "-o"]).arg(&obj).arg(&obj_src));
+        run_ok(Command::new("ar").arg("rcs").arg(lib.join("libnvshmem_device.a")).arg(&obj));
+        std::fs::remove_file(obj).unwrap();
+        std::fs::remove_file(obj_src).unwrap();
+        let inc = prefix.join("include/non_abi");
+        std::fs::create_dir_all(&inc).unwrap();
+        std::fs::write(
+            inc.join("nvshmem_version.h"),
+            format!(
+                "#pragma once\n#define NVSHMEM_VENDOR_MAJOR_VERSION {}\n#define NVSHMEM_VENDOR_MINOR_VERSION {}\n#define NVSHMEM_VENDOR_PATCH_VERSION {}\n#define NVSHMEM_VENDOR_PACKAGE_VERSION 0\n",
+                parts[0], parts[1], parts[2]
+            ),
+        )
+        .unwrap();
+        prefix
+    }
+}
+
+fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(|| {
+        let a = Artifacts { dir: tempfile::tempdir().unwrap() };
+        let stubs = a.dir.path().join("stubs");
+        std::fs::create_dir_all(&stubs).unwrap();
+        for soname in ["libc.so.6", "libmlx5.so.1", "libibverbs.so.1", "libgdrapi.so.2", "libpmix.so.2"] {
+            shared(&stubs.join(soname), soname, "int stub;\n", &[]);
+        }
+        // Build the prefixes used by the tests up front (tests run in parallel).
+        a.nvshmem("3.4.5", "3.4.5", 3);
+        a.nvshmem("3.8.0", "3.4.5", 3);
+        a.nvshmem("3.8.0", "3.8.0", 7);
+        a.nvshmem("3.3.9", "3.3.9", 3);
+        a
+    })
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dst = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &dst);
+        } else {
+            std::fs::copy(entry.path(), &dst).unwrap();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A host under test.
+
+struct TestHost {
+    root: TempDir,
+    env: BTreeMap<String, String>,
+    args: DoctorArgs,
+    smi: ToolOutput,
+}
+
+impl TestHost {
+    /// The fixture tree plus NVSHMEM 3.4.5 in /opt/nvshmem, rdma-core in /opt/rdma-core/lib (via
+    /// /etc/ld.so.conf.d), libc and libgdrapi in /usr/lib64, `/dev/gdrdrv` -> `/dev/null`.
+    fn ibgda() -> TestHost {
+        let h = TestHost::bare("ibgda-host");
+        h.install_nvshmem("/opt/nvshmem", "3.4.5", "3.4.5", 3);
+        h.install_stub("/opt/rdma-core/lib", "libmlx5.so.1");
+        h.install_stub("/opt/rdma-core/lib", "libibverbs.so.1");
+        h.install_stub("/usr/lib64", "libgdrapi.so.2");
+        std::os::unix::fs::symlink("/dev/null", h.path("/dev/gdrdrv")).unwrap();
+        let mut h = h;
+        for (k, v) in [
+            ("NVSHMEM_DIR", "/opt/nvshmem"),
+            ("LD_LIBRARY_PATH", "/opt/nvshmem/lib"),
+            ("NVSHMEM_IB_ENABLE_IBGDA", "1"),
+            ("NVSHMEM_CUMEM_GRANULARITY", "536870912"),
+            ("NVSHMEM_DISABLE_NVLS", "1"),
+        ] {
+            h.env.insert(k.into(), v.into());
+        }
+        h.args.max_tokens = Some(128);
+        h.args.kernels_nvshmem_version = deepep_nix::doctor::Version::parse("3.4.5");
+        h
+    }
+
+    /// The 2x H200 machine of docs/gpu-toolchain (no InfiniBand, no gdrdrv, driver options off,
+    /// NVSHMEM from the pip wheel on LD_LIBRARY_PATH, NVSHMEM_DIR unset).
+    fn gpu_machine() -> TestHost {
+        let mut h = TestHost::bare("gpu-machine");
+        let wheel = "/venv/lib/python3.12/site-packages/nvidia/nvshmem";
+        h.install_nvshmem(wheel, "3.4.5", "3.4.5", 3);
+        h.env.insert("LD_LIBRARY_PATH".into(), format!("{wheel}/lib"));
+        h.env.insert("NVSHMEM_DISABLE_NVLS".into(), "1".into());
+        h.env.insert("NCCL_NVLS_ENABLE".into(), "0".into());
+        h.args.kernels_nvshmem_version = deepep_nix::doctor::Version::parse("3.4.5");
+        h
+    }
+
+    fn bare(fixture: &str) -> TestHost {
+        let root = tempfile::tempdir().unwrap();
+        copy_tree(&Path::new(FIXTURES).join(fixture), root.path());
+        let a = artifacts();
+        let h = TestHost {
+            args: DoctorArgs {
+                json: false,
+                nvshmem_dir: None,
+                root: root.path().to_path_buf(),
+                max_tokens: None,
+                capabilities: vec![],
+                kernels_nvshmem_version: None,
+            },
+            root,
+            env: BTreeMap::new(),
+            smi: ToolOutput::Output(TOPO_NV18.into()),
+        };
+        std::fs::create_dir_all(h.path("/usr/lib64")).unwrap();
+        std::fs::copy(a.stub("libc.so.6"), h.path("/usr/lib64/libc.so.6")).unwrap();
+        h
+    }
+
+    /// Where a host path lives in the tree.
+    fn path(&self, host_path: &str) -> PathBuf {
+        self.root.path().join(host_path.trim_start_matches('/'))
+    }
+
+    fn install_nvshmem(&self, prefix: &str, host: &str, device: &str, transport_major: u32) {
+        copy_tree(&artifacts().nvshmem(host, device, transport_major), &self.path(prefix));
+    }
+
+    fn install_stub(&self, dir: &str, soname: &str) {
+        std::fs::create_dir_all(self.path(dir)).unwrap();
+        std::fs::copy(artifacts().stub(soname), self.path(dir).join(soname)).unwrap();
+    }
+
+    fn write(&self, host_path: &str, text: impl AsRef<[u8]>) {
+        let p = self.path(host_path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn remove(&self, host_path: &str) {
+        let p = self.path(host_path);
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+
+    /// Replaces a file with a FIFO (reading it naively would block forever).
+    fn fifo(&self, host_path: &str) {
+        let p = self.path(host_path);
+        let _ = std::fs::remove_file(&p);
+        run_ok(Command::new("mkfifo").arg(&p));
+    }
+
+    fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.insert(k.into(), v.into());
+        self
+    }
+
+    fn run(&self) -> Report {
+        run_with(&self.args, &self.env, &RecordedSmi(self.smi.clone())).unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assertions.
+
+use Capability::*;
+
+/// (capability, ready, blocked_by) for all four capabilities.
+fn verdicts(r: &Report) -> Vec<(Capability, bool, Vec<String>)> {
+    r.verdicts.iter().map(|v| (v.capability, v.ready, v.blocked_by.clone())).collect()
+}
+
+fn v(cap: Capability, ready: bool, blocked: &[&str]) -> (Capability, bool, Vec<String>) {
+    (cap, ready, blocked.iter().map(|s| s.to_string()).collect())
+}
+
+fn status(r: &Report, id: &str) -> Status {
+    r.check(id).unwrap_or_else(|| panic!("no check {id} in\n{}", r.render_text())).status
+}
+
+fn found<'a>(r: &'a Report, id: &str) -> &'a str {
+    &r.check(id).unwrap().found
+}
+
+fn fix<'a>(r: &'a Report, id: &str) -> &'a str {
+    r.check(id).unwrap().fix.as_deref().unwrap_or_else(|| panic!("{id} has no fix"))
+}
+
+/// Every check id with its status, for exact comparisons.
+fn statuses(r: &Report) -> Vec<(String, Status)> {
+    r.checks.iter().map(|c| (c.id.clone(), c.status)).collect()
+}
+
+fn all_ready() -> Vec<(Capability, bool, Vec<String>)> {
+    vec![v(Intranode, true, &[]), v(LowLatency, true, &[]), v(InternodeIbgda, true, &[]), v(InternodeCpuIbgda, true, &[])]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hosts.
+
+#[test]
+fn correctly_configured_ibgda_host_is_ready_for_everything() {
+    let r = TestHost::ibgda().run();
+    let text = r.render_text();
+    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert_eq!(r.exit_code, 0);
+    use Status::Ok as O;
+    let expected: Vec<(String, Status)> = [
+        ("driver", O),
+        ("gpus", O),
+        ("device-nodes", O),
+        ("nvlink", O),
+        ("params.stream-memops", O),
+        ("params.peer-mapping", O),
+        ("infiniband", O),
+        ("infiniband.uverbs", O),
+        ("memory-registration", O),
+        ("gdrcopy", O),
+        ("nvshmem.dir", O),
+        ("nvshmem.host-library", O),
+        ("nvshmem.cpu-assisted-ibgda", O),
+        ("nvshmem.device-library", O),
+        ("nvshmem.kernels", O),
+        ("nvshmem.loader", O),
+        ("nvshmem.plugin.bootstrap", O),
+        ("nvshmem.plugin.ibgda", O),
+        ("nvshmem.plugins", O),
+        ("knob.NVSHMEM_CUMEM_GRANULARITY", O),
+        ("knob.NVSHMEM_DISABLE_NVLS", O),
+        ("knob.NVSHMEM_IB_ENABLE_IBGDA", O),
+        ("knob.NVSHMEM_QP_DEPTH", O),
+    ]
+    .into_iter()
+    .map(|(i, s)| (i.to_string(), s))
+    .collect();
+    assert_eq!(statuses(&r), expected, "{text}");
+    assert!(found(&r, "driver").contains("580.159.04 loaded (open kernel modules"), "{text}");
+    assert!(found(&r, "nvlink").contains("GPU0-GPU1 NV18"));
+    assert!(found(&r, "nvshmem.host-library").starts_with("NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3"));
+    assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv (char 1:3) opens read-write"), "{text}");
+    assert!(found(&r, "gdrcopy").contains("libgdrapi.so.2 at /usr/lib64/libgdrapi.so.2"));
+    assert!(found(&r, "memory-registration").contains("DMA-BUF available"));
+    // rdma-core found through /etc/ld.so.conf -> ld.so.conf.d/rdma-core.conf
+    assert!(found(&r, "nvshmem.plugin.ibgda").contains("3 libraries resolve"), "{text}");
+    // pmix needs libpmix, which this host lacks: reported, but unused, so not a failure.
+    assert!(found(&r, "nvshmem.plugins").contains("nvshmem_bootstrap_pmix.so.3 not loadable (missing libpmix.so.2), unused"));
+    assert!(found(&r, "knob.NVSHMEM_QP_DEPTH").contains("1024 (unset, NVSHMEM default 1024) >= 2*(max tokens 128 + 1) = 258"));
+}
+
+#[test]
+fn driver_options_configured_but_not_rebooted() {
+    let h = TestHost::ibgda();
+    let params = std::fs::read_to_string(h.path("/proc/driver/nvidia/params")).unwrap();
+    h.write(
+        "/proc/driver/nvidia/params",
+        params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0").replace("\"PeerMappingOverride=1;\"", "\"\""),
+    );
+    let r = h.run();
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, true, &[]),
+            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping"]),
+            v(InternodeCpuIbgda, true, &[]),
+        ]
+    );
+    assert_eq!(r.exit_code, 1);
+    for id in ["params.stream-memops", "params.peer-mapping"] {
+        assert_eq!(status(&r, id), Status::Fail);
+        assert!(found(&r, id).contains("but /etc/modprobe.d/nvidia-ibgda.conf sets it: reboot pending"), "{}", found(&r, id));
+        assert!(fix(&r, id).starts_with("reboot, or reload the nvidia module"), "{}", fix(&r, id));
+    }
+    // Only the CPU-assisted capability requested: ready.
+    let mut h = h;
+    h.args.capabilities = vec![InternodeCpuIbgda, Intranode];
+    assert_eq!(h.run().exit_code, 0);
+}
+
+#[test]
+fn driver_options_missing_everywhere_give_the_modprobe_line_or_the_nixos_option() {
+    let h = TestHost::ibgda();
+    h.remove("/etc/modprobe.d/nvidia-ibgda.conf");
+    let params = std::fs::read_to_string(h.path("/proc/driver/nvidia/params")).unwrap();
+    h.write("/proc/driver/nvidia/params", params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0"));
+    let r = h.run();
+    assert_eq!(status(&r, "params.stream-memops"), Status::Fail);
+    assert_eq!(status(&r, "params.peer-mapping"), Status::Ok);
+    assert_eq!(
+        fix(&r, "params.stream-memops"),
+        "add this line to /etc/modprobe.d/nvidia-ibgda.conf:\n  options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords=\"PeerMappingOverride=1;\"\nthen sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL), and reboot"
+    );
+    // The same host on NixOS: the fix is the module option.
+    h.write("/etc/os-release", "NAME=NixOS\nID=nixos\n");
+    let r = h.run();
+    assert!(fix(&r, "params.stream-memops").starts_with("set services.deepep.enable = true;"), "{}", fix(&r, "params.stream-memops"));
+    // Kernel command line counts as configuration too.
+    h.write("/proc/cmdline", "root=/dev/sda1 nvidia.NVreg_EnableStreamMemOPs=1\n");
+    let r = h.run();
+    assert!(found(&r, "params.stream-memops").contains("but /proc/cmdline sets it: reboot pending"));
+}
+
+#[test]
+fn gdrdrv_missing_on_a_host_configured_for_it() {
+    let h = TestHost::ibgda();
+    h.remove("/sys/module/gdrdrv");
+    h.remove("/dev/gdrdrv");
+    let r = h.run();
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, true, &[]),
+            v(InternodeIbgda, true, &[]),
+            v(InternodeCpuIbgda, false, &["gdrcopy"]),
+        ]
+    );
+    assert_eq!(r.exit_code, 1);
+    assert!(found(&r, "gdrcopy").contains("gdrdrv module not loaded"));
+    assert!(found(&r, "gdrcopy").contains("/etc/modules-load.d/gdrdrv.conf configures gdrdrv"));
+    let f = fix(&r, "gdrcopy");
+    assert!(f.contains("sudo modprobe gdrdrv"), "{f}");
+    assert!(f.contains("sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0"), "{f}");
+
+    let mut h = h;
+    h.args.capabilities = vec![InternodeIbgda];
+    assert_eq!(h.run().exit_code, 0, "GPU-initiated IBGDA does not need GDRCopy");
+
+    // Nothing of GDRCopy and no intent: only a warning, every capability ready.
+    h.args.capabilities = vec![];
+    h.remove("/etc/modules-load.d/gdrdrv.conf");
+    h.remove("/usr/lib64/libgdrapi.so.2");
+    let r = h.run();
+    assert_eq!(status(&r, "gdrcopy"), Status::Warn);
+    assert_eq!(verdicts(&r), all_ready());
+    assert_eq!(r.verdict(InternodeCpuIbgda).warnings, vec!["gdrcopy".to_string()]);
+    assert_eq!(r.exit_code, 0);
+}
+
+#[test]
+fn gdrdrv_device_node_stale_or_wrong_kind() {
+    let h = TestHost::ibgda();
+    // The module registered another major than the node carries (node from an earlier boot).
+    let devices = std::fs::read_to_string(h.path("/proc/devices")).unwrap();
+    h.write("/proc/devices", devices.replace("  1 gdrdrv", "511 gdrdrv"));
+    let r = h.run();
+    assert_eq!(status(&r, "gdrcopy"), Status::Fail);
+    assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv has major 1 but the loaded gdrdrv registered major 511"), "{}", found(&r, "gdrcopy"));
+    assert!(fix(&r, "gdrcopy").starts_with("sudo rm /dev/gdrdrv && sudo mknod"));
+    // A regular file where the device node should be.
+    h.write("/proc/devices", devices);
+    h.remove("/dev/gdrdrv");
+    h.write("/dev/gdrdrv", "");
+    let r = h.run();
+    assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv is a regular file, not a character device"));
+    assert_eq!(r.verdict(InternodeCpuIbgda).blocked_by, vec!["gdrcopy".to_string()]);
+}
+
+#[test]
+fn host_without_infiniband() {
+    let h = TestHost::ibgda();
+    h.remove("/sys/class/infiniband");
+    h.remove("/dev/infiniband");
+    let r = h.run();
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, true, &[]),
+            v(InternodeIbgda, false, &["infiniband"]),
+            v(InternodeCpuIbgda, false, &["infiniband"]),
+        ]
+    );
+    assert_eq!(found(&r, "infiniband"), "no InfiniBand/RoCE device in /sys/class/infiniband");
+    assert_eq!(status(&r, "infiniband.uverbs"), Status::Skip);
+    assert_eq!(r.exit_code, 1);
+    let mut h = h;
+    h.args.capabilities = vec![Intranode, LowLatency];
+    assert_eq!(h.run().exit_code, 0);
+}
+
+#[test]
+fn infiniband_port_down_roce_and_containers() {
+    let h = TestHost::ibgda();
+    h.write("/sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN\n");
+    let r = h.run();
+    assert_eq!(found(&r, "infiniband"), "no ACTIVE port on an mlx5 NIC: mlx5_0 port 1: 1: DOWN, InfiniBand");
+    assert_eq!(r.verdict(InternodeIbgda).blocked_by, vec!["infiniband".to_string()]);
+
+    // RoCE without a GID index: works with a warning.
+    h.write("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
+    h.write("/sys/class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet\n");
+    let r = h.run();
+    assert_eq!(status(&r, "knob.NVSHMEM_IB_GID_INDEX"), Status::Warn);
+    assert_eq!(r.exit_code, 0);
+
+    // A container without the verbs device nodes.
+    h.remove("/dev/infiniband/uverbs0");
+    let r = h.run();
+    assert_eq!(status(&r, "infiniband.uverbs"), Status::Fail);
+    assert!(fix(&r, "infiniband.uverbs").contains("--device=/dev/infiniband"));
+}
+
+#[test]
+fn mismatched_nvshmem_libraries() {
+    // Host library 3.8.0 with the 3.4.5 device library and headers left in place, and a
+    // transport plugin from 3.8.0 (.so.7) next to the 3.4.5 ones (.so.3).
+    let h = TestHost::ibgda();
+    h.remove("/opt/nvshmem");
+    h.install_nvshmem("/opt/nvshmem", "3.8.0", "3.4.5", 3);
+    let extra = artifacts().nvshmem("3.8.0", "3.8.0", 7).join("lib/nvshmem_transport_ibrc.so.7");
+    std::fs::copy(extra, h.path("/opt/nvshmem/lib/nvshmem_transport_ibrc.so.7")).unwrap();
+    let r = h.run();
+    let text = r.render_text();
+    let nvshmem_fail = ["nvshmem.device-library", "nvshmem.kernels", "nvshmem.plugins"];
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, false, &nvshmem_fail),
+            v(InternodeIbgda, false, &nvshmem_fail),
+            v(InternodeCpuIbgda, false, &nvshmem_fail),
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        found(&r, "nvshmem.device-library"),
+        "mixed NVSHMEM installation: host library 3.8.0, but 3.4.5 (/opt/nvshmem/lib/libnvshmem_device.a), 3.4.5 (/opt/nvshmem/include/non_abi/nvshmem_version.h)"
+    );
+    assert!(found(&r, "nvshmem.kernels").starts_with("kernels built against NVSHMEM 3.4.5 (--kernels-nvshmem-version), host library is 3.8.0"));
+    assert!(found(&r, "nvshmem.plugins").starts_with("transport plugins of different releases in /opt/nvshmem/lib (.so.3, .so.7)"), "{text}");
+    assert_eq!(r.exit_code, 1);
+}
+
+#[test]
+fn loader_would_pick_another_nvshmem() {
+    // The checked prefix is fine (3.4.5) but NVSHMEM_DIR points at a stale 3.8.0 copy.
+    let h = TestHost::ibgda();
+    h.install_nvshmem("/opt/nvshmem-old", "3.8.0", "3.8.0", 7);
+    let mut h = h.env("NVSHMEM_DIR", "/opt/nvshmem-old");
+    h.args.nvshmem_dir = Some("/opt/nvshmem".into());
+    let r = h.run();
+    assert_eq!(status(&r, "nvshmem.loader"), Status::Fail);
+    assert_eq!(
+        found(&r, "nvshmem.loader"),
+        "programs would load /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0) instead of the checked /opt/nvshmem/lib/libnvshmem_host.so.3 (NVSHMEM 3.4.5)"
+    );
+    assert_eq!(fix(&r, "nvshmem.loader"), "export NVSHMEM_DIR=/opt/nvshmem LD_LIBRARY_PATH=/opt/nvshmem/lib:$LD_LIBRARY_PATH");
+    assert_eq!(r.verdict(LowLatency).blocked_by, vec!["nvshmem.loader".to_string()]);
+
+    // NVSHMEM_DIR right, but another copy first on LD_LIBRARY_PATH: our binaries are fine,
+    // programs loading by bare name are not -> warning.
+    let h = h.env("NVSHMEM_DIR", "/opt/nvshmem").env("LD_LIBRARY_PATH", "/opt/nvshmem-old/lib:/opt/nvshmem/lib");
+    let r = h.run();
+    assert_eq!(status(&r, "nvshmem.loader"), Status::Warn);
+    assert!(found(&r, "nvshmem.loader").contains("get /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0)"));
+    assert_eq!(r.exit_code, 0);
+}
+
+#[test]
+fn nvshmem_dir_mistakes_are_explained() {
+    let h = TestHost::ibgda().env("NVSHMEM_DIR", "/opt/nvshmem/lib");
+    let r = h.run();
+    assert_eq!(status(&r, "nvshmem.dir"), Status::Fail);
+    assert_eq!(fix(&r, "nvshmem.dir"), "export NVSHMEM_DIR=/opt/nvshmem");
+    assert_eq!(status(&r, "nvshmem.host-library"), Status::Skip);
+    assert_eq!(r.verdict(Intranode).ready, true);
+    assert_eq!(r.verdict(LowLatency).blocked_by, vec!["nvshmem.dir".to_string()]);
+
+    let r = TestHost::ibgda().env("NVSHMEM_DIR", "/nowhere").env("LD_LIBRARY_PATH", "").run();
+    assert_eq!(found(&r, "nvshmem.dir"), "/nowhere (from NVSHMEM_DIR) does not exist");
+
+    let r = TestHost::ibgda().env("NVSHMEM_DIR", "relative/dir").run();
+    assert_eq!(found(&r, "nvshmem.dir"), "NVSHMEM_DIR=relative/dir is not an absolute path");
+
+    // Too old for DeepEP and for CPU-assisted IBGDA.
+    let h = TestHost::ibgda();
+    h.remove("/opt/nvshmem");
+    h.install_nvshmem("/opt/nvshmem", "3.3.9", "3.3.9", 3);
+    let mut h = h;
+    h.args.kernels_nvshmem_version = None;
+    let r = h.run();
+    assert_eq!(found(&r, "nvshmem.host-library"), "NVSHMEM 3.3.9 (/opt/nvshmem/lib/libnvshmem_host.so.3, ELF64 x86-64, via NVSHMEM_DIR)".replace("x86-64", native_arch()));
+    assert_eq!(status(&r, "nvshmem.cpu-assisted-ibgda"), Status::Fail);
+    assert_eq!(status(&r, "nvshmem.kernels"), Status::Skip);
+    assert_eq!(r.verdict(InternodeCpuIbgda).blocked_by, vec!["nvshmem.cpu-assisted-ibgda".to_string()]);
+    assert!(r.verdict(InternodeIbgda).ready);
+}
+
+fn native_arch() -> &'static str {
+    if cfg!(target_arch = "aarch64") {
+        "aarch64"
+    } else {
+        "x86-64"
+    }
+}
+
+#[test]
+fn unreadable_files_are_reported_without_hanging() {
+    let h = TestHost::ibgda();
+    // A FIFO where the params file should be: opening it would block until a writer appears.
+    h.fifo("/proc/driver/nvidia/params");
+    // A directory where the host library should be.
+    h.remove("/opt/nvshmem/lib/libnvshmem_host.so.3");
+    std::fs::create_dir(h.path("/opt/nvshmem/lib/libnvshmem_host.so.3")).unwrap();
+    // A directory where an InfiniBand port state should be.
+    h.remove("/sys/class/infiniband/mlx5_0/ports/1/state");
+    std::fs::create_dir(h.path("/sys/class/infiniband/mlx5_0/ports/1/state")).unwrap();
+    let r = h.run();
+    let text = r.render_text();
+    assert_eq!(found(&r, "params.stream-memops"), "/proc/driver/nvidia/params is a FIFO, not a regular file");
+    assert_eq!(status(&r, "params.peer-mapping"), Status::Fail);
+    assert_eq!(
+        found(&r, "nvshmem.host-library"),
+        "/opt/nvshmem/lib/libnvshmem_host.so.3 is a directory, not a regular file"
+    );
+    assert!(found(&r, "infiniband").contains("mlx5_0 port 1: unreadable (is a directory, not a regular file)"), "{text}");
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, false, &["nvshmem.host-library", "nvshmem.loader"]),
+            v(
+                InternodeIbgda,
+                false,
+                &["params.stream-memops", "params.peer-mapping", "infiniband", "nvshmem.host-library", "nvshmem.loader"]
+            ),
+            v(InternodeCpuIbgda, false, &["infiniband", "nvshmem.host-library", "nvshmem.loader"]),
+        ],
+        "{text}"
+    );
+    assert_eq!(r.exit_code, 1);
+}
+
+#[test]
+fn garbage_in_params() {
+    let h = TestHost::ibgda();
+    // Binary junk: no "Name: value" lines at all.
+    h.write("/proc/driver/nvidia/params", [0xffu8, 0x00, 0x13, 0x37, b'\n', 0xfe, b':', 0x01]);
+    let r = h.run();
+    assert_eq!(
+        found(&r, "params.stream-memops"),
+        "/proc/driver/nvidia/params has no \"Name: value\" lines; cannot find EnableStreamMemOPs"
+    );
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, true, &[]),
+            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping"]),
+            v(InternodeCpuIbgda, true, &[]),
+        ]
+    );
+    assert_eq!(r.exit_code, 1);
+
+    // Plausible lines with impossible values.
+    h.write("/proc/driver/nvidia/params", "EnableStreamMemOPs: banana\nRegistryDwords: PeerMappingOverride=1;\n");
+    let r = h.run();
+    assert_eq!(found(&r, "params.stream-memops"), "EnableStreamMemOPs has the value \"banana\", not a number");
+    assert_eq!(found(&r, "params.peer-mapping"), "RegistryDwords has the value \"PeerMappingOverride=1;\", not a quoted string");
+
+    // Entries missing.
+    h.write("/proc/driver/nvidia/params", "ResmanDebugLevel: 4294967295\nRmMsg: \"\"\n");
+    let r = h.run();
+    assert_eq!(found(&r, "params.peer-mapping"), "RegistryDwords is not listed in /proc/driver/nvidia/params (2 other entries)");
+
+    // Garbage in the version file: driver unusable, everything blocked.
+    h.write("/proc/driver/nvidia/version", "\u{0}\u{1}garbage\n");
+    let r = h.run();
+    assert_eq!(status(&r, "driver"), Status::Fail);
+    assert!(r.verdicts.iter().all(|v| !v.ready && v.blocked_by.contains(&"driver".to_string())));
+}
+
+#[test]
+fn gpu_machine_of_the_project() {
+    // What doctor says on the 2x H200 machine (docs/gpu-toolchain: no InfiniBand, no gdrdrv,
+    // EnableStreamMemOPs 0, NVSHMEM 3.4.5 wheel on LD_LIBRARY_PATH).
+    let h = TestHost::gpu_machine();
+    let r = h.run();
+    let text = r.render_text();
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            v(Intranode, true, &[]),
+            v(LowLatency, true, &[]),
+            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping", "infiniband", "nvshmem.plugin.ibgda"]),
+            v(InternodeCpuIbgda, false, &["infiniband", "nvshmem.plugin.ibgda"]),
+        ],
+        "{text}"
+    );
+    assert_eq!(r.exit_code, 1);
+    assert_eq!(found(&r, "params.stream-memops"), "EnableStreamMemOPs: 0 (not configured in modprobe.d or the kernel command line)");
+    assert_eq!(status(&r, "gdrcopy"), Status::Warn);
+    assert!(found(&r, "nvshmem.dir").starts_with("NVSHMEM_DIR not set; libnvshmem_host.so.3 found on the loader path in /venv/"));
+    assert_eq!(found(&r, "nvshmem.plugin.ibgda").split(": ").last(), Some("missing libmlx5.so.1, libibverbs.so.1"));
+    let mut h = h;
+    h.args.capabilities = vec![Intranode, LowLatency];
+    assert_eq!(h.run().exit_code, 0);
+    // The recorded report (docs/doctor.md shows it).
+    if std::env::var_os("DOCTOR_PRINT").is_some() {
+        println!("{text}");
+    }
+}
+
+#[test]
+fn nvlink_topology_matters_for_nvlink_capabilities() {
+    let mut h = TestHost::ibgda();
+    h.smi = ToolOutput::Output(TOPO_NV18.replace("NV18", "SYS"));
+    let r = h.run();
+    assert_eq!(status(&r, "nvlink"), Status::Fail);
+    assert_eq!(found(&r, "nvlink"), "GPU pairs without NVLink (nvidia-smi topo -m): GPU0-GPU1 SYS");
+    assert!(r.verdicts.iter().all(|v| v.blocked_by == vec!["nvlink".to_string()]));
+
+    // nvidia-smi missing: NVLink unverified, a warning only.
+    h.smi = ToolOutput::Unavailable("`nvidia-smi` is not on PATH".into());
+    let r = h.run();
+    assert_eq!(status(&r, "nvlink"), Status::Warn);
+    assert_eq!(found(&r, "nvlink"), "NVLink not verified: `nvidia-smi` is not on PATH");
+    assert_eq!(r.exit_code, 0);
+
+    // One GPU: intranode and low-latency need two.
+    h.remove("/proc/driver/nvidia/gpus/0000:2a:00.0");
+    let r = h.run();
+    assert_eq!(
+        verdicts(&r),
+        vec![v(Intranode, false, &["gpus"]), v(LowLatency, false, &["gpus"]), v(InternodeIbgda, true, &[]), v(InternodeCpuIbgda, true, &[])]
+    );
+}
+
+#[test]
+fn driver_not_loaded_blocks_everything() {
+    let h = TestHost::ibgda();
+    h.remove("/proc/driver/nvidia");
+    let r = h.run();
+    assert_eq!(found(&r, "driver"), "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)");
+    assert_eq!(fix(&r, "driver"), "install the NVIDIA driver and load it: sudo modprobe nvidia");
+    assert!(r.verdicts.iter().all(|v| !v.ready));
+    assert_eq!(status(&r, "params.stream-memops"), Status::Skip);
+}
+
+#[test]
+fn knobs_are_validated_like_nvshmem_parses_them() {
+    let mut h = TestHost::ibgda()
+        .env("NVSHMEM_CUMEM_GRANULARITY", "128M")
+        .env("NVSHMEM_QP_DEPTH", "256")
+        .env("NVSHMEM_DISABLE_P2P", "yes")
+        .env("NVSHMEM_IB_ENABLE_IBGDA", "false")
+        .env("NVSHMEM_IBGDA_NIC_HANDLER", "gpu")
+        .env("NVSHMEM_HCA_LIST", "mlx5_0:1,mlx5_9:1")
+        .env("NVSHMEM_SYMMETRIC_SIZE", "4X")
+        .env("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "enp1s0");
+    h.args.max_tokens = Some(128);
+    let r = h.run();
+    let text = r.render_text();
+    assert_eq!(found(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"), "128M = 128 MiB < 256 MiB");
+    assert_eq!(fix(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"), "export NVSHMEM_CUMEM_GRANULARITY=536870912 (512 MiB, DeepEP's value; at least 256 MiB)");
+    assert_eq!(found(&r, "knob.NVSHMEM_QP_DEPTH"), "256 (exported) < 2*(max tokens 128 + 1) = 258: low-latency calls run out of work requests");
+    assert_eq!(fix(&r, "knob.NVSHMEM_QP_DEPTH"), "export NVSHMEM_QP_DEPTH=512");
+    assert_eq!(found(&r, "knob.NVSHMEM_SYMMETRIC_SIZE"), "\"4X\" is not a non-zero size such as 4G");
+    assert!(found(&r, "knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME").contains("matches no network interface in /sys/class/net (ib0 lo)"));
+    assert_eq!(found(&r, "knob.NVSHMEM_HCA_LIST"), "names devices that do not exist: mlx5_9 (present: mlx5_0)");
+    let nv = ["knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "knob.NVSHMEM_CUMEM_GRANULARITY", "knob.NVSHMEM_QP_DEPTH", "knob.NVSHMEM_SYMMETRIC_SIZE"];
+    let ll: Vec<&str> = vec![nv[0], nv[1], "knob.NVSHMEM_DISABLE_P2P", nv[2], nv[3]];
+    assert_eq!(verdicts(&r)[0], v(Intranode, true, &[]), "{text}");
+    assert_eq!(verdicts(&r)[1], v(LowLatency, false, &ll), "{text}");
+    let mut gpu: Vec<&str> = vec![nv[0], nv[1], "knob.NVSHMEM_HCA_LIST", "knob.NVSHMEM_IB_ENABLE_IBGDA", nv[2], nv[3]];
+    assert_eq!(verdicts(&r)[2], v(InternodeIbgda, false, &gpu), "{text}");
+    gpu.insert(3, "knob.NVSHMEM_IBGDA_NIC_HANDLER");
+    assert_eq!(verdicts(&r)[3], v(InternodeCpuIbgda, false, &gpu), "{text}");
+
+    // Without --max-tokens the QP depth is only reported.
+    h.args.max_tokens = None;
+    let r = h.run();
+    assert_eq!(status(&r, "knob.NVSHMEM_QP_DEPTH"), Status::Skip);
+}
+
+#[test]
+fn kernels_version_from_environment() {
+    let mut h = TestHost::ibgda();
+    h.args.kernels_nvshmem_version = None;
+    let r = h.run();
+    assert_eq!(status(&r, "nvshmem.kernels"), Status::Skip);
+    let h = h.env("DEEPEP_KERNELS_NVSHMEM_VERSION", "3.6.5");
+    let r = h.run();
+    assert!(found(&r, "nvshmem.kernels").starts_with("kernels built against NVSHMEM 3.6.5 (DEEPEP_KERNELS_NVSHMEM_VERSION), host library is 3.4.5"));
+    let r = h.env("DEEPEP_KERNELS_NVSHMEM_VERSION", "three").run();
+    assert_eq!(found(&r, "nvshmem.kernels"), "DEEPEP_KERNELS_NVSHMEM_VERSION=\"three\" is not a version X.Y.Z");
+}
+
+#[test]
+fn json_report_round_trips() {
+    let r = TestHost::gpu_machine().run();
+    let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["exit_code"], 1);
+    let verdicts = json["verdicts"].as_array().unwrap();
+    assert_eq!(verdicts[0]["capability"], "intranode");
+    assert_eq!(verdicts[0]["ready"], true);
+    assert_eq!(verdicts[3]["capability"], "internode-cpu-ibgda");
+    assert_eq!(verdicts[3]["blocked_by"], serde_json::json!(["infiniband", "nvshmem.plugin.ibgda"]));
+    let stream = json["checks"].as_array().unwrap().iter().find(|c| c["id"] == "params.stream-memops").unwrap();
+    assert_eq!(stream["status"], "fail");
+    assert_eq!(stream["needed_by"], serde_json::json!(["internode-ibgda"]));
+    assert!(stream["fix"].as_str().unwrap().contains("NVreg_EnableStreamMemOPs=1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary.
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+}
+
+#[test]
+fn binary_exit_codes_and_usage_errors() {
+    let h = TestHost::gpu_machine();
+    let root = h.root.path().to_str().unwrap().to_string();
+    let lib = h.env["LD_LIBRARY_PATH"].clone();
+    let out = bin()
+        .args(["doctor", "--root", &root, "--json", "--kernels-nvshmem-version", "3.4.5"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["root"], root);
+    // nvidia-smi is not run for another root: NVLink unverified.
+    let nvlink = json["checks"].as_array().unwrap().iter().find(|c| c["id"] == "nvlink").unwrap();
+    assert_eq!(nvlink["found"], "NVLink not verified: not run: --root describes another host");
+
+    let out = bin()
+        .args(["doctor", "--root", &root, "--capability", "intranode", "--capability", "low-latency"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("low-latency          ready"), "{text}");
+    assert!(text.contains("internode-ibgda      NOT READY"), "{text}");
+
+    for bad in [
+        vec!["doctor", "--capability", "everything"],
+        vec!["doctor", "--root", "/does/not/exist"],
+        vec!["doctor", "--kernels-nvshmem-version", "3.4"],
+        vec!["doctor", "--max-tokens", "0"],
+    ] {
+        let out = bin().args(&bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(!out.stderr.is_empty());
+    }
+    let out = bin().args(["doctor", "--root", "/does/not/exist"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--root must name an existing directory"));
+}
