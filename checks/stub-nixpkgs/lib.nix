@@ -34,6 +34,7 @@ rec {
   getLib = getOutput "lib";
   getBin = getOutput "bin";
   getDev = getOutput "dev";
+  getInclude = pkg: pkg.include or pkg.dev or pkg.out or pkg;
   makeSearchPath = sub: paths: concatStringsSep ":" (map (p: "${p}/${sub}") paths);
   makeLibraryPath = pkgs: makeSearchPath "lib" (map getLib pkgs);
   makeBinPath = pkgs: makeSearchPath "bin" (map getBin pkgs);

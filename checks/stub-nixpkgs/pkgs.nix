@@ -47,8 +47,8 @@ let
 
   cudaSet = major: {
     cudaMajorVersion = major;
-    cuda_nvcc = multi "cuda_nvcc-${major}" [ "out" "bin" "dev" ];
-    cuda_cudart = multi "cuda_cudart-${major}" [ "out" "lib" "dev" "stubs" ];
+    cuda_nvcc = multi "cuda_nvcc-${major}" [ "out" "bin" "dev" "include" ];
+    cuda_cudart = multi "cuda_cudart-${major}" [ "out" "lib" "dev" "include" "stubs" ];
     cuda_cccl = stub "cuda_cccl-${major}";
     cuda_nvrtc = multi "cuda_nvrtc-${major}" [ "out" "lib" ];
     nccl = multi "nccl-cuda${major}" [ "out" "dev" ];

@@ -19,15 +19,9 @@ let
   src = import ../workspace-src.nix { inherit lib; } [ ];
 
   # The toolkit layout build.rs expects under CUDA_HOME.
-  cudaHome = symlinkJoin {
+  cudaHome = import ../cuda-home.nix {
+    inherit lib symlinkJoin cudaPackages;
     name = "deepep-cuda-home-${cudaPackages.cudaMajorMinorVersion or "unknown"}";
-    paths = with cudaPackages; [
-      (lib.getBin cuda_nvcc)
-      (lib.getDev cuda_nvcc)
-      (lib.getDev cuda_cudart)
-      (lib.getLib cuda_cudart)
-      cuda_cccl
-    ];
   };
 
   runtimeLibraryDirs =
@@ -49,6 +43,9 @@ rustPlatform.buildRustPackage {
   env = {
     CUDA_HOME = "${cudaHome}";
     NVSHMEM_DIR = if nvshmem == null then "" else "${nvshmem}";
+    # nixpkgs' nvcc resolves its default include path from its own package, not from the
+    # symlinkJoin; name the joined include/ (cudart, CCCL) explicitly (build.rs appends these).
+    DEEPEP_NVCC_FLAGS = "-I${cudaHome}/include";
   };
 
   postFixup = ''

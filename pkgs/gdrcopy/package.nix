@@ -16,16 +16,9 @@ let
   source = import ./source.nix { inherit fetchFromGitHub; };
 
   # The layout the tests' Makefile expects under CUDA=...: bin/nvcc, include/, lib/stubs/libcuda.so.
-  cudaRoot = symlinkJoin {
+  cudaRoot = import ../cuda-home.nix {
+    inherit lib symlinkJoin cudaPackages;
     name = "gdrcopy-cuda-root";
-    paths = with cudaPackages; [
-      (lib.getBin cuda_nvcc)
-      (lib.getDev cuda_nvcc)
-      (lib.getDev cuda_cudart)
-      (lib.getLib cuda_cudart)
-      (lib.getOutput "stubs" cuda_cudart)
-      cuda_cccl
-    ];
   };
 in
 stdenv.mkDerivation {
