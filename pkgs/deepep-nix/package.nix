@@ -6,8 +6,11 @@
 }:
 let
   src = import ../workspace-src.nix { inherit lib; } [
-    # Embedded into the binary (lock --offline, releases, render work without a checkout).
+    # Embedded into the binary by generator/build.rs (lock --offline, releases, render work
+    # without a checkout); the rendered file is what the generator's tests compare against.
     ../nvshmem/manifests
+    ../nvshmem/releases.json
+    ../nvshmem/releases.nix
   ];
 in
 rustPlatform.buildRustPackage {
