@@ -217,75 +217,80 @@ in
     };
   };
 
-  config = mkIf cfg.enable {
-    services.deepep.environment =
-      { NVSHMEM_DIR = "${cfg.nvshmem.package}"; }
-      // pure.nvshmemEnv (lib.filterAttrs (n: _: pure.knobVariables ? ${n}) knobs);
+  config = lib.mkMerge [
+    {
+      # Always defined (empty when disabled) so that other modules can refer to it.
+      services.deepep.environment = lib.optionalAttrs cfg.enable (
+        { NVSHMEM_DIR = "${cfg.nvshmem.package}"; }
+        // pure.nvshmemEnv (lib.filterAttrs (n: _: pure.knobVariables ? ${n}) knobs)
+      );
+    }
+    (mkIf cfg.enable {
+      services.deepep.ibgda.registryDwords = mkIf features.driverOptions pure.ibgdaRegistryDwords;
 
-    services.deepep.ibgda.registryDwords = mkIf features.driverOptions pure.ibgdaRegistryDwords;
+      assertions = [
+        {
+          assertion = config.hardware.nvidia.enabled;
+          message = ''
+            services.deepep needs the nvidia driver. Enable it with
+              services.xserver.videoDrivers = [ "nvidia" ];   # also right on headless hosts
+            or, on NVSwitch (HGX) systems, services.deepep.fabricManager.enable = true, and set
+            hardware.nvidia.open = true.'';
+        }
+        {
+          assertion = conflicts == [ ];
+          message = ''
+            services.deepep.ibgda.registryDwords sets the same key to different values: ${
+              lib.concatMapStringsSep "; " (c: "${c.key} = ${lib.concatStringsSep " and " c.values}") conflicts
+            }. Keep one value per key (lib.mkForce on the option replaces all definitions).'';
+        }
+        {
+          assertion = features.driverOptions -> dwordsSettings <= 1;
+          message = ''
+            NVreg_RegistryDwords is set outside services.deepep (boot.extraModprobeConfig or
+            boot.kernelParams); the nvidia driver would see only one of the values. Move the entries
+            into services.deepep.ibgda.registryDwords (a list; they are joined with ';').'';
+        }
+        {
+          assertion = knobs.cumemGranularity == null || knobs.cumemGranularity >= pure.minCumemGranularity;
+          message = "services.deepep.nvshmem.cumemGranularity = ${toString knobs.cumemGranularity} is below 256 MiB; use at least ${toString pure.minCumemGranularity} (DeepEP uses 536870912) or null.";
+        }
+        {
+          assertion = features.gdrcopy -> config.hardware.nvidia.open;
+          message = ''
+            services.deepep.ibgda.method = "${cfg.ibgda.method}" builds gdrdrv for the open nvidia kernel
+            modules, which does not load next to the proprietary ones${
+              lib.optionalString pkgs.stdenv.hostPlatform.isAarch64 " (and on aarch64/Grace the proprietary-flavour gdrdrv is not supported)"
+            }. Set hardware.nvidia.open = true, or use ibgda.method = "driver".'';
+        }
+        {
+          assertion = cfg.ibgda.method != "none" -> (config.hardware.nvidia.open || cfg.peermem.enable);
+          message = ''
+            IBGDA registers GPU memory with the NIC through DMA-BUF, which needs the open nvidia kernel
+            modules. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
+            services.deepep.peermem.enable = true), or services.deepep.ibgda.method = "none".'';
+        }
+      ];
 
-    assertions = [
-      {
-        assertion = config.hardware.nvidia.enabled;
-        message = ''
-          services.deepep needs the nvidia driver. Enable it with
-            services.xserver.videoDrivers = [ "nvidia" ];   # also right on headless hosts
-          or, on NVSwitch (HGX) systems, services.deepep.fabricManager.enable = true, and set
-          hardware.nvidia.open = true.'';
-      }
-      {
-        assertion = conflicts == [ ];
-        message = ''
-          services.deepep.ibgda.registryDwords sets the same key to different values: ${
-            lib.concatMapStringsSep "; " (c: "${c.key} = ${lib.concatStringsSep " and " c.values}") conflicts
-          }. Keep one value per key (lib.mkForce on the option replaces all definitions).'';
-      }
-      {
-        assertion = features.driverOptions -> dwordsSettings <= 1;
-        message = ''
-          NVreg_RegistryDwords is set outside services.deepep (boot.extraModprobeConfig or
-          boot.kernelParams); the nvidia driver would see only one of the values. Move the entries
-          into services.deepep.ibgda.registryDwords (a list; they are joined with ';').'';
-      }
-      {
-        assertion = knobs.cumemGranularity == null || knobs.cumemGranularity >= pure.minCumemGranularity;
-        message = "services.deepep.nvshmem.cumemGranularity = ${toString knobs.cumemGranularity} is below 256 MiB; use at least ${toString pure.minCumemGranularity} (DeepEP uses 536870912) or null.";
-      }
-      {
-        assertion = features.gdrcopy -> config.hardware.nvidia.open;
-        message = ''
-          services.deepep.ibgda.method = "${cfg.ibgda.method}" builds gdrdrv for the open nvidia kernel
-          modules, which does not load next to the proprietary ones${
-            lib.optionalString pkgs.stdenv.hostPlatform.isAarch64 " (and on aarch64/Grace the proprietary-flavour gdrdrv is not supported)"
-          }. Set hardware.nvidia.open = true, or use ibgda.method = "driver".'';
-      }
-      {
-        assertion = cfg.ibgda.method != "none" -> (config.hardware.nvidia.open || cfg.peermem.enable);
-        message = ''
-          IBGDA registers GPU memory with the NIC through DMA-BUF, which needs the open nvidia kernel
-          modules. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
-          services.deepep.peermem.enable = true), or services.deepep.ibgda.method = "none".'';
-      }
-    ];
+      warnings =
+        optional (knobs.maxTeams != null && knobs.maxTeams <= 7 && lib.versionAtLeast nvshmemVersion "3.7")
+          "services.deepep: NVSHMEM ${nvshmemVersion} with NVSHMEM_MAX_TEAMS=${toString knobs.maxTeams} fails with \"No more teams available\"; set services.deepep.nvshmem.maxTeams to a larger value or null."
+        ++ optional (!features.driverOptions && cfg.ibgda.registryDwords != [ ])
+          "services.deepep.ibgda.registryDwords is set but ibgda.method = \"${cfg.ibgda.method}\" writes no nvidia options; the dwords are ignored (use method \"driver\" or \"both\").";
 
-    warnings =
-      optional (knobs.maxTeams != null && knobs.maxTeams <= 7 && lib.versionAtLeast nvshmemVersion "3.7")
-        "services.deepep: NVSHMEM ${nvshmemVersion} with NVSHMEM_MAX_TEAMS=${toString knobs.maxTeams} fails with \"No more teams available\"; set services.deepep.nvshmem.maxTeams to a larger value or null."
-      ++ optional (!features.driverOptions && cfg.ibgda.registryDwords != [ ])
-        "services.deepep.ibgda.registryDwords is set but ibgda.method = \"${cfg.ibgda.method}\" writes no nvidia options; the dwords are ignored (use method \"driver\" or \"both\").";
+      boot.extraModprobeConfig = modprobeText;
+      boot.initrd.extraModprobeConfig = mkIf cfg.ibgda.initrd modprobeText;
 
-    boot.extraModprobeConfig = modprobeText;
-    boot.initrd.extraModprobeConfig = mkIf cfg.ibgda.initrd modprobeText;
+      boot.extraModulePackages = optional features.gdrcopy cfg.gdrcopy.kernelModule;
+      boot.kernelModules = optional features.gdrcopy "gdrdrv" ++ optional cfg.peermem.enable "nvidia_peermem";
 
-    boot.extraModulePackages = optional features.gdrcopy cfg.gdrcopy.kernelModule;
-    boot.kernelModules = optional features.gdrcopy "gdrdrv" ++ optional cfg.peermem.enable "nvidia_peermem";
+      services.udev.extraRules = mkIf features.gdrcopy (pure.gdrdrvUdevRule gdrdrvNodeScript);
 
-    services.udev.extraRules = mkIf features.gdrcopy (pure.gdrdrvUdevRule gdrdrvNodeScript);
+      environment.systemPackages = [ cfg.nvshmem.package ] ++ optional features.gdrcopy cfg.gdrcopy.package;
+      environment.variables = cfg.environment;
 
-    environment.systemPackages = [ cfg.nvshmem.package ] ++ optional features.gdrcopy cfg.gdrcopy.package;
-    environment.variables = cfg.environment;
-
-    hardware.nvidia.nvidiaPersistenced = mkIf cfg.persistenced.enable (mkDefault true);
-    hardware.nvidia.datacenter.enable = mkIf cfg.fabricManager.enable (mkDefault true);
-  };
+      hardware.nvidia.nvidiaPersistenced = mkIf cfg.persistenced.enable (mkDefault true);
+      hardware.nvidia.datacenter.enable = mkIf cfg.fabricManager.enable (mkDefault true);
+    })
+  ];
 }

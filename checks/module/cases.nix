@@ -123,6 +123,7 @@ in
     module = { services.deepep.ibgda.method = "both"; };
     expect = {
       modprobe = "";
+      env = { };
       kernelModules = [ ];
       gdrdrvPackage = false;
       udevGdrdrv = false;

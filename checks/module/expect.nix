@@ -35,8 +35,8 @@ let
     (modprobeOpt "initrdModprobe" config.boot.initrd.extraModprobeConfig)
     (opt "kernelModules" (lib.filter (m: lib.elem m [ "gdrdrv" "nvidia_peermem" ]) config.boot.kernelModules))
     (opt "gdrdrvPackage" (lib.elem gdrdrvPackage config.boot.extraModulePackages))
-    (opt "env" (if enabled then builtins.removeAttrs config.services.deepep.environment [ "NVSHMEM_DIR" ] else { }))
-    (if enabled then same "NVSHMEM_DIR" nvshmemDir (config.environment.variables.NVSHMEM_DIR or null) else true)
+    (opt "env" (builtins.removeAttrs config.services.deepep.environment [ "NVSHMEM_DIR" ]))
+    (same "NVSHMEM_DIR" (if enabled then nvshmemDir else null) (config.environment.variables.NVSHMEM_DIR or null))
     (if enabled && e ? env then
       same "environment.variables" (e.env // { NVSHMEM_DIR = nvshmemDir; })
         (lib.filterAttrs (n: _: lib.hasPrefix "NVSHMEM_" n) config.environment.variables) else true)
