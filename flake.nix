@@ -69,8 +69,8 @@
       # Adds this flake's packages to a nixpkgs instance (built with that instance's config).
       # The nvshmem_<v>_cuda<M> names of combinations that do not exist are present too and
       # evaluate to an error that names what exists.
-      overlays.default = final: _prev:
-        let s = import ./pkgs { pkgs = final; };
+      overlays.default = final: prev:
+        let s = import ./pkgs { pkgs = final; inherit (prev.stdenv.hostPlatform) system; };
         in s.missing // s.packages // { deepepGdrdrvFor = s.gdrdrvFor; };
 
       # Everything that needs no GPU (but network for sources, and KVM for the VM test).

@@ -13,11 +13,17 @@
 # absent nvshmem_<v>_cuda<M> to the evaluation error that says what exists; the overlay
 # exposes those too, so `pkgs.nvshmem_3_3_9_cuda13` fails with that message instead of being
 # an unknown attribute.
-{ pkgs, releases ? import ./nvshmem/releases.nix }:
+#
+# Attribute *names* depend only on `system` and the release data, never on `pkgs`: in an overlay
+# `pkgs` is the final package set, whose names in turn depend on this set's names (the overlay
+# passes `system` from `prev`), so names computed from `pkgs` would recurse forever.
+{ pkgs
+, system ? pkgs.stdenv.hostPlatform.system
+, releases ? import ./nvshmem/releases.nix
+,
+}:
 let
-  inherit (pkgs) lib;
   nvshmemLib = import ./nvshmem/lib.nix;
-  system = pkgs.stdenv.hostPlatform.system;
 
   gdrcopy = pkgs.callPackage ./gdrcopy/package.nix {
     # The library/tools' CUDA only matters for the tools; CUDA 13 matches the default NVSHMEM.
@@ -29,16 +35,19 @@ let
       inherit releases version cudaMajor gdrcopy;
     };
 
-  toAttrs = plan: lib.listToAttrs (map (p: lib.nameValuePair p.name (mkNvshmem { inherit (p) version cudaMajor; })) plan);
-
-  nvshmemPackages = toAttrs (nvshmemLib.attrPlan releases system);
+  nvshmemPackages = builtins.listToAttrs (map
+    (p: { inherit (p) name; value = mkNvshmem { inherit (p) version cudaMajor; }; })
+    (nvshmemLib.attrPlan releases system));
 
   # Forcing one of these throws select's message (the derivation is never reached).
-  missing = lib.listToAttrs (map
-    (p: lib.nameValuePair p.name (nvshmemLib.select {
-      inherit releases system;
-      inherit (p) version cudaMajor;
-    }))
+  missing = builtins.listToAttrs (map
+    (p: {
+      inherit (p) name;
+      value = nvshmemLib.select {
+        inherit releases system;
+        inherit (p) version cudaMajor;
+      };
+    })
     (nvshmemLib.missingAttrPlan releases system));
 
   nvshmem = nvshmemPackages.nvshmem or (throw "NVSHMEM ${nvshmemLib.defaultVersion} for CUDA ${nvshmemLib.defaultCudaMajor} has no build for ${system} in the release data.");

@@ -149,6 +149,18 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   else
     fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; }: unexpected error"; cat "$log"
   fi
+  # The overlay applied to the stub package set as nixpkgs applies overlays (final = prev //
+  # overlay final prev): its names must not depend on `final`, or this recurses forever.
+  overlay_expr="let
+      flake = builtins.getFlake \"git+file://$repo\";
+      prev = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; };
+      final = prev // flake.overlays.default final prev;
+    in [ final.nvshmem.version final.nvshmem_3_3_9.cudaMajor (builtins.tryEval final.nvshmem_3_3_9_cuda13).success (builtins.isString final.deepep-kernels.drvPath) ]"
+  if out=$(nix eval --impure --json --expr "$overlay_expr" 2>"$log") && [ "$out" = '["3.4.5","12",false,true]' ]; then
+    pass "overlays.default on a package set: $out"
+  else
+    fail "overlays.default on a package set: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
   if out=$(nix eval --json "${stub[@]}" .#nixosModules --apply builtins.attrNames 2>"$log") && [ "$out" = '["deepep","default"]' ]; then
     pass "nixosModules: $out"
   else
