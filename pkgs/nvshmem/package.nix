@@ -120,16 +120,6 @@ stdenv.mkDerivation (finalAttrs: {
   # Keep NVIDIA's binaries as shipped apart from the RUNPATH edits.
   dontStrip = true;
 
-  unpackPhase = lib.optionalString isWheel ''
-    runHook preUnpack
-    unzip -q "$src" -d wheel
-    if [ ! -d wheel/nvidia/nvshmem/lib ]; then
-      echo "unexpected wheel layout: no nvidia/nvshmem/lib in $src" >&2
-      exit 1
-    fi
-    cd wheel/nvidia/nvshmem
-    runHook postUnpack
-  '';
 
   installPhase = ''
     runHook preInstall
@@ -239,4 +229,17 @@ stdenv.mkDerivation (finalAttrs: {
     platforms = nvshmemLib.systems;
     sourceProvenance = [ lib.sourceTypes.binaryNativeCode ];
   };
+}
+  // lib.optionalAttrs isWheel {
+  # A wheel is a zip; its files live under nvidia/nvshmem/. (The tarball uses stdenv's unpack.)
+  unpackPhase = ''
+    runHook preUnpack
+    unzip -q "$src" -d wheel
+    if [ ! -d wheel/nvidia/nvshmem/lib ]; then
+      echo "unexpected wheel layout: no nvidia/nvshmem/lib in $src" >&2
+      exit 1
+    fi
+    cd wheel/nvidia/nvshmem
+    runHook postUnpack
+  '';
 })
