@@ -125,7 +125,7 @@ in
       };
 
       group = mkOption {
-        type = types.str;
+        type = types.strMatching "[A-Za-z_][A-Za-z0-9_-]*";
         default = "video";
         description = "Group that owns /dev/gdrdrv; users running NVSHMEM jobs must be in it.";
       };

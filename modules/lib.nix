@@ -21,8 +21,6 @@ let
     match
     sort
     split
-    stringLength
-    substring
     ;
 
   # Remove later duplicates, keep first-seen order.
@@ -181,11 +179,4 @@ rec {
     in
     if unknown != [ ] then throw "deepep: unknown NVSHMEM knob(s): ${concatStringsSep ", " unknown}"
     else listToAttrs (map (n: { name = knobVariables.${n}; value = renderValue knobs.${n}; }) set);
-
-  # ---------------------------------------------------------------- small utilities (exported for tests)
-
-  inherit countOccurrences unique;
-
-  # Guard used by the module for string options that end up inside udev/shell text.
-  isSafeWord = s: match "[A-Za-z0-9_.-]+" s != null && stringLength s > 0 && substring 0 1 s != "-";
 }
