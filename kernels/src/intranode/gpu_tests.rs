@@ -1,1 +1,379 @@
-//! GPU test cases of the intranode family (filled in below).
+//! GPU test cases of the intranode family, run by `deepep-gpu-tests` (see `crate::gpu_test`).
+//!
+//! Every case generates the inputs of ALL ranks from the case seed (`reference::random`), so each
+//! rank computes the CPU reference locally, runs layout -> (fresh) dispatch -> [cached dispatch]
+//! -> combine on the GPU and compares: layout and dispatch outputs bit for bit, combine within the
+//! bound of the exact f64 sum AND bit for bit against the contract's summation order (biases, then
+//! ranks ascending, in f32), which the kernel follows. The receive/staging regions and the combine
+//! outputs are poisoned before every call. Several rounds per case reuse one `Buffer` (epochs,
+//! self-resetting counters).
+
+use super::{Buffer, CombineArgs, DispatchArgs, DispatchOutput};
+use crate::config::Config;
+use crate::error::EpError;
+use crate::gpu_test::{Case, CaseResult, Ctx, POISON_U32};
+use crate::reference::compare::bit_exact;
+use crate::reference::random::{self, streams, InputSpec};
+use crate::reference::{self, DispatchOut, Payload, RankInput};
+use crate::tensor::{DType, Tensor};
+use anyhow::{anyhow, bail, Context as _};
+use half::bf16;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+enum Tokens {
+    /// Per-rank counts from `random::token_counts` (0, 1, max or uniform), at most this many.
+    Ragged(usize),
+    /// Exactly this many on every rank.
+    Fixed(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    tokens: Tokens,
+    hidden: usize,
+    topk: usize,
+    experts: usize,
+    fp8: bool,
+    column_major_scales: bool,
+    masked: f64,
+    alignment: usize,
+    biases: usize,
+    weights: bool,
+    cached: bool,
+    rounds: usize,
+    config: Config,
+}
+
+impl Spec {
+    fn new(tokens: Tokens, hidden: usize, topk: usize, experts: usize) -> Spec {
+        Spec {
+            tokens,
+            hidden,
+            topk,
+            experts,
+            fp8: false,
+            column_major_scales: false,
+            masked: 0.0,
+            alignment: 1,
+            biases: 0,
+            weights: true,
+            cached: false,
+            rounds: 1,
+            config: Config::default(),
+        }
+    }
+    fn fp8(mut self) -> Self {
+        self.fp8 = true;
+        self
+    }
+    fn column_major(mut self) -> Self {
+        self.column_major_scales = true;
+        self
+    }
+    fn masked(mut self, f: f64) -> Self {
+        self.masked = f;
+        self
+    }
+    fn alignment(mut self, a: usize) -> Self {
+        self.alignment = a;
+        self
+    }
+    fn biases(mut self, b: usize) -> Self {
+        self.biases = b;
+        self
+    }
+    fn no_weights(mut self) -> Self {
+        self.weights = false;
+        self
+    }
+    fn cached(mut self) -> Self {
+        self.cached = true;
+        self
+    }
+    fn rounds(mut self, r: usize) -> Self {
+        self.rounds = r;
+        self
+    }
+    fn config(mut self, c: Config) -> Self {
+        self.config = c;
+        self
+    }
+}
+
+fn check(r: Result<(), String>) -> CaseResult {
+    r.map_err(|m| anyhow!(m))
+}
+
+/// Upload a payload: bf16 `[n, h]`, or fp8 bytes + scales (optionally as a column-major view).
+fn upload_payload(s: &Arc<cudarc::driver::CudaStream>, p: &Payload, n: usize, h: usize, column_major: bool) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+    Ok(match p {
+        Payload::Bf16(v) => (Tensor::from_host(s, v, &[n, h])?, None),
+        Payload::Fp8 { data, scales } => {
+            let x = Tensor::from_host_as(s, DType::Fp8E4m3, data, &[n, h])?;
+            let g = h / 128;
+            let sc = if column_major {
+                let mut t = vec![0f32; scales.len()];
+                for row in 0..n {
+                    for col in 0..g {
+                        t[col * n + row] = scales[row * g + col];
+                    }
+                }
+                Tensor::from_host(s, &t, &[g, n])?.t()?
+            } else {
+                Tensor::from_host(s, scales, &[n, g])?
+            };
+            (x, Some(sc))
+        }
+    })
+}
+
+fn poisoned(c: &Ctx, dtype: DType, shape: &[usize]) -> anyhow::Result<Tensor> {
+    let t = Tensor::empty(c.gpu.stream(), dtype, shape)?;
+    let bytes = t.numel() * dtype.size();
+    if bytes > 0 {
+        c.gpu.memset_u32(t.ptr(), POISON_U32, bytes / 4)?;
+    }
+    Ok(t)
+}
+
+/// Compare received rows (and scales) with the reference payload.
+fn check_payload(what: &str, recv_x: &Tensor, recv_scales: Option<&Tensor>, want: &Payload, h: usize) -> CaseResult {
+    match want {
+        Payload::Bf16(v) => check(bit_exact(&format!("{what} recv_x"), &recv_x.to_host::<bf16>()?, v, h)),
+        Payload::Fp8 { data, scales } => {
+            check(bit_exact(&format!("{what} recv_x (fp8)"), &recv_x.to_host::<u8>()?, data, h))?;
+            let s = recv_scales.ok_or_else(|| anyhow!("{what}: fp8 dispatch returned no recv_scales"))?;
+            check(bit_exact(&format!("{what} recv_scales"), &s.to_host::<f32>()?, scales, h / 128))
+        }
+    }
+}
+
+fn check_dispatch(out: &DispatchOutput, want: &DispatchOut, me: usize, r: usize, k: usize, h: usize) -> CaseResult {
+    let m = want.num_recv_tokens;
+    if out.handle.num_recv_tokens != m {
+        bail!("rank {me} received {} rows, expected {m}", out.handle.num_recv_tokens);
+    }
+    check_payload("fresh dispatch", &out.recv_x, out.recv_scales.as_ref(), &want.recv_x, h)?;
+    let idx = out.recv_topk_idx.as_ref().ok_or_else(|| anyhow!("fresh dispatch returned no recv_topk_idx"))?;
+    check(bit_exact("recv_topk_idx", &idx.to_host::<i64>()?, &want.recv_topk_idx, k))?;
+    let w = out.recv_topk_weights.as_ref().ok_or_else(|| anyhow!("fresh dispatch returned no recv_topk_weights"))?;
+    check(bit_exact("recv_topk_weights", &w.to_host::<f32>()?, &want.recv_topk_weights, k))?;
+    check(bit_exact("recv_src_idx", &out.handle.recv_src_idx.to_host::<i32>()?, &want.recv_src_idx, 1))?;
+    if out.num_recv_tokens_per_expert != want.num_recv_tokens_per_expert {
+        bail!("num_recv_tokens_per_expert {:?}, expected {:?}", out.num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
+    }
+    let prefix = out.handle.rank_prefix_matrix(r);
+    let column: Vec<i32> = (0..r).map(|s| prefix[s * r + me]).collect();
+    if column != want.rank_prefix {
+        bail!("rank_prefix_matrix column {column:?}, expected {:?}", want.rank_prefix);
+    }
+    Ok(())
+}
+
+fn inputs_for(seed: u64, counts: &[usize], s: &Spec) -> Vec<RankInput> {
+    let spec = InputSpec { num_tokens: 0, hidden: s.hidden, num_topk: s.topk, num_experts: s.experts, fp8: s.fp8, masked_fraction: s.masked };
+    random::all_inputs(seed, counts, &spec)
+}
+
+fn run(c: &Ctx, s: &Spec) -> CaseResult {
+    let (r, me) = (c.world(), c.rank());
+    let counts = match s.tokens {
+        Tokens::Ragged(m) => random::token_counts(c.seed, r, m),
+        Tokens::Fixed(n) => vec![n; r],
+    };
+    let capacity = match s.tokens {
+        Tokens::Ragged(m) | Tokens::Fixed(m) => m.max(1),
+    };
+    let (h, k, e) = (s.hidden, s.topk, s.experts);
+    let stream = c.gpu.stream().clone();
+    let mut buf = Buffer::new(c.gpu, c.comm, capacity, h)?;
+    let result = (|| -> CaseResult {
+        for round in 0..s.rounds {
+            let seed = c.seed ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let inputs = inputs_for(seed, &counts, s);
+            let want = reference::dispatch(&inputs, e, s.alignment)?;
+            let mine = &inputs[me];
+            let n = mine.n;
+            let (x, scales) = upload_payload(&stream, &mine.x, n, h, s.column_major_scales)?;
+            let idx = Tensor::from_host(&stream, &mine.topk_idx, &[n, k])?;
+            let w = Tensor::from_host(&stream, &mine.topk_weights, &[n, k])?;
+
+            // Layout (no communication).
+            let lay = buf.dispatch_layout(&idx, e)?;
+            let lref = reference::layout(&mine.topk_idx, n, k, e, r)?;
+            check(bit_exact("num_tokens_per_rank", &lay.num_tokens_per_rank.to_host::<i32>()?, &lref.num_tokens_per_rank, r))?;
+            check(bit_exact("num_tokens_per_expert", &lay.num_tokens_per_expert.to_host::<i32>()?, &lref.num_tokens_per_expert, e))?;
+            let in_rank: Vec<u8> = lref.is_token_in_rank.iter().map(|&b| b as u8).collect();
+            check(bit_exact("is_token_in_rank", &lay.is_token_in_rank.to_host::<u8>()?, &in_rank, r))?;
+
+            // Fresh dispatch.
+            buf.fill_data_regions(POISON_U32)?;
+            c.comm.barrier()?; // ranks differ in CPU time; start the collective together
+            let mut args = DispatchArgs::fresh(&x, &lay, &idx, &w).expert_alignment(s.alignment).config(s.config);
+            if let Some(sc) = &scales {
+                args = args.scales(sc);
+            }
+            let out = buf.dispatch(args).context(format!("round {round}: fresh dispatch"))?;
+            check_dispatch(&out, &want[me], me, r, k, h).context(format!("round {round}"))?;
+
+            // Cached dispatch of new values along the same routing.
+            if s.cached {
+                let mut inputs2 = inputs.clone();
+                let fresh_x = inputs_for(seed ^ 0x5bd1_e995, &counts, s);
+                for (dst, src) in inputs2.iter_mut().zip(fresh_x) {
+                    dst.x = src.x;
+                }
+                let want2 = reference::dispatch(&inputs2, e, s.alignment)?;
+                let (x2, scales2) = upload_payload(&stream, &inputs2[me].x, n, h, s.column_major_scales)?;
+                buf.fill_data_regions(POISON_U32)?;
+                c.comm.barrier()?;
+                let mut args = DispatchArgs::cached(&x2, &out.handle).config(s.config);
+                if let Some(sc) = &scales2 {
+                    args = args.scales(sc);
+                }
+                let out2 = buf.dispatch(args).context(format!("round {round}: cached dispatch"))?;
+                if out2.recv_topk_idx.is_some() || !out2.num_recv_tokens_per_expert.is_empty() {
+                    bail!("cached dispatch returned top-k outputs; it must return only recv_x (and scales)");
+                }
+                check_payload("cached dispatch", &out2.recv_x, out2.recv_scales.as_ref(), &want2[me].recv_x, h).context(format!("round {round}"))?;
+                // The first dispatch's views were overwritten: using one must fail, not read garbage.
+                match out.recv_x.to_host::<u8>() {
+                    Err(EpError::InvalidArgument(m)) if m.contains("to_owned") => {}
+                    other => bail!("a stale recv_x view after a later dispatch gave {other:?}; expected an error naming Tensor::to_owned"),
+                }
+            }
+
+            // Combine: random y per rank (aligned with its received rows), optional weights/biases.
+            let ys: Vec<Vec<bf16>> = (0..r).map(|d| random::combine_rows(seed, d, streams::COMBINE_Y, want[d].num_recv_tokens, h)).collect();
+            let wts: Vec<Vec<f32>> = want.iter().map(|o| o.recv_topk_weights.clone()).collect();
+            let bias = |stream_id: u64| -> Vec<Vec<bf16>> { (0..r).map(|q| random::combine_rows(seed, q, stream_id, counts[q], h)).collect() };
+            let b0 = (s.biases >= 1).then(|| bias(streams::BIAS0));
+            let b1 = (s.biases >= 2).then(|| bias(streams::BIAS1));
+            let cexp = reference::combine(
+                &want,
+                &inputs,
+                reference::normal::CombineArgs { y: &ys, topk_weights: s.weights.then_some(&wts[..]), bias0: b0.as_deref(), bias1: b1.as_deref() },
+            )?;
+            let m = want[me].num_recv_tokens;
+            let y = Tensor::from_host(&stream, &ys[me], &[m, h])?;
+            let wt = if s.weights { Some(Tensor::from_host(&stream, &wts[me], &[m, k])?) } else { None };
+            let bt0 = match &b0 {
+                Some(b) => Some(Tensor::from_host(&stream, &b[me], &[n, h])?),
+                None => None,
+            };
+            let bt1 = match &b1 {
+                Some(b) => Some(Tensor::from_host(&stream, &b[me], &[n, h])?),
+                None => None,
+            };
+            let out_x = poisoned(c, DType::Bf16, &[n, h])?;
+            let out_w = if s.weights { Some(poisoned(c, DType::F32, &[n, k])?) } else { None };
+            c.comm.barrier()?;
+            let mut cargs = CombineArgs::new(&y, &out.handle).bias(bt0.as_ref(), bt1.as_ref()).config(s.config);
+            if let Some(wt) = &wt {
+                cargs = cargs.weights(wt);
+            }
+            buf.combine_into(cargs, &out_x, out_w.as_ref()).context(format!("round {round}: combine"))?;
+            c.gpu.sync("intranode combine")?;
+            let got = out_x.to_host::<bf16>()?;
+            let ce = &cexp[me];
+            check(ce.combined_x.check("combined_x", &got)).context(format!("round {round}"))?;
+            check(ce.combined_x.check_bit_exact("combined_x (contract summation order)", &got)).context(format!("round {round}"))?;
+            if let (Some(ow), Some(cw)) = (&out_w, &ce.combined_topk_weights) {
+                let gw = ow.to_host::<f32>()?;
+                check(cw.check("combined_topk_weights", &gw)).context(format!("round {round}"))?;
+            }
+        }
+        Ok(())
+    })();
+    // Peers must be done with our buffer before it is freed (also after a failure).
+    let _ = c.gpu.sync("intranode case teardown");
+    c.comm.barrier()?;
+    drop(buf);
+    result
+}
+
+fn case(name: &str, s: Spec) -> Case {
+    Case::new(format!("intranode/{name}"), move |c| run(c, &s)).min_world(2)
+}
+
+/// A rank that never joins the collective: the others must fail with a GPU timeout naming the
+/// phase and the missing peer, and refuse further calls on the poisoned buffer.
+fn peer_missing_times_out(c: &Ctx) -> CaseResult {
+    let mut buf = Buffer::new(c.gpu, c.comm, 64, 2048)?;
+    let result = (|| -> CaseResult {
+        if c.rank() != 0 {
+            return Ok(());
+        }
+        let s = Spec::new(Tokens::Fixed(64), 2048, 4, 16);
+        let inputs = inputs_for(c.seed, &[64], &s);
+        let stream = c.gpu.stream().clone();
+        let (x, _) = upload_payload(&stream, &inputs[0].x, 64, 2048, false)?;
+        let idx = Tensor::from_host(&stream, &inputs[0].topk_idx, &[64, 4])?;
+        let w = Tensor::from_host(&stream, &inputs[0].topk_weights, &[64, 4])?;
+        let lay = buf.dispatch_layout(&idx, 16)?;
+        let old = c.gpu.device_timeout();
+        c.gpu.set_device_timeout(Duration::from_millis(200));
+        let r = buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w));
+        c.gpu.set_device_timeout(old);
+        match r {
+            Err(EpError::GpuTimeout { rank, phase, peer, .. }) => {
+                if rank != 0 || phase != "notify" || peer <= 0 {
+                    bail!("timeout names rank {rank}, phase {phase}, peer {peer}; expected rank 0, phase notify, a peer > 0");
+                }
+            }
+            other => bail!("dispatch without peers returned {other:?}; expected a GPU timeout"),
+        }
+        match buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w)) {
+            Err(EpError::InvalidArgument(m)) if m.contains("recreate") => Ok(()),
+            other => bail!("a poisoned buffer accepted another dispatch: {other:?}"),
+        }
+    })();
+    let _ = c.gpu.sync("teardown");
+    c.comm.barrier()?;
+    drop(buf);
+    result
+}
+
+/// An expert id outside `[-1, E)` is reported by the layout kernel (device-side check).
+fn layout_bad_expert_id(c: &Ctx) -> CaseResult {
+    let mut buf = Buffer::new(c.gpu, c.comm, 16, 128)?;
+    let result = (|| -> CaseResult {
+        let e = 8 * c.world();
+        let mut ids = vec![0i64; 16 * 2];
+        ids[13] = e as i64; // token 6
+        let idx = Tensor::from_host(c.gpu.stream(), &ids, &[16, 2])?;
+        let _lay = buf.dispatch_layout(&idx, e)?;
+        match c.gpu.sync("layout with a bad id") {
+            Err(EpError::InvalidArgument(m)) if m.contains("layout") && m.contains("detail 6") => Ok(()),
+            other => bail!("a bad expert id gave {other:?}; expected a device-side check error in phase layout naming token 6"),
+        }
+    })();
+    c.comm.barrier()?;
+    drop(buf);
+    result
+}
+
+/// The intranode cases, in a fixed order.
+pub fn cases() -> Vec<Case> {
+    let odd = Config { num_sms: 5, dispatch_warps: 7, combine_warps: 7, combine_push_warps: 3 };
+    let tiny = Config { num_sms: 1, dispatch_warps: 1, combine_warps: 2, combine_push_warps: 1 };
+    vec![
+        case("deepep_shape_bf16_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).cached()),
+        case("deepep_shape_fp8_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).fp8().cached()),
+        case("ragged_bf16_h2048_k1_e16_masked", Spec::new(Tokens::Ragged(300), 2048, 1, 16).masked(0.3).biases(1).rounds(2)),
+        case("ragged_fp8_h4096_k6_e64_colmajor_align128", Spec::new(Tokens::Ragged(512), 4096, 6, 64).fp8().column_major().alignment(128).biases(2).cached()),
+        case("ragged_bf16_h7168_k8_e256_two_biases", Spec::new(Tokens::Ragged(1024), 7168, 8, 256).masked(0.1).biases(2).cached().rounds(2)),
+        case("ragged_bf16_h4096_k6_e128_no_weights", Spec::new(Tokens::Ragged(777), 4096, 6, 128).no_weights().biases(1)),
+        case("topk32_h2048_e256", Spec::new(Tokens::Ragged(200), 2048, 32, 256).masked(0.2)),
+        case("one_token_each_h7168", Spec::new(Tokens::Fixed(1), 7168, 8, 128).biases(2).cached()),
+        case("zero_tokens_everywhere", Spec::new(Tokens::Fixed(0), 2048, 8, 16).cached()),
+        case("fp8_tokens_8192_h4096", Spec::new(Tokens::Fixed(8192), 4096, 8, 256).fp8().cached()),
+        case("odd_config_5sms_7warps", Spec::new(Tokens::Ragged(700), 4096, 8, 64).biases(1).cached().config(odd)),
+        case("single_block_single_warp", Spec::new(Tokens::Ragged(150), 2048, 4, 32).biases(1).cached().config(tiny)),
+        case("reuse_six_rounds", Spec::new(Tokens::Ragged(256), 4096, 8, 64).masked(0.05).cached().rounds(6)),
+        Case::new("intranode/layout_bad_expert_id_reported", layout_bad_expert_id).min_world(2),
+        Case::new("intranode/peer_missing_times_out", peer_missing_times_out).min_world(2),
+    ]
+}

@@ -323,6 +323,15 @@ impl<'g> Buffer<'g> {
         Err(e)
     }
 
+    /// Testing aid: fill this rank's receive and staging regions with the 32-bit word `word`
+    /// (stream-ordered, so before the next call's kernels; peers write these regions only after
+    /// that call's handshake). Lets tests poison the received views before a dispatch.
+    pub fn fill_data_regions(&self, word: u32) -> Result<()> {
+        let start = self.layout.off_recv_x;
+        let words = (self.layout.total_bytes - start) / 4;
+        self.gpu.memset_u32(self.ipc.ptr(self.rank) + start as u64, word, words)
+    }
+
     fn args(&self) -> ffi::IntranodeArgs {
         ffi::IntranodeArgs::new(&self.layout, self.rank, self.ipc.ptrs(), self.epoch)
     }
