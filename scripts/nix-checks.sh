@@ -8,7 +8,8 @@
 #   3. Pure evaluation tests (checks/pure.nix): the module's rendering helpers, the NVSHMEM
 #      release selection, the generated release data.
 #   4. The texts of the key evaluation errors (3.3.9 + CUDA 13, PyPI-only release with the
-#      NVIDIA source, unknown IBGDA method).
+#      NVIDIA source, unknown IBGDA method); the module's /dev/gdrdrv script, run in a private
+#      mount namespace with a fake /proc/devices (checks/gdrdrv-node.sh).
 #   5. The NixOS module through nixpkgs' lib.evalModules (checks/module/lib-eval.nix), only when
 #      a nixpkgs `lib` directory is given in NIXPKGS_LIB (nixpkgs itself cannot be had offline;
 #      otherwise reported as skipped).
@@ -90,6 +91,13 @@ expect_error "error: PyPI-only release with source = nvidia" "($sel) { version =
   'has no NVIDIA tarball in the release data; available: "pypi"; use .override { source = "pypi"; }'
 expect_error "error: unknown IBGDA method" "(import $repo/modules/lib.nix).methodFeatures \"gpu\"" \
   'use one of: "both", "driver", "gdrcopy", "none"'
+
+# The /dev/gdrdrv script the module installs, run for real (checks/gdrdrv-node.sh).
+if out=$(bash checks/gdrdrv-node.sh 2>"$log"); then
+  pass "gdrdrv device-node script: $(tr '\n' ' ' <<<"$out")"
+else
+  fail "gdrdrv device-node script"; printf '%s\n' "${out:-}"; cat "$log"
+fi
 
 # ---------------------------------------------------------------- 5. module with nixpkgs' lib
 if [ -n "${NIXPKGS_LIB:-}" ]; then
