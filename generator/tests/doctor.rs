@@ -90,7 +90,11 @@ impl Artifacts {
         shared(
             &lib.join("libnvshmem_host.so.3"),
             "libnvshmem_host.so.3",
-            &format!("__attribute__((used)) static const char banner[] = \"NVSHMEM v{host}\";\nint nvshmemx_vendor_get_version_info(int *a, int *b, int *c) {{ return 0; }}\n"),
+            &format!(
+                "__attribute__((used)) static const char banner[] = \"NVSHMEM v{host}\";\n\
+                 __attribute__((used)) static const char *const env_names[] = {{\"\", \"DEBUG_FILE\", \"QP_DEPTH\"}};\n\
+                 int nvshmemx_vendor_get_version_info(int *a, int *b, int *c) {{ return 0; }}\n"
+            ),
             &[libc.clone()],
         );
         shared(&lib.join("nvshmem_bootstrap_uid.so.3"), "nvshmem_bootstrap_uid.so.3", "int uid_boot;\n", &[libc.clone()]);
@@ -799,6 +803,21 @@ fn knobs_are_validated_like_nvshmem_parses_them() {
     h.args.max_tokens = None;
     let r = h.run();
     assert_eq!(status(&r, "knob.NVSHMEM_QP_DEPTH"), Status::Skip);
+}
+
+#[test]
+fn unknown_nvshmem_variables_are_flagged_as_typos() {
+    // The fixture host library names DEBUG_FILE and QP_DEPTH, as NVSHMEM stores its variables.
+    let r = TestHost::ibgda().env("NVSHMEM_QP_DEPHT", "2048").env("NVSHMEM_DEBUG_FILE", "/tmp/nvshmem.%h.log").run();
+    assert_eq!(status(&r, "knob.NVSHMEM_QP_DEPHT"), Status::Warn);
+    assert_eq!(
+        found(&r, "knob.NVSHMEM_QP_DEPHT"),
+        "not read by NVSHMEM 3.4.5: neither libnvshmem_host.so.3 nor its plugins mention it"
+    );
+    assert_eq!(fix(&r, "knob.NVSHMEM_QP_DEPHT"), "did you mean NVSHMEM_QP_DEPTH? Rename it, or unset NVSHMEM_QP_DEPHT");
+    assert!(r.check("knob.NVSHMEM_DEBUG_FILE").is_none(), "a variable NVSHMEM reads is not flagged");
+    assert!(r.check("knob.NVSHMEM_DIR").is_none(), "NVSHMEM_DIR is for build tools");
+    assert_eq!(r.exit_code, 0, "a warning does not block");
 }
 
 #[test]

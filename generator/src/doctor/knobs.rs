@@ -18,6 +18,59 @@ pub struct Context<'a> {
     pub max_tokens: Option<u32>,
     pub nvshmem_version: Option<Version>,
     pub rdma: &'a RdmaInfo,
+    /// `NVSHMEM_*` variables the installed NVSHMEM does not mention (see `nvshmem.rs`).
+    pub unknown: &'a [String],
+}
+
+/// Every variable this module validates (also the candidates for "did you mean").
+const VALIDATED: &[&str] = &[
+    "NVSHMEM_BOOTSTRAP",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+    "NVSHMEM_CUDA_PATH",
+    "NVSHMEM_CUMEM_GRANULARITY",
+    "NVSHMEM_DEBUG",
+    "NVSHMEM_DISABLE_NVLS",
+    "NVSHMEM_DISABLE_P2P",
+    "NVSHMEM_HCA_LIST",
+    "NVSHMEM_HCA_PREFIX",
+    "NVSHMEM_IBGDA_NIC_HANDLER",
+    "NVSHMEM_IBGDA_NUM_RC_PER_PE",
+    "NVSHMEM_IB_ENABLE_IBGDA",
+    "NVSHMEM_IB_GID_INDEX",
+    "NVSHMEM_IB_SL",
+    "NVSHMEM_IB_TRAFFIC_CLASS",
+    "NVSHMEM_MAX_TEAMS",
+    "NVSHMEM_QP_DEPTH",
+    "NVSHMEM_REMOTE_TRANSPORT",
+    "NVSHMEM_SYMMETRIC_SIZE",
+];
+
+/// Levenshtein distance (names are short).
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+fn unknown_variable(name: &str, version: Option<Version>) -> Check {
+    let nvshmem = version.map_or("this NVSHMEM".to_string(), |v| format!("NVSHMEM {v}"));
+    let guess = VALIDATED.iter().map(|k| (distance(name, k), *k)).filter(|(d, _)| *d <= 3).min();
+    Check::warn(
+        id(name),
+        caps::NVSHMEM,
+        format!("not read by {nvshmem}: neither libnvshmem_host.so.3 nor its plugins mention it"),
+        match guess {
+            Some((_, k)) => format!("did you mean {k}? Rename it, or unset {name}"),
+            None => format!("check the spelling against the NVSHMEM documentation, or unset {name}"),
+        },
+    )
 }
 
 /// NVSHMEM's size syntax: a number with an optional K/M/G/T suffix (powers of 1024); characters
@@ -76,6 +129,8 @@ pub fn check(host: &Host, ctx: &Context, out: &mut Vec<Check>) {
         }
         if let Some(c) = check_one(host, ctx, name, value) {
             out.push(c);
+        } else if ctx.unknown.contains(name) {
+            out.push(unknown_variable(name, ctx.nvshmem_version));
         }
     }
     if !env.contains_key("NVSHMEM_QP_DEPTH") {

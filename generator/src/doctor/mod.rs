@@ -136,7 +136,12 @@ pub fn run_with(args: &DoctorArgs, env: &BTreeMap<String, String>, tools: &dyn T
     let nvshmem_info = nvshmem::check(&host, &settings, &mut nvshmem_checks);
     rdma::check_gdrcopy(&host, &kind, nvshmem_info.ident, &mut checks);
     checks.append(&mut nvshmem_checks);
-    let ctx = knobs::Context { max_tokens: args.max_tokens, nvshmem_version: nvshmem_info.version, rdma: &rdma_info };
+    let ctx = knobs::Context {
+        max_tokens: args.max_tokens,
+        nvshmem_version: nvshmem_info.version,
+        rdma: &rdma_info,
+        unknown: &nvshmem_info.unknown_env,
+    };
     knobs::check(&host, &ctx, &mut checks);
 
     let requested: Vec<Capability> =

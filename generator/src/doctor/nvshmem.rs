@@ -63,6 +63,8 @@ pub struct NvshmemInfo {
     pub lib_dir: Option<PathBuf>,
     /// Plugin files (host paths) found next to the host library.
     pub plugins: Vec<PathBuf>,
+    /// `NVSHMEM_*` environment variables this NVSHMEM does not read.
+    pub unknown_env: Vec<String>,
 }
 
 const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";
@@ -80,7 +82,8 @@ pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemI
     info.lib_dir = Some(lib_dir.clone());
 
     // Host library: ELF identity and version banner.
-    let host_version = match host.read_bytes(&lib_path, elf::LIB_CAP) {
+    let host_bytes = host.read_bytes(&lib_path, elf::LIB_CAP);
+    let host_version = match &host_bytes {
         Err(e) => {
             out.push(Check::fail(
                 "nvshmem.host-library",
@@ -90,7 +93,7 @@ pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemI
             ));
             None
         }
-        Ok(bytes) => host_library(&lib_path, &bytes, source, &mut info, out),
+        Ok(bytes) => host_library(&lib_path, bytes, source, &mut info, out),
     };
     info.version = host_version;
 
@@ -98,7 +101,39 @@ pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemI
     kernels(host, settings, host_version, out);
     loader(host, &lib_path, host_version, out);
     plugins(host, &lib_dir, &mut info, out);
+    if let (Ok(bytes), Some(_)) = (&host_bytes, host_version) {
+        info.unknown_env = unknown_variables(host, bytes, &info.plugins);
+    }
     info
+}
+
+/// Variables named NVSHMEM_* that only build tools read (never the runtime library).
+const BUILD_TIME_VARIABLES: &[&str] = &["NVSHMEM_DIR", "NVSHMEM_HOME", "NVSHMEM_PREFIX"];
+
+/// `NVSHMEM_*` variables of the environment that neither the host library nor any plugin
+/// mentions. NVSHMEM stores its variable names as NUL-terminated strings, without the prefix in
+/// the host library (`CUMEM_GRANULARITY`) and with or without it in plugins; a name found in
+/// none of them is not read by this NVSHMEM (usually a typo).
+fn unknown_variables(host: &Host, host_lib: &[u8], plugins: &[PathBuf]) -> Vec<String> {
+    let names: Vec<&String> = host
+        .env_map()
+        .keys()
+        .filter(|k| k.starts_with("NVSHMEM_") && !BUILD_TIME_VARIABLES.contains(&k.as_str()))
+        .collect();
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let mut blobs = vec![host_lib.to_vec()];
+    blobs.extend(plugins.iter().filter_map(|p| host.read_bytes(p, elf::LIB_CAP).ok()));
+    let mentioned = |needle: &str| {
+        let pattern = [b"\0".as_slice(), needle.as_bytes(), b"\0"].concat();
+        blobs.iter().any(|b| find(b, &pattern).is_some())
+    };
+    names
+        .into_iter()
+        .filter(|n| !mentioned(n) && !mentioned(&n["NVSHMEM_".len()..]))
+        .cloned()
+        .collect()
 }
 
 /// Finds the library directory: `--nvshmem-dir`, else `NVSHMEM_DIR`, else the loader path.
