@@ -28,6 +28,10 @@ stdenv.mkDerivation {
   version = "${source.version}-${kernel.version}";
   inherit (source) src;
 
+  # makeFlags is used as a bash array in buildPhase.
+  __structuredAttrs = true;
+  strictDeps = true;
+
   nativeBuildInputs = kernel.moduleBuildDependencies;
   nativeInstallCheckInputs = [ kmod ];
 
@@ -71,7 +75,8 @@ stdenv.mkDerivation {
     runHook postInstallCheck
   '';
 
-  # A kernel module must not drag store paths into the system closure.
+  # A kernel module must not drag store paths into the system closure (stdenv's strip removes
+  # the debug sections that would name the kernel and driver sources).
   allowedReferences = [ ];
 
   passthru = { inherit nvidia_x11; gdrcopyVersion = source.version; };
