@@ -37,6 +37,8 @@ stdenv.mkDerivation {
 
   makeFlags = [
     "prefix=${placeholder "out"}"
+    # Instead of ./config_arch, which compiles and runs a probe with a bare `gcc`.
+    "GDRAPI_ARCH=${if stdenv.hostPlatform.isAarch64 then "ARM64" else "X86"}"
   ] ++ lib.optionals withTools [
     "CUDA=${cudaRoot}"
     # Command-line variables override the Makefile's own search list (which probes /usr).
