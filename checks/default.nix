@@ -35,7 +35,6 @@ in
 {
   pure = evalCheck "deepep-pure-tests" (import ./pure.nix);
 
-  module-lib-eval = evalCheck "deepep-module-lib-eval" (import ./module/lib-eval.nix { inherit lib; });
 
 
   generator-reproducible = pkgs.runCommand "deepep-generator-reproducible"
@@ -54,8 +53,11 @@ in
 
   inherit (ours.packages) gdrcopy deepep-nix deepep-kernels-no-nvshmem;
 }
-# NixOS itself: absent from checks/stub-nixpkgs, which CI uses to evaluate the flake offline.
+# Checks that need the real nixpkgs (lib.evalModules, NixOS). checks/stub-nixpkgs, with which CI
+# evaluates the flake offline (`nix flake check --no-build`), has neither; its absent nixos/
+# directory is what tells the two apart.
 // lib.optionalAttrs hasNixos {
+  module-lib-eval = evalCheck "deepep-module-lib-eval" (import ./module/lib-eval.nix { inherit lib; });
   module-nixos-eval = evalCheck "deepep-module-nixos-eval" (import ./module/nixos-eval.nix {
     inherit nixpkgs system deepepModule;
   });

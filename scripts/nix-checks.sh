@@ -13,8 +13,9 @@
 #   5. The NixOS module through nixpkgs' lib.evalModules (checks/module/lib-eval.nix), only when
 #      a nixpkgs `lib` directory is given in NIXPKGS_LIB (nixpkgs itself cannot be had offline;
 #      otherwise reported as skipped).
-#   6. The flake's structure: `nix flake show` and attribute listings with nixpkgs replaced by
-#      checks/stub-nixpkgs (a tiny stand-in; it cannot build or evaluate real packages).
+#   6. The flake with nixpkgs replaced by checks/stub-nixpkgs (a tiny stand-in; it cannot build
+#      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
+#      every package/dev shell derivation and pinned source, the overlay, the module names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
 #      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
@@ -117,6 +118,13 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     pass "nix flake show (stub nixpkgs)"
   else
     fail "nix flake show (stub nixpkgs)"; cat "$log"
+  fi
+  # Evaluates every output (checks included: the pure tests run again inside it); the checks
+  # that need real nixpkgs (lib.evalModules, NixOS) are absent against the stub.
+  if nix flake check --no-build "${stub[@]}" >"$log" 2>&1; then
+    pass "nix flake check --no-build (stub nixpkgs)"
+  else
+    fail "nix flake check --no-build (stub nixpkgs)"; grep -v "^warning:" "$log" || true
   fi
   for sys in x86_64-linux aarch64-linux; do
     if out=$(nix eval --json "${stub[@]}" ".#packages.$sys" --apply builtins.attrNames 2>"$log"); then
