@@ -1,11 +1,106 @@
 //! NVSHMEM: host binding ([`binding`]), runtime knobs ([`knobs`]) and the kernel families that
 //! run on it (low-latency dispatch/combine; internode two-hop dispatch/combine).
 //!
-//! See `docs/nvshmem.md` for the start-up paths (unique id through our rendezvous, Slurm PMI)
-//! and the knobs.
+//! Start-up goes through [`runtime`]: it applies the knobs, loads the host library (refusing a
+//! version other than the one the cubins were linked with), initializes NVSHMEM once per process
+//! (unique id through our rendezvous, or NVSHMEM's PMI bootstrap under Slurm) and registers each
+//! NVSHMEM cubin once. See `docs/nvshmem.md`.
 
 pub mod binding;
 pub mod knobs;
 pub mod internode;
+pub mod low_latency;
+pub mod gpu_tests_internode;
 
 pub use binding::{Bootstrap, HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};
+pub use low_latency::LowLatencyBuffer;
+
+use crate::error::{EpError, Result};
+use crate::runtime::{Comm, Gpu, Module};
+use std::sync::{Arc, Mutex};
+
+impl UidExchange for Comm {
+    fn rank(&self) -> usize {
+        Comm::rank(self)
+    }
+    fn world(&self) -> usize {
+        Comm::world(self)
+    }
+    fn broadcast(&self, root: usize, bytes: &[u8]) -> Result<Vec<u8>> {
+        Comm::broadcast(self, root, bytes)
+    }
+}
+
+/// The process-wide NVSHMEM runtime: the initialized library plus the cubins registered with it.
+/// Field order is the teardown order: module registrations finalize (and the modules may be
+/// unloaded) before the last `Arc<Nvshmem>` runs `nvshmemx_hostlib_finalize`.
+pub struct NvshmemRuntime {
+    modules: Mutex<Vec<(&'static str, Arc<Module>, RegisteredModule)>>,
+    nv: Arc<Nvshmem>,
+}
+
+impl std::fmt::Debug for NvshmemRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NvshmemRuntime({:?})", self.nv)
+    }
+}
+
+static RUNTIME: Mutex<Option<Arc<NvshmemRuntime>>> = Mutex::new(None);
+
+/// The NVSHMEM runtime of this process, initialized on first use (collective over all ranks of
+/// `comm`; every rank must call it at the same point). `req` sets the knobs (first caller wins:
+/// NVSHMEM reads them once at init). The GPU of `gpu` is made current first.
+pub fn runtime(gpu: &Gpu, comm: &Comm, req: &knobs::KnobRequest) -> Result<Arc<NvshmemRuntime>> {
+    let mut g = RUNTIME.lock().unwrap();
+    if let Some(rt) = g.as_ref() {
+        return Ok(rt.clone());
+    }
+    gpu.bind()?;
+    let plan = knobs::apply(req)?;
+    let expected = crate::cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
+        EpError::Unsupported(
+            "this binary was built without NVSHMEM (NVSHMEM_DIR unset at build time), so it has no NVSHMEM kernels; \
+             rebuild with NVSHMEM_DIR=<nvshmem prefix> (scripts/install-toolchain.sh prints it)"
+                .into(),
+        )
+    })?;
+    let lib = HostLib::load(Some(expected))?;
+    let nv = Nvshmem::init(lib, comm, plan.bootstrap)?;
+    let rt = Arc::new(NvshmemRuntime { modules: Mutex::new(Vec::new()), nv });
+    *g = Some(rt.clone());
+    Ok(rt)
+}
+
+/// Drop the process-wide handle so that NVSHMEM finalizes once every buffer is gone. Collective:
+/// call it on every rank after dropping all NVSHMEM buffers (in the same order everywhere).
+pub fn finalize() {
+    let rt = RUNTIME.lock().unwrap().take();
+    if let Some(rt) = rt {
+        if Arc::strong_count(&rt) > 1 {
+            tracing::warn!("nvshmem::finalize: NVSHMEM buffers are still alive; NVSHMEM finalizes when the last one drops");
+        }
+    }
+}
+
+impl NvshmemRuntime {
+    pub fn nv(&self) -> &Arc<Nvshmem> {
+        &self.nv
+    }
+
+    /// The embedded NVSHMEM cubin `name`, loaded on `gpu` and registered with NVSHMEM (once).
+    pub fn module(&self, gpu: &Gpu, name: &'static str) -> Result<Arc<Module>> {
+        let mut m = self.modules.lock().unwrap();
+        if let Some((_, module, _)) = m.iter().find(|(n, _, _)| *n == name) {
+            return Ok(module.clone());
+        }
+        let module = gpu.module(name)?;
+        if !module.cubin().nvshmem {
+            return Err(EpError::InvalidArgument(format!("cubin '{name}' is not an NVSHMEM cubin; load it with Gpu::module")));
+        }
+        // SAFETY: a loaded module of the current context; its Arc is kept alive by the
+        // registration until after nvshmemx_cumodule_finalize.
+        let reg = unsafe { self.nv.register_module(module.raw() as *mut _, name, Box::new(module.clone()))? };
+        m.push((name, module.clone(), reg));
+        Ok(module)
+    }
+}

@@ -1,0 +1,516 @@
+// Low-latency dispatch / combine over NVSHMEM (NVLink stores when reachable, NVSHMEM puts
+// otherwise). Layout, protocol and ordering rules: see low_latency.cuh and docs/nvshmem.md.
+//
+// Grid: G blocks x LL_THREADS (512) threads, cooperative launch (blocks of the fused send+recv kernels wait
+// for flags written by other blocks of the same grid, so all blocks must be co-resident). G is
+// the same on every rank (the host takes the minimum SM count over ranks).
+//
+// Ordering rules:
+//   * every flag is a u64 `(seq << 32) | payload` written once per call (st.release.sys, or
+//     nvshmemx_signal_op after nvshmem_quiet on the put path) and polled with ld.acquire.sys
+//     until its tag equals this call's `seq` (no resets, stale values never match);
+//   * a producer block: every warp stores its rows, `__threadfence_system()`, `__syncthreads()`,
+//     then one thread per flag: fence + release store;
+//   * a consumer: one thread acquires a flag, `__syncthreads()`, then the block reads the data
+//     with L1-bypassing loads (ld.volatile / ld.global.cg).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include "../common.cuh"
+#include "low_latency.cuh"
+
+namespace {
+
+__device__ __forceinline__ uint64_t ll_tag(uint32_t seq, uint32_t payload) {
+    return (static_cast<uint64_t>(seq) << 32) | payload;
+}
+
+// Write a tagged flag at byte offset `off` of `pe`'s buffer.
+template <bool kPut>
+__device__ __forceinline__ void ll_signal(uint8_t* buf, const uint64_t* peer_base, int pe, uint64_t off,
+                                          uint64_t value) {
+    const uint64_t peer = peer_base[pe];
+    if (!kPut || peer != 0) {
+        st_release_sys_u64(reinterpret_cast<uint64_t*>(peer + off), value);
+    } else {
+        nvshmemx_signal_op(reinterpret_cast<uint64_t*>(buf + off), value, NVSHMEM_SIGNAL_SET, pe);
+    }
+}
+
+// Write one int at byte offset `off` of `pe`'s buffer (ordered before the next flag by the
+// producer protocol).
+template <bool kPut>
+__device__ __forceinline__ void ll_put_int(uint8_t* buf, const uint64_t* peer_base, int pe, uint64_t off, int v) {
+    const uint64_t peer = peer_base[pe];
+    if (!kPut || peer != 0) {
+        *reinterpret_cast<volatile int*>(peer + off) = v;
+    } else {
+        nvshmem_int_p(reinterpret_cast<int*>(buf + off), v, pe);
+    }
+}
+
+// Poll a local tagged flag until its tag is `seq`; false on timeout / abort (recorded).
+__device__ __forceinline__ bool ll_wait_tag(const uint8_t* buf, uint64_t off, uint32_t seq, uint32_t* payload,
+                                            const EpDiag& diag, int phase, int channel, int peer) {
+    const uint64_t* p = reinterpret_cast<const uint64_t*>(buf + off);
+    EpWait w(diag);
+    while (true) {
+        const uint64_t v = ld_acquire_sys_u64(p);
+        if (static_cast<uint32_t>(v >> 32) == seq) {
+            *payload = static_cast<uint32_t>(v);
+            return true;
+        }
+        if (!w.tick(phase, channel, peer)) return false;
+    }
+}
+
+__device__ __forceinline__ void st_v2(void* p, uint32_t a, uint32_t b) {
+    asm volatile("st.global.L1::no_allocate.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const int4& v, float (&f)[8]) {
+    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+                           static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// FP8 e4m3 of two floats, x in the low byte (cvt.rn.satfinite.e4m3x2.f32).
+__device__ __forceinline__ uint32_t fp8x2(float x, float y) {
+    return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
+}
+
+// DeepEP's LL scale arithmetic (bit-exact with reference::fp8): returns (scale, scale_inv).
+__device__ __forceinline__ void ll_group_scale(float amax, bool round_scale, float& scale, float& scale_inv) {
+    if (round_scale) {
+        const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
+        const int e = static_cast<int>((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
+        scale = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+        scale_inv = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+    } else {
+        scale = __fdiv_rn(448.0f, amax);
+        scale_inv = __fmul_rn(amax, 1.0f / 448.0f);
+    }
+}
+
+// The NVSHMEM put path lives in non-inlined helpers so that the ABI call does not force the
+// hot loop's live values into local memory. Their only "spill" in ptxas -v is the call ABI
+// saving two registers around the NVSHMEM library call; like the library's own functions they
+// carry "nvshmem" in their name, which build.rs's spill check treats as library code.
+__device__ __noinline__ void ll_nvshmem_put_warp(void* sym_dst, const void* src, int bytes, int pe) {
+    nvshmemx_putmem_warp(sym_dst, src, static_cast<size_t>(bytes), pe);
+}
+__device__ __noinline__ void ll_nvshmem_quiet() { nvshmem_quiet(); }
+
+}  // namespace
+
+// ---- dispatch ------------------------------------------------------------------------------
+// Dynamic shared memory (int32): cnt[epb] | begin[epb] | list[epb * NM] | recv counts[lpb * R] | totals[lpb]
+template <bool kPut>
+__device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const EpDiag& diag) {
+    extern __shared__ int smem[];
+    __shared__ int s_fail;
+    const int b = blockIdx.x, G = gridDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
+    const int N = a.num_tokens, RNM = R * NM, S = H / 128, me = a.rank;
+    const int epb = a.experts_per_block, lpb = (L + G - 1) / G;
+    const int row_bytes = a.use_fp8 ? H : 2 * H;
+    int* cnt = smem;
+    int* begin = smem + epb;
+    int* list = smem + 2 * epb;
+    int* rc = list + epb * NM;
+    int* totals = rc + lpb * R;
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
+    const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
+                                                    : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
+    if (tid == 0) s_fail = 0;
+
+    if (a.phases & LL_PHASE_SEND) {
+        for (int i = tid; i < epb; i += LL_THREADS) {
+            cnt[i] = 0;
+            begin[i] = 0;
+        }
+        __syncthreads();
+        // Bin this rank's selections of the block's experts (e % G == b); order inside an expert
+        // is arbitrary (contract: compare as multisets).
+        for (int i = tid; i < N * K; i += LL_THREADS) {
+            const int64_t e = a.topk_idx[i];
+            if (e >= 0 && e < E && static_cast<int>(e % G) == b) {
+                const int ei = static_cast<int>(e / G);
+                const int p = atomicAdd(&cnt[ei], 1);
+                if (p < NM) list[ei * NM + p] = i;
+            }
+        }
+        __syncthreads();
+        // Broadcast counts to every other rank (the owner's packed layout needs them).
+        for (int j = tid; j < epb * R; j += LL_THREADS) {
+            const int ei = j / R, r = j % R, e = b + ei * G;
+            if (e >= E) continue;
+            int c = cnt[ei];
+            if (c > NM) {
+                // More selections of one expert than num_max tokens: duplicate expert ids in a row.
+                if (r == 0) ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_LL_DISPATCH_SEND, b, -1, c, 0);
+                c = NM;
+            }
+            if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_count_sig + (static_cast<uint64_t>(e) * R + me) * 8,
+                                   ll_tag(seq, static_cast<uint32_t>(c)));
+        }
+
+        const int nseg = (H + LL_DISPATCH_SEG - 1) / LL_DISPATCH_SEG;
+        uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
+        bool did_put = false;
+        // Pass 0: experts owned by this rank (their block starts at slot 0, no wait).
+        // Pass 1: experts of other ranks, after the counts of the sources before us arrived.
+        for (int pass = 0; pass < 2; ++pass) {
+            if (pass == 1) {
+                for (int ei = tid; ei < epb; ei += LL_THREADS) {
+                    const int e = b + ei * G;
+                    if (e >= E) continue;
+                    const int d = e / L;
+                    if (d == me) continue;
+                    const int pos = (me - d + R) % R;
+                    int sum = 0;
+                    for (int j = 0; j < pos; ++j) {
+                        const int src = (d + j) % R;
+                        uint32_t c = 0;
+                        if (!ll_wait_tag(a.buf, a.off_count_sig + (static_cast<uint64_t>(e) * R + src) * 8, seq, &c, diag,
+                                         EP_PHASE_LL_DISPATCH_SEND, b, src)) {
+                            s_fail = 1;
+                            break;
+                        }
+                        sum += static_cast<int>(c);
+                    }
+                    begin[ei] = sum;
+                }
+                __syncthreads();
+                if (s_fail) break;
+            }
+            int total = 0;
+            for (int ei = 0; ei < epb; ++ei) {
+                const int e = b + ei * G;
+                if (e < E && ((e / L == me) == (pass == 0))) total += min(cnt[ei], NM) * nseg;
+            }
+            for (int u = warp; u < total; u += LL_WARPS) {
+                // unit -> (expert, row, segment)
+                int rest = u, ei = 0;
+                for (;; ++ei) {
+                    const int e = b + ei * G;
+                    if (e < E && ((e / L == me) == (pass == 0))) {
+                        const int n = min(cnt[ei], NM) * nseg;
+                        if (rest < n) break;
+                        rest -= n;
+                    }
+                }
+                const int i = rest / nseg, seg = rest % nseg;
+                const int e = b + ei * G, d = e / L, le = e % L;
+                const int sel = list[ei * NM + i];
+                const int t = sel / K, k = sel % K;
+                const int slot = begin[ei] + i;
+                const uint64_t peer = a.peer_base[d];
+                const bool direct = !kPut || peer != 0;  // !kPut: the host checked every peer is reachable
+                const uint64_t row_off = a.off_x + (static_cast<uint64_t>(le) * RNM + slot) * row_bytes;
+                if (seg == 0 && lane == 0) {
+                    const uint64_t idx = (static_cast<uint64_t>(le) * RNM + slot) * 4;
+                    ll_put_int<kPut>(a.buf, a.peer_base, d, a.off_src_info + idx, t);
+                    ll_put_int<kPut>(a.buf, a.peer_base, d, a.off_src_k + idx, k);
+                    reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
+                }
+                const uint8_t* xrow = static_cast<const uint8_t*>(a.x) + static_cast<uint64_t>(t) * H * 2;
+                const int c0 = seg * LL_DISPATCH_SEG;
+                const int nch = min(LL_DISPATCH_SEG, H - c0);
+                if (a.use_fp8) {
+                    // 4 iterations of 256 channels; lanes 0-15 one group of 128, lanes 16-31 the next.
+                    const int nit = nch / 256;  // 2 or 4 (H % 512 == 0)
+                    uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + row_off + c0) : stage;
+                    int4 v[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (j < nit) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
+                    float my_scale = 0.f;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        if (j >= nit) break;
+                        float f[8];
+                        bf16x8_to_f32(v[j], f);
+                        float amax = 0.f;
+#pragma unroll
+                        for (int q = 0; q < 8; ++q) amax = fmaxf(amax, fabsf(f[q]));
+#pragma unroll
+                        for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                        amax = fmaxf(amax, 1e-4f);
+                        float scale, scale_inv;
+                        ll_group_scale(amax, a.round_scale != 0, scale, scale_inv);
+                        const uint32_t lo = fp8x2(__fmul_rn(f[0], scale), __fmul_rn(f[1], scale)) |
+                                            (fp8x2(__fmul_rn(f[2], scale), __fmul_rn(f[3], scale)) << 16);
+                        const uint32_t hi = fp8x2(__fmul_rn(f[4], scale), __fmul_rn(f[5], scale)) |
+                                            (fp8x2(__fmul_rn(f[6], scale), __fmul_rn(f[7], scale)) << 16);
+                        st_v2(dst + j * 256 + lane * 8, lo, hi);
+                        const float s_lo = __shfl_sync(0xffffffffu, scale_inv, 0);
+                        const float s_hi = __shfl_sync(0xffffffffu, scale_inv, 16);
+                        if (lane == 2 * j) my_scale = s_lo;
+                        if (lane == 2 * j + 1) my_scale = s_hi;
+                    }
+                    const uint64_t sc_off =
+                        a.off_scale_stage + ((static_cast<uint64_t>(le) * RNM + slot) * S + c0 / 128) * 4;
+                    if (direct) {
+                        if (lane < 2 * nit) reinterpret_cast<float*>(peer + sc_off)[lane] = my_scale;
+                    } else {
+                        if (lane < 2 * nit) reinterpret_cast<float*>(stage + LL_COMBINE_SEG_BYTES)[lane] = my_scale;
+                        __syncwarp();
+                        ll_nvshmem_put_warp(a.buf + row_off + c0, stage, nch, d);
+                        ll_nvshmem_put_warp(a.buf + sc_off, stage + LL_COMBINE_SEG_BYTES, 2 * nit * 4, d);
+                        did_put = true;
+                    }
+                } else {
+                    const int nbytes = nch * 2;
+                    uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + row_off + c0 * 2) : stage;
+                    int4 v[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int off = j * 512 + lane * 16;
+                        if (off < nbytes) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + c0 * 2 + off));
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int off = j * 512 + lane * 16;
+                        if (off < nbytes) st_na_v4(reinterpret_cast<int4*>(dst + off), v[j]);
+                    }
+                    if (!direct) {
+                        __syncwarp();
+                        ll_nvshmem_put_warp(a.buf + row_off + c0 * 2, stage, nbytes, d);
+                        did_put = true;
+                    }
+                }
+            }
+        }
+        if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
+        __threadfence_system();
+        __syncthreads();
+        if (!s_fail) {
+            // Rows of (expert, this source) are complete: tell the owner.
+            for (int ei = tid; ei < epb; ei += LL_THREADS) {
+                const int e = b + ei * G;
+                if (e >= E) continue;
+                const int d = e / L, le = e % L;
+                __threadfence_system();
+                ll_signal<kPut>(a.buf, a.peer_base, d, a.off_done_sig + (static_cast<uint64_t>(le) * R + me) * 8,
+                          ll_tag(seq, static_cast<uint32_t>(min(cnt[ei], NM))));
+            }
+        }
+        if (tid == 0) epoch[b] = seq;
+    }
+
+    if (a.phases & LL_PHASE_RECV) {
+        __syncthreads();
+        if (s_fail) return;
+        for (int j = tid; j < lpb * R; j += LL_THREADS) {
+            const int li = j / R, s = j % R, le = b + li * G;
+            if (le >= L) continue;
+            uint32_t c = 0;
+            if (!ll_wait_tag(a.buf, a.off_done_sig + (static_cast<uint64_t>(le) * R + s) * 8, seq, &c, diag,
+                             EP_PHASE_LL_DISPATCH_RECV, le, s)) {
+                s_fail = 1;
+                c = 0;
+            }
+            rc[j] = static_cast<int>(c);
+        }
+        __syncthreads();
+        if (s_fail) return;
+        int64_t* layout_range = reinterpret_cast<int64_t*>(a.buf + a.off_layout_range);
+        int* recv_count = reinterpret_cast<int*>(a.buf + a.off_recv_count);
+        for (int li = tid; li < lpb; li += LL_THREADS) {
+            const int le = b + li * G;
+            if (le >= L) continue;
+            int total = 0;
+            // Block order of the owner: own rank first, then me+1, me+2, ... (what senders assumed).
+            for (int j = 0; j < R; ++j) {
+                const int s = (me + j) % R;
+                const int c = rc[li * R + s];
+                layout_range[le * R + s] = (static_cast<int64_t>(total) << 32) | static_cast<uint32_t>(c);
+                total += c;
+            }
+            recv_count[le] = total;
+            totals[li] = total;
+        }
+        __syncthreads();
+        if (a.use_fp8) {
+            // Transpose the staged per-row scales into the column-major output.
+            const float* stage_sc = reinterpret_cast<const float*>(a.buf + a.off_scale_stage);
+            const int groups = a.use_ue8m0 ? S / 4 : S;
+            for (int li = 0; li < lpb; ++li) {
+                const int le = b + li * G;
+                if (le >= L) break;
+                const int rows = totals[li];
+                for (int idx = tid; idx < rows * groups; idx += LL_THREADS) {
+                    const int g = idx / rows, row = idx % rows;
+                    const float* src = stage_sc + (static_cast<uint64_t>(le) * RNM + row) * S;
+                    if (a.use_ue8m0) {
+                        uint32_t packed = 0;
+#pragma unroll
+                        for (int q = 0; q < 4; ++q)
+                            packed |= ((__float_as_uint(__ldcg(src + 4 * g + q)) >> 23) & 0xffu) << (8 * q);
+                        reinterpret_cast<uint32_t*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + row] =
+                            packed;
+                    } else {
+                        reinterpret_cast<float*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + row] =
+                            __ldcg(src + g);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- combine -------------------------------------------------------------------------------
+template <bool kPut>
+__device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const EpDiag& diag) {
+    __shared__ int s_fail;
+    const int b = blockIdx.x, G = gridDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
+    const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
+    const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
+                                                    : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
+    if (tid == 0) s_fail = 0;
+    const uint8_t* y = static_cast<const uint8_t*>(a.y);
+
+    if (a.phases & LL_PHASE_SEND) {
+        // Owner side: send every row received from another rank back to its origin's
+        // comb_recv[token][topk slot]. Rows of our own tokens stay where they are.
+        const int* recv_count = reinterpret_cast<const int*>(a.buf + a.off_recv_count);
+        const int64_t* layout_range = reinterpret_cast<const int64_t*>(a.buf + a.off_layout_range);
+        const int* src_info = reinterpret_cast<const int*>(a.buf + a.off_src_info);
+        const int* src_k = reinterpret_cast<const int*>(a.buf + a.off_src_k);
+        const int row_bytes = 2 * H;
+        const int nseg = (row_bytes + LL_COMBINE_SEG_BYTES - 1) / LL_COMBINE_SEG_BYTES;
+        uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
+        bool did_put = false;
+        int total = 0;
+        for (int le = b; le < L; le += G) total += recv_count[le] * nseg;
+        for (int u = warp; u < total; u += LL_WARPS) {
+            int rest = u, le = b;
+            for (;; le += G) {
+                const int n = recv_count[le] * nseg;
+                if (rest < n) break;
+                rest -= n;
+            }
+            const int j = rest / nseg, seg = rest % nseg;
+            int s = -1;
+            for (int r = 0; r < R; ++r) {
+                const int64_t v = layout_range[le * R + r];
+                const int bg = static_cast<int>(v >> 32), c = static_cast<int>(v & 0xffffffff);
+                if (j >= bg && j < bg + c) s = r;
+            }
+            if (s < 0 || s == me) continue;
+            const uint64_t slot = static_cast<uint64_t>(le) * RNM + j;
+            const int t = src_info[slot], k = src_k[slot];
+            const int off0 = seg * LL_COMBINE_SEG_BYTES;
+            const int nbytes = min(LL_COMBINE_SEG_BYTES, row_bytes - off0);
+            const uint8_t* src = y + slot * row_bytes + off0;
+            const uint64_t dst_off =
+                a.off_comb_recv + (static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * row_bytes + off0;
+            const uint64_t peer = a.peer_base[s];
+            const bool direct = !kPut || peer != 0;
+            uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + dst_off) : stage;
+            int4 v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes) v[q] = ld_nc_v4(reinterpret_cast<const int4*>(src + off));
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes) st_na_v4(reinterpret_cast<int4*>(dst + off), v[q]);
+            }
+            if (!direct) {
+                __syncwarp();
+                ll_nvshmem_put_warp(a.buf + dst_off, stage, nbytes, s);
+                did_put = true;
+            }
+        }
+        if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
+        __threadfence_system();
+        __syncthreads();
+        for (int r = tid; r < R; r += LL_THREADS) {
+            if (r == me) continue;
+            __threadfence_system();
+            ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
+        }
+        if (tid == 0) epoch[b] = seq;
+    }
+
+    if (a.phases & LL_PHASE_RECV) {
+        __syncthreads();
+        // Origin side: wait until every block of every other rank has sent its rows.
+        for (int j = tid; j < R * G; j += LL_THREADS) {
+            const int d = j / G;
+            if (d == me) continue;
+            uint32_t unused = 0;
+            if (!ll_wait_tag(a.buf, a.off_comb_done + static_cast<uint64_t>(j) * 8, seq, &unused, diag,
+                             EP_PHASE_LL_COMBINE_RECV, j % G, d))
+                s_fail = 1;
+        }
+        __syncthreads();
+        if (s_fail) return;
+        const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
+        const uint8_t* comb_recv = a.buf + a.off_comb_recv;
+        const int nseg = (H + LL_REDUCE_SEG - 1) / LL_REDUCE_SEG;
+        for (int u = b * LL_WARPS + warp; u < N * nseg; u += G * LL_WARPS) {
+            const int t = u / nseg, c0 = (u % nseg) * LL_REDUCE_SEG + lane * 8;
+            if (c0 >= H) continue;
+            float acc[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[q] = 0.f;
+            for (int k = 0; k < K; ++k) {
+                const int64_t e = a.topk_idx[t * K + k];
+                if (e < 0) continue;
+                const float w = a.topk_weights[t * K + k];
+                const int d = static_cast<int>(e / L), le = static_cast<int>(e % L);
+                int4 v;
+                if (d == me) {
+                    const uint64_t row = static_cast<uint64_t>(le) * RNM + send_slot[t * LL_MAX_TOPK + k];
+                    v = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                } else {
+                    v = ld_volatile_v4(reinterpret_cast<const int4*>(
+                        comb_recv + ((static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * H + c0) * 2));
+                }
+                float f[8];
+                bf16x8_to_f32(v, f);
+#pragma unroll
+                for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w, acc[q]);
+            }
+            uint32_t o[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const __nv_bfloat162 p = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+                o[q] = *reinterpret_cast<const uint32_t*>(&p);
+            }
+            *reinterpret_cast<int4*>(static_cast<uint8_t*>(a.out) + (static_cast<uint64_t>(t) * H + c0) * 2) =
+                make_int4(static_cast<int>(o[0]), static_cast<int>(o[1]), static_cast<int>(o[2]), static_cast<int>(o[3]));
+        }
+    }
+}
+
+// ---- entry points ----------------------------------------------------------------------------
+// `_p2p`: every peer is load/store reachable (nvshmem_ptr != 0 for all ranks): no NVSHMEM device
+// call is compiled in. `_put`: generic, peers without a mapping get NVSHMEM puts (IBGDA & co).
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch_p2p(const LlDispatchArgs a, EpDiag diag) {
+    ll_dispatch_impl<false>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch_put(const LlDispatchArgs a, EpDiag diag) {
+    ll_dispatch_impl<true>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine_p2p(const LlCombineArgs a, EpDiag diag) {
+    ll_combine_impl<false>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine_put(const LlCombineArgs a, EpDiag diag) {
+    ll_combine_impl<true>(a, diag);
+}

@@ -1,0 +1,80 @@
+// Low-latency (LL) dispatch / combine: argument structs shared with the Rust host
+// (`kernels/src/nvshmem/low_latency.rs` mirrors them field by field, with size asserts).
+//
+// Design (see docs/nvshmem.md, "Low-latency kernels"):
+// - One symmetric buffer per rank, split into two halves for dispatch and two for combine; the
+//   host alternates halves per call of each kind (at most two results alive, as in DeepEP).
+// - No signal ever needs cleaning: every flag is a u64 tagged with the per-half call number
+//   `seq` (high 32 bits) and a payload (low 32 bits). `seq` is kept per block in an "epoch" word
+//   of the half, so replaying a captured CUDA graph keeps counting correctly.
+// - Dispatch writes every selection straight into its final packed slot on the owner: each
+//   source broadcasts its per-expert counts first; the owner's packed block order is rotated so
+//   that the owner's own tokens start at slot 0 (no wait for local copies), remote sources wait
+//   only for the counts of the sources before them. The receiver never copies rows; it only
+//   waits for per-(expert, source) done flags, writes counts / layout ranges and transposes the
+//   FP8 scales (staged contiguously per row by the sender) into the column-major output.
+// - Combine sends each remote expert row back to `comb_recv[token][topk slot]` on the origin;
+//   rows of experts owned by the origin itself are read in place from the caller's `y`.
+// - NVLink peers (nvshmem_ptr != 0) get plain 16-byte stores + st.release.sys flags; other peers
+//   get nvshmemx_putmem_warp from a per-warp staging slot + quiet + nvshmemx_signal_op.
+#pragma once
+#include <stdint.h>
+
+#define LL_PHASE_SEND 1
+#define LL_PHASE_RECV 2
+
+#define LL_THREADS 512
+#define LL_WARPS (LL_THREADS / 32)
+// Channels per dispatch work unit (FP8: 4 iterations of 256 channels; 8 scale groups).
+#define LL_DISPATCH_SEG 1024
+// Bytes per combine-send work unit (bf16: 1024 channels).
+#define LL_COMBINE_SEG_BYTES 2048
+// Channels per combine-reduce work unit (one iteration: 32 lanes x 8 channels).
+#define LL_REDUCE_SEG 256
+// Largest top-k (contract: <= 11 for LL).
+#define LL_MAX_TOPK 11
+// Per-warp staging slot for the non-NVLink (NVSHMEM put) path: one unit of data + its scales.
+#define LL_STAGE_BYTES (LL_COMBINE_SEG_BYTES + 64)
+
+// Byte offsets below are relative to the symmetric buffer base and already point into the half
+// selected by the host for this call.
+struct LlDispatchArgs {
+    const void* x;             // bf16 [N][H]
+    const int64_t* topk_idx;   // [N][K]
+    uint8_t* buf;              // local base of the symmetric buffer
+    const uint64_t* peer_base; // [R] nvshmem_ptr(buf, r) or 0 when r is not load/store reachable
+    uint64_t off_x;            // [L][R*NM][row_bytes]   packed_recv_x
+    uint64_t off_scale_stage;  // [L][R*NM][S] f32       scale_inv per row, as sent
+    uint64_t off_scales;       // [L][S][R*NM] f32 or [L][S/4][R*NM] i32 (ue8m0)
+    uint64_t off_src_info;     // [L][R*NM] i32
+    uint64_t off_src_k;        // [L][R*NM] i32   top-k slot of the selection at its source
+    uint64_t off_layout_range; // [L][R] i64
+    uint64_t off_recv_count;   // [L] i32
+    uint64_t off_count_sig;    // [E][R] u64 tagged counts (broadcast by every source)
+    uint64_t off_done_sig;     // [L][R] u64 tagged counts (rows of (expert, source) written)
+    uint64_t off_epoch;        // [G] u32 per-block call counter of this half
+    uint64_t off_send_slot;    // [NM][LL_MAX_TOPK] i32 slot of each own selection at its owner
+    uint64_t off_stage;        // [G*LL_WARPS][LL_STAGE_BYTES] (not per half)
+    int32_t num_tokens, hidden, num_topk, num_experts;
+    int32_t num_ranks, rank, num_max, phases;
+    int32_t use_fp8, round_scale, use_ue8m0, experts_per_block;
+};
+
+struct LlCombineArgs {
+    const void* y;               // bf16 [L][R*NM][H]
+    const int64_t* topk_idx;     // [N][K] (the origin's, as passed to dispatch)
+    const float* topk_weights;   // [N][K]
+    void* out;                   // bf16 [N][H]
+    uint8_t* buf;
+    const uint64_t* peer_base;
+    // Handle: regions of the dispatch half that produced `y`'s layout.
+    uint64_t off_src_info, off_src_k, off_layout_range, off_recv_count, off_send_slot;
+    // Combine half.
+    uint64_t off_comb_recv;      // [NM][LL_MAX_TOPK][H] bf16
+    uint64_t off_comb_done;      // [R][G] u64 tagged (owner rank, owner block)
+    uint64_t off_epoch;          // [G] u32
+    uint64_t off_stage;
+    int32_t num_tokens, hidden, num_topk, num_experts;
+    int32_t num_ranks, rank, num_max, phases;
+    int32_t local_experts_per_block, pad_;
+};

@@ -1,0 +1,668 @@
+//! Low-latency (LL) dispatch and combine over NVSHMEM: fixed capacity `num_max` tokens per rank,
+//! double-buffered, no host synchronization inside a call (CUDA-graph friendly), optional receive
+//! hook (launch the send half now, the receive half later).
+//!
+//! Device code: `cuda/nvshmem/low_latency.cu` (protocol in `low_latency.cuh`). Host side here:
+//! the symmetric buffer layout ([`LlLayout`], pure and CI-tested), argument checks (contract §4,
+//! §8), launches, and the outputs as [`Tensor`] views into the buffer that become invalid when
+//! the same half is reused (two calls later), like DeepEP's "at most two LL results alive".
+//!
+//! Outputs of [`LowLatencyBuffer::dispatch`] on rank d (L = E/R local experts):
+//! - `packed_recv_x` `[L, R·num_max, H]` (e4m3 or bf16); rows `[0, packed_recv_count[le])` valid,
+//!   each source's rows contiguous at `layout_range` (own rank first, then d+1, d+2, ... mod R);
+//! - FP8 scales, physical `[L, H/128, R·num_max]` f32 (the column-major view `[L, R·num_max, H/128]`)
+//!   or with UE8M0 `[L, H/512, R·num_max]` i32 (four exponent bytes, lowest group lowest);
+//! - `packed_recv_count` `[L]` i32, and the [`LlHandle`] (`src_info` `[L, R·num_max]` i32,
+//!   `layout_range` `[L, R]` i64 = `(begin << 32) | count`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::knobs::KnobRequest;
+use super::{NvshmemRuntime, SymmetricBuffer};
+use crate::error::{EpError, Result};
+use crate::runtime::memory::Pod;
+use crate::runtime::{Args, Comm, DeviceBuffer, Gpu, Kernel, LaunchCfg};
+use crate::tensor::{DType, Generation, Tensor};
+use crate::validate;
+
+/// Threads per block (`LL_THREADS` in `low_latency.cuh`).
+pub const LL_THREADS: u32 = 512;
+/// Warps per block.
+pub const LL_WARPS: usize = LL_THREADS as usize / 32;
+/// Largest top-k (`LL_MAX_TOPK`).
+pub const LL_MAX_TOPK: usize = validate::MAX_TOPK_LOW_LATENCY;
+/// Per-warp staging slot of the NVSHMEM put path (`LL_STAGE_BYTES`).
+pub const LL_STAGE_BYTES: usize = 2048 + 64;
+const PHASE_SEND: i32 = 1;
+const PHASE_RECV: i32 = 2;
+const ALIGN: usize = 128;
+
+/// Mirror of `LlDispatchArgs` (`low_latency.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlDispatchArgs {
+    pub x: u64,
+    pub topk_idx: u64,
+    pub buf: u64,
+    pub peer_base: u64,
+    pub off_x: u64,
+    pub off_scale_stage: u64,
+    pub off_scales: u64,
+    pub off_src_info: u64,
+    pub off_src_k: u64,
+    pub off_layout_range: u64,
+    pub off_recv_count: u64,
+    pub off_count_sig: u64,
+    pub off_done_sig: u64,
+    pub off_epoch: u64,
+    pub off_send_slot: u64,
+    pub off_stage: u64,
+    pub num_tokens: i32,
+    pub hidden: i32,
+    pub num_topk: i32,
+    pub num_experts: i32,
+    pub num_ranks: i32,
+    pub rank: i32,
+    pub num_max: i32,
+    pub phases: i32,
+    pub use_fp8: i32,
+    pub round_scale: i32,
+    pub use_ue8m0: i32,
+    pub experts_per_block: i32,
+}
+
+/// Mirror of `LlCombineArgs` (`low_latency.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlCombineArgs {
+    pub y: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub out: u64,
+    pub buf: u64,
+    pub peer_base: u64,
+    pub off_src_info: u64,
+    pub off_src_k: u64,
+    pub off_layout_range: u64,
+    pub off_recv_count: u64,
+    pub off_send_slot: u64,
+    pub off_comb_recv: u64,
+    pub off_comb_done: u64,
+    pub off_epoch: u64,
+    pub off_stage: u64,
+    pub num_tokens: i32,
+    pub hidden: i32,
+    pub num_topk: i32,
+    pub num_experts: i32,
+    pub num_ranks: i32,
+    pub rank: i32,
+    pub num_max: i32,
+    pub phases: i32,
+    pub local_experts_per_block: i32,
+    pub pad_: i32,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
+    assert!(std::mem::size_of::<LlCombineArgs>() == 160);
+};
+
+// SAFETY: repr(C), integers only, no padding.
+unsafe impl Pod for LlDispatchArgs {}
+unsafe impl Pod for LlCombineArgs {}
+
+/// Byte offsets of one dispatch half inside the symmetric buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchRegions {
+    pub x: usize,
+    pub scale_stage: usize,
+    pub scales: usize,
+    pub src_info: usize,
+    pub src_k: usize,
+    pub layout_range: usize,
+    pub recv_count: usize,
+    pub count_sig: usize,
+    pub done_sig: usize,
+    pub epoch: usize,
+    pub send_slot: usize,
+}
+
+/// Byte offsets of one combine half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CombineRegions {
+    pub recv: usize,
+    pub done: usize,
+    pub epoch: usize,
+}
+
+/// The symmetric buffer layout for (ranks, experts, num_max, hidden, grid). Identical on every
+/// rank (the allocation is collective and offsets are symmetric).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlLayout {
+    pub num_ranks: usize,
+    pub num_experts: usize,
+    pub num_max: usize,
+    pub hidden: usize,
+    pub grid: usize,
+    pub dispatch: [DispatchRegions; 2],
+    pub combine: [CombineRegions; 2],
+    pub stage: usize,
+    pub total_bytes: usize,
+}
+
+struct Cursor(usize);
+impl Cursor {
+    fn take(&mut self, bytes: usize) -> usize {
+        let at = self.0;
+        self.0 = (self.0 + bytes).next_multiple_of(ALIGN);
+        at
+    }
+}
+
+impl LlLayout {
+    /// Compute the layout; checks the shapes (contract §8) first.
+    pub fn new(num_ranks: usize, num_experts: usize, num_max: usize, hidden: usize, grid: usize) -> Result<LlLayout> {
+        validate::low_latency_ranks(num_ranks, num_experts)?;
+        validate::low_latency_num_max(num_max, num_ranks)?;
+        validate::low_latency_hidden(hidden, false, None)?;
+        if hidden % 128 != 0 {
+            return Err(EpError::InvalidArgument(format!(
+                "low-latency hidden size {hidden} must be a multiple of 128 (one FP8 scale per 128 channels); use e.g. {}",
+                hidden.next_multiple_of(128)
+            )));
+        }
+        let l = num_experts / num_ranks;
+        if l > 1024 {
+            return Err(EpError::InvalidArgument(format!(
+                "{l} local experts per rank exceed the limit of 1024 (contract §8); use more ranks or fewer experts"
+            )));
+        }
+        if grid == 0 {
+            return Err(EpError::InvalidArgument("low-latency grid of 0 blocks; use at least 1 SM".into()));
+        }
+        let (r, rnm, s, h) = (num_ranks, num_ranks * num_max, hidden / 128, hidden);
+        let mut c = Cursor(0);
+        let dispatch_half = |c: &mut Cursor| DispatchRegions {
+            x: c.take(l * rnm * 2 * h),
+            scale_stage: c.take(l * rnm * s * 4),
+            scales: c.take(l * s * rnm * 4),
+            src_info: c.take(l * rnm * 4),
+            src_k: c.take(l * rnm * 4),
+            layout_range: c.take(l * r * 8),
+            recv_count: c.take(l * 4),
+            count_sig: c.take(num_experts * r * 8),
+            done_sig: c.take(l * r * 8),
+            epoch: c.take(grid * 4),
+            send_slot: c.take(num_max * LL_MAX_TOPK * 4),
+        };
+        let d0 = dispatch_half(&mut c);
+        let d1 = dispatch_half(&mut c);
+        let combine_half =
+            |c: &mut Cursor| CombineRegions { recv: c.take(num_max * LL_MAX_TOPK * 2 * h), done: c.take(r * grid * 8), epoch: c.take(grid * 4) };
+        let c0 = combine_half(&mut c);
+        let c1 = combine_half(&mut c);
+        let stage = c.take(grid * LL_WARPS * LL_STAGE_BYTES);
+        Ok(LlLayout {
+            num_ranks,
+            num_experts,
+            num_max,
+            hidden,
+            grid,
+            dispatch: [d0, d1],
+            combine: [c0, c1],
+            stage,
+            total_bytes: c.0,
+        })
+    }
+
+    pub fn num_local_experts(&self) -> usize {
+        self.num_experts / self.num_ranks
+    }
+    /// Experts handled by one block in dispatch (`e % grid == block`).
+    pub fn experts_per_block(&self) -> usize {
+        self.num_experts.div_ceil(self.grid)
+    }
+    /// Local experts handled by one block in the receive / combine-send phases.
+    pub fn local_experts_per_block(&self) -> usize {
+        self.num_local_experts().div_ceil(self.grid)
+    }
+    /// Dynamic shared memory of the dispatch kernel (see the kernel's smem comment).
+    pub fn dispatch_smem(&self) -> usize {
+        let (epb, lpb) = (self.experts_per_block(), self.local_experts_per_block());
+        (2 * epb + epb * self.num_max + lpb * self.num_ranks + lpb) * 4
+    }
+}
+
+/// Dispatch options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlDispatchOpts {
+    /// Cast to FP8 e4m3 with per-128-channel scales (else bf16 rows).
+    pub use_fp8: bool,
+    /// Power-of-two scales.
+    pub round_scale: bool,
+    /// UE8M0 scales packed four per int32 (needs `round_scale`).
+    pub use_ue8m0: bool,
+    /// Launch only the send half now; the returned hook launches the receive half.
+    pub return_hook: bool,
+}
+
+/// What combine needs from its dispatch.
+#[derive(Clone)]
+pub struct LlHandle {
+    half: usize,
+    generation: u64,
+    pub num_tokens: usize,
+    pub num_topk: usize,
+    pub hidden: usize,
+    /// `[L, R·num_max]` i32: source token position of each packed row.
+    pub src_info: Tensor,
+    /// `[L, R]` i64: `(begin << 32) | count` of each source's rows.
+    pub layout_range: Tensor,
+}
+
+impl std::fmt::Debug for LlHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LlHandle(half {}, {} tokens, top-{}, hidden {})", self.half, self.num_tokens, self.num_topk, self.hidden)
+    }
+}
+
+/// The receive half of a call made with `return_hook`: launch it with [`LlHook::recv`].
+#[derive(Debug)]
+pub enum LlHook {
+    Dispatch(LlDispatchArgs),
+    Combine(LlCombineArgs),
+}
+
+/// Result of [`LowLatencyBuffer::dispatch`].
+pub struct LlDispatchOut {
+    pub packed_recv_x: Tensor,
+    /// FP8 only: f32 `[L, H/128, R·num_max]` or UE8M0 i32 `[L, H/512, R·num_max]` (physical layout).
+    pub packed_recv_x_scales: Option<Tensor>,
+    pub packed_recv_count: Tensor,
+    pub handle: LlHandle,
+    pub hook: Option<LlHook>,
+}
+
+/// Result of [`LowLatencyBuffer::combine`].
+pub struct LlCombineOut {
+    /// `[N, H]` bf16.
+    pub combined_x: Tensor,
+    pub hook: Option<LlHook>,
+}
+
+/// The LL buffer of one rank. Creation, dispatch, combine and drop are collective: every rank
+/// makes the same calls in the same order.
+pub struct LowLatencyBuffer<'g> {
+    gpu: &'g Gpu,
+    rank: usize,
+    layout: LlLayout,
+    shared: Arc<Shared>,
+    peer_table: DeviceBuffer,
+    all_p2p: bool,
+    dispatch_kernel: Kernel,
+    combine_kernel: Kernel,
+    dispatch_calls: u64,
+    combine_calls: u64,
+    generations: [Arc<AtomicU64>; 2],
+}
+
+/// Keeps the symmetric memory (and NVSHMEM) alive while views of it exist.
+struct Shared {
+    sym: SymmetricBuffer,
+    _rt: Arc<NvshmemRuntime>,
+}
+
+impl LowLatencyBuffer<'_> {
+    /// Create the buffer (collective). `num_sms` bounds the grid (default: every SM; the minimum
+    /// over ranks is used so that all ranks run the same grid).
+    pub fn new<'g>(
+        gpu: &'g Gpu,
+        comm: &Comm,
+        num_max: usize,
+        hidden: usize,
+        num_experts: usize,
+        num_sms: Option<usize>,
+    ) -> Result<LowLatencyBuffer<'g>> {
+        let r = comm.world();
+        validate::low_latency_ranks(r, num_experts)?;
+        let req = KnobRequest::low_latency(num_max, num_experts / r);
+        let rt = super::runtime(gpu, comm, &req)?;
+        let sms = gpu.sm_count() as usize;
+        if let Some(n) = num_sms {
+            if n == 0 || n > sms {
+                return Err(EpError::InvalidArgument(format!(
+                    "num_sms {n} for the low-latency kernels: this GPU has {sms} SMs; use 1..={sms}"
+                )));
+            }
+        }
+        let want = num_sms.unwrap_or(sms) as u64;
+        let grid = comm.all_gather_u64(want)?.into_iter().min().unwrap_or(want) as usize;
+        let layout = LlLayout::new(r, num_experts, num_max, hidden, grid)?;
+        validate::capacity(
+            "low-latency dispatch shared memory (bytes)",
+            layout.dispatch_smem(),
+            200 * 1024,
+            "use fewer experts per SM (more SMs) or a smaller num_max",
+        )?;
+        let module = rt.module(gpu, "low_latency")?;
+        let nv = rt.nv().clone();
+        let sym = nv.alloc(layout.total_bytes, ALIGN)?;
+        gpu.memset_u8(sym.ptr(), 0, layout.total_bytes)?;
+        gpu.sync("zeroing the low-latency buffer")?;
+        nv.barrier_all();
+        let peers: Vec<u64> = (0..r).map(|pe| sym.peer_ptr(pe).unwrap_or(0)).collect();
+        let all_p2p = peers.iter().all(|&p| p != 0);
+        tracing::info!(
+            rank = comm.rank(),
+            bytes = layout.total_bytes,
+            grid,
+            all_p2p,
+            "low-latency buffer: {:.1} MiB symmetric, {} peers over NVLink",
+            layout.total_bytes as f64 / (1 << 20) as f64,
+            peers.iter().filter(|&&p| p != 0).count()
+        );
+        let peer_table = DeviceBuffer::from_slice(gpu, &peers)?;
+        let suffix = if all_p2p { "p2p" } else { "put" };
+        let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
+        let combine_kernel = module.kernel(&format!("ll_combine_{suffix}"))?;
+        Ok(LowLatencyBuffer {
+            gpu,
+            rank: comm.rank(),
+            layout,
+            shared: Arc::new(Shared { sym, _rt: rt }),
+            peer_table,
+            all_p2p,
+            dispatch_kernel,
+            combine_kernel,
+            dispatch_calls: 0,
+            combine_calls: 0,
+            generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
+        })
+    }
+
+    pub fn layout(&self) -> &LlLayout {
+        &self.layout
+    }
+    /// Whether every peer is reached by NVLink stores (else NVSHMEM puts are used for some).
+    pub fn all_p2p(&self) -> bool {
+        self.all_p2p
+    }
+    pub fn grid(&self) -> usize {
+        self.layout.grid
+    }
+
+    fn base(&self) -> u64 {
+        self.shared.sym.ptr()
+    }
+
+    fn view(&self, off: usize, dtype: DType, shape: &[usize], half: usize, generation: u64) -> Tensor {
+        let keep: Arc<dyn std::any::Any + Send + Sync> = self.shared.clone();
+        Tensor::view(
+            self.gpu.stream(),
+            keep,
+            self.base() + off as u64,
+            dtype,
+            shape,
+            Some(Generation {
+                counter: self.generations[half].clone(),
+                expected: generation,
+                overwritten_by: "a later low-latency dispatch on this buffer (only the two most recent stay valid)",
+            }),
+        )
+    }
+
+    fn launch_cfg(&self, smem: usize) -> LaunchCfg {
+        LaunchCfg::new(self.layout.grid as u32, LL_THREADS).smem(smem as u32).cooperative(true)
+    }
+
+    /// LL dispatch of `x` (bf16 `[N, H]`, N ≤ num_max) routed by `topk_idx` (i64 `[N, K]`,
+    /// K ≤ 11, −1 = unused, no expert twice in a row). See the module docs for the outputs.
+    pub fn dispatch(&mut self, x: &Tensor, topk_idx: &Tensor, opts: LlDispatchOpts) -> Result<LlDispatchOut> {
+        let lay = &self.layout;
+        let (n, k) = check_tokens(x, topk_idx, lay)?;
+        validate::low_latency_hidden(lay.hidden, opts.use_fp8, None)?;
+        if opts.use_fp8 {
+            validate::fp8_flags(opts.round_scale, opts.use_ue8m0)?;
+        } else if opts.round_scale || opts.use_ue8m0 {
+            return Err(EpError::InvalidArgument(
+                "round_scale / use_ue8m0 only apply to FP8 dispatch; set use_fp8 or clear them".into(),
+            ));
+        }
+        let half = (self.dispatch_calls % 2) as usize;
+        self.dispatch_calls += 1;
+        let generation = self.generations[half].fetch_add(1, Ordering::AcqRel) + 1;
+        let d = lay.dispatch[half];
+        let args = LlDispatchArgs {
+            x: x.ptr(),
+            topk_idx: topk_idx.ptr(),
+            buf: self.base(),
+            peer_base: self.peer_table.ptr(),
+            off_x: d.x as u64,
+            off_scale_stage: d.scale_stage as u64,
+            off_scales: d.scales as u64,
+            off_src_info: d.src_info as u64,
+            off_src_k: d.src_k as u64,
+            off_layout_range: d.layout_range as u64,
+            off_recv_count: d.recv_count as u64,
+            off_count_sig: d.count_sig as u64,
+            off_done_sig: d.done_sig as u64,
+            off_epoch: d.epoch as u64,
+            off_send_slot: d.send_slot as u64,
+            off_stage: lay.stage as u64,
+            num_tokens: n as i32,
+            hidden: lay.hidden as i32,
+            num_topk: k as i32,
+            num_experts: lay.num_experts as i32,
+            num_ranks: lay.num_ranks as i32,
+            rank: self.rank as i32,
+            num_max: lay.num_max as i32,
+            phases: if opts.return_hook { PHASE_SEND } else { PHASE_SEND | PHASE_RECV },
+            use_fp8: opts.use_fp8 as i32,
+            round_scale: opts.round_scale as i32,
+            use_ue8m0: opts.use_ue8m0 as i32,
+            experts_per_block: lay.experts_per_block() as i32,
+        };
+        self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args))?;
+        let (l, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
+        let packed_recv_x = if opts.use_fp8 {
+            self.view(d.x, DType::Fp8E4m3, &[l, rnm, h], half, generation)
+        } else {
+            self.view(d.x, DType::Bf16, &[l, rnm, h], half, generation)
+        };
+        let packed_recv_x_scales = match (opts.use_fp8, opts.use_ue8m0) {
+            (false, _) => None,
+            (true, false) => Some(self.view(d.scales, DType::F32, &[l, s, rnm], half, generation)),
+            (true, true) => Some(self.view(d.scales, DType::I32, &[l, s / 4, rnm], half, generation)),
+        };
+        let handle = LlHandle {
+            half,
+            generation,
+            num_tokens: n,
+            num_topk: k,
+            hidden: h,
+            src_info: self.view(d.src_info, DType::I32, &[l, rnm], half, generation),
+            layout_range: self.view(d.layout_range, DType::I64, &[l, lay.num_ranks], half, generation),
+        };
+        Ok(LlDispatchOut {
+            packed_recv_x,
+            packed_recv_x_scales,
+            packed_recv_count: self.view(d.recv_count, DType::I32, &[l], half, generation),
+            handle,
+            hook: opts.return_hook.then_some(LlHook::Dispatch(LlDispatchArgs { phases: PHASE_RECV, ..args })),
+        })
+    }
+
+    /// LL combine: `y` bf16 `[L, R·num_max, H]` (rows aligned with the dispatch output of
+    /// `handle`), this rank's original `topk_idx` / `topk_weights` `[N, K]` as given to that
+    /// dispatch. Returns `out[t] = bf16(Σ_k w[t,k] · y_owner[row of (t,k)])` (f32 accumulation).
+    pub fn combine(
+        &mut self,
+        y: &Tensor,
+        topk_idx: &Tensor,
+        topk_weights: &Tensor,
+        handle: &LlHandle,
+        return_hook: bool,
+    ) -> Result<LlCombineOut> {
+        let lay = &self.layout;
+        if self.generations[handle.half].load(Ordering::Acquire) != handle.generation {
+            return Err(EpError::InvalidArgument(
+                "LL combine: the handle's dispatch was overwritten by a later dispatch on this buffer (only the two most \
+                 recent dispatches stay valid); combine before dispatching twice more"
+                    .into(),
+            ));
+        }
+        let (l, rnm, h) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden);
+        expect("y", y, DType::Bf16, &[l, rnm, h], "the expert outputs in the dispatch's packed layout")?;
+        let (n, k) = (handle.num_tokens, handle.num_topk);
+        expect("topk_idx", topk_idx, DType::I64, &[n, k], "the same top-k ids as passed to the dispatch")?;
+        expect("topk_weights", topk_weights, DType::F32, &[n, k], "one gate weight per top-k slot")?;
+        let out = Tensor::empty(self.gpu.stream(), DType::Bf16, &[n, h])?;
+        let half = (self.combine_calls % 2) as usize;
+        self.combine_calls += 1;
+        let d = lay.dispatch[handle.half];
+        let c = lay.combine[half];
+        let args = LlCombineArgs {
+            y: y.ptr(),
+            topk_idx: topk_idx.ptr(),
+            topk_weights: topk_weights.ptr(),
+            out: out.ptr(),
+            buf: self.base(),
+            peer_base: self.peer_table.ptr(),
+            off_src_info: d.src_info as u64,
+            off_src_k: d.src_k as u64,
+            off_layout_range: d.layout_range as u64,
+            off_recv_count: d.recv_count as u64,
+            off_send_slot: d.send_slot as u64,
+            off_comb_recv: c.recv as u64,
+            off_comb_done: c.done as u64,
+            off_epoch: c.epoch as u64,
+            off_stage: lay.stage as u64,
+            num_tokens: n as i32,
+            hidden: h as i32,
+            num_topk: k as i32,
+            num_experts: lay.num_experts as i32,
+            num_ranks: lay.num_ranks as i32,
+            rank: self.rank as i32,
+            num_max: lay.num_max as i32,
+            phases: if return_hook { PHASE_SEND } else { PHASE_SEND | PHASE_RECV },
+            local_experts_per_block: lay.local_experts_per_block() as i32,
+            pad_: 0,
+        };
+        self.gpu.launch(&self.combine_kernel, &self.launch_cfg(0), Args::new().arg(args))?;
+        Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })) })
+    }
+
+    /// Launch the receive half of a call made with a hook (in call order per kind).
+    pub fn recv(&self, hook: LlHook) -> Result<()> {
+        match hook {
+            LlHook::Dispatch(a) => {
+                self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))
+            }
+            LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(0), Args::new().arg(a)),
+        }
+    }
+}
+
+fn expect(what: &str, t: &Tensor, dtype: DType, shape: &[usize], meaning: &str) -> Result<()> {
+    t.check_valid()?;
+    if t.dtype() != dtype || t.shape() != shape || !t.is_contiguous() {
+        return Err(EpError::InvalidArgument(format!(
+            "LL: {what} must be a contiguous {} tensor of shape {shape:?} ({meaning}), got {} {:?}{}",
+            dtype.name(),
+            t.dtype().name(),
+            t.shape(),
+            if t.is_contiguous() { "" } else { " (not contiguous)" }
+        )));
+    }
+    Ok(())
+}
+
+/// Shapes of the dispatch inputs; returns (N, K).
+fn check_tokens(x: &Tensor, topk_idx: &Tensor, lay: &LlLayout) -> Result<(usize, usize)> {
+    let (n, h) = match x.shape() {
+        [n, h] => (*n, *h),
+        s => return Err(EpError::InvalidArgument(format!("LL dispatch: x must be 2-D [tokens, hidden], got shape {s:?}"))),
+    };
+    if h != lay.hidden {
+        return Err(EpError::InvalidArgument(format!(
+            "LL dispatch: x has hidden {h} but the buffer was created for hidden {}; create a buffer for this hidden size",
+            lay.hidden
+        )));
+    }
+    validate::tokens_within(n, lay.num_max, "LL dispatch")?;
+    expect("x", x, DType::Bf16, &[n, h], "the tokens of this rank")?;
+    let k = match topk_idx.shape() {
+        [tn, k] if *tn == n => *k,
+        s => {
+            return Err(EpError::InvalidArgument(format!(
+                "LL dispatch: topk_idx must be [{n}, K] (one row per token of x), got shape {s:?}"
+            )))
+        }
+    };
+    validate::num_topk(k, LL_MAX_TOPK)?;
+    expect("topk_idx", topk_idx, DType::I64, &[n, k], "global expert ids, -1 = unused")?;
+    Ok((n, k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_regions_are_aligned_disjoint_and_sized() {
+        let lay = LlLayout::new(2, 288, 128, 7168, 132).unwrap();
+        assert_eq!(lay.num_local_experts(), 144);
+        assert_eq!(lay.experts_per_block(), 3);
+        assert_eq!(lay.local_experts_per_block(), 2);
+        let d = lay.dispatch[0];
+        let mut offs = vec![
+            (d.x, 144 * 256 * 2 * 7168),
+            (d.scale_stage, 144 * 256 * 56 * 4),
+            (d.scales, 144 * 56 * 256 * 4),
+            (d.src_info, 144 * 256 * 4),
+            (d.src_k, 144 * 256 * 4),
+            (d.layout_range, 144 * 2 * 8),
+            (d.recv_count, 144 * 4),
+            (d.count_sig, 288 * 2 * 8),
+            (d.done_sig, 144 * 2 * 8),
+            (d.epoch, 132 * 4),
+            (d.send_slot, 128 * 11 * 4),
+        ];
+        let d1 = lay.dispatch[1];
+        offs.push((d1.x, 144 * 256 * 2 * 7168));
+        offs.push((d1.epoch, 132 * 4));
+        for c in lay.combine {
+            offs.push((c.recv, 128 * 11 * 2 * 7168));
+            offs.push((c.done, 2 * 132 * 8));
+            offs.push((c.epoch, 132 * 4));
+        }
+        offs.push((lay.stage, 132 * 16 * LL_STAGE_BYTES));
+        offs.sort();
+        for w in offs.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {w:?}");
+        }
+        for (o, size) in &offs {
+            assert_eq!(o % ALIGN, 0);
+            assert!(o + size <= lay.total_bytes);
+        }
+        // Both dispatch halves have the same shape.
+        assert_eq!(d1.x - d.x, d1.epoch - d.epoch);
+        // ~1.1 GB for DeepEP's default shape (DeepEP itself needs 2.15 GB).
+        assert!(lay.total_bytes < 1_200_000_000, "{}", lay.total_bytes);
+    }
+
+    #[test]
+    fn layout_refuses_bad_shapes() {
+        assert!(LlLayout::new(2, 287, 128, 7168, 132).unwrap_err().to_string().contains("288"));
+        assert!(LlLayout::new(2, 288, 0, 7168, 132).is_err());
+        assert!(LlLayout::new(2, 288, 128, 7000, 132).unwrap_err().to_string().contains("7040"));
+        assert!(LlLayout::new(2, 288, 128, 7168, 0).is_err());
+    }
+
+    #[test]
+    fn dispatch_smem_fits_default_shapes() {
+        let lay = LlLayout::new(2, 288, 256, 7168, 132).unwrap();
+        assert_eq!(lay.dispatch_smem(), (2 * 3 + 3 * 256 + 2 * 2 + 2) * 4);
+    }
+}
