@@ -78,7 +78,8 @@ fn e4m3_hand_computed_bit_patterns() {
     for &(x, want, why) in cases {
         assert_eq!(e4m3_encode(x), want, "e4m3_encode({x:e}) [{why}]");
     }
-    assert_eq!(e4m3_encode(-f32::NAN), 0xff, "NaN keeps its sign bit like cuda_fp8.hpp");
+    assert_eq!(e4m3_encode(-f32::NAN), 0x7f, "any NaN becomes the canonical 0x7f, like cuda_fp8.hpp");
+    assert_eq!(e4m3_encode(f32::from_bits(0xff80_0001)), 0x7f);
 }
 
 #[test]
@@ -394,7 +395,7 @@ fn case(seed: u64) -> Case {
 
 #[test]
 fn dispatch_properties_over_random_seeds() {
-    for seed in 0..60u64 {
+    for seed in 0..48u64 {
         let c = case(seed);
         let l = c.e / c.r;
         let outs = dispatch(&c.inputs, c.e, c.align).unwrap();
@@ -433,8 +434,14 @@ fn dispatch_properties_over_random_seeds() {
                 }
             }
             // aligned per-expert counts
+            let mut raw_counts = vec![0usize; c.e];
+            for &x in c.inputs.iter().flat_map(|inp| inp.topk_idx.iter()) {
+                if x >= 0 {
+                    raw_counts[x as usize] += 1;
+                }
+            }
             for le in 0..l {
-                let raw: usize = c.inputs.iter().map(|inp| inp.topk_idx.iter().filter(|&&x| x == (d * l + le) as i64).count()).sum();
+                let raw = raw_counts[d * l + le];
                 let a = o.num_recv_tokens_per_expert[le];
                 assert!(a % c.align == 0 && a >= raw && a - raw < c.align, "{ctx}: expert {le} raw {raw} aligned {a} (alignment {})", c.align);
             }
@@ -526,7 +533,7 @@ fn f32_sum_in_order(terms: &[f32], order: &[usize]) -> f32 {
 
 #[test]
 fn combine_sums_and_bounds_over_random_seeds() {
-    for seed in 0..40u64 {
+    for seed in 0..32u64 {
         let c = case(seed);
         if c.fp8 {
             continue; // combine is bf16 only; fp8 cases are covered by dispatch
@@ -643,7 +650,7 @@ fn combine_of_dispatched_x_matches_deepep_check() {
 
 #[test]
 fn internode_combine_rounds_node_partials() {
-    for seed in 0..30u64 {
+    for seed in 0..20u64 {
         let c = case(seed);
         if c.fp8 {
             continue;
