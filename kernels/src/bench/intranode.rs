@@ -1,0 +1,150 @@
+//! Bench mode `intranode`: DeepEP's intranode figures for our NVLink kernels.
+//!
+//! Per shape (DeepEP-like routing from `bench::Routing`): dispatch BF16 and dispatch FP8 with a
+//! cached handle (what DeepEP's `test_intranode.py` times), combine BF16 (no weights, no bias;
+//! same byte count as the BF16 dispatch, as DeepEP reports it), and the uncached path
+//! `dispatch_layout` + fresh dispatch (notify, CPU sync, dispatch). Each row carries the NCCL
+//! all-to-all baseline for the same per-peer bytes (combine: the transposed counts).
+//!
+//! Configs: `--num-sms` (default 24 blocks) with the default warp split, or several configs via
+//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps,..."` (e.g.
+//! `24:24:24:12,16:24:24:12,24:16:24:8`), each measured in turn (tuning without rebuilding).
+
+use super::{token_bytes, BenchCtx, Row, Shape};
+use crate::config::Config;
+use crate::intranode::{Buffer, CombineArgs, DispatchArgs};
+use crate::tensor::{DType, Tensor};
+use crate::{EpError, Result};
+
+const MODE: &str = "intranode";
+
+/// Configs to measure (see module docs).
+pub fn configs(num_sms: Option<u32>) -> Result<Vec<Config>> {
+    if let Ok(spec) = std::env::var("DEEPEP_INTRANODE_CONFIGS") {
+        if !spec.trim().is_empty() {
+            return spec.split(',').map(|c| parse_config(c.trim())).collect();
+        }
+    }
+    Ok(vec![Config::with_sms(num_sms.map_or(Config::default().num_sms, |n| n as usize))])
+}
+
+/// `sms:dispatch_warps:combine_warps:push_warps`.
+pub fn parse_config(s: &str) -> Result<Config> {
+    let v: Vec<usize> = s.split(':').map(|x| x.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().map_err(|_| bad_config(s))?;
+    if v.len() != 4 {
+        return Err(bad_config(s));
+    }
+    let c = Config { num_sms: v[0], dispatch_warps: v[1], combine_warps: v[2], combine_push_warps: v[3] };
+    c.validate(None)?;
+    Ok(c)
+}
+
+fn bad_config(s: &str) -> EpError {
+    EpError::InvalidArgument(format!(
+        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps (four integers, e.g. 24:24:24:12)"
+    ))
+}
+
+fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
+    let t = Tensor::empty(ctx.gpu.stream(), dtype, shape)?;
+    let bytes = t.numel() * dtype.size();
+    if bytes >= 4 {
+        ctx.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
+    }
+    Ok(t)
+}
+
+fn op_name(base: &str, cfg: &Config, many: bool) -> String {
+    if many {
+        format!("{base}[{}:{}:{}:{}]", cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps)
+    } else {
+        base.to_string()
+    }
+}
+
+/// Run the intranode mode over `shapes` (collective).
+pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
+    let (me, w) = (ctx.comm.rank(), ctx.comm.world());
+    let cfgs = configs(ctx.opts.num_sms)?;
+    let many = cfgs.len() > 1;
+    let max_tokens = shapes.iter().map(|s| s.tokens).max().unwrap_or(1).max(1);
+    let max_hidden = shapes.iter().map(|s| s.hidden).max().unwrap_or(128);
+    let (comm, gpu) = (ctx.comm, ctx.gpu);
+    let mut buf = Buffer::new(gpu, comm, max_tokens, max_hidden)?;
+    let mut rows = Vec::new();
+    for &shape in shapes {
+        let routing = ctx.routing(shape);
+        let (n, h, k) = (shape.tokens, shape.hidden, shape.topk);
+        let stream = gpu.stream().clone();
+        let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
+        let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+        let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
+        let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
+        let sc = filled(ctx, DType::F32, &[n, h / 128], 0x3f80_0000)?;
+        let layout = buf.dispatch_layout(&idx, shape.experts)?;
+        comm.barrier()?;
+        let first = buf.dispatch(DispatchArgs::fresh(&x, &layout, &idx, &wts))?;
+        let handle = first.handle.clone();
+        drop(first);
+        let m = handle.num_recv_tokens;
+        let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
+        let out = Tensor::empty(&stream, DType::Bf16, &[n, h])?;
+        gpu.sync("intranode bench setup")?;
+
+        let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
+        for cfg in &cfgs {
+            let sms = cfg.num_sms as u32;
+            for (base, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
+                let tb = token_bytes(h, fp8);
+                let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
+                let (send, recv) = routing.dispatch_bytes(me, tb);
+                let row = ctx.measure(MODE, &op_name(base, cfg, many), shape, sms, &recv_bytes, &send, &recv, || {
+                    let a = if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
+                    buf.dispatch(a.config(*cfg)).map(|_| ())
+                })?;
+                rows.push(row);
+            }
+            // Combine: same byte count as the BF16 dispatch (DeepEP's convention); the NCCL
+            // baseline moves the transpose of the dispatch counts.
+            let tb = token_bytes(h, false);
+            let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
+            let (send, recv) = routing.dispatch_bytes(me, tb);
+            let row = ctx.measure(MODE, &op_name("combine-bf16", cfg, many), shape, sms, &recv_bytes, &recv, &send, || {
+                buf.combine_into(CombineArgs::new(&y, &handle).config(*cfg), &out, None).map(|_| ())
+            })?;
+            rows.push(row);
+        }
+        // Uncached: layout + notify (count exchange, CPU sync) + dispatch, default-or-first config.
+        let cfg = cfgs[0];
+        let tb = token_bytes(h, false);
+        let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
+        let (send, recv) = routing.dispatch_bytes(me, tb);
+        let row = ctx.measure(MODE, &op_name("dispatch-bf16-uncached", &cfg, many), shape, cfg.num_sms as u32, &recv_bytes, &send, &recv, || {
+            let lay = buf.dispatch_layout(&idx, shape.experts)?;
+            buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &wts).config(cfg)).map(|_| ())
+        })?;
+        rows.push(row);
+        gpu.sync("intranode bench shape done")?;
+        comm.barrier()?;
+    }
+    // Peers must be done with our buffer before it is freed.
+    gpu.sync("intranode bench teardown")?;
+    comm.barrier()?;
+    drop(buf);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn parses_configs_and_rejects_bad_ones() {
+        assert_eq!(parse_config("16:24:24:12").unwrap(), Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12 });
+        let e = parse_config("16:24:24").unwrap_err().to_string();
+        assert!(e.contains("sms:dispatch_warps:combine_warps:push_warps"), "{e}");
+        let e = parse_config("16:24:24:24").unwrap_err().to_string();
+        assert!(e.contains("combine_push_warps"), "{e}");
+        let e = parse_config("a:b:c:d").unwrap_err().to_string();
+        assert!(e.contains("four integers"), "{e}");
+    }
+}
