@@ -2,8 +2,8 @@
 //! API (`cuda/nvshmem/internode.cu`). Design, ordering and limits: `docs/internode.md`.
 //!
 //! ```text
-//! let nv = shared_nvshmem(&gpu, &comm)?;                                   // once per process
-//! let mut buf = InternodeBuffer::new(&gpu, &comm, &nv, InternodeConfig::new(ranks_per_host, max_tokens, hidden))?;
+//! let rt = nvshmem_runtime(&gpu, &comm)?;                                 // once per process
+//! let mut buf = InternodeBuffer::new(&gpu, &comm, &rt, InternodeConfig::new(ranks_per_host, max_tokens, hidden))?;
 //! let out = buf.dispatch(DispatchArgs::fresh(&x, &topk_idx, &topk_w, num_experts))?;   // notify + dispatch
 //! let y = expert_ffn(&out.recv_x);
 //! let comb = buf.combine(CombineArgs::new(&y, &out.handle).weights(out.recv_topk_weights.as_ref().unwrap()))?;
@@ -25,15 +25,16 @@ pub use plan::{InternodeArgs, InternodeConfig, SymLayout};
 
 use crate::cubins;
 use crate::error::EpError;
-use crate::nvshmem::binding::{HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};
-use crate::nvshmem::knobs::{self, KnobRequest};
+use crate::nvshmem::binding::SymmetricBuffer;
+use crate::nvshmem::knobs::KnobRequest;
+use crate::nvshmem::NvshmemRuntime;
 use crate::runtime::{Comm, Gpu, HostMapped, Kernel, LaunchCfg};
 use crate::tensor::{DType, Tensor, TensorInfo};
 use crate::Result;
 use cudarc::driver::CudaEvent;
 use plan::{HandleLayout, BARRIER_THREADS, NOTIFY_THREADS, THREADS};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 // SAFETY: repr(C), only integer fields, copied by value into the kernel parameter.
 unsafe impl crate::runtime::Pod for InternodeArgs {}
@@ -44,67 +45,13 @@ fn bad<T>(msg: String) -> Result<T> {
     Err(EpError::InvalidArgument(msg))
 }
 
-// ---- NVSHMEM start-up shared by the NVSHMEM families of this process ----------------------
+// ---- NVSHMEM start-up ------------------------------------------------------------------------
 
-/// [`Comm`] as the rendezvous NVSHMEM's unique-id bootstrap uses.
-struct CommUid<'a>(&'a Comm);
-
-impl UidExchange for CommUid<'_> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world(&self) -> usize {
-        self.0.world()
-    }
-    fn broadcast(&self, root: usize, bytes: &[u8]) -> Result<Vec<u8>> {
-        self.0.broadcast(root, bytes)
-    }
-}
-
-static SESSION: Mutex<Option<Weak<Nvshmem>>> = Mutex::new(None);
-
-/// The process' NVSHMEM runtime, initialized on first use (collective: every rank calls it at
-/// the same point): DeepEP's internode knobs (user-exported values win, see `knobs`), the host
-/// library matching the device library the cubins were linked with, unique-id bootstrap through
-/// `comm` (or Slurm PMI when `NVSHMEM_BOOTSTRAP` says so). Later calls return the same runtime
-/// while any holder keeps it alive.
-pub fn shared_nvshmem(gpu: &Gpu, comm: &Comm) -> Result<Arc<Nvshmem>> {
-    let mut g = SESSION.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(nv) = g.as_ref().and_then(Weak::upgrade) {
-        return Ok(nv);
-    }
-    let device = cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
-        EpError::Unsupported(
-            "this binary was built without NVSHMEM (NVSHMEM_DIR unset at build time), so the internode kernels are left out; \
-             rebuild with NVSHMEM_DIR=<nvshmem prefix> (scripts/install-toolchain.sh prints it)"
-                .into(),
-        )
-    })?;
-    // DeepEP's internode default: 24 QPs per PE (one per channel and one per credit channel).
-    let plan = knobs::apply(&KnobRequest::internode(24))?;
-    gpu.bind()?;
-    let lib = HostLib::load(Some(device))?;
-    let nv = Nvshmem::init(lib, &CommUid(comm), plan.bootstrap)?;
-    *g = Some(Arc::downgrade(&nv));
-    Ok(nv)
-}
-
-/// The `internode` module registered with NVSHMEM once per process (re-registering a module is
-/// not needed and would finalize it twice).
-static REGISTERED: Mutex<Option<Weak<RegisteredModule>>> = Mutex::new(None);
-
-fn registered_module(gpu: &Gpu, nv: &Arc<Nvshmem>) -> Result<Arc<RegisteredModule>> {
-    let mut g = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(r) = g.as_ref().and_then(Weak::upgrade) {
-        return Ok(r);
-    }
-    let module = gpu.module("internode")?;
-    let raw = module.raw() as *mut std::ffi::c_void;
-    // SAFETY: `raw` is the loaded module of this context; `module` (kept alive by the
-    // registration) keeps it loaded until after nvshmemx_cumodule_finalize.
-    let reg = Arc::new(unsafe { nv.register_module(raw, "internode", Box::new(module))? });
-    *g = Some(Arc::downgrade(&reg));
-    Ok(reg)
+/// The process' NVSHMEM runtime (see [`crate::nvshmem::runtime`]), started with DeepEP's
+/// internode knobs (24 QPs per PE; user-exported values win) if this is the first NVSHMEM user
+/// of the process. Collective: every rank calls it at the same point.
+pub fn nvshmem_runtime(gpu: &Gpu, comm: &Comm) -> Result<Arc<NvshmemRuntime>> {
+    crate::nvshmem::runtime(gpu, comm, &KnobRequest::internode(24))
 }
 
 // ---- API types (mirroring the intranode ones) ----------------------------------------------
@@ -269,10 +216,9 @@ pub struct InternodeBuffer<'g> {
     world: usize,
     cfg: InternodeConfig,
     sym_layout: SymLayout,
-    // Field order = drop order: the symmetric buffer and the module registration go before the
-    // NVSHMEM runtime they hold.
+    // Field order = drop order: the symmetric buffer goes before the NVSHMEM runtime.
     sym: SymmetricBuffer,
-    _module: Arc<RegisteredModule>,
+    _rt: Arc<NvshmemRuntime>,
     counters: HostMapped<i32>,
     kernels: Kernels,
     /// Sequence number of the last collective kernel (same on every rank; signals compare >=).
@@ -281,6 +227,8 @@ pub struct InternodeBuffer<'g> {
     combines: u64,
     id: u64,
     poisoned: Option<String>,
+    /// Fill every freshly allocated output with this byte before the kernel runs (tests).
+    output_poison: Option<u8>,
 }
 
 impl<'g> std::fmt::Debug for InternodeBuffer<'g> {
@@ -313,12 +261,13 @@ fn expect_2d(what: &str, t: &TensorInfo, dtypes: &[DType], rows: usize, cols: Op
 impl<'g> InternodeBuffer<'g> {
     /// Allocate the symmetric buffer for `cfg` (validated first), check that the ranks of each
     /// host reach each other by loads/stores, and register the kernels with NVSHMEM.
-    pub fn new(gpu: &'g Gpu, comm: &Comm, nv: &Arc<Nvshmem>, cfg: InternodeConfig) -> Result<InternodeBuffer<'g>> {
+    pub fn new(gpu: &'g Gpu, comm: &Comm, rt: &Arc<NvshmemRuntime>, cfg: InternodeConfig) -> Result<InternodeBuffer<'g>> {
+        let nv = rt.nv();
         let (rank, world) = (comm.rank(), comm.world());
         cfg.validate(world, Some(gpu.sm_count() as usize))?;
         if nv.my_pe() != rank || nv.n_pes() != world {
             return bad(format!(
-                "NVSHMEM has this process as PE {} of {}, the rendezvous as rank {rank} of {world}; start NVSHMEM with the same ranks (shared_nvshmem)",
+                "NVSHMEM has this process as PE {} of {}, the rendezvous as rank {rank} of {world}; start NVSHMEM with the same ranks (nvshmem_runtime)",
                 nv.my_pe(),
                 nv.n_pes()
             ));
@@ -351,7 +300,8 @@ impl<'g> InternodeBuffer<'g> {
                 ));
             }
         }
-        let module = registered_module(gpu, nv)?;
+        // Loaded and registered with NVSHMEM once per process.
+        rt.module(gpu, "internode")?;
         let counters = HostMapped::new(gpu.ctx(), 2 + cfg.max_local_experts)?;
         let kernels = Kernels {
             notify: gpu.kernel("internode", "internode_notify")?,
@@ -367,13 +317,14 @@ impl<'g> InternodeBuffer<'g> {
             cfg,
             sym_layout,
             sym,
-            _module: module,
+            _rt: rt.clone(),
             counters,
             kernels,
             seq: 0,
             combines: 0,
             id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
             poisoned: None,
+            output_poison: None,
         })
     }
 
@@ -391,6 +342,20 @@ impl<'g> InternodeBuffer<'g> {
     }
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// Fill every output tensor with `byte` before the kernel that writes it runs, so that an
+    /// element the kernel fails to write is caught by an exact comparison (GPU tests).
+    pub fn set_output_poison(&mut self, byte: Option<u8>) {
+        self.output_poison = byte;
+    }
+
+    fn new_output(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let t = Tensor::empty(self.gpu.stream(), dtype, shape)?;
+        if let Some(b) = self.output_poison {
+            t.fill_bytes(b)?;
+        }
+        Ok(t)
     }
 
     fn check_usable(&mut self) -> Result<()> {
@@ -609,14 +574,13 @@ impl<'g> InternodeBuffer<'g> {
         m: usize,
         topk: Option<(&Tensor, Option<&Tensor>, usize)>,
     ) -> Result<(Tensor, Option<Tensor>, Option<(Tensor, Tensor)>, Tensor)> {
-        let s = self.gpu.stream().clone();
         let dtype = a.x.dtype();
         let sc = plan::num_scales(dtype, hidden);
-        let recv_x = Tensor::empty(&s, dtype, &[m, hidden])?;
-        let recv_scales = if sc > 0 { Some(Tensor::empty(&s, DType::F32, &[m, sc])?) } else { None };
-        let recv_src_idx = Tensor::empty(&s, DType::I32, &[m])?;
+        let recv_x = self.new_output(dtype, &[m, hidden])?;
+        let recv_scales = if sc > 0 { Some(self.new_output(DType::F32, &[m, sc])?) } else { None };
+        let recv_src_idx = self.new_output(DType::I32, &[m])?;
         let recv_topk = match topk {
-            Some((_, _, k)) => Some((Tensor::empty(&s, DType::I64, &[m, k])?, Tensor::empty(&s, DType::F32, &[m, k])?)),
+            Some((_, _, k)) => Some((self.new_output(DType::I64, &[m, k])?, self.new_output(DType::F32, &[m, k])?)),
             None => None,
         };
         args.num_tokens = n as i32;
@@ -686,10 +650,9 @@ impl<'g> InternodeBuffer<'g> {
     }
 
     fn launch_combine(&mut self, a: &CombineArgs<'_>, m: usize, n: usize, k: usize) -> Result<CombineOutput> {
-        let s = self.gpu.stream().clone();
         let hidden = self.sym_layout.hidden;
-        let out = Tensor::empty(&s, DType::Bf16, &[n, hidden])?;
-        let out_w = if k > 0 { Some(Tensor::empty(&s, DType::F32, &[n, k])?) } else { None };
+        let out = self.new_output(DType::Bf16, &[n, hidden])?;
+        let out_w = if k > 0 { Some(self.new_output(DType::F32, &[n, k])?) } else { None };
         let parity = (self.combines % 2) as usize;
         self.combines += 1;
         let seq = self.next_seq();

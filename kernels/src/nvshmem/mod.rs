@@ -10,6 +10,7 @@ pub mod binding;
 pub mod knobs;
 pub mod internode;
 pub mod low_latency;
+pub mod gpu_tests_ll;
 pub mod gpu_tests_internode;
 
 pub use binding::{Bootstrap, HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};

@@ -1,0 +1,265 @@
+//! GPU test cases of the internode (two-hop) family, run by `deepep-gpu-tests`.
+//!
+//! Every case draws ragged token counts (incl. 0 and 1) and inputs from the case seed, computes
+//! the CPU reference of ALL ranks locally (`reference::dispatch`, `reference::combine_internode`),
+//! runs dispatch (fresh, then optionally cached) and combine on a fresh [`InternodeBuffer`], and
+//! compares: dispatch outputs bit-exact, combine within the reference's rigorous bound AND
+//! bit-exact (our kernels sum in the contract's order: biases, then hosts ascending; inside a
+//! host, ranks ascending). Outputs are poisoned before every launch. Each case repeats its
+//! dispatch/combine several times on the same buffer to catch races and stale-signal bugs.
+//!
+//! `ranks_per_host = 1` makes every token take the inter-host path (NVSHMEM put + signal);
+//! `ranks_per_host = world` keeps everything in one host, exercising the NVLink hop (pull from
+//! the forwarder, gather in combine). Both are run.
+
+use super::internode::{nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig};
+use super::NvshmemRuntime;
+use crate::gpu_test::{Case, CaseResult, Ctx};
+use crate::reference::{self, random, Payload};
+use crate::tensor::{DType, Tensor};
+use anyhow::{anyhow, bail, Context as _};
+use half::bf16;
+use std::sync::Arc;
+
+/// Poison byte for fresh outputs: 0x7F7F.. is NaN as e4m3, 3.4e38 as bf16 / f32, and an
+/// implausible id as i32 / i64.
+const POISON_BYTE: u8 = 0x7F;
+
+fn nvshmem(ctx: &Ctx) -> anyhow::Result<Arc<NvshmemRuntime>> {
+    nvshmem_runtime(ctx.gpu, ctx.comm).context("starting NVSHMEM")
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    max_tokens: usize,
+    hidden: usize,
+    topk: usize,
+    experts: usize,
+    fp8: bool,
+    masked: f64,
+    cached: bool,
+    biases: usize,
+    with_weights: bool,
+    alignment: usize,
+    num_sms: usize,
+    /// false: every GPU is its own host (`ranks_per_host = 1`); true: one host of all ranks.
+    one_host: bool,
+    reps: usize,
+}
+
+const BASE: Spec = Spec {
+    max_tokens: 128,
+    hidden: 7168,
+    topk: 8,
+    experts: 256,
+    fp8: false,
+    masked: 0.0,
+    cached: true,
+    biases: 0,
+    with_weights: true,
+    alignment: 1,
+    num_sms: 24,
+    one_host: false,
+    reps: 3,
+};
+
+/// The registered cases.
+pub fn cases() -> Vec<Case> {
+    let mut specs: Vec<(&str, Spec)> = vec![
+        ("bf16 h7168 k8 e256", BASE),
+        ("fp8 h7168 k8 e256", Spec { fp8: true, ..BASE }),
+        ("bf16 h2048 k1 e16 bias1", Spec { hidden: 2048, topk: 1, experts: 16, biases: 1, max_tokens: 64, ..BASE }),
+        ("fp8 h4096 k6 e64 masked", Spec { hidden: 4096, topk: 6, experts: 64, fp8: true, masked: 0.1, ..BASE }),
+        ("bf16 h4096 k6 e128 align4 bias2", Spec { hidden: 4096, topk: 6, experts: 128, alignment: 4, biases: 2, ..BASE }),
+        ("bf16 h7168 k8 e256 tokens<=1", Spec { max_tokens: 1, reps: 4, ..BASE }),
+        ("bf16 h2048 k8 e32 sms2", Spec { hidden: 2048, experts: 32, num_sms: 2, max_tokens: 200, ..BASE }),
+        ("bf16 h2048 k6 e64 sms64 no-weights", Spec { hidden: 2048, topk: 6, experts: 64, num_sms: 64, with_weights: false, ..BASE }),
+        ("bf16 h7168 k8 e256 4096 tokens", Spec { max_tokens: 4096, reps: 2, biases: 1, ..BASE }),
+        ("fp8 h7168 k8 e256 race x20", Spec { fp8: true, masked: 0.05, max_tokens: 512, reps: 20, ..BASE }),
+    ];
+    let one_host: Vec<(String, Spec)> = specs
+        .iter()
+        .filter(|(n, _)| !n.contains("4096 tokens"))
+        .map(|(n, s)| (format!("{n} one-host"), Spec { one_host: true, ..*s }))
+        .collect();
+    let mut out: Vec<Case> = specs.drain(..).map(|(n, s)| case(format!("internode {n} 2-hop"), s)).collect();
+    out.extend(one_host.into_iter().map(|(n, s)| case(format!("internode {n}"), s)));
+    out.push(Case::new("internode rejects bad arguments", bad_arguments).min_world(2));
+    out
+}
+
+fn case(name: String, spec: Spec) -> Case {
+    Case::new(name, move |ctx| run(ctx, &spec)).min_world(2)
+}
+
+fn upload_payload(stream: &Arc<cudarc::driver::CudaStream>, p: &Payload, n: usize, h: usize) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+    Ok(match p {
+        Payload::Bf16(v) => (Tensor::from_host(stream, v, &[n, h])?, None),
+        Payload::Fp8 { data, scales } => {
+            (Tensor::from_host_as(stream, DType::Fp8E4m3, data, &[n, h])?, Some(Tensor::from_host(stream, scales, &[n, h / 128])?))
+        }
+    })
+}
+
+fn check(what: &str, r: Result<(), String>) -> anyhow::Result<()> {
+    r.map_err(|e| anyhow!("{what}: {e}"))
+}
+
+fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
+    let (rank, world) = (ctx.rank(), ctx.world());
+    let Spec { hidden: h, topk: k, experts: e, .. } = *spec;
+    // One host: the largest divisor of the world that fits a host (all of it for <= 8 ranks).
+    let rph = if spec.one_host {
+        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world)).rev().find(|p| world % p == 0).unwrap_or(1)
+    } else {
+        1
+    };
+    let tokens = random::token_counts(ctx.seed, world, spec.max_tokens);
+    let ispec = random::InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: spec.fp8, masked_fraction: spec.masked };
+    let inputs = random::all_inputs(ctx.seed, &tokens, &ispec);
+    let expected = reference::dispatch(&inputs, e, spec.alignment)?;
+    // Combine inputs of every rank (for the reference) and this rank's tensors.
+    let ys: Vec<Vec<bf16>> = (0..world)
+        .map(|d| random::combine_rows(ctx.seed, d, random::streams::COMBINE_Y, expected[d].num_recv_tokens, h))
+        .collect();
+    let ws: Vec<Vec<f32>> = expected.iter().map(|o| o.recv_topk_weights.clone()).collect();
+    let bias_of = |stream: u64| -> Vec<Vec<bf16>> { (0..world).map(|s| random::combine_rows(ctx.seed, s, stream, tokens[s], h)).collect() };
+    let b0 = (spec.biases >= 1).then(|| bias_of(random::streams::BIAS0));
+    let b1 = (spec.biases >= 2).then(|| bias_of(random::streams::BIAS1));
+    let want_comb = reference::combine_internode(
+        &expected,
+        &inputs,
+        reference::normal::CombineArgs {
+            y: &ys,
+            topk_weights: spec.with_weights.then_some(ws.as_slice()),
+            bias0: b0.as_deref(),
+            bias1: b1.as_deref(),
+        },
+        rph,
+    )?;
+
+    let nv = nvshmem(ctx)?;
+    let mut cfg = InternodeConfig::new(rph, spec.max_tokens, h);
+    cfg.num_sms = spec.num_sms;
+    cfg.max_topk = k;
+    cfg.max_local_experts = e / world;
+    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?;
+    buf.set_output_poison(Some(POISON_BYTE));
+    let s = ctx.gpu.stream().clone();
+    let me = &inputs[rank];
+    let n = me.n;
+    let (x, scales) = upload_payload(&s, &me.x, n, h)?;
+    let topk_idx = Tensor::from_host(&s, &me.topk_idx, &[n, k])?;
+    let topk_w = Tensor::from_host(&s, &me.topk_weights, &[n, k])?;
+    let y = Tensor::from_host(&s, &ys[rank], &[expected[rank].num_recv_tokens, h])?;
+    let bias0 = b0.as_ref().map(|b| Tensor::from_host(&s, &b[rank], &[n, h])).transpose()?;
+    let bias1 = b1.as_ref().map(|b| Tensor::from_host(&s, &b[rank], &[n, h])).transpose()?;
+    let want = &expected[rank];
+    let m = want.num_recv_tokens;
+
+    for rep in 0..spec.reps {
+        let at = |what: &str| format!("rep {rep}: {what}");
+        let mut args = DispatchArgs::fresh(&x, &topk_idx, &topk_w, e).expert_alignment(spec.alignment);
+        if let Some(sc) = &scales {
+            args = args.scales(sc);
+        }
+        let out = buf.dispatch(args).with_context(|| at("dispatch"))?;
+        ctx.gpu.sync("internode dispatch").with_context(|| at("dispatch"))?;
+        if out.handle.num_recv_tokens != m {
+            bail!("{}: received {} rows, reference {m}", at("dispatch"), out.handle.num_recv_tokens);
+        }
+        if out.num_recv_tokens_per_expert != want.num_recv_tokens_per_expert {
+            bail!("{}: per-expert counts {:?}, reference {:?}", at("dispatch"), out.num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
+        }
+        check_payload(&at("dispatch recv_x"), &out.recv_x, out.recv_scales.as_ref(), &want.recv_x)?;
+        let idx: Vec<i64> = out.recv_topk_idx.as_ref().ok_or_else(|| anyhow!("no recv_topk_idx"))?.to_host()?;
+        check(&at("recv_topk_idx"), reference::compare::bit_exact("recv_topk_idx", &idx, &want.recv_topk_idx, k))?;
+        let w: Vec<f32> = out.recv_topk_weights.as_ref().ok_or_else(|| anyhow!("no recv_topk_weights"))?.to_host()?;
+        check(&at("recv_topk_weights"), reference::compare::bit_exact("recv_topk_weights", &w, &want.recv_topk_weights, k))?;
+        let src: Vec<i32> = out.handle.recv_src_idx.to_host()?;
+        check(&at("recv_src_idx"), reference::compare::bit_exact("recv_src_idx", &src, &want.recv_src_idx, 1))?;
+
+        if spec.cached {
+            let mut args = DispatchArgs::cached(&x, &out.handle);
+            if let Some(sc) = &scales {
+                args = args.scales(sc);
+            }
+            let c = buf.dispatch(args).with_context(|| at("cached dispatch"))?;
+            ctx.gpu.sync("internode cached dispatch").with_context(|| at("cached dispatch"))?;
+            check_payload(&at("cached recv_x"), &c.recv_x, c.recv_scales.as_ref(), &want.recv_x)?;
+        }
+
+        let rw = out.recv_topk_weights.as_ref().unwrap();
+        let mut cargs = CombineArgs::new(&y, &out.handle).bias(bias0.as_ref(), bias1.as_ref());
+        if spec.with_weights {
+            cargs = cargs.weights(rw);
+        }
+        let comb = buf.combine(cargs).with_context(|| at("combine"))?;
+        ctx.gpu.sync("internode combine").with_context(|| at("combine"))?;
+        let got: Vec<bf16> = comb.combined_x.to_host()?;
+        let wc = &want_comb[rank];
+        check(&at("combined_x"), wc.combined_x.check("combined_x", &got))?;
+        check(&at("combined_x (contract order)"), wc.combined_x.check_bit_exact("combined_x", &got))?;
+        match (&wc.combined_topk_weights, &comb.combined_topk_weights) {
+            (Some(want_w), Some(got_w)) => {
+                let got_w: Vec<f32> = got_w.to_host()?;
+                check(&at("combined_topk_weights"), want_w.check("combined_topk_weights", &got_w))?;
+            }
+            (None, None) => {}
+            (a, b) => bail!("{}: combined weights expected {} got {}", at("combine"), a.is_some(), b.is_some()),
+        }
+    }
+    Ok(())
+}
+
+fn check_payload(what: &str, got_x: &Tensor, got_scales: Option<&Tensor>, want: &Payload) -> anyhow::Result<()> {
+    let h = got_x.shape().get(1).copied().unwrap_or(1).max(1);
+    match want {
+        Payload::Bf16(v) => {
+            let g: Vec<bf16> = got_x.to_host()?;
+            check(what, reference::compare::bit_exact("recv_x", &g, v, h))
+        }
+        Payload::Fp8 { data, scales } => {
+            let g: Vec<u8> = got_x.to_host()?;
+            check(what, reference::compare::bit_exact("recv_x (fp8)", &g, data, h))?;
+            let gs: Vec<f32> = got_scales.ok_or_else(|| anyhow!("{what}: no recv_scales for FP8"))?.to_host()?;
+            check(what, reference::compare::bit_exact("recv_scales", &gs, scales, h / 128))
+        }
+    }
+}
+
+/// Validation happens before any launch, on every rank alike, so no rank is left waiting.
+fn bad_arguments(ctx: &Ctx) -> CaseResult {
+    let world = ctx.world();
+    let nv = nvshmem(ctx)?;
+    let mut cfg = InternodeConfig::new(1, 16, 2048);
+    cfg.max_local_experts = 8;
+    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?;
+    let s = ctx.gpu.stream().clone();
+    let x = Tensor::zeros(&s, DType::Bf16, &[17, 2048])?;
+    let idx = Tensor::zeros(&s, DType::I64, &[17, 2])?;
+    let w = Tensor::zeros(&s, DType::F32, &[17, 2])?;
+    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world)).err().ok_or_else(|| anyhow!("17 tokens > capacity 16 accepted"))?;
+    if !e.to_string().contains("max_tokens_per_rank >= 17") {
+        bail!("unexpected message: {e}");
+    }
+    let x = Tensor::zeros(&s, DType::Fp8E4m3, &[4, 2048])?;
+    let idx = Tensor::zeros(&s, DType::I64, &[4, 2])?;
+    let w = Tensor::zeros(&s, DType::F32, &[4, 2])?;
+    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world)).err().ok_or_else(|| anyhow!("fp8 without scales accepted"))?;
+    if !e.to_string().contains("scales") {
+        bail!("unexpected message: {e}");
+    }
+    let x = Tensor::zeros(&s, DType::Bf16, &[4, 2048])?;
+    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world + 1)).err().ok_or_else(|| anyhow!("E % R != 0 accepted"))?;
+    if e.to_string().is_empty() {
+        bail!("empty message");
+    }
+    // The buffer is still usable after argument errors: a real call succeeds.
+    let idx_ok: Vec<i64> = (0..4 * 2).map(|i| (i % (8 * world)) as i64).collect();
+    let idx = Tensor::from_host(&s, &idx_ok, &[4, 2])?;
+    let out = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))?;
+    ctx.gpu.sync("internode dispatch after argument errors")?;
+    let _ = out;
+    Ok(())
+}
