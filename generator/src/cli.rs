@@ -57,14 +57,17 @@ pub enum Command {
 /// Where the checkout is.
 #[derive(Debug, Clone, Args)]
 pub struct RepoArgs {
-    /// Repository checkout to read and write (see "Data location" below).
+    /// Repository checkout to use. Default: the nearest directory at or above the
+    /// current one that contains pkgs/nvshmem; without one, read-only commands use the
+    /// snapshot embedded in this binary and writing commands need this option.
     #[arg(long, env = "DEEPEP_NIX_REPO", value_name = "DIR")]
     pub repo: Option<PathBuf>,
 }
 
-/// Network settings shared by the commands that download.
+/// Where upstream metadata lives (only `lock` reads it; `verify`/`install` use the URLs in
+/// the lock).
 #[derive(Debug, Clone, Args)]
-pub struct NetArgs {
+pub struct UpstreamArgs {
     /// Base URL of NVIDIA's NVSHMEM redist (index page, redistrib_<version>.json, and the
     /// base that manifests' relative_path is appended to in the lock).
     #[arg(long, env = "DEEPEP_NIX_NVIDIA_URL", default_value = crate::nvidia::DEFAULT_REDIST_URL, value_name = "URL")]
@@ -72,11 +75,23 @@ pub struct NetArgs {
     /// Base URL of PyPI's JSON API (<URL>/<package>/json).
     #[arg(long, env = "DEEPEP_NIX_PYPI_URL", default_value = crate::pypi::DEFAULT_PYPI_URL, value_name = "URL")]
     pub pypi_url: String,
+}
+
+impl UpstreamArgs {
+    pub fn upstream(&self) -> Upstream {
+        Upstream { nvidia_url: self.nvidia_url.clone(), pypi_url: self.pypi_url.clone() }
+    }
+}
+
+/// Network settings shared by the commands that download.
+#[derive(Debug, Clone, Args)]
+pub struct NetArgs {
     /// Seconds to wait for a connection, for response headers, or for the next body bytes.
     #[arg(long, default_value_t = 30, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
-    /// Attempts per request; failed attempts back off exponentially (0.5 s, 1 s, 2 s, ...).
-    #[arg(long, default_value_t = 4, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10))]
+    /// Retries after a failed attempt (connection error, timeout, truncated body, HTTP 5xx/429),
+    /// backing off exponentially (0.5 s, 1 s, 2 s, ...). Other HTTP errors are not retried.
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10))]
     pub retries: u32,
     /// First backoff delay in milliseconds (doubles after each failed attempt).
     #[arg(long, default_value_t = 500, value_name = "MS", hide = true)]
@@ -84,14 +99,10 @@ pub struct NetArgs {
 }
 
 impl NetArgs {
-    pub fn upstream(&self) -> Upstream {
-        Upstream { nvidia_url: self.nvidia_url.clone(), pypi_url: self.pypi_url.clone() }
-    }
-
     pub fn http(&self, progress: bool) -> Result<Http> {
         Http::new(HttpConfig {
             timeout: Duration::from_secs(self.timeout),
-            attempts: self.retries,
+            attempts: self.retries + 1,
             backoff: Duration::from_millis(self.backoff_ms),
             progress,
         })
@@ -102,6 +113,8 @@ impl NetArgs {
 pub struct LockArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
     #[command(flatten)]
     pub net: NetArgs,
     /// Oldest release to lock. Versions below 3.3.9 are refused: DeepEP requires NVSHMEM >= 3.3.9.
@@ -276,9 +289,9 @@ pub fn lock(args: &LockArgs) -> Result<i32> {
         vendored
     } else {
         let live = if args.sources.is_empty() { SourceKind::ALL.to_vec() } else { args.sources.clone() };
-        generate::refresh_inputs(vendored, &live, &args.net.http(false)?, &args.net.upstream(), &min)?
+        generate::refresh_inputs(vendored, &live, &args.net.http(false)?, &args.upstream.upstream(), &min)?
     };
-    let opts = BuildOptions { min_version: min, nvidia_url: args.net.nvidia_url.clone() };
+    let opts = BuildOptions { min_version: min, nvidia_url: args.upstream.nvidia_url.clone() };
     let (plan, lock) = generate::plan_lock(&repo, &inputs, &opts)?;
     let code = run_plan(&plan, args.check, "deepep-nix lock")?;
     if !args.check {

@@ -79,7 +79,10 @@ impl Http {
         }
         Err(Error::Http {
             url: url.to_string(),
-            msg: format!("{last} (gave up after {} attempts; check the network or the URL, or raise --retries/--timeout)", self.cfg.attempts),
+            msg: format!(
+                "{last} (gave up after {} attempts; check the network and the URL, or raise --retries / --timeout)",
+                self.cfg.attempts
+            ),
         })
     }
 

@@ -93,7 +93,7 @@ fn file_str<'a>(origin: &str, path: &str, f: &'a Map<String, Value>, key: &str) 
     v.as_str().ok_or_else(|| Error::upstream(origin, format!("{path}.{key}: expected a string, found {}", type_name(v))))
 }
 
-fn top_level<'a>(origin: &str, bytes: &'a [u8]) -> Result<Value> {
+fn top_level(origin: &str, bytes: &[u8]) -> Result<Value> {
     if bytes.len() > MAX_METADATA_BYTES {
         return Err(Error::upstream(
             origin,
