@@ -47,8 +47,14 @@ fn cc() -> String {
 }
 
 fn run_ok(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (doctor tests need a C compiler and ar)"));
-    assert!(out.status.success(), "{cmd:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!("cannot run {cmd:?}: {e} (doctor tests need a C compiler and ar)")
+    });
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Builds a shared object `out` with SONAME `soname`, C source `src`, linked against `needed`
@@ -57,12 +63,19 @@ fn shared(out: &Path, soname: &str, src: &str, needed: &[PathBuf]) {
     let c = out.with_extension("c");
     std::fs::write(&c, src).unwrap();
     let mut cmd = Command::new(cc());
-    cmd.args(["-shared", "-fPIC", "-nostdlib", "-Wl,--no-as-needed", "-Wl,--disable-new-dtags", "-Wl,-rpath,${ORIGIN}"])
-        .arg(format!("-Wl,-soname,{soname}"))
-        .arg("-o")
-        .arg(out)
-        .arg(&c)
-        .args(needed);
+    cmd.args([
+        "-shared",
+        "-fPIC",
+        "-nostdlib",
+        "-Wl,--no-as-needed",
+        "-Wl,--disable-new-dtags",
+        "-Wl,-rpath,${ORIGIN}",
+    ])
+    .arg(format!("-Wl,-soname,{soname}"))
+    .arg("-o")
+    .arg(out)
+    .arg(&c)
+    .args(needed);
     run_ok(&mut cmd);
     std::fs::remove_file(c).unwrap();
 }
@@ -80,7 +93,10 @@ impl Artifacts {
     /// An NVSHMEM prefix: host library of `host`, device library and header of `device`,
     /// transport plugins with SONAME suffix `.so.<transport_major>`.
     fn nvshmem(&self, host: &str, device: &str, transport_major: u32) -> PathBuf {
-        let prefix = self.dir.path().join(format!("nvshmem-{host}-{device}-{transport_major}"));
+        let prefix = self
+            .dir
+            .path()
+            .join(format!("nvshmem-{host}-{device}-{transport_major}"));
         if prefix.exists() {
             return prefix;
         }
@@ -95,9 +111,14 @@ impl Artifacts {
                  __attribute__((used)) static const char *const env_names[] = {{\"\", \"DEBUG_FILE\", \"QP_DEPTH\"}};\n\
                  int nvshmemx_vendor_get_version_info(int *a, int *b, int *c) {{ return 0; }}\n"
             ),
-            &[libc.clone()],
+            std::slice::from_ref(&libc),
         );
-        shared(&lib.join("nvshmem_bootstrap_uid.so.3"), "nvshmem_bootstrap_uid.so.3", "int uid_boot;\n", &[libc.clone()]);
+        shared(
+            &lib.join("nvshmem_bootstrap_uid.so.3"),
+            "nvshmem_bootstrap_uid.so.3",
+            "int uid_boot;\n",
+            std::slice::from_ref(&libc),
+        );
         shared(
             &lib.join("nvshmem_bootstrap_pmix.so.3"),
             "nvshmem_bootstrap_pmix.so.3",
@@ -111,7 +132,12 @@ impl Artifacts {
             "int ibgda;\n",
             &[self.stub("libmlx5.so.1"), libc.clone()],
         );
-        shared(&lib.join(format!("nvshmem_transport_ibrc.so.{t}")), &format!("nvshmem_transport_ibrc.so.{t}"), "int ibrc;\n", &[libc]);
+        shared(
+            &lib.join(format!("nvshmem_transport_ibrc.so.{t}")),
+            &format!("nvshmem_transport_ibrc.so.{t}"),
+            "int ibrc;\n",
+            &[libc],
+        );
 
         // Device library: the version lives in a local symbol of a host-side object, as in
         // NVIDIA's libnvshmem_device.a.
@@ -126,8 +152,18 @@ impl Artifacts {
         )
         .unwrap();
         let obj = lib.join("init_device.cu.o");
-        run_ok(Command::new(cc()).args(["-c", "-fPIC", "-o"]).arg(&obj).arg(&obj_src));
-        run_ok(Command::new("ar").arg("rcs").arg(lib.join("libnvshmem_device.a")).arg(&obj));
+        run_ok(
+            Command::new(cc())
+                .args(["-c", "-fPIC", "-o"])
+                .arg(&obj)
+                .arg(&obj_src),
+        );
+        run_ok(
+            Command::new("ar")
+                .arg("rcs")
+                .arg(lib.join("libnvshmem_device.a"))
+                .arg(&obj),
+        );
         std::fs::remove_file(obj).unwrap();
         std::fs::remove_file(obj_src).unwrap();
         let inc = prefix.join("include/non_abi");
@@ -147,10 +183,18 @@ impl Artifacts {
 fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        let a = Artifacts { dir: tempfile::tempdir().unwrap() };
+        let a = Artifacts {
+            dir: tempfile::tempdir().unwrap(),
+        };
         let stubs = a.dir.path().join("stubs");
         std::fs::create_dir_all(&stubs).unwrap();
-        for soname in ["libc.so.6", "libmlx5.so.1", "libibverbs.so.1", "libgdrapi.so.2", "libpmix.so.2"] {
+        for soname in [
+            "libc.so.6",
+            "libmlx5.so.1",
+            "libibverbs.so.1",
+            "libgdrapi.so.2",
+            "libpmix.so.2",
+        ] {
             shared(&stubs.join(soname), soname, "int stub;\n", &[]);
         }
         // Build the prefixes used by the tests up front (tests run in parallel).
@@ -216,7 +260,8 @@ impl TestHost {
         let mut h = TestHost::bare("gpu-machine");
         let wheel = "/venv/lib/python3.12/site-packages/nvidia/nvshmem";
         h.install_nvshmem(wheel, "3.4.5", "3.4.5", 3);
-        h.env.insert("LD_LIBRARY_PATH".into(), format!("{wheel}/lib"));
+        h.env
+            .insert("LD_LIBRARY_PATH".into(), format!("{wheel}/lib"));
         h.env.insert("NVSHMEM_DISABLE_NVLS".into(), "1".into());
         h.env.insert("NCCL_NVLS_ENABLE".into(), "0".into());
         h.args.kernels_nvshmem_version = deepep_nix::doctor::Version::parse("3.4.5");
@@ -251,7 +296,10 @@ impl TestHost {
     }
 
     fn install_nvshmem(&self, prefix: &str, host: &str, device: &str, transport_major: u32) {
-        copy_tree(&artifacts().nvshmem(host, device, transport_major), &self.path(prefix));
+        copy_tree(
+            &artifacts().nvshmem(host, device, transport_major),
+            &self.path(prefix),
+        );
     }
 
     fn install_stub(&self, dir: &str, soname: &str) {
@@ -298,7 +346,10 @@ use Capability::*;
 
 /// (capability, ready, blocked_by) for all four capabilities.
 fn verdicts(r: &Report) -> Vec<(Capability, bool, Vec<String>)> {
-    r.verdicts.iter().map(|v| (v.capability, v.ready, v.blocked_by.clone())).collect()
+    r.verdicts
+        .iter()
+        .map(|v| (v.capability, v.ready, v.blocked_by.clone()))
+        .collect()
 }
 
 fn v(cap: Capability, ready: bool, blocked: &[&str]) -> (Capability, bool, Vec<String>) {
@@ -306,7 +357,9 @@ fn v(cap: Capability, ready: bool, blocked: &[&str]) -> (Capability, bool, Vec<S
 }
 
 fn status(r: &Report, id: &str) -> Status {
-    r.check(id).unwrap_or_else(|| panic!("no check {id} in\n{}", r.render_text())).status
+    r.check(id)
+        .unwrap_or_else(|| panic!("no check {id} in\n{}", r.render_text()))
+        .status
 }
 
 fn found<'a>(r: &'a Report, id: &str) -> &'a str {
@@ -314,7 +367,11 @@ fn found<'a>(r: &'a Report, id: &str) -> &'a str {
 }
 
 fn fix<'a>(r: &'a Report, id: &str) -> &'a str {
-    r.check(id).unwrap().fix.as_deref().unwrap_or_else(|| panic!("{id} has no fix"))
+    r.check(id)
+        .unwrap()
+        .fix
+        .as_deref()
+        .unwrap_or_else(|| panic!("{id} has no fix"))
 }
 
 /// Every check id with its status, for exact comparisons.
@@ -323,7 +380,12 @@ fn statuses(r: &Report) -> Vec<(String, Status)> {
 }
 
 fn all_ready() -> Vec<(Capability, bool, Vec<String>)> {
-    vec![v(Intranode, true, &[]), v(LowLatency, true, &[]), v(InternodeIbgda, true, &[]), v(InternodeCpuIbgda, true, &[])]
+    vec![
+        v(Intranode, true, &[]),
+        v(LowLatency, true, &[]),
+        v(InternodeIbgda, true, &[]),
+        v(InternodeCpuIbgda, true, &[]),
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,17 +427,29 @@ fn correctly_configured_ibgda_host_is_ready_for_everything() {
     .map(|(i, s)| (i.to_string(), s))
     .collect();
     assert_eq!(statuses(&r), expected, "{text}");
-    assert!(found(&r, "driver").contains("580.159.04 loaded (open kernel modules"), "{text}");
+    assert!(
+        found(&r, "driver").contains("580.159.04 loaded (open kernel modules"),
+        "{text}"
+    );
     assert!(found(&r, "nvlink").contains("GPU0-GPU1 NV18"));
-    assert!(found(&r, "nvshmem.host-library").starts_with("NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3"));
-    assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv (char 1:3) opens read-write"), "{text}");
+    assert!(found(&r, "nvshmem.host-library")
+        .starts_with("NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3"));
+    assert!(
+        found(&r, "gdrcopy").contains("/dev/gdrdrv (char 1:3) opens read-write"),
+        "{text}"
+    );
     assert!(found(&r, "gdrcopy").contains("libgdrapi.so.2 at /usr/lib64/libgdrapi.so.2"));
     assert!(found(&r, "memory-registration").contains("DMA-BUF available"));
     // rdma-core found through /etc/ld.so.conf -> ld.so.conf.d/rdma-core.conf
-    assert!(found(&r, "nvshmem.plugin.ibgda").contains("3 libraries resolve"), "{text}");
+    assert!(
+        found(&r, "nvshmem.plugin.ibgda").contains("3 libraries resolve"),
+        "{text}"
+    );
     // pmix needs libpmix, which this host lacks: reported, but unused, so not a failure.
-    assert!(found(&r, "nvshmem.plugins").contains("nvshmem_bootstrap_pmix.so.3 not loadable (missing libpmix.so.2), unused"));
-    assert!(found(&r, "knob.NVSHMEM_QP_DEPTH").contains("1024 (unset, NVSHMEM default 1024) >= 2*(max tokens 128 + 1) = 258"));
+    assert!(found(&r, "nvshmem.plugins")
+        .contains("nvshmem_bootstrap_pmix.so.3 not loadable (missing libpmix.so.2), unused"));
+    assert!(found(&r, "knob.NVSHMEM_QP_DEPTH")
+        .contains("1024 (unset, NVSHMEM default 1024) >= 2*(max tokens 128 + 1) = 258"));
 }
 
 #[test]
@@ -384,7 +458,9 @@ fn driver_options_configured_but_not_rebooted() {
     let params = std::fs::read_to_string(h.path("/proc/driver/nvidia/params")).unwrap();
     h.write(
         "/proc/driver/nvidia/params",
-        params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0").replace("\"PeerMappingOverride=1;\"", "\"\""),
+        params
+            .replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0")
+            .replace("\"PeerMappingOverride=1;\"", "\"\""),
     );
     let r = h.run();
     assert_eq!(
@@ -392,15 +468,27 @@ fn driver_options_configured_but_not_rebooted() {
         vec![
             v(Intranode, true, &[]),
             v(LowLatency, true, &[]),
-            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping"]),
+            v(
+                InternodeIbgda,
+                false,
+                &["params.stream-memops", "params.peer-mapping"]
+            ),
             v(InternodeCpuIbgda, true, &[]),
         ]
     );
     assert_eq!(r.exit_code, 1);
     for id in ["params.stream-memops", "params.peer-mapping"] {
         assert_eq!(status(&r, id), Status::Fail);
-        assert!(found(&r, id).contains("but /etc/modprobe.d/nvidia-ibgda.conf sets it: reboot pending"), "{}", found(&r, id));
-        assert!(fix(&r, id).starts_with("reboot, or reload the nvidia module"), "{}", fix(&r, id));
+        assert!(
+            found(&r, id).contains("but /etc/modprobe.d/nvidia-ibgda.conf sets it: reboot pending"),
+            "{}",
+            found(&r, id)
+        );
+        assert!(
+            fix(&r, id).starts_with("reboot, or reload the nvidia module"),
+            "{}",
+            fix(&r, id)
+        );
     }
     // Only the CPU-assisted capability requested: ready.
     let mut h = h;
@@ -413,7 +501,10 @@ fn driver_options_missing_everywhere_give_the_modprobe_line_or_the_nixos_option(
     let h = TestHost::ibgda();
     h.remove("/etc/modprobe.d/nvidia-ibgda.conf");
     let params = std::fs::read_to_string(h.path("/proc/driver/nvidia/params")).unwrap();
-    h.write("/proc/driver/nvidia/params", params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0"));
+    h.write(
+        "/proc/driver/nvidia/params",
+        params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0"),
+    );
     let r = h.run();
     assert_eq!(status(&r, "params.stream-memops"), Status::Fail);
     assert_eq!(status(&r, "params.peer-mapping"), Status::Ok);
@@ -424,9 +515,16 @@ fn driver_options_missing_everywhere_give_the_modprobe_line_or_the_nixos_option(
     // The same host on NixOS: the fix is the module option.
     h.write("/etc/os-release", "NAME=NixOS\nID=nixos\n");
     let r = h.run();
-    assert!(fix(&r, "params.stream-memops").starts_with("set services.deepep.enable = true;"), "{}", fix(&r, "params.stream-memops"));
+    assert!(
+        fix(&r, "params.stream-memops").starts_with("set services.deepep.enable = true;"),
+        "{}",
+        fix(&r, "params.stream-memops")
+    );
     // Kernel command line counts as configuration too.
-    h.write("/proc/cmdline", "root=/dev/sda1 nvidia.NVreg_EnableStreamMemOPs=1\n");
+    h.write(
+        "/proc/cmdline",
+        "root=/dev/sda1 nvidia.NVreg_EnableStreamMemOPs=1\n",
+    );
     let r = h.run();
     assert!(found(&r, "params.stream-memops").contains("but /proc/cmdline sets it: reboot pending"));
 }
@@ -451,11 +549,20 @@ fn gdrdrv_missing_on_a_host_configured_for_it() {
     assert!(found(&r, "gdrcopy").contains("/etc/modules-load.d/gdrdrv.conf configures gdrdrv"));
     let f = fix(&r, "gdrcopy");
     assert!(f.contains("sudo modprobe gdrdrv"), "{f}");
-    assert!(f.contains("sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0"), "{f}");
+    assert!(
+        f.contains(
+            "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0"
+        ),
+        "{f}"
+    );
 
     let mut h = h;
     h.args.capabilities = vec![InternodeIbgda];
-    assert_eq!(h.run().exit_code, 0, "GPU-initiated IBGDA does not need GDRCopy");
+    assert_eq!(
+        h.run().exit_code,
+        0,
+        "GPU-initiated IBGDA does not need GDRCopy"
+    );
 
     // Nothing of GDRCopy and no intent: only a warning, every capability ready.
     h.args.capabilities = vec![];
@@ -464,7 +571,10 @@ fn gdrdrv_missing_on_a_host_configured_for_it() {
     let r = h.run();
     assert_eq!(status(&r, "gdrcopy"), Status::Warn);
     assert_eq!(verdicts(&r), all_ready());
-    assert_eq!(r.verdict(InternodeCpuIbgda).warnings, vec!["gdrcopy".to_string()]);
+    assert_eq!(
+        r.verdict(InternodeCpuIbgda).warnings,
+        vec!["gdrcopy".to_string()]
+    );
     assert_eq!(r.exit_code, 0);
 }
 
@@ -476,7 +586,12 @@ fn gdrdrv_device_node_stale_or_wrong_kind() {
     h.write("/proc/devices", devices.replace("  1 gdrdrv", "511 gdrdrv"));
     let r = h.run();
     assert_eq!(status(&r, "gdrcopy"), Status::Fail);
-    assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv has major 1 but the loaded gdrdrv registered major 511"), "{}", found(&r, "gdrcopy"));
+    assert!(
+        found(&r, "gdrcopy")
+            .contains("/dev/gdrdrv has major 1 but the loaded gdrdrv registered major 511"),
+        "{}",
+        found(&r, "gdrcopy")
+    );
     assert!(fix(&r, "gdrcopy").starts_with("sudo rm /dev/gdrdrv && sudo mknod"));
     // A regular file where the device node should be.
     h.write("/proc/devices", devices);
@@ -484,7 +599,10 @@ fn gdrdrv_device_node_stale_or_wrong_kind() {
     h.write("/dev/gdrdrv", "");
     let r = h.run();
     assert!(found(&r, "gdrcopy").contains("/dev/gdrdrv is a regular file, not a character device"));
-    assert_eq!(r.verdict(InternodeCpuIbgda).blocked_by, vec!["gdrcopy".to_string()]);
+    assert_eq!(
+        r.verdict(InternodeCpuIbgda).blocked_by,
+        vec!["gdrcopy".to_string()]
+    );
 }
 
 #[test]
@@ -502,7 +620,10 @@ fn host_without_infiniband() {
             v(InternodeCpuIbgda, false, &["infiniband"]),
         ]
     );
-    assert_eq!(found(&r, "infiniband"), "no InfiniBand/RoCE device in /sys/class/infiniband");
+    assert_eq!(
+        found(&r, "infiniband"),
+        "no InfiniBand/RoCE device in /sys/class/infiniband"
+    );
     assert_eq!(status(&r, "infiniband.uverbs"), Status::Skip);
     assert_eq!(r.exit_code, 1);
     let mut h = h;
@@ -515,12 +636,21 @@ fn infiniband_port_down_roce_and_containers() {
     let h = TestHost::ibgda();
     h.write("/sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN\n");
     let r = h.run();
-    assert_eq!(found(&r, "infiniband"), "no ACTIVE port on an mlx5 NIC: mlx5_0 port 1: 1: DOWN, InfiniBand");
-    assert_eq!(r.verdict(InternodeIbgda).blocked_by, vec!["infiniband".to_string()]);
+    assert_eq!(
+        found(&r, "infiniband"),
+        "no ACTIVE port on an mlx5 NIC: mlx5_0 port 1: 1: DOWN, InfiniBand"
+    );
+    assert_eq!(
+        r.verdict(InternodeIbgda).blocked_by,
+        vec!["infiniband".to_string()]
+    );
 
     // RoCE without a GID index: works with a warning.
     h.write("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
-    h.write("/sys/class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet\n");
+    h.write(
+        "/sys/class/infiniband/mlx5_0/ports/1/link_layer",
+        "Ethernet\n",
+    );
     let r = h.run();
     assert_eq!(status(&r, "knob.NVSHMEM_IB_GID_INDEX"), Status::Warn);
     assert_eq!(r.exit_code, 0);
@@ -539,11 +669,21 @@ fn mismatched_nvshmem_libraries() {
     let h = TestHost::ibgda();
     h.remove("/opt/nvshmem");
     h.install_nvshmem("/opt/nvshmem", "3.8.0", "3.4.5", 3);
-    let extra = artifacts().nvshmem("3.8.0", "3.8.0", 7).join("lib/nvshmem_transport_ibrc.so.7");
-    std::fs::copy(extra, h.path("/opt/nvshmem/lib/nvshmem_transport_ibrc.so.7")).unwrap();
+    let extra = artifacts()
+        .nvshmem("3.8.0", "3.8.0", 7)
+        .join("lib/nvshmem_transport_ibrc.so.7");
+    std::fs::copy(
+        extra,
+        h.path("/opt/nvshmem/lib/nvshmem_transport_ibrc.so.7"),
+    )
+    .unwrap();
     let r = h.run();
     let text = r.render_text();
-    let nvshmem_fail = ["nvshmem.device-library", "nvshmem.kernels", "nvshmem.plugins"];
+    let nvshmem_fail = [
+        "nvshmem.device-library",
+        "nvshmem.kernels",
+        "nvshmem.plugins",
+    ];
     assert_eq!(
         verdicts(&r),
         vec![
@@ -558,8 +698,15 @@ fn mismatched_nvshmem_libraries() {
         found(&r, "nvshmem.device-library"),
         "mixed NVSHMEM installation: host library 3.8.0, but 3.4.5 (/opt/nvshmem/lib/libnvshmem_device.a), 3.4.5 (/opt/nvshmem/include/non_abi/nvshmem_version.h)"
     );
-    assert!(found(&r, "nvshmem.kernels").starts_with("kernels built against NVSHMEM 3.4.5 (--kernels-nvshmem-version), host library is 3.8.0"));
-    assert!(found(&r, "nvshmem.plugins").starts_with("transport plugins of different releases in /opt/nvshmem/lib (.so.3, .so.7)"), "{text}");
+    assert!(found(&r, "nvshmem.kernels").starts_with(
+        "kernels built against NVSHMEM 3.4.5 (--kernels-nvshmem-version), host library is 3.8.0"
+    ));
+    assert!(
+        found(&r, "nvshmem.plugins").starts_with(
+            "transport plugins of different releases in /opt/nvshmem/lib (.so.3, .so.7)"
+        ),
+        "{text}"
+    );
     assert_eq!(r.exit_code, 1);
 }
 
@@ -576,15 +723,24 @@ fn loader_would_pick_another_nvshmem() {
         found(&r, "nvshmem.loader"),
         "programs would load /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0) instead of the checked /opt/nvshmem/lib/libnvshmem_host.so.3 (NVSHMEM 3.4.5)"
     );
-    assert_eq!(fix(&r, "nvshmem.loader"), "export NVSHMEM_DIR=/opt/nvshmem LD_LIBRARY_PATH=/opt/nvshmem/lib:$LD_LIBRARY_PATH");
-    assert_eq!(r.verdict(LowLatency).blocked_by, vec!["nvshmem.loader".to_string()]);
+    assert_eq!(
+        fix(&r, "nvshmem.loader"),
+        "export NVSHMEM_DIR=/opt/nvshmem LD_LIBRARY_PATH=/opt/nvshmem/lib:$LD_LIBRARY_PATH"
+    );
+    assert_eq!(
+        r.verdict(LowLatency).blocked_by,
+        vec!["nvshmem.loader".to_string()]
+    );
 
     // NVSHMEM_DIR right, but another copy first on LD_LIBRARY_PATH: our binaries are fine,
     // programs loading by bare name are not -> warning.
-    let h = h.env("NVSHMEM_DIR", "/opt/nvshmem").env("LD_LIBRARY_PATH", "/opt/nvshmem-old/lib:/opt/nvshmem/lib");
+    let h = h
+        .env("NVSHMEM_DIR", "/opt/nvshmem")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem-old/lib:/opt/nvshmem/lib");
     let r = h.run();
     assert_eq!(status(&r, "nvshmem.loader"), Status::Warn);
-    assert!(found(&r, "nvshmem.loader").contains("get /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0)"));
+    assert!(found(&r, "nvshmem.loader")
+        .contains("get /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0)"));
     assert_eq!(r.exit_code, 0);
 }
 
@@ -595,14 +751,26 @@ fn nvshmem_dir_mistakes_are_explained() {
     assert_eq!(status(&r, "nvshmem.dir"), Status::Fail);
     assert_eq!(fix(&r, "nvshmem.dir"), "export NVSHMEM_DIR=/opt/nvshmem");
     assert_eq!(status(&r, "nvshmem.host-library"), Status::Skip);
-    assert_eq!(r.verdict(Intranode).ready, true);
-    assert_eq!(r.verdict(LowLatency).blocked_by, vec!["nvshmem.dir".to_string()]);
+    assert!(r.verdict(Intranode).ready);
+    assert_eq!(
+        r.verdict(LowLatency).blocked_by,
+        vec!["nvshmem.dir".to_string()]
+    );
 
-    let r = TestHost::ibgda().env("NVSHMEM_DIR", "/nowhere").env("LD_LIBRARY_PATH", "").run();
-    assert_eq!(found(&r, "nvshmem.dir"), "/nowhere (from NVSHMEM_DIR) does not exist");
+    let r = TestHost::ibgda()
+        .env("NVSHMEM_DIR", "/nowhere")
+        .env("LD_LIBRARY_PATH", "")
+        .run();
+    assert_eq!(
+        found(&r, "nvshmem.dir"),
+        "/nowhere (from NVSHMEM_DIR) does not exist"
+    );
 
     let r = TestHost::ibgda().env("NVSHMEM_DIR", "relative/dir").run();
-    assert_eq!(found(&r, "nvshmem.dir"), "NVSHMEM_DIR=relative/dir is not an absolute path");
+    assert_eq!(
+        found(&r, "nvshmem.dir"),
+        "NVSHMEM_DIR=relative/dir is not an absolute path"
+    );
 
     // Too old for DeepEP and for CPU-assisted IBGDA.
     let h = TestHost::ibgda();
@@ -611,10 +779,17 @@ fn nvshmem_dir_mistakes_are_explained() {
     let mut h = h;
     h.args.kernels_nvshmem_version = None;
     let r = h.run();
-    assert_eq!(found(&r, "nvshmem.host-library"), "NVSHMEM 3.3.9 (/opt/nvshmem/lib/libnvshmem_host.so.3, ELF64 x86-64, via NVSHMEM_DIR)".replace("x86-64", native_arch()));
+    assert_eq!(
+        found(&r, "nvshmem.host-library"),
+        "NVSHMEM 3.3.9 (/opt/nvshmem/lib/libnvshmem_host.so.3, ELF64 x86-64, via NVSHMEM_DIR)"
+            .replace("x86-64", native_arch())
+    );
     assert_eq!(status(&r, "nvshmem.cpu-assisted-ibgda"), Status::Fail);
     assert_eq!(status(&r, "nvshmem.kernels"), Status::Skip);
-    assert_eq!(r.verdict(InternodeCpuIbgda).blocked_by, vec!["nvshmem.cpu-assisted-ibgda".to_string()]);
+    assert_eq!(
+        r.verdict(InternodeCpuIbgda).blocked_by,
+        vec!["nvshmem.cpu-assisted-ibgda".to_string()]
+    );
     assert!(r.verdict(InternodeIbgda).ready);
 }
 
@@ -639,24 +814,45 @@ fn unreadable_files_are_reported_without_hanging() {
     std::fs::create_dir(h.path("/sys/class/infiniband/mlx5_0/ports/1/state")).unwrap();
     let r = h.run();
     let text = r.render_text();
-    assert_eq!(found(&r, "params.stream-memops"), "/proc/driver/nvidia/params is a FIFO, not a regular file");
+    assert_eq!(
+        found(&r, "params.stream-memops"),
+        "/proc/driver/nvidia/params is a FIFO, not a regular file"
+    );
     assert_eq!(status(&r, "params.peer-mapping"), Status::Fail);
     assert_eq!(
         found(&r, "nvshmem.host-library"),
         "/opt/nvshmem/lib/libnvshmem_host.so.3 is a directory, not a regular file"
     );
-    assert!(found(&r, "infiniband").contains("mlx5_0 port 1: unreadable (is a directory, not a regular file)"), "{text}");
+    assert!(
+        found(&r, "infiniband")
+            .contains("mlx5_0 port 1: unreadable (is a directory, not a regular file)"),
+        "{text}"
+    );
     assert_eq!(
         verdicts(&r),
         vec![
             v(Intranode, true, &[]),
-            v(LowLatency, false, &["nvshmem.host-library", "nvshmem.loader"]),
+            v(
+                LowLatency,
+                false,
+                &["nvshmem.host-library", "nvshmem.loader"]
+            ),
             v(
                 InternodeIbgda,
                 false,
-                &["params.stream-memops", "params.peer-mapping", "infiniband", "nvshmem.host-library", "nvshmem.loader"]
+                &[
+                    "params.stream-memops",
+                    "params.peer-mapping",
+                    "infiniband",
+                    "nvshmem.host-library",
+                    "nvshmem.loader"
+                ]
             ),
-            v(InternodeCpuIbgda, false, &["infiniband", "nvshmem.host-library", "nvshmem.loader"]),
+            v(
+                InternodeCpuIbgda,
+                false,
+                &["infiniband", "nvshmem.host-library", "nvshmem.loader"]
+            ),
         ],
         "{text}"
     );
@@ -667,7 +863,10 @@ fn unreadable_files_are_reported_without_hanging() {
 fn garbage_in_params() {
     let h = TestHost::ibgda();
     // Binary junk: no "Name: value" lines at all.
-    h.write("/proc/driver/nvidia/params", [0xffu8, 0x00, 0x13, 0x37, b'\n', 0xfe, b':', 0x01]);
+    h.write(
+        "/proc/driver/nvidia/params",
+        [0xffu8, 0x00, 0x13, 0x37, b'\n', 0xfe, b':', 0x01],
+    );
     let r = h.run();
     assert_eq!(
         found(&r, "params.stream-memops"),
@@ -678,28 +877,50 @@ fn garbage_in_params() {
         vec![
             v(Intranode, true, &[]),
             v(LowLatency, true, &[]),
-            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping"]),
+            v(
+                InternodeIbgda,
+                false,
+                &["params.stream-memops", "params.peer-mapping"]
+            ),
             v(InternodeCpuIbgda, true, &[]),
         ]
     );
     assert_eq!(r.exit_code, 1);
 
     // Plausible lines with impossible values.
-    h.write("/proc/driver/nvidia/params", "EnableStreamMemOPs: banana\nRegistryDwords: PeerMappingOverride=1;\n");
+    h.write(
+        "/proc/driver/nvidia/params",
+        "EnableStreamMemOPs: banana\nRegistryDwords: PeerMappingOverride=1;\n",
+    );
     let r = h.run();
-    assert_eq!(found(&r, "params.stream-memops"), "EnableStreamMemOPs has the value \"banana\", not a number");
-    assert_eq!(found(&r, "params.peer-mapping"), "RegistryDwords has the value \"PeerMappingOverride=1;\", not a quoted string");
+    assert_eq!(
+        found(&r, "params.stream-memops"),
+        "EnableStreamMemOPs has the value \"banana\", not a number"
+    );
+    assert_eq!(
+        found(&r, "params.peer-mapping"),
+        "RegistryDwords has the value \"PeerMappingOverride=1;\", not a quoted string"
+    );
 
     // Entries missing.
-    h.write("/proc/driver/nvidia/params", "ResmanDebugLevel: 4294967295\nRmMsg: \"\"\n");
+    h.write(
+        "/proc/driver/nvidia/params",
+        "ResmanDebugLevel: 4294967295\nRmMsg: \"\"\n",
+    );
     let r = h.run();
-    assert_eq!(found(&r, "params.peer-mapping"), "RegistryDwords is not listed in /proc/driver/nvidia/params (2 other entries)");
+    assert_eq!(
+        found(&r, "params.peer-mapping"),
+        "RegistryDwords is not listed in /proc/driver/nvidia/params (2 other entries)"
+    );
 
     // Garbage in the version file: driver unusable, everything blocked.
     h.write("/proc/driver/nvidia/version", "\u{0}\u{1}garbage\n");
     let r = h.run();
     assert_eq!(status(&r, "driver"), Status::Fail);
-    assert!(r.verdicts.iter().all(|v| !v.ready && v.blocked_by.contains(&"driver".to_string())));
+    assert!(r
+        .verdicts
+        .iter()
+        .all(|v| !v.ready && v.blocked_by.contains(&"driver".to_string())));
 }
 
 #[test]
@@ -714,16 +935,37 @@ fn gpu_machine_of_the_project() {
         vec![
             v(Intranode, true, &[]),
             v(LowLatency, true, &[]),
-            v(InternodeIbgda, false, &["params.stream-memops", "params.peer-mapping", "infiniband", "nvshmem.plugin.ibgda"]),
-            v(InternodeCpuIbgda, false, &["infiniband", "nvshmem.plugin.ibgda"]),
+            v(
+                InternodeIbgda,
+                false,
+                &[
+                    "params.stream-memops",
+                    "params.peer-mapping",
+                    "infiniband",
+                    "nvshmem.plugin.ibgda"
+                ]
+            ),
+            v(
+                InternodeCpuIbgda,
+                false,
+                &["infiniband", "nvshmem.plugin.ibgda"]
+            ),
         ],
         "{text}"
     );
     assert_eq!(r.exit_code, 1);
-    assert_eq!(found(&r, "params.stream-memops"), "EnableStreamMemOPs: 0 (not configured in modprobe.d or the kernel command line)");
+    assert_eq!(
+        found(&r, "params.stream-memops"),
+        "EnableStreamMemOPs: 0 (not configured in modprobe.d or the kernel command line)"
+    );
     assert_eq!(status(&r, "gdrcopy"), Status::Warn);
-    assert!(found(&r, "nvshmem.dir").starts_with("NVSHMEM_DIR not set; libnvshmem_host.so.3 found on the loader path in /venv/"));
-    assert_eq!(found(&r, "nvshmem.plugin.ibgda").split(": ").last(), Some("missing libmlx5.so.1, libibverbs.so.1"));
+    assert!(found(&r, "nvshmem.dir").starts_with(
+        "NVSHMEM_DIR not set; libnvshmem_host.so.3 found on the loader path in /venv/"
+    ));
+    assert_eq!(
+        found(&r, "nvshmem.plugin.ibgda").split(": ").last(),
+        Some("missing libmlx5.so.1, libibverbs.so.1")
+    );
     let mut h = h;
     h.args.capabilities = vec![Intranode, LowLatency];
     assert_eq!(h.run().exit_code, 0);
@@ -739,14 +981,23 @@ fn nvlink_topology_matters_for_nvlink_capabilities() {
     h.smi = ToolOutput::Output(TOPO_NV18.replace("NV18", "SYS"));
     let r = h.run();
     assert_eq!(status(&r, "nvlink"), Status::Fail);
-    assert_eq!(found(&r, "nvlink"), "GPU pairs without NVLink (nvidia-smi topo -m): GPU0-GPU1 SYS");
-    assert!(r.verdicts.iter().all(|v| v.blocked_by == vec!["nvlink".to_string()]));
+    assert_eq!(
+        found(&r, "nvlink"),
+        "GPU pairs without NVLink (nvidia-smi topo -m): GPU0-GPU1 SYS"
+    );
+    assert!(r
+        .verdicts
+        .iter()
+        .all(|v| v.blocked_by == vec!["nvlink".to_string()]));
 
     // nvidia-smi missing: NVLink unverified, a warning only.
     h.smi = ToolOutput::Unavailable("`nvidia-smi` is not on PATH".into());
     let r = h.run();
     assert_eq!(status(&r, "nvlink"), Status::Warn);
-    assert_eq!(found(&r, "nvlink"), "NVLink not verified: `nvidia-smi` is not on PATH");
+    assert_eq!(
+        found(&r, "nvlink"),
+        "NVLink not verified: `nvidia-smi` is not on PATH"
+    );
     assert_eq!(r.exit_code, 0);
 
     // One GPU: intranode and low-latency need two.
@@ -754,7 +1005,12 @@ fn nvlink_topology_matters_for_nvlink_capabilities() {
     let r = h.run();
     assert_eq!(
         verdicts(&r),
-        vec![v(Intranode, false, &["gpus"]), v(LowLatency, false, &["gpus"]), v(InternodeIbgda, true, &[]), v(InternodeCpuIbgda, true, &[])]
+        vec![
+            v(Intranode, false, &["gpus"]),
+            v(LowLatency, false, &["gpus"]),
+            v(InternodeIbgda, true, &[]),
+            v(InternodeCpuIbgda, true, &[])
+        ]
     );
 }
 
@@ -763,8 +1019,14 @@ fn driver_not_loaded_blocks_everything() {
     let h = TestHost::ibgda();
     h.remove("/proc/driver/nvidia");
     let r = h.run();
-    assert_eq!(found(&r, "driver"), "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)");
-    assert_eq!(fix(&r, "driver"), "install the NVIDIA driver and load it: sudo modprobe nvidia");
+    assert_eq!(
+        found(&r, "driver"),
+        "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)"
+    );
+    assert_eq!(
+        fix(&r, "driver"),
+        "install the NVIDIA driver and load it: sudo modprobe nvidia"
+    );
     assert!(r.verdicts.iter().all(|v| !v.ready));
     assert_eq!(status(&r, "params.stream-memops"), Status::Skip);
 }
@@ -783,18 +1045,49 @@ fn knobs_are_validated_like_nvshmem_parses_them() {
     h.args.max_tokens = Some(128);
     let r = h.run();
     let text = r.render_text();
-    assert_eq!(found(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"), "128M = 128 MiB < 256 MiB");
-    assert_eq!(fix(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"), "export NVSHMEM_CUMEM_GRANULARITY=536870912 (512 MiB, DeepEP's value; at least 256 MiB)");
-    assert_eq!(found(&r, "knob.NVSHMEM_QP_DEPTH"), "256 (exported) < 2*(max tokens 128 + 1) = 258: low-latency calls run out of work requests");
-    assert_eq!(fix(&r, "knob.NVSHMEM_QP_DEPTH"), "export NVSHMEM_QP_DEPTH=512");
-    assert_eq!(found(&r, "knob.NVSHMEM_SYMMETRIC_SIZE"), "\"4X\" is not a non-zero size such as 4G");
-    assert!(found(&r, "knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME").contains("matches no network interface in /sys/class/net (ib0 lo)"));
-    assert_eq!(found(&r, "knob.NVSHMEM_HCA_LIST"), "names devices that do not exist: mlx5_9 (present: mlx5_0)");
-    let nv = ["knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "knob.NVSHMEM_CUMEM_GRANULARITY", "knob.NVSHMEM_QP_DEPTH", "knob.NVSHMEM_SYMMETRIC_SIZE"];
+    assert_eq!(
+        found(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"),
+        "128M = 128 MiB < 256 MiB"
+    );
+    assert_eq!(
+        fix(&r, "knob.NVSHMEM_CUMEM_GRANULARITY"),
+        "export NVSHMEM_CUMEM_GRANULARITY=536870912 (512 MiB, DeepEP's value; at least 256 MiB)"
+    );
+    assert_eq!(
+        found(&r, "knob.NVSHMEM_QP_DEPTH"),
+        "256 (exported) < 2*(max tokens 128 + 1) = 258: low-latency calls run out of work requests"
+    );
+    assert_eq!(
+        fix(&r, "knob.NVSHMEM_QP_DEPTH"),
+        "export NVSHMEM_QP_DEPTH=512"
+    );
+    assert_eq!(
+        found(&r, "knob.NVSHMEM_SYMMETRIC_SIZE"),
+        "\"4X\" is not a non-zero size such as 4G"
+    );
+    assert!(found(&r, "knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME")
+        .contains("matches no network interface in /sys/class/net (ib0 lo)"));
+    assert_eq!(
+        found(&r, "knob.NVSHMEM_HCA_LIST"),
+        "names devices that do not exist: mlx5_9 (present: mlx5_0)"
+    );
+    let nv = [
+        "knob.NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+        "knob.NVSHMEM_CUMEM_GRANULARITY",
+        "knob.NVSHMEM_QP_DEPTH",
+        "knob.NVSHMEM_SYMMETRIC_SIZE",
+    ];
     let ll: Vec<&str> = vec![nv[0], nv[1], "knob.NVSHMEM_DISABLE_P2P", nv[2], nv[3]];
     assert_eq!(verdicts(&r)[0], v(Intranode, true, &[]), "{text}");
     assert_eq!(verdicts(&r)[1], v(LowLatency, false, &ll), "{text}");
-    let mut gpu: Vec<&str> = vec![nv[0], nv[1], "knob.NVSHMEM_HCA_LIST", "knob.NVSHMEM_IB_ENABLE_IBGDA", nv[2], nv[3]];
+    let mut gpu: Vec<&str> = vec![
+        nv[0],
+        nv[1],
+        "knob.NVSHMEM_HCA_LIST",
+        "knob.NVSHMEM_IB_ENABLE_IBGDA",
+        nv[2],
+        nv[3],
+    ];
     assert_eq!(verdicts(&r)[2], v(InternodeIbgda, false, &gpu), "{text}");
     gpu.insert(3, "knob.NVSHMEM_IBGDA_NIC_HANDLER");
     assert_eq!(verdicts(&r)[3], v(InternodeCpuIbgda, false, &gpu), "{text}");
@@ -808,15 +1101,27 @@ fn knobs_are_validated_like_nvshmem_parses_them() {
 #[test]
 fn unknown_nvshmem_variables_are_flagged_as_typos() {
     // The fixture host library names DEBUG_FILE and QP_DEPTH, as NVSHMEM stores its variables.
-    let r = TestHost::ibgda().env("NVSHMEM_QP_DEPHT", "2048").env("NVSHMEM_DEBUG_FILE", "/tmp/nvshmem.%h.log").run();
+    let r = TestHost::ibgda()
+        .env("NVSHMEM_QP_DEPHT", "2048")
+        .env("NVSHMEM_DEBUG_FILE", "/tmp/nvshmem.%h.log")
+        .run();
     assert_eq!(status(&r, "knob.NVSHMEM_QP_DEPHT"), Status::Warn);
     assert_eq!(
         found(&r, "knob.NVSHMEM_QP_DEPHT"),
         "not read by NVSHMEM 3.4.5: neither libnvshmem_host.so.3 nor its plugins mention it"
     );
-    assert_eq!(fix(&r, "knob.NVSHMEM_QP_DEPHT"), "did you mean NVSHMEM_QP_DEPTH? Rename it, or unset NVSHMEM_QP_DEPHT");
-    assert!(r.check("knob.NVSHMEM_DEBUG_FILE").is_none(), "a variable NVSHMEM reads is not flagged");
-    assert!(r.check("knob.NVSHMEM_DIR").is_none(), "NVSHMEM_DIR is for build tools");
+    assert_eq!(
+        fix(&r, "knob.NVSHMEM_QP_DEPHT"),
+        "did you mean NVSHMEM_QP_DEPTH? Rename it, or unset NVSHMEM_QP_DEPHT"
+    );
+    assert!(
+        r.check("knob.NVSHMEM_DEBUG_FILE").is_none(),
+        "a variable NVSHMEM reads is not flagged"
+    );
+    assert!(
+        r.check("knob.NVSHMEM_DIR").is_none(),
+        "NVSHMEM_DIR is for build tools"
+    );
     assert_eq!(r.exit_code, 0, "a warning does not block");
 }
 
@@ -830,7 +1135,10 @@ fn kernels_version_from_environment() {
     let r = h.run();
     assert!(found(&r, "nvshmem.kernels").starts_with("kernels built against NVSHMEM 3.6.5 (DEEPEP_KERNELS_NVSHMEM_VERSION), host library is 3.4.5"));
     let r = h.env("DEEPEP_KERNELS_NVSHMEM_VERSION", "three").run();
-    assert_eq!(found(&r, "nvshmem.kernels"), "DEEPEP_KERNELS_NVSHMEM_VERSION=\"three\" is not a version X.Y.Z");
+    assert_eq!(
+        found(&r, "nvshmem.kernels"),
+        "DEEPEP_KERNELS_NVSHMEM_VERSION=\"three\" is not a version X.Y.Z"
+    );
 }
 
 #[test]
@@ -842,11 +1150,22 @@ fn json_report_round_trips() {
     assert_eq!(verdicts[0]["capability"], "intranode");
     assert_eq!(verdicts[0]["ready"], true);
     assert_eq!(verdicts[3]["capability"], "internode-cpu-ibgda");
-    assert_eq!(verdicts[3]["blocked_by"], serde_json::json!(["infiniband", "nvshmem.plugin.ibgda"]));
-    let stream = json["checks"].as_array().unwrap().iter().find(|c| c["id"] == "params.stream-memops").unwrap();
+    assert_eq!(
+        verdicts[3]["blocked_by"],
+        serde_json::json!(["infiniband", "nvshmem.plugin.ibgda"])
+    );
+    let stream = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "params.stream-memops")
+        .unwrap();
     assert_eq!(stream["status"], "fail");
     assert_eq!(stream["needed_by"], serde_json::json!(["internode-ibgda"]));
-    assert!(stream["fix"].as_str().unwrap().contains("NVreg_EnableStreamMemOPs=1"));
+    assert!(stream["fix"]
+        .as_str()
+        .unwrap()
+        .contains("NVreg_EnableStreamMemOPs=1"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,20 +1181,48 @@ fn binary_exit_codes_and_usage_errors() {
     let root = h.root.path().to_str().unwrap().to_string();
     let lib = h.env["LD_LIBRARY_PATH"].clone();
     let out = bin()
-        .args(["doctor", "--root", &root, "--json", "--kernels-nvshmem-version", "3.4.5"])
+        .args([
+            "doctor",
+            "--root",
+            &root,
+            "--json",
+            "--kernels-nvshmem-version",
+            "3.4.5",
+        ])
         .env_clear()
         .env("LD_LIBRARY_PATH", &lib)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["root"], root);
     // nvidia-smi is not run for another root: NVLink unverified.
-    let nvlink = json["checks"].as_array().unwrap().iter().find(|c| c["id"] == "nvlink").unwrap();
-    assert_eq!(nvlink["found"], "NVLink not verified: not run: --root describes another host");
+    let nvlink = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "nvlink")
+        .unwrap();
+    assert_eq!(
+        nvlink["found"],
+        "NVLink not verified: not run: --root describes another host"
+    );
 
     let out = bin()
-        .args(["doctor", "--root", &root, "--capability", "intranode", "--capability", "low-latency"])
+        .args([
+            "doctor",
+            "--root",
+            &root,
+            "--capability",
+            "intranode",
+            "--capability",
+            "low-latency",
+        ])
         .env_clear()
         .env("LD_LIBRARY_PATH", &lib)
         .output()
@@ -895,6 +1242,9 @@ fn binary_exit_codes_and_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(!out.stderr.is_empty());
     }
-    let out = bin().args(["doctor", "--root", "/does/not/exist"]).output().unwrap();
+    let out = bin()
+        .args(["doctor", "--root", "/does/not/exist"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--root must name an existing directory"));
 }

@@ -106,7 +106,12 @@ fn first_line(text: &str) -> String {
 }
 
 /// A check for a file that exists but cannot be read.
-pub fn unreadable(id: &str, needed: &[super::report::Capability], path: &Path, e: &ReadError) -> Check {
+pub fn unreadable(
+    id: &str,
+    needed: &[super::report::Capability],
+    path: &Path,
+    e: &ReadError,
+) -> Check {
     Check::fail(
         id,
         needed,
@@ -124,7 +129,10 @@ pub fn parse_version_file(text: &str) -> Option<(String, bool)> {
     let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
     let version = line.split_whitespace().find(|t| {
         let parts: Vec<&str> = t.split('.').collect();
-        parts.len() >= 2 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        parts.len() >= 2
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
     })?;
     Some((version.to_string(), line.contains("Open Kernel Module")))
 }
@@ -133,10 +141,15 @@ fn read_gpus(host: &Host) -> Vec<Gpu> {
     let dir = hp("/proc/driver/nvidia/gpus");
     let mut gpus = Vec::new();
     for bus in host.list_dir(&dir).unwrap_or_default() {
-        let text = host.read_text(&dir.join(&bus).join("information")).unwrap_or_default();
+        let text = host
+            .read_text(&dir.join(&bus).join("information"))
+            .unwrap_or_default();
         let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == name).map(|(_, v)| v.trim().to_string()))
+            text.lines().find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.trim() == name)
+                    .map(|(_, v)| v.trim().to_string())
+            })
         };
         gpus.push(Gpu {
             model: field("Model").unwrap_or_else(|| "unknown model".into()),
@@ -148,13 +161,28 @@ fn read_gpus(host: &Host) -> Vec<Gpu> {
 }
 
 fn check_device_nodes(host: &Host, info: &DriverInfo, out: &mut Vec<Check>) {
-    let mut nodes = vec![PathBuf::from("/dev/nvidiactl"), PathBuf::from("/dev/nvidia-uvm")];
-    nodes.extend(info.gpus.iter().filter_map(|g| g.minor).map(|m| PathBuf::from(format!("/dev/nvidia{m}"))));
-    let missing: Vec<String> =
-        nodes.iter().filter(|n| !host.exists(n)).map(|n| n.display().to_string()).collect();
+    let mut nodes = vec![
+        PathBuf::from("/dev/nvidiactl"),
+        PathBuf::from("/dev/nvidia-uvm"),
+    ];
+    nodes.extend(
+        info.gpus
+            .iter()
+            .filter_map(|g| g.minor)
+            .map(|m| PathBuf::from(format!("/dev/nvidia{m}"))),
+    );
+    let missing: Vec<String> = nodes
+        .iter()
+        .filter(|n| !host.exists(n))
+        .map(|n| n.display().to_string())
+        .collect();
     if missing.is_empty() {
         let names: Vec<String> = nodes.iter().map(|n| n.display().to_string()).collect();
-        out.push(Check::ok("device-nodes", caps::ALL, format!("present: {}", names.join(" "))));
+        out.push(Check::ok(
+            "device-nodes",
+            caps::ALL,
+            format!("present: {}", names.join(" ")),
+        ));
     } else {
         out.push(Check::fail(
             "device-nodes",
@@ -176,7 +204,9 @@ pub struct Link {
 
 impl Link {
     pub fn nvlink(&self) -> bool {
-        self.kind.strip_prefix("NV").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        self.kind
+            .strip_prefix("NV")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
     }
 }
 
@@ -194,15 +224,24 @@ pub fn parse_topo(text: &str) -> Result<(usize, Vec<Link>), String> {
         .split_whitespace()
         .take_while(|t| is_dev(t, "GPU") || is_dev(t, "NIC") || is_dev(t, "mlx5_"))
         .collect();
-    let gpu_cols: Vec<usize> = (0..columns.len()).filter(|&i| is_dev(columns[i], "GPU")).collect();
+    let gpu_cols: Vec<usize> = (0..columns.len())
+        .filter(|&i| is_dev(columns[i], "GPU"))
+        .collect();
     let mut rows: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for line in lines {
         let mut tokens = line.split_whitespace();
         let Some(name) = tokens.next() else { continue };
-        if let Some(idx) = name.strip_prefix("GPU").and_then(|n| n.parse::<usize>().ok()) {
+        if let Some(idx) = name
+            .strip_prefix("GPU")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
             let cells: Vec<String> = tokens.take(columns.len()).map(str::to_owned).collect();
             if cells.len() < columns.len() {
-                return Err(format!("row {name} has {} cells, expected {}", cells.len(), columns.len()));
+                return Err(format!(
+                    "row {name} has {} cells, expected {}",
+                    cells.len(),
+                    columns.len()
+                ));
             }
             rows.insert(idx, cells);
         }
@@ -215,14 +254,20 @@ pub fn parse_topo(text: &str) -> Result<(usize, Vec<Link>), String> {
     for a in 0..n {
         for b in (a + 1)..n {
             let row = rows.get(&a).ok_or(format!("no row GPU{a}"))?;
-            links.push(Link { a, b, kind: row[gpu_cols[b]].clone() });
+            links.push(Link {
+                a,
+                b,
+                kind: row[gpu_cols[b]].clone(),
+            });
         }
     }
     Ok((n, links))
 }
 
 fn is_dev(token: &str, prefix: &str) -> bool {
-    token.strip_prefix(prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    token
+        .strip_prefix(prefix)
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn strip_ansi(text: &str) -> String {
@@ -247,7 +292,11 @@ fn strip_ansi(text: &str) -> String {
 
 fn check_nvlink(host: &Host, info: &DriverInfo, out: &mut Vec<Check>) {
     if info.gpus.len() < 2 {
-        out.push(Check::skip("nvlink", caps::NVLINK, "fewer than 2 GPUs: no NVLink peers to check"));
+        out.push(Check::skip(
+            "nvlink",
+            caps::NVLINK,
+            "fewer than 2 GPUs: no NVLink peers to check",
+        ));
         return;
     }
     let fabric_fix = "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards start the fabric manager: NixOS hardware.nvidia.datacenter.enable = true;, elsewhere sudo systemctl enable --now nvidia-fabricmanager";
@@ -299,8 +348,13 @@ pub struct ConfiguredOptions {
 }
 
 /// Directories modprobe reads `*.conf` from, in priority order.
-const MODPROBE_DIRS: &[&str] =
-    &["/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d"];
+const MODPROBE_DIRS: &[&str] = &[
+    "/etc/modprobe.d",
+    "/run/modprobe.d",
+    "/usr/local/lib/modprobe.d",
+    "/usr/lib/modprobe.d",
+    "/lib/modprobe.d",
+];
 
 /// Every modprobe configuration file, as (file name, host path), in the order modprobe applies
 /// them (sorted by name; a name in an earlier directory hides the same name in later ones).
@@ -309,7 +363,9 @@ pub fn modprobe_files(host: &Host) -> Vec<PathBuf> {
     for dir in MODPROBE_DIRS {
         for name in host.list_dir(Path::new(dir)).unwrap_or_default() {
             if name.ends_with(".conf") {
-                by_name.entry(name.clone()).or_insert_with(|| Path::new(dir).join(&name));
+                by_name
+                    .entry(name.clone())
+                    .or_insert_with(|| Path::new(dir).join(&name));
             }
         }
     }
@@ -369,13 +425,16 @@ fn logical_lines(text: &str) -> Vec<String> {
 pub fn configured_nvidia_options(host: &Host) -> ConfiguredOptions {
     let mut conf = ConfiguredOptions::default();
     for file in modprobe_files(host) {
-        let Ok(text) = host.read_text(&file) else { continue };
+        let Ok(text) = host.read_text(&file) else {
+            continue;
+        };
         for line in logical_lines(&text) {
             let w = words(&line);
             if w.len() >= 2 && w[0] == "options" && w[1].replace('-', "_") == "nvidia" {
                 for kv in &w[2..] {
                     if let Some((k, v)) = kv.split_once('=') {
-                        conf.params.insert(k.to_string(), (v.to_string(), file.display().to_string()));
+                        conf.params
+                            .insert(k.to_string(), (v.to_string(), file.display().to_string()));
                     }
                 }
             }
@@ -385,7 +444,8 @@ pub fn configured_nvidia_options(host: &Host) -> ConfiguredOptions {
         for w in words(&cmdline) {
             if let Some(kv) = w.strip_prefix("nvidia.") {
                 if let Some((k, v)) = kv.split_once('=') {
-                    conf.params.insert(k.to_string(), (v.to_string(), "/proc/cmdline".into()));
+                    conf.params
+                        .insert(k.to_string(), (v.to_string(), "/proc/cmdline".into()));
                 }
             }
         }
@@ -396,24 +456,37 @@ pub fn configured_nvidia_options(host: &Host) -> ConfiguredOptions {
 /// Lists modules a host is configured to load at boot or to configure (`/etc/modules-load.d`,
 /// `/etc/modules`, modprobe `options`/`install` lines): used to tell "not wanted" from "broken".
 pub fn module_configured(host: &Host, module: &str) -> Option<String> {
-    for dir in ["/etc/modules-load.d", "/run/modules-load.d", "/usr/lib/modules-load.d"] {
+    for dir in [
+        "/etc/modules-load.d",
+        "/run/modules-load.d",
+        "/usr/lib/modules-load.d",
+    ] {
         for name in host.list_dir(Path::new(dir)).unwrap_or_default() {
             let path = Path::new(dir).join(&name);
             let text = host.read_text(&path).unwrap_or_default();
-            if text.lines().any(|l| l.split('#').next().unwrap_or("").trim() == module) {
+            if text
+                .lines()
+                .any(|l| l.split('#').next().unwrap_or("").trim() == module)
+            {
                 return Some(path.display().to_string());
             }
         }
     }
     let text = host.read_text(&hp("/etc/modules")).unwrap_or_default();
-    if text.lines().any(|l| l.split('#').next().unwrap_or("").trim() == module) {
+    if text
+        .lines()
+        .any(|l| l.split('#').next().unwrap_or("").trim() == module)
+    {
         return Some("/etc/modules".into());
     }
     for file in modprobe_files(host) {
         let text = host.read_text(&file).unwrap_or_default();
         for line in logical_lines(&text) {
             let w = words(&line);
-            if w.len() >= 2 && matches!(w[0].as_str(), "options" | "install" | "softdep") && w[1] == module {
+            if w.len() >= 2
+                && matches!(w[0].as_str(), "options" | "install" | "softdep")
+                && w[1] == module
+            {
                 return Some(file.display().to_string());
             }
         }
@@ -472,29 +545,56 @@ pub fn check_params(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut V
     let conf = configured_nvidia_options(host);
 
     // EnableStreamMemOPs
-    let configured = conf.params.get("NVreg_EnableStreamMemOPs").map(|(v, src)| (dword(v) == Some(1), src.clone()));
+    let configured = conf
+        .params
+        .get("NVreg_EnableStreamMemOPs")
+        .map(|(v, src)| (dword(v) == Some(1), src.clone()));
     let running = params.get("EnableStreamMemOPs");
     out.push(match running.map(|v| (v, dword(v))) {
-        Some((_, Some(1))) => Check::ok(IDS[0], caps::GPU_IBGDA, "EnableStreamMemOPs: 1 (/proc/driver/nvidia/params)"),
-        Some((raw, Some(_))) => option_off(kind, IDS[0], format!("EnableStreamMemOPs: {raw}"), configured),
-        Some((raw, None)) => garbage(kind, IDS[0], format!("EnableStreamMemOPs has the value {raw:?}, not a number")),
+        Some((_, Some(1))) => Check::ok(
+            IDS[0],
+            caps::GPU_IBGDA,
+            "EnableStreamMemOPs: 1 (/proc/driver/nvidia/params)",
+        ),
+        Some((raw, Some(_))) => option_off(
+            kind,
+            IDS[0],
+            format!("EnableStreamMemOPs: {raw}"),
+            configured,
+        ),
+        Some((raw, None)) => garbage(
+            kind,
+            IDS[0],
+            format!("EnableStreamMemOPs has the value {raw:?}, not a number"),
+        ),
         None => garbage(kind, IDS[0], missing_key("EnableStreamMemOPs", &params)),
     });
 
     // RegistryDwords: PeerMappingOverride=1
-    let configured = conf
-        .params
-        .get("NVreg_RegistryDwords")
-        .map(|(v, src)| (registry_dword(v, "PeerMappingOverride").and_then(|d| dword(&d)) == Some(1), src.clone()));
+    let configured = conf.params.get("NVreg_RegistryDwords").map(|(v, src)| {
+        (
+            registry_dword(v, "PeerMappingOverride").and_then(|d| dword(&d)) == Some(1),
+            src.clone(),
+        )
+    });
     out.push(match params.get("RegistryDwords") {
-        Some(raw) if !(raw.starts_with('"') && raw.ends_with('"') && raw.len() >= 2) => {
-            garbage(kind, IDS[1], format!("RegistryDwords has the value {raw:?}, not a quoted string"))
-        }
+        Some(raw) if !(raw.starts_with('"') && raw.ends_with('"') && raw.len() >= 2) => garbage(
+            kind,
+            IDS[1],
+            format!("RegistryDwords has the value {raw:?}, not a quoted string"),
+        ),
         Some(raw) => match registry_dword(raw, "PeerMappingOverride") {
-            Some(v) if dword(&v) == Some(1) => {
-                Check::ok(IDS[1], caps::GPU_IBGDA, format!("RegistryDwords: {raw} (/proc/driver/nvidia/params)"))
-            }
-            _ => option_off(kind, IDS[1], format!("RegistryDwords: {raw} has no PeerMappingOverride=1"), configured),
+            Some(v) if dword(&v) == Some(1) => Check::ok(
+                IDS[1],
+                caps::GPU_IBGDA,
+                format!("RegistryDwords: {raw} (/proc/driver/nvidia/params)"),
+            ),
+            _ => option_off(
+                kind,
+                IDS[1],
+                format!("RegistryDwords: {raw} has no PeerMappingOverride=1"),
+                configured,
+            ),
         },
         None => garbage(kind, IDS[1], missing_key("RegistryDwords", &params)),
     });
@@ -504,7 +604,10 @@ fn missing_key(key: &str, params: &BTreeMap<String, String>) -> String {
     if params.is_empty() {
         format!("/proc/driver/nvidia/params has no \"Name: value\" lines; cannot find {key}")
     } else {
-        format!("{key} is not listed in /proc/driver/nvidia/params ({} other entries)", params.len())
+        format!(
+            "{key} is not listed in /proc/driver/nvidia/params ({} other entries)",
+            params.len()
+        )
     }
 }
 
@@ -523,14 +626,20 @@ fn garbage(kind: &HostKind, id: &str, found: String) -> Check {
 
 fn enable_hint(kind: &HostKind) -> String {
     if kind.nixos {
-        "services.deepep.enable = true; (services.deepep.ibgda.method = \"driver\"; or \"both\")".into()
+        "services.deepep.enable = true; (services.deepep.ibgda.method = \"driver\"; or \"both\")"
+            .into()
     } else {
         format!("`{MODPROBE_LINE}` in /etc/modprobe.d/nvidia-ibgda.conf")
     }
 }
 
 /// The running driver has the option off; say whether a reboot would fix it.
-fn option_off(kind: &HostKind, id: &str, found: String, configured: Option<(bool, String)>) -> Check {
+fn option_off(
+    kind: &HostKind,
+    id: &str,
+    found: String,
+    configured: Option<(bool, String)>,
+) -> Check {
     match configured {
         Some((true, src)) => Check::fail(
             id,
@@ -574,7 +683,10 @@ mod tests {
         let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)  Thu Oct 2 2025\nGCC version:  gcc version 12.2.0\n";
         assert_eq!(parse_version_file(open), Some(("580.159.04".into(), true)));
         let closed = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n";
-        assert_eq!(parse_version_file(closed), Some(("535.104.05".into(), false)));
+        assert_eq!(
+            parse_version_file(closed),
+            Some(("535.104.05".into(), false))
+        );
         assert_eq!(parse_version_file("garbage\n"), None);
     }
 
@@ -587,9 +699,18 @@ mod tests {
                     NIC0\tPIX\tSYS\tSYS\t X \n\nLegend:\n  X    = Self\n";
         let (n, links) = parse_topo(text).unwrap();
         assert_eq!(n, 3);
-        let kinds: Vec<(usize, usize, &str, bool)> =
-            links.iter().map(|l| (l.a, l.b, l.kind.as_str(), l.nvlink())).collect();
-        assert_eq!(kinds, vec![(0, 1, "NV18", true), (0, 2, "SYS", false), (1, 2, "NV4", true)]);
+        let kinds: Vec<(usize, usize, &str, bool)> = links
+            .iter()
+            .map(|l| (l.a, l.b, l.kind.as_str(), l.nvlink()))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (0, 1, "NV18", true),
+                (0, 2, "SYS", false),
+                (1, 2, "NV4", true)
+            ]
+        );
         assert!(parse_topo("No devices were found\n").is_err());
     }
 
@@ -597,11 +718,25 @@ mod tests {
     fn modprobe_words_and_registry() {
         assert_eq!(
             words(MODPROBE_LINE),
-            vec!["options", "nvidia", "NVreg_EnableStreamMemOPs=1", "NVreg_RegistryDwords=PeerMappingOverride=1;"]
+            vec![
+                "options",
+                "nvidia",
+                "NVreg_EnableStreamMemOPs=1",
+                "NVreg_RegistryDwords=PeerMappingOverride=1;"
+            ]
         );
-        assert_eq!(registry_dword("\"RMFoo=0x10;PeerMappingOverride=0x1;\"", "PeerMappingOverride"), Some("0x1".into()));
+        assert_eq!(
+            registry_dword(
+                "\"RMFoo=0x10;PeerMappingOverride=0x1;\"",
+                "PeerMappingOverride"
+            ),
+            Some("0x1".into())
+        );
         assert_eq!(dword("0x1"), Some(1));
         assert_eq!(registry_dword("\"\"", "PeerMappingOverride"), None);
-        assert_eq!(logical_lines("# c\noptions nvidia \\\n  A=1\n\n"), vec!["options nvidia    A=1"]);
+        assert_eq!(
+            logical_lines("# c\noptions nvidia \\\n  A=1\n\n"),
+            vec!["options nvidia    A=1"]
+        );
     }
 }

@@ -37,8 +37,16 @@ impl ElfIdent {
             _ => return None,
         };
         let m = [data[18], data[19]];
-        let machine = if little_endian { u16::from_le_bytes(m) } else { u16::from_be_bytes(m) };
-        Some(ElfIdent { is_64, little_endian, machine })
+        let machine = if little_endian {
+            u16::from_le_bytes(m)
+        } else {
+            u16::from_be_bytes(m)
+        };
+        Some(ElfIdent {
+            is_64,
+            little_endian,
+            machine,
+        })
     }
 
     pub fn describe(self) -> String {
@@ -100,41 +108,61 @@ pub fn parse_dyn(data: &[u8]) -> Result<DynInfo, String> {
     }
 }
 
-fn parse_dyn_as<H: FileHeader<Endian = Endianness>>(data: &[u8], ident: ElfIdent) -> Result<DynInfo, String> {
+fn parse_dyn_as<H: FileHeader<Endian = Endianness>>(
+    data: &[u8],
+    ident: ElfIdent,
+) -> Result<DynInfo, String> {
     let header = H::parse(data).map_err(|e| format!("bad ELF header: {e}"))?;
-    let endian = header.endian().map_err(|e| format!("bad ELF header: {e}"))?;
+    let endian = header
+        .endian()
+        .map_err(|e| format!("bad ELF header: {e}"))?;
     if header.e_type(endian) != elf::ET_DYN {
         return Err("not a shared object (ELF type is not ET_DYN)".into());
     }
-    let sections = header.sections(endian, data).map_err(|e| format!("bad section table: {e}"))?;
-    let mut info = DynInfo { ident, soname: None, needed: Vec::new(), search_path: Vec::new() };
-    let Some(section) = sections.iter().find(|s| s.sh_type(endian) == elf::SHT_DYNAMIC) else {
+    let sections = header
+        .sections(endian, data)
+        .map_err(|e| format!("bad section table: {e}"))?;
+    let mut info = DynInfo {
+        ident,
+        soname: None,
+        needed: Vec::new(),
+        search_path: Vec::new(),
+    };
+    let Some(section) = sections
+        .iter()
+        .find(|s| s.sh_type(endian) == elf::SHT_DYNAMIC)
+    else {
         return Err("no dynamic section".into());
     };
     let entries = section
         .data_as_array::<H::Dyn, _>(endian, data)
         .map_err(|e| format!("bad dynamic section: {e}"))?;
     let strings = sections
-        .strings(endian, data, object::SectionIndex(section.sh_link(endian) as usize))
+        .strings(
+            endian,
+            data,
+            object::SectionIndex(section.sh_link(endian) as usize),
+        )
         .map_err(|e| format!("bad dynamic string table: {e}"))?;
     let (mut rpath, mut runpath) = (Vec::new(), Vec::new());
     for d in entries {
         let tag = d.tag(endian);
-        if tag == i64::from(elf::DT_NULL) {
+        if tag == elf::DT_NULL {
             break;
         }
         let text = || -> Result<String, String> {
-            let off = u32::try_from(d.val(endian)).map_err(|_| "string offset out of range".to_string())?;
+            let off = u32::try_from(d.val(endian))
+                .map_err(|_| "string offset out of range".to_string())?;
             strings
                 .get(off)
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .map_err(|_| "string offset out of range".to_string())
         };
         match tag {
-            t if t == i64::from(elf::DT_NEEDED) => info.needed.push(text()?),
-            t if t == i64::from(elf::DT_SONAME) => info.soname = Some(text()?),
-            t if t == i64::from(elf::DT_RPATH) => rpath.extend(text()?.split(':').map(str::to_owned)),
-            t if t == i64::from(elf::DT_RUNPATH) => runpath.extend(text()?.split(':').map(str::to_owned)),
+            t if t == elf::DT_NEEDED => info.needed.push(text()?),
+            t if t == elf::DT_SONAME => info.soname = Some(text()?),
+            t if t == elf::DT_RPATH => rpath.extend(text()?.split(':').map(str::to_owned)),
+            t if t == elf::DT_RUNPATH => runpath.extend(text()?.split(':').map(str::to_owned)),
             _ => {}
         }
     }
@@ -185,12 +213,19 @@ pub fn read_ident(host: &Host, path: &Path) -> Result<Option<ElfIdent>, ReadErro
     }
     let f = std::fs::File::open(host.real(path)).map_err(|e| ReadError::Io(e.to_string()))?;
     let mut head = Vec::with_capacity(20);
-    f.take(20).read_to_end(&mut head).map_err(|e| ReadError::Io(e.to_string()))?;
+    f.take(20)
+        .read_to_end(&mut head)
+        .map_err(|e| ReadError::Io(e.to_string()))?;
     Ok(ElfIdent::parse(&head))
 }
 
 /// The loader's search order for one object, as host paths, without duplicates.
-pub fn search_dirs(host: &Host, origin_dir: &Path, own_path: &[String], ident: ElfIdent) -> Vec<PathBuf> {
+pub fn search_dirs(
+    host: &Host,
+    origin_dir: &Path,
+    own_path: &[String],
+    ident: ElfIdent,
+) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut push = |p: PathBuf| {
         if !dirs.contains(&p) {
@@ -221,7 +256,12 @@ pub fn search_dirs(host: &Host, origin_dir: &Path, own_path: &[String], ident: E
 /// are ignored, as they would be for a service).
 pub fn ld_library_path(host: &Host) -> Vec<PathBuf> {
     host.env("LD_LIBRARY_PATH")
-        .map(|v| v.split([':', ';']).filter(|p| p.starts_with('/')).map(PathBuf::from).collect())
+        .map(|v| {
+            v.split([':', ';'])
+                .filter(|p| p.starts_with('/'))
+                .map(PathBuf::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -236,7 +276,9 @@ pub fn ld_so_conf_dirs(host: &Host) -> Vec<PathBuf> {
         if seen > 64 {
             break; // include loops
         }
-        let Ok(text) = host.read_text(&file) else { continue };
+        let Ok(text) = host.read_text(&file) else {
+            continue;
+        };
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("").trim();
             if let Some(pattern) = line.strip_prefix("include").map(str::trim) {
@@ -252,8 +294,10 @@ pub fn ld_so_conf_dirs(host: &Host) -> Vec<PathBuf> {
 /// Expands `dir/*.suffix` (or a plain file) into sorted host paths.
 fn expand_conf_glob(host: &Host, pattern: &str) -> Vec<PathBuf> {
     let path = Path::new(pattern);
-    let (Some(dir), Some(file)) = (path.parent(), path.file_name().map(|f| f.to_string_lossy().into_owned()))
-    else {
+    let (Some(dir), Some(file)) = (
+        path.parent(),
+        path.file_name().map(|f| f.to_string_lossy().into_owned()),
+    ) else {
         return Vec::new();
     };
     match file.split_once('*') {

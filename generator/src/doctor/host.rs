@@ -65,7 +65,9 @@ pub struct SystemTools {
 
 impl Default for SystemTools {
     fn default() -> Self {
-        SystemTools { timeout: Duration::from_secs(15) }
+        SystemTools {
+            timeout: Duration::from_secs(15),
+        }
     }
 }
 
@@ -134,7 +136,10 @@ fn run_with_timeout(program: &str, args: &[&str], timeout: Duration) -> ToolOutp
     if status.success() {
         ToolOutput::Output(stdout)
     } else {
-        let msg = stderr.lines().chain(stdout.lines()).find(|l| !l.trim().is_empty());
+        let msg = stderr
+            .lines()
+            .chain(stdout.lines())
+            .find(|l| !l.trim().is_empty());
         ToolOutput::Failed(format!(
             "`{program} {}` exited with {status}{}",
             args.join(" "),
@@ -152,7 +157,11 @@ pub struct Host<'a> {
 
 impl<'a> Host<'a> {
     pub fn new(root: &Path, env: &'a BTreeMap<String, String>, tools: &'a dyn Tools) -> Self {
-        Host { root: root.to_path_buf(), env, tools }
+        Host {
+            root: root.to_path_buf(),
+            env,
+            tools,
+        }
     }
 
     pub fn tools(&self) -> &dyn Tools {
@@ -175,11 +184,9 @@ impl<'a> Host<'a> {
         for c in host_path.components() {
             match c {
                 Component::Normal(n) => p.push(n),
-                Component::ParentDir => {
-                    // Never climb above the root.
-                    if p != self.root {
-                        p.pop();
-                    }
+                // Never climb above the root.
+                Component::ParentDir if p != self.root => {
+                    p.pop();
                 }
                 _ => {}
             }
@@ -189,7 +196,9 @@ impl<'a> Host<'a> {
 
     /// Kind of object at a host path, following symlinks; `None` if nothing is there.
     pub fn kind(&self, host_path: &Path) -> Option<FileKind> {
-        fs::metadata(self.real(host_path)).ok().map(|m| FileKind::of(&m.file_type()))
+        fs::metadata(self.real(host_path))
+            .ok()
+            .map(|m| FileKind::of(&m.file_type()))
     }
 
     pub fn exists(&self, host_path: &Path) -> bool {
@@ -221,7 +230,9 @@ impl<'a> Host<'a> {
         let file = fs::File::open(&real).map_err(|e| ReadError::Io(e.to_string()))?;
         let mut buf = Vec::new();
         // procfs files report size 0, so read up to the cap instead of trusting the length.
-        file.take(cap + 1).read_to_end(&mut buf).map_err(|e| ReadError::Io(e.to_string()))?;
+        file.take(cap + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| ReadError::Io(e.to_string()))?;
         if buf.len() as u64 > cap {
             return Err(ReadError::Io(format!("larger than {cap} bytes")));
         }
@@ -238,8 +249,10 @@ impl<'a> Host<'a> {
             Err(e) => return Err(ReadError::Io(e.to_string())),
         }
         let rd = fs::read_dir(&real).map_err(|e| ReadError::Io(e.to_string()))?;
-        let mut names: Vec<String> =
-            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
         names.sort();
         Ok(names)
     }

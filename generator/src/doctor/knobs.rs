@@ -52,7 +52,11 @@ fn distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+            cur.push(
+                (prev[j] + usize::from(ca != *cb))
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1),
+            );
         }
         prev = cur;
     }
@@ -61,14 +65,20 @@ fn distance(a: &str, b: &str) -> usize {
 
 fn unknown_variable(name: &str, version: Option<Version>) -> Check {
     let nvshmem = version.map_or("this NVSHMEM".to_string(), |v| format!("NVSHMEM {v}"));
-    let guess = VALIDATED.iter().map(|k| (distance(name, k), *k)).filter(|(d, _)| *d <= 3).min();
+    let guess = VALIDATED
+        .iter()
+        .map(|k| (distance(name, k), *k))
+        .filter(|(d, _)| *d <= 3)
+        .min();
     Check::warn(
         id(name),
         caps::NVSHMEM,
         format!("not read by {nvshmem}: neither libnvshmem_host.so.3 nor its plugins mention it"),
         match guess {
             Some((_, k)) => format!("did you mean {k}? Rename it, or unset {name}"),
-            None => format!("check the spelling against the NVSHMEM documentation, or unset {name}"),
+            None => {
+                format!("check the spelling against the NVSHMEM documentation, or unset {name}")
+            }
         },
     )
 }
@@ -77,7 +87,9 @@ fn unknown_variable(name: &str, version: Option<Version>) -> Check {
 /// after the suffix are ignored, as NVSHMEM does. Negative or missing numbers are invalid.
 pub fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim_start();
-    let num_len = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let num_len = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, rest) = t.split_at(num_len);
     let value: f64 = num.parse().ok()?;
     let shift = match rest.chars().next() {
@@ -106,7 +118,9 @@ pub fn parse_int(s: &str) -> Option<i64> {
     };
     let v = match body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
         Some(h) => i64::from_str_radix(h, 16).ok()?,
-        None if !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) => body.parse().ok()?,
+        None if !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) => {
+            body.parse().ok()?
+        }
         None => return None,
     };
     Some(if neg { -v } else { v })
@@ -134,9 +148,14 @@ pub fn check(host: &Host, ctx: &Context, out: &mut Vec<Check>) {
         }
     }
     if !env.contains_key("NVSHMEM_QP_DEPTH") {
-        out.push(qp_depth(ctx, DEFAULT_QP_DEPTH, "unset, NVSHMEM default 1024"));
+        out.push(qp_depth(
+            ctx,
+            DEFAULT_QP_DEPTH,
+            "unset, NVSHMEM default 1024",
+        ));
     }
-    let roce = ctx.rdma.usable().next().is_some() && ctx.rdma.usable().all(|p| p.link_layer == "Ethernet");
+    let roce =
+        ctx.rdma.usable().next().is_some() && ctx.rdma.usable().all(|p| p.link_layer == "Ethernet");
     if roce && !env.contains_key("NVSHMEM_IB_GID_INDEX") {
         out.push(Check::warn(
             "knob.NVSHMEM_IB_GID_INDEX",
@@ -188,7 +207,12 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
     let ok = |needed: &[Capability], found: String| Some(Check::ok(id(name), needed, found));
     match name {
         "NVSHMEM_CUMEM_GRANULARITY" => match parse_size(value) {
-            None => Some(invalid(name, value, caps::NVSHMEM, "a size such as 536870912 or 512M")),
+            None => Some(invalid(
+                name,
+                value,
+                caps::NVSHMEM,
+                "a size such as 536870912 or 512M",
+            )),
             Some(b) if b < MIN_GRANULARITY => Some(Check::fail(
                 id(name),
                 caps::NVSHMEM,
@@ -198,12 +222,22 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
             Some(b) => ok(caps::NVSHMEM, format!("{value} = {} >= 256 MiB", mib(b))),
         },
         "NVSHMEM_SYMMETRIC_SIZE" => match parse_size(value) {
-            None | Some(0) => Some(invalid(name, value, caps::NVSHMEM, "a non-zero size such as 4G")),
+            None | Some(0) => Some(invalid(
+                name,
+                value,
+                caps::NVSHMEM,
+                "a non-zero size such as 4G",
+            )),
             Some(b) => ok(caps::NVSHMEM, format!("{value} = {b} bytes")),
         },
         "NVSHMEM_QP_DEPTH" => match parse_int(value) {
             Some(d) if d > 0 => Some(qp_depth(ctx, d, "exported")),
-            _ => Some(invalid(name, value, caps::NVSHMEM, "a positive integer such as 1024")),
+            _ => Some(invalid(
+                name,
+                value,
+                caps::NVSHMEM,
+                "a positive integer such as 1024",
+            )),
         },
         "NVSHMEM_MAX_TEAMS" => match parse_int(value) {
             Some(t) if t >= 1 => {
@@ -218,7 +252,12 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                     ok(caps::NVSHMEM, format!("{t}"))
                 }
             }
-            _ => Some(invalid(name, value, caps::NVSHMEM, "a positive integer such as 7")),
+            _ => Some(invalid(
+                name,
+                value,
+                caps::NVSHMEM,
+                "a positive integer such as 7",
+            )),
         },
         "NVSHMEM_DISABLE_P2P" => {
             if parse_bool(value) {
@@ -270,15 +309,32 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                 "cpu: forces the CPU-assisted handler".to_string(),
                 format!("unset {name} (default auto)"),
             )),
-            _ => Some(invalid(name, value, caps::INTERNODE, "one of auto, gpu, cpu")),
+            _ => Some(invalid(
+                name,
+                value,
+                caps::INTERNODE,
+                "one of auto, gpu, cpu",
+            )),
         },
-        "NVSHMEM_IBGDA_NUM_RC_PER_PE" | "NVSHMEM_IB_GID_INDEX" | "NVSHMEM_IB_TRAFFIC_CLASS" => match parse_int(value) {
-            Some(v) if v >= 0 => ok(caps::INTERNODE, format!("{v}")),
-            _ => Some(invalid(name, value, caps::INTERNODE, "a non-negative integer")),
-        },
+        "NVSHMEM_IBGDA_NUM_RC_PER_PE" | "NVSHMEM_IB_GID_INDEX" | "NVSHMEM_IB_TRAFFIC_CLASS" => {
+            match parse_int(value) {
+                Some(v) if v >= 0 => ok(caps::INTERNODE, format!("{v}")),
+                _ => Some(invalid(
+                    name,
+                    value,
+                    caps::INTERNODE,
+                    "a non-negative integer",
+                )),
+            }
+        }
         "NVSHMEM_IB_SL" => match parse_int(value) {
             Some(v) if (0..=15).contains(&v) => ok(caps::INTERNODE, format!("{v}")),
-            _ => Some(invalid(name, value, caps::INTERNODE, "a service level 0..15")),
+            _ => Some(invalid(
+                name,
+                value,
+                caps::INTERNODE,
+                "a service level 0..15",
+            )),
         },
         "NVSHMEM_REMOTE_TRANSPORT" => match value.to_ascii_lowercase().as_str() {
             "ibrc" | "ucx" | "libfabric" | "ibdevx" => ok(caps::INTERNODE, value.to_string()),
@@ -288,11 +344,23 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                 "none: NVSHMEM skips its InfiniBand probe (fine on a single host)",
                 format!("unset {name} for internode runs"),
             )),
-            _ => Some(invalid(name, value, caps::INTERNODE, "one of ibrc, ucx, libfabric, ibdevx, none")),
+            _ => Some(invalid(
+                name,
+                value,
+                caps::INTERNODE,
+                "one of ibrc, ucx, libfabric, ibdevx, none",
+            )),
         },
         "NVSHMEM_BOOTSTRAP" => match value.to_ascii_uppercase().as_str() {
-            "UID" | "PMI" | "MPI" | "SHMEM" | "PLUGIN" | "PMIX" | "PMI2" | "PMI-2" => ok(caps::NVSHMEM, value.to_string()),
-            _ => Some(invalid(name, value, caps::NVSHMEM, "one of UID, PMI, PMI-2, PMIX, MPI, SHMEM, plugin")),
+            "UID" | "PMI" | "MPI" | "SHMEM" | "PLUGIN" | "PMIX" | "PMI2" | "PMI-2" => {
+                ok(caps::NVSHMEM, value.to_string())
+            }
+            _ => Some(invalid(
+                name,
+                value,
+                caps::NVSHMEM,
+                "one of UID, PMI, PMI-2, PMIX, MPI, SHMEM, plugin",
+            )),
         },
         "NVSHMEM_HCA_LIST" => Some(hca_list(ctx, name, value)),
         "NVSHMEM_HCA_PREFIX" => {
@@ -304,15 +372,27 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                     id(name),
                     caps::INTERNODE,
                     format!("{value:?} matches no device in /sys/class/infiniband"),
-                    format!("export {name}=<prefix of a device in /sys/class/infiniband> or unset it"),
+                    format!(
+                        "export {name}=<prefix of a device in /sys/class/infiniband> or unset it"
+                    ),
                 ))
             }
         }
         "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" => {
             // A comma list; a leading ^ excludes, = asks for an exact match.
-            let names: Vec<&str> = value.trim_start_matches('^').split(',').map(|n| n.trim_start_matches('=')).collect();
-            let present = host.list_dir(std::path::Path::new("/sys/class/net")).unwrap_or_default();
-            if value.starts_with('^') || names.iter().any(|n| present.iter().any(|p| p.starts_with(n))) {
+            let names: Vec<&str> = value
+                .trim_start_matches('^')
+                .split(',')
+                .map(|n| n.trim_start_matches('='))
+                .collect();
+            let present = host
+                .list_dir(std::path::Path::new("/sys/class/net"))
+                .unwrap_or_default();
+            if value.starts_with('^')
+                || names
+                    .iter()
+                    .any(|n| present.iter().any(|p| p.starts_with(n)))
+            {
                 ok(caps::NVSHMEM, value.to_string())
             } else {
                 Some(Check::fail(
@@ -337,7 +417,9 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
             }
         }
         "NVSHMEM_DEBUG" => match value.to_ascii_uppercase().as_str() {
-            "" | "VERSION" | "WARN" | "INFO" | "ABORT" | "TRACE" => ok(caps::NVSHMEM, value.to_string()),
+            "" | "VERSION" | "WARN" | "INFO" | "ABORT" | "TRACE" => {
+                ok(caps::NVSHMEM, value.to_string())
+            }
             _ => Some(Check::warn(
                 id(name),
                 caps::NVSHMEM,

@@ -65,12 +65,15 @@ fn existing_dir(s: &str) -> Result<PathBuf, String> {
     if p.is_dir() {
         Ok(p)
     } else {
-        Err(format!("{s} is not a directory; --root must name an existing directory (default /)"))
+        Err(format!(
+            "{s} is not a directory; --root must name an existing directory (default /)"
+        ))
     }
 }
 
 fn parse_version_arg(s: &str) -> Result<Version, String> {
-    Version::parse(s).ok_or_else(|| format!("{s:?} is not a version of the form X.Y.Z (e.g. 3.4.5)"))
+    Version::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a version of the form X.Y.Z (e.g. 3.4.5)"))
 }
 
 /// Facts about the host that change the wording of fixes.
@@ -82,9 +85,13 @@ pub struct HostKind {
 
 impl HostKind {
     fn detect(host: &host::Host) -> HostKind {
-        let os_release = host.read_text(Path::new("/etc/os-release")).unwrap_or_default();
+        let os_release = host
+            .read_text(Path::new("/etc/os-release"))
+            .unwrap_or_default();
         let nixos = host.exists(Path::new("/etc/NIXOS"))
-            || os_release.lines().any(|l| l.trim() == "ID=nixos" || l.trim() == "ID=\"nixos\"");
+            || os_release
+                .lines()
+                .any(|l| l.trim() == "ID=nixos" || l.trim() == "ID=\"nixos\"");
         HostKind { nixos }
     }
 }
@@ -92,10 +99,17 @@ impl HostKind {
 /// The CLI entry point: checks the host, prints the report, returns the exit status.
 pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
     let env: BTreeMap<String, String> = std::env::vars_os()
-        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
         .collect();
     let mut args = args.clone();
-    let is_real_root = std::fs::canonicalize(&args.root).map(|p| p == Path::new("/")).unwrap_or(false);
+    let is_real_root = std::fs::canonicalize(&args.root)
+        .map(|p| p == Path::new("/"))
+        .unwrap_or(false);
     if let Some(dir) = &args.nvshmem_dir {
         if dir.is_relative() && is_real_root {
             args.nvshmem_dir = Some(std::env::current_dir()?.join(dir));
@@ -104,7 +118,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
     let report = if is_real_root {
         run_with(&args, &env, &SystemTools::default())?
     } else {
-        run_with(&args, &env, &NoTools("not run: --root describes another host".into()))?
+        run_with(
+            &args,
+            &env,
+            &NoTools("not run: --root describes another host".into()),
+        )?
     };
     let text = if args.json {
         serde_json::to_string_pretty(&report)? + "\n"
@@ -112,15 +130,24 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
         report.render_text()
     };
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes()).context("writing the report to stdout")?;
+    stdout
+        .write_all(text.as_bytes())
+        .context("writing the report to stdout")?;
     stdout.flush().context("writing the report to stdout")?;
     Ok(report.exit_code)
 }
 
 /// Checks the host below `args.root` with the given environment and tools.
-pub fn run_with(args: &DoctorArgs, env: &BTreeMap<String, String>, tools: &dyn Tools) -> anyhow::Result<Report> {
+pub fn run_with(
+    args: &DoctorArgs,
+    env: &BTreeMap<String, String>,
+    tools: &dyn Tools,
+) -> anyhow::Result<Report> {
     if !args.root.is_dir() {
-        bail!("{} is not a directory; --root must name an existing directory", args.root.display());
+        bail!(
+            "{} is not a directory; --root must name an existing directory",
+            args.root.display()
+        );
     }
     let host = host::Host::new(&args.root, env, tools);
     let kind = HostKind::detect(&host);
@@ -130,8 +157,10 @@ pub fn run_with(args: &DoctorArgs, env: &BTreeMap<String, String>, tools: &dyn T
     driver::check_params(&host, &kind, &driver_info, &mut checks);
     let rdma_info = rdma::check_nics(&host, &kind, &mut checks);
     rdma::check_memory_registration(&host, &kind, &driver_info, &mut checks);
-    let settings =
-        nvshmem::Settings { dir: args.nvshmem_dir.clone(), kernels_version: args.kernels_nvshmem_version };
+    let settings = nvshmem::Settings {
+        dir: args.nvshmem_dir.clone(),
+        kernels_version: args.kernels_nvshmem_version,
+    };
     let mut nvshmem_checks = Vec::new();
     let nvshmem_info = nvshmem::check(&host, &settings, &mut nvshmem_checks);
     rdma::check_gdrcopy(&host, &kind, nvshmem_info.ident, &mut checks);
@@ -144,7 +173,14 @@ pub fn run_with(args: &DoctorArgs, env: &BTreeMap<String, String>, tools: &dyn T
     };
     knobs::check(&host, &ctx, &mut checks);
 
-    let requested: Vec<Capability> =
-        if args.capabilities.is_empty() { Capability::ALL.to_vec() } else { args.capabilities.clone() };
-    Ok(Report::new(args.root.display().to_string(), checks, &requested))
+    let requested: Vec<Capability> = if args.capabilities.is_empty() {
+        Capability::ALL.to_vec()
+    } else {
+        args.capabilities.clone()
+    };
+    Ok(Report::new(
+        args.root.display().to_string(),
+        checks,
+        &requested,
+    ))
 }

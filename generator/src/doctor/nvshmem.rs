@@ -73,8 +73,18 @@ const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib
 pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemInfo {
     let mut info = NvshmemInfo::default();
     let Some((lib_dir, source)) = locate(host, settings, out) else {
-        for id in ["nvshmem.host-library", "nvshmem.device-library", "nvshmem.kernels", "nvshmem.loader", "nvshmem.plugins"] {
-            out.push(Check::skip(id, caps::NVSHMEM, "no NVSHMEM host library to inspect"));
+        for id in [
+            "nvshmem.host-library",
+            "nvshmem.device-library",
+            "nvshmem.kernels",
+            "nvshmem.loader",
+            "nvshmem.plugins",
+        ] {
+            out.push(Check::skip(
+                id,
+                caps::NVSHMEM,
+                "no NVSHMEM host library to inspect",
+            ));
         }
         return info;
     };
@@ -124,7 +134,11 @@ fn unknown_variables(host: &Host, host_lib: &[u8], plugins: &[PathBuf]) -> Vec<S
         return Vec::new();
     }
     let mut blobs = vec![host_lib.to_vec()];
-    blobs.extend(plugins.iter().filter_map(|p| host.read_bytes(p, elf::LIB_CAP).ok()));
+    blobs.extend(
+        plugins
+            .iter()
+            .filter_map(|p| host.read_bytes(p, elf::LIB_CAP).ok()),
+    );
     let mentioned = |needle: &str| {
         let pattern = [b"\0".as_slice(), needle.as_bytes(), b"\0"].concat();
         blobs.iter().any(|b| find(b, &pattern).is_some())
@@ -138,7 +152,10 @@ fn unknown_variables(host: &Host, host_lib: &[u8], plugins: &[PathBuf]) -> Vec<S
 
 /// Finds the library directory: `--nvshmem-dir`, else `NVSHMEM_DIR`, else the loader path.
 fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(PathBuf, String)> {
-    let (prefix, source) = match (&settings.dir, host.env("NVSHMEM_DIR").filter(|v| !v.is_empty())) {
+    let (prefix, source) = match (
+        &settings.dir,
+        host.env("NVSHMEM_DIR").filter(|v| !v.is_empty()),
+    ) {
         (Some(d), _) => (d.clone(), "--nvshmem-dir".to_string()),
         (None, Some(e)) => {
             if !e.starts_with('/') {
@@ -153,14 +170,22 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
             (PathBuf::from(e), "NVSHMEM_DIR".to_string())
         }
         (None, None) => {
-            let pseudo = DynInfo { ident: native_ident(), soname: None, needed: vec![], search_path: vec![] };
+            let pseudo = DynInfo {
+                ident: native_ident(),
+                soname: None,
+                needed: vec![],
+                search_path: vec![],
+            };
             return match elf::resolve(host, HOST_LIB, Path::new("/"), &pseudo) {
                 Resolution::Found(p) => {
                     let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
                     out.push(Check::ok(
                         "nvshmem.dir",
                         caps::NVSHMEM,
-                        format!("NVSHMEM_DIR not set; {HOST_LIB} found on the loader path in {}", dir.display()),
+                        format!(
+                            "NVSHMEM_DIR not set; {HOST_LIB} found on the loader path in {}",
+                            dir.display()
+                        ),
                     ));
                     Some((dir, "the loader path".into()))
                 }
@@ -178,11 +203,19 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
     };
     let lib_dir = prefix.join("lib");
     if host.exists(&lib_dir.join(HOST_LIB)) {
-        out.push(Check::ok("nvshmem.dir", caps::NVSHMEM, format!("{} (from {source})", prefix.display())));
+        out.push(Check::ok(
+            "nvshmem.dir",
+            caps::NVSHMEM,
+            format!("{} (from {source})", prefix.display()),
+        ));
         return Some((lib_dir, source));
     }
     let found = if host.exists(&prefix.join(HOST_LIB)) {
-        let parent = prefix.parent().unwrap_or(Path::new("/")).display().to_string();
+        let parent = prefix
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .display()
+            .to_string();
         out.push(Check::fail(
             "nvshmem.dir",
             caps::NVSHMEM,
@@ -195,7 +228,12 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
     } else {
         format!("{} (from {source}) has no lib/{HOST_LIB}", prefix.display())
     };
-    out.push(Check::fail("nvshmem.dir", caps::NVSHMEM, found, INSTALL_FIX));
+    out.push(Check::fail(
+        "nvshmem.dir",
+        caps::NVSHMEM,
+        found,
+        INSTALL_FIX,
+    ));
     None
 }
 
@@ -211,7 +249,10 @@ pub fn banner_versions(bytes: &[u8]) -> Vec<Version> {
             .map_or(bytes.len(), |p| start + p);
         // The banner is a C string: the version must end at a NUL.
         if bytes.get(end) == Some(&0) {
-            if let Some(v) = std::str::from_utf8(&bytes[start..end]).ok().and_then(Version::parse) {
+            if let Some(v) = std::str::from_utf8(&bytes[start..end])
+                .ok()
+                .and_then(Version::parse)
+            {
                 if !found.contains(&v) {
                     found.push(v);
                 }
@@ -240,12 +281,23 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     None
 }
 
-fn host_library(lib: &Path, bytes: &[u8], source: String, info: &mut NvshmemInfo, out: &mut Vec<Check>) -> Option<Version> {
+fn host_library(
+    lib: &Path,
+    bytes: &[u8],
+    source: String,
+    info: &mut NvshmemInfo,
+    out: &mut Vec<Check>,
+) -> Option<Version> {
     let id = "nvshmem.host-library";
     let dynamic = match elf::parse_dyn(bytes) {
         Ok(d) => d,
         Err(e) => {
-            out.push(Check::fail(id, caps::NVSHMEM, format!("{}: {e}", lib.display()), INSTALL_FIX));
+            out.push(Check::fail(
+                id,
+                caps::NVSHMEM,
+                format!("{}: {e}", lib.display()),
+                INSTALL_FIX,
+            ));
             return None;
         }
     };
@@ -254,7 +306,12 @@ fn host_library(lib: &Path, bytes: &[u8], source: String, info: &mut NvshmemInfo
         out.push(Check::fail(
             id,
             caps::NVSHMEM,
-            format!("{} is {}, this host runs {}", lib.display(), dynamic.ident.describe(), native_ident().describe()),
+            format!(
+                "{} is {}, this host runs {}",
+                lib.display(),
+                dynamic.ident.describe(),
+                native_ident().describe()
+            ),
             "install the NVSHMEM build for this architecture (x86_64-linux or aarch64-linux/sbsa)",
         ));
         return None;
@@ -272,11 +329,18 @@ fn host_library(lib: &Path, bytes: &[u8], source: String, info: &mut NvshmemInfo
             return None;
         }
         many => {
-            let list = many.iter().map(Version::to_string).collect::<Vec<_>>().join(", ");
+            let list = many
+                .iter()
+                .map(Version::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
             out.push(Check::fail(
                 id,
                 caps::NVSHMEM,
-                format!("{}: several version banners ({list}); cannot tell which release this is", lib.display()),
+                format!(
+                    "{}: several version banners ({list}); cannot tell which release this is",
+                    lib.display()
+                ),
                 INSTALL_FIX,
             ));
             return None;
@@ -294,11 +358,19 @@ fn host_library(lib: &Path, bytes: &[u8], source: String, info: &mut NvshmemInfo
     out.push(Check::ok(
         id,
         caps::NVSHMEM,
-        format!("NVSHMEM {version} ({}, {}, via {source})", lib.display(), dynamic.ident.describe()),
+        format!(
+            "NVSHMEM {version} ({}, {}, via {source})",
+            lib.display(),
+            dynamic.ident.describe()
+        ),
     ));
     let cpu = "nvshmem.cpu-assisted-ibgda";
     if version >= CPU_IBGDA_VERSION {
-        out.push(Check::ok(cpu, caps::CPU_IBGDA, format!("NVSHMEM {version} >= {CPU_IBGDA_VERSION} has CPU-assisted IBGDA")));
+        out.push(Check::ok(
+            cpu,
+            caps::CPU_IBGDA,
+            format!("NVSHMEM {version} >= {CPU_IBGDA_VERSION} has CPU-assisted IBGDA"),
+        ));
     } else {
         out.push(Check::fail(
             cpu,
@@ -335,19 +407,32 @@ pub fn device_archive_version(bytes: &[u8]) -> Result<Option<Version>, String> {
     let archive = ArchiveFile::parse(bytes).map_err(|e| format!("not an ar archive: {e}"))?;
     for member in archive.members() {
         let member = member.map_err(|e| format!("bad archive member: {e}"))?;
-        let Ok(data) = member.data(bytes) else { continue };
-        let Ok(obj) = object::File::parse(data) else { continue };
+        let Ok(data) = member.data(bytes) else {
+            continue;
+        };
+        let Ok(obj) = object::File::parse(data) else {
+            continue;
+        };
         for sym in obj.symbols() {
             if sym.name() != Ok(DEVICE_VERSION_SYMBOL) {
                 continue;
             }
-            let Some(section) = sym.section_index().and_then(|i| obj.section_by_index(i).ok()) else { continue };
+            let Some(section) = sym
+                .section_index()
+                .and_then(|i| obj.section_by_index(i).ok())
+            else {
+                continue;
+            };
             let Ok(sdata) = section.data() else { continue };
             let off = usize::try_from(sym.address()).map_err(|_| "symbol offset out of range")?;
             let Some(raw) = sdata.get(off..off + 12) else {
                 return Err(format!("{DEVICE_VERSION_SYMBOL} lies outside its section"));
             };
-            let endian = if obj.is_little_endian() { Endianness::Little } else { Endianness::Big };
+            let endian = if obj.is_little_endian() {
+                Endianness::Little
+            } else {
+                Endianness::Big
+            };
             let word = |i: usize| {
                 let b = [raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]];
                 match endian {
@@ -361,7 +446,12 @@ pub fn device_archive_version(bytes: &[u8]) -> Result<Option<Version>, String> {
     Ok(None)
 }
 
-fn device_library(host: &Host, lib_dir: &Path, host_version: Option<Version>, out: &mut Vec<Check>) {
+fn device_library(
+    host: &Host,
+    lib_dir: &Path,
+    host_version: Option<Version>,
+    out: &mut Vec<Check>,
+) {
     let id = "nvshmem.device-library";
     let prefix = lib_dir.parent().unwrap_or(Path::new("/"));
     let archive_path = lib_dir.join("libnvshmem_device.a");
@@ -371,7 +461,10 @@ fn device_library(host: &Host, lib_dir: &Path, host_version: Option<Version>, ou
     match host.read_bytes(&archive_path, elf::LIB_CAP) {
         Ok(bytes) => match device_archive_version(&bytes) {
             Ok(Some(v)) => parts.push((archive_path.display().to_string(), v)),
-            Ok(None) => problems.push(format!("{}: no {DEVICE_VERSION_SYMBOL} symbol", archive_path.display())),
+            Ok(None) => problems.push(format!(
+                "{}: no {DEVICE_VERSION_SYMBOL} symbol",
+                archive_path.display()
+            )),
             Err(e) => problems.push(format!("{}: {e}", archive_path.display())),
         },
         Err(ReadError::Missing) => {}
@@ -380,14 +473,25 @@ fn device_library(host: &Host, lib_dir: &Path, host_version: Option<Version>, ou
     match host.read_text(&header_path) {
         Ok(text) => match header_version(&text) {
             Some(v) => parts.push((header_path.display().to_string(), v)),
-            None => problems.push(format!("{}: no NVSHMEM_VENDOR_*_VERSION defines", header_path.display())),
+            None => problems.push(format!(
+                "{}: no NVSHMEM_VENDOR_*_VERSION defines",
+                header_path.display()
+            )),
         },
         Err(ReadError::Missing) => {}
         Err(e) => problems.push(format!("{} {e}", header_path.display())),
     }
-    let listing = parts.iter().map(|(p, v)| format!("{v} ({p})")).collect::<Vec<_>>().join(", ");
+    let listing = parts
+        .iter()
+        .map(|(p, v)| format!("{v} ({p})"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let Some(hv) = host_version else {
-        out.push(Check::skip(id, caps::NVSHMEM, format!("host library version unknown; found {listing}")));
+        out.push(Check::skip(
+            id,
+            caps::NVSHMEM,
+            format!("host library version unknown; found {listing}"),
+        ));
         return;
     };
     let mismatched: Vec<&(String, Version)> = parts.iter().filter(|(_, v)| *v != hv).collect();
@@ -412,13 +516,20 @@ fn device_library(host: &Host, lib_dir: &Path, host_version: Option<Version>, ou
             "no libnvshmem_device.a and no include/ (runtime-only install): nothing to compare",
         ));
     } else {
-        out.push(Check::ok(id, caps::NVSHMEM, format!("matches the host library: {listing}")));
+        out.push(Check::ok(
+            id,
+            caps::NVSHMEM,
+            format!("matches the host library: {listing}"),
+        ));
     }
 }
 
 fn kernels(host: &Host, settings: &Settings, host_version: Option<Version>, out: &mut Vec<Check>) {
     let id = "nvshmem.kernels";
-    let (kv, source) = match (settings.kernels_version, host.env("DEEPEP_KERNELS_NVSHMEM_VERSION")) {
+    let (kv, source) = match (
+        settings.kernels_version,
+        host.env("DEEPEP_KERNELS_NVSHMEM_VERSION"),
+    ) {
         (Some(v), _) => (v, "--kernels-nvshmem-version"),
         (None, Some(raw)) => match Version::parse(raw) {
             Some(v) => (v, "DEEPEP_KERNELS_NVSHMEM_VERSION"),
@@ -459,24 +570,43 @@ fn kernels(host: &Host, settings: &Settings, host_version: Option<Version>, out:
 /// else the loader's pick by bare name. Both must be the library checked above.
 fn loader(host: &Host, checked: &Path, checked_version: Option<Version>, out: &mut Vec<Check>) {
     let id = "nvshmem.loader";
-    let pseudo = DynInfo { ident: native_ident(), soname: None, needed: vec![], search_path: vec![] };
+    let pseudo = DynInfo {
+        ident: native_ident(),
+        soname: None,
+        needed: vec![],
+        search_path: vec![],
+    };
     let bare = match elf::resolve(host, HOST_LIB, Path::new("/"), &pseudo) {
         Resolution::Found(p) => Some(p),
         Resolution::Missing { .. } => None,
     };
-    let env_lib = host.env("NVSHMEM_DIR").filter(|d| d.starts_with('/')).map(|d| Path::new(d).join("lib").join(HOST_LIB));
-    let usable = |p: &PathBuf| matches!(elf::read_ident(host, p), Ok(Some(id)) if id == native_ident());
+    let env_lib = host
+        .env("NVSHMEM_DIR")
+        .filter(|d| d.starts_with('/'))
+        .map(|d| Path::new(d).join("lib").join(HOST_LIB));
+    let usable =
+        |p: &PathBuf| matches!(elf::read_ident(host, p), Ok(Some(id)) if id == native_ident());
     let runtime = env_lib.clone().filter(usable).or(bare.clone());
     let same = |p: &Path| same_file(host, p, checked);
     let version_of = |p: &Path| -> Option<Version> {
-        host.read_bytes(p, elf::LIB_CAP).ok().and_then(|b| banner_versions(&b).into_iter().next())
+        host.read_bytes(p, elf::LIB_CAP)
+            .ok()
+            .and_then(|b| banner_versions(&b).into_iter().next())
     };
     let describe = |p: &Path| {
-        format!("{} (NVSHMEM {})", p.display(), version_of(p).map_or("unknown".into(), |v| v.to_string()))
+        format!(
+            "{} (NVSHMEM {})",
+            p.display(),
+            version_of(p).map_or("unknown".into(), |v| v.to_string())
+        )
     };
     let export = format!(
         "export NVSHMEM_DIR={} LD_LIBRARY_PATH={}:$LD_LIBRARY_PATH",
-        checked.parent().and_then(Path::parent).unwrap_or(Path::new("/")).display(),
+        checked
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"))
+            .display(),
         checked.parent().unwrap_or(Path::new("/")).display()
     );
     match runtime {
@@ -516,7 +646,10 @@ fn loader(host: &Host, checked: &Path, checked_version: Option<Version>, out: &m
 }
 
 fn same_file(host: &Host, a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(host.real(a)), std::fs::canonicalize(host.real(b))) {
+    match (
+        std::fs::canonicalize(host.real(a)),
+        std::fs::canonicalize(host.real(b)),
+    ) {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
     }
@@ -525,32 +658,53 @@ fn same_file(host: &Host, a: &Path, b: &Path) -> bool {
 /// Libraries a plugin opens with `dlopen` (invisible in `DT_NEEDED`) that it cannot work without.
 fn dlopened(plugin: &str) -> &'static [&'static str] {
     match plugin {
-        "nvshmem_transport_ibgda" | "nvshmem_transport_ibdevx" | "nvshmem_transport_ibrc" => &["libibverbs.so.1"],
+        "nvshmem_transport_ibgda" | "nvshmem_transport_ibdevx" | "nvshmem_transport_ibrc" => {
+            &["libibverbs.so.1"]
+        }
         _ => &[],
     }
 }
 
 /// Why a plugin would not load, or a short description when it would.
 fn plugin_loadable(host: &Host, path: &Path, want: Option<ElfIdent>) -> Result<String, String> {
-    let bytes = host.read_bytes(path, elf::LIB_CAP).map_err(|e| format!("{e}"))?;
+    let bytes = host
+        .read_bytes(path, elf::LIB_CAP)
+        .map_err(|e| format!("{e}"))?;
     let info = elf::parse_dyn(&bytes)?;
     if let Some(w) = want {
         if info.ident != w {
-            return Err(format!("{}, the host library is {}", info.ident.describe(), w.describe()));
+            return Err(format!(
+                "{}, the host library is {}",
+                info.ident.describe(),
+                w.describe()
+            ));
         }
     }
     let name = plugin_name(&path.file_name().unwrap_or_default().to_string_lossy());
     let dir = path.parent().unwrap_or(Path::new("/"));
     let mut missing = Vec::new();
-    let deps: Vec<&str> = info.needed.iter().map(String::as_str).chain(dlopened(&name).iter().copied()).collect();
+    let deps: Vec<&str> = info
+        .needed
+        .iter()
+        .map(String::as_str)
+        .chain(dlopened(&name).iter().copied())
+        .collect();
     for dep in &deps {
         if let Resolution::Missing { skipped } = elf::resolve(host, dep, dir, &info) {
-            let why = if skipped.is_empty() { String::new() } else { format!(" [skipped: {}]", skipped.join("; ")) };
+            let why = if skipped.is_empty() {
+                String::new()
+            } else {
+                format!(" [skipped: {}]", skipped.join("; "))
+            };
             missing.push(format!("{dep}{why}"));
         }
     }
     if missing.is_empty() {
-        Ok(format!("{}, {} libraries resolve", info.ident.describe(), deps.len()))
+        Ok(format!(
+            "{}, {} libraries resolve",
+            info.ident.describe(),
+            deps.len()
+        ))
     } else {
         Err(format!("missing {}", missing.join(", ")))
     }
@@ -575,7 +729,10 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
         .list_dir(lib_dir)
         .unwrap_or_default()
         .into_iter()
-        .filter(|n| (n.starts_with("nvshmem_bootstrap_") || n.starts_with("nvshmem_transport_")) && n.contains(".so"))
+        .filter(|n| {
+            (n.starts_with("nvshmem_bootstrap_") || n.starts_with("nvshmem_transport_"))
+                && n.contains(".so")
+        })
         .collect();
     // One file per plugin: prefer the shortest name (`x.so.3` over `x.so.3.0.0`).
     let mut by_plugin: BTreeMap<String, String> = BTreeMap::new();
@@ -590,9 +747,27 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
 
     // Bootstrap: UID by default (our runtime), overridable by env.
     let (boot_name, boot_path) = selected_bootstrap(host, lib_dir, &by_plugin);
-    required_plugin(host, "nvshmem.plugin.bootstrap", caps::NVSHMEM, &boot_name, boot_path, want, out);
-    let ibgda = by_plugin.get("nvshmem_transport_ibgda").map(|f| lib_dir.join(f));
-    required_plugin(host, "nvshmem.plugin.ibgda", caps::INTERNODE, "nvshmem_transport_ibgda", ibgda, want, out);
+    required_plugin(
+        host,
+        "nvshmem.plugin.bootstrap",
+        caps::NVSHMEM,
+        &boot_name,
+        boot_path,
+        want,
+        out,
+    );
+    let ibgda = by_plugin
+        .get("nvshmem_transport_ibgda")
+        .map(|f| lib_dir.join(f));
+    required_plugin(
+        host,
+        "nvshmem.plugin.ibgda",
+        caps::INTERNODE,
+        "nvshmem_transport_ibgda",
+        ibgda,
+        want,
+        out,
+    );
 
     // The rest: reported; a failure matters only if the environment selects that plugin.
     let selected = selected_by_env(host);
@@ -606,7 +781,10 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
             Ok(_) => lines.push(format!("{file} loadable")),
             Err(e) => {
                 let sel = selected.contains(name);
-                lines.push(format!("{file} not loadable ({e}){}", if sel { "" } else { ", unused" }));
+                lines.push(format!(
+                    "{file} not loadable ({e}){}",
+                    if sel { "" } else { ", unused" }
+                ));
                 if sel {
                     bad_selected.push(format!("{file} ({e})"));
                 }
@@ -617,7 +795,11 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
     let mut majors: Vec<String> = files
         .iter()
         .filter(|f| f.starts_with("nvshmem_transport_"))
-        .filter_map(|f| f.split(".so.").nth(1).map(|s| s.split('.').next().unwrap_or("").to_string()))
+        .filter_map(|f| {
+            f.split(".so.")
+                .nth(1)
+                .map(|s| s.split('.').next().unwrap_or("").to_string())
+        })
         .collect();
     majors.sort();
     majors.dedup();
@@ -633,7 +815,10 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
         out.push(Check::fail(
             id,
             caps::NVSHMEM,
-            format!("plugins selected by the environment do not load: {}", bad_selected.join("; ")),
+            format!(
+                "plugins selected by the environment do not load: {}",
+                bad_selected.join("; ")
+            ),
             dependency_fix(&bad_selected.join(" ")),
         ));
     } else if lines.is_empty() {
@@ -645,11 +830,23 @@ fn plugins(host: &Host, lib_dir: &Path, info: &mut NvshmemInfo, out: &mut Vec<Ch
 
 /// The bootstrap plugin our runtime will use: `NVSHMEM_BOOTSTRAP_UID_PLUGIN` / `NVSHMEM_BOOTSTRAP`
 /// select others; default UID. Returns (plugin name, path if present).
-fn selected_bootstrap(host: &Host, lib_dir: &Path, by_plugin: &BTreeMap<String, String>) -> (String, Option<PathBuf>) {
-    let name = match host.env("NVSHMEM_BOOTSTRAP").map(str::to_ascii_uppercase).as_deref() {
+fn selected_bootstrap(
+    host: &Host,
+    lib_dir: &Path,
+    by_plugin: &BTreeMap<String, String>,
+) -> (String, Option<PathBuf>) {
+    let name = match host
+        .env("NVSHMEM_BOOTSTRAP")
+        .map(str::to_ascii_uppercase)
+        .as_deref()
+    {
         Some("MPI") => "nvshmem_bootstrap_mpi",
         Some("SHMEM") => "nvshmem_bootstrap_shmem",
-        Some("PMI") => match host.env("NVSHMEM_BOOTSTRAP_PMI").map(str::to_ascii_uppercase).as_deref() {
+        Some("PMI") => match host
+            .env("NVSHMEM_BOOTSTRAP_PMI")
+            .map(str::to_ascii_uppercase)
+            .as_deref()
+        {
             Some("PMI-2") | Some("PMI2") => "nvshmem_bootstrap_pmi2",
             Some("PMIX") => "nvshmem_bootstrap_pmix",
             _ => "nvshmem_bootstrap_pmi",
@@ -659,7 +856,10 @@ fn selected_bootstrap(host: &Host, lib_dir: &Path, by_plugin: &BTreeMap<String, 
         _ => "nvshmem_bootstrap_uid",
     };
     if name == "nvshmem_bootstrap_uid" {
-        if let Some(p) = host.env("NVSHMEM_BOOTSTRAP_UID_PLUGIN").filter(|p| p.starts_with('/')) {
+        if let Some(p) = host
+            .env("NVSHMEM_BOOTSTRAP_UID_PLUGIN")
+            .filter(|p| p.starts_with('/'))
+        {
             return (name.into(), Some(PathBuf::from(p)));
         }
     }
@@ -695,8 +895,17 @@ fn required_plugin(
         return;
     };
     match plugin_loadable(host, &path, want) {
-        Ok(desc) => out.push(Check::ok(id, needed, format!("{} loadable ({desc})", path.display()))),
-        Err(e) => out.push(Check::fail(id, needed, format!("{} not loadable: {e}", path.display()), dependency_fix(&e))),
+        Ok(desc) => out.push(Check::ok(
+            id,
+            needed,
+            format!("{} loadable ({desc})", path.display()),
+        )),
+        Err(e) => out.push(Check::fail(
+            id,
+            needed,
+            format!("{} not loadable: {e}", path.display()),
+            dependency_fix(&e),
+        )),
     }
 }
 
@@ -717,7 +926,10 @@ mod tests {
     fn banner_needs_nul_terminated_version() {
         let bytes = b"junk\0NVSHMEM v3.4.5\0NVSHMEM v%s\0NVSHMEM v3.4.5\0NVSHMEM v9.9.9x\0";
         assert_eq!(banner_versions(bytes), vec![Version(3, 4, 5)]);
-        assert_eq!(banner_versions(b"NVSHMEM v3.3.9\0 NVSHMEM v3.8.0\0"), vec![Version(3, 3, 9), Version(3, 8, 0)]);
+        assert_eq!(
+            banner_versions(b"NVSHMEM v3.3.9\0 NVSHMEM v3.8.0\0"),
+            vec![Version(3, 3, 9), Version(3, 8, 0)]
+        );
     }
 
     #[test]

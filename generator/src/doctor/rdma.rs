@@ -38,7 +38,9 @@ impl RdmaInfo {
 }
 
 fn read_field(host: &Host, path: &Path) -> String {
-    host.read_text(path).map(|t| t.trim().to_string()).unwrap_or_else(|e| format!("unreadable ({e})"))
+    host.read_text(path)
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|e| format!("unreadable ({e})"))
 }
 
 /// `/sys/class/infiniband/*/ports/*/{state,link_layer}` and `/dev/infiniband/uverbs*`.
@@ -48,7 +50,9 @@ pub fn check_nics(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> RdmaInf
     for dev in host.list_dir(&class).unwrap_or_default() {
         let dir = class.join(&dev);
         let driver = host.link_name(&dir.join("device/driver"));
-        let mlx5 = driver.as_deref().map_or(dev.starts_with("mlx5"), |d| d.starts_with("mlx5"));
+        let mlx5 = driver
+            .as_deref()
+            .map_or(dev.starts_with("mlx5"), |d| d.starts_with("mlx5"));
         for port in host.list_dir(&dir.join("ports")).unwrap_or_default() {
             let pdir = dir.join("ports").join(&port);
             info.ports.push(Port {
@@ -99,7 +103,11 @@ pub fn check_nics(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> RdmaInf
     }
 
     if info.ports.is_empty() {
-        out.push(Check::skip("infiniband.uverbs", caps::INTERNODE, "no RDMA device"));
+        out.push(Check::skip(
+            "infiniband.uverbs",
+            caps::INTERNODE,
+            "no RDMA device",
+        ));
     } else {
         let nodes: Vec<String> = host
             .list_dir(&hp("/dev/infiniband"))
@@ -137,7 +145,12 @@ fn kernel_release(host: &Host) -> Option<(u32, u32, String)> {
 
 /// GPU memory registration with the NIC: DMA-BUF (open kernel modules, Linux >= 5.12) or the
 /// `nvidia_peermem` peer-memory module.
-pub fn check_memory_registration(host: &Host, kind: &HostKind, driver: &DriverInfo, out: &mut Vec<Check>) {
+pub fn check_memory_registration(
+    host: &Host,
+    kind: &HostKind,
+    driver: &DriverInfo,
+    out: &mut Vec<Check>,
+) {
     const PEERMEM: [&str; 3] = [
         "/sys/kernel/mm/memory_peers/nv_mem/version",
         "/sys/kernel/mm/memory_peers/nvidia-peermem/version",
@@ -146,19 +159,30 @@ pub fn check_memory_registration(host: &Host, kind: &HostKind, driver: &DriverIn
     let peermem = PEERMEM.iter().find(|p| host.exists(Path::new(p)));
     let kernel = kernel_release(host);
     let dmabuf_kernel = kernel.as_ref().is_some_and(|(a, b, _)| (*a, *b) >= (5, 12));
-    let kernel_desc = kernel.as_ref().map_or("unknown kernel (/proc/sys/kernel/osrelease unreadable)".to_string(), |k| {
-        format!("Linux {}", k.2)
-    });
-    let modules = if driver.open_modules { "open kernel modules" } else { "proprietary kernel modules" };
+    let kernel_desc = kernel.as_ref().map_or(
+        "unknown kernel (/proc/sys/kernel/osrelease unreadable)".to_string(),
+        |k| format!("Linux {}", k.2),
+    );
+    let modules = if driver.open_modules {
+        "open kernel modules"
+    } else {
+        "proprietary kernel modules"
+    };
     if driver.version.is_none() {
-        out.push(Check::skip("memory-registration", caps::INTERNODE, "driver not loaded"));
+        out.push(Check::skip(
+            "memory-registration",
+            caps::INTERNODE,
+            "driver not loaded",
+        ));
     } else if driver.open_modules && dmabuf_kernel {
         out.push(Check::ok(
             "memory-registration",
             caps::INTERNODE,
             format!(
                 "DMA-BUF available ({modules}, {kernel_desc}){}",
-                peermem.map(|p| format!("; nvidia_peermem also present ({p})")).unwrap_or_default()
+                peermem
+                    .map(|p| format!("; nvidia_peermem also present ({p})"))
+                    .unwrap_or_default()
             ),
         ));
     } else if let Some(p) = peermem {
@@ -185,16 +209,28 @@ pub fn check_memory_registration(host: &Host, kind: &HostKind, driver: &DriverIn
 /// read-write by this user) and `libgdrapi.so.2`. Optional for CPU-assisted IBGDA (NVSHMEM falls
 /// back to a slower path), so missing entirely is a warning, but a host configured for it with a
 /// piece missing fails: that fallback is exactly the silent slowdown users do not notice.
-pub fn check_gdrcopy(host: &Host, kind: &HostKind, lib_ident: Option<ElfIdent>, out: &mut Vec<Check>) {
+pub fn check_gdrcopy(
+    host: &Host,
+    kind: &HostKind,
+    lib_ident: Option<ElfIdent>,
+    out: &mut Vec<Check>,
+) {
     let loaded = host.is_dir(&hp("/sys/module/gdrdrv"));
     let intent = module_configured(host, "gdrdrv");
     let ident = lib_ident.unwrap_or(native_ident());
-    let pseudo = DynInfo { ident, soname: None, needed: Vec::new(), search_path: Vec::new() };
+    let pseudo = DynInfo {
+        ident,
+        soname: None,
+        needed: Vec::new(),
+        search_path: Vec::new(),
+    };
     let lib = elf::resolve(host, "libgdrapi.so.2", Path::new("/"), &pseudo);
 
     let mut problems: Vec<(String, String)> = Vec::new(); // (what, fix)
-    let nixos_fix = "services.deepep.ibgda.method = \"gdrcopy\"; (or \"both\") builds, loads and creates it";
-    let mknod = "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
+    let nixos_fix =
+        "services.deepep.ibgda.method = \"gdrcopy\"; (or \"both\") builds, loads and creates it";
+    let mknod =
+        "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
     let mut found = Vec::new();
     if loaded {
         found.push("gdrdrv loaded".to_string());
@@ -205,12 +241,20 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, lib_ident: Option<ElfIdent>, 
     } else {
         problems.push((
             "gdrdrv module not loaded (/sys/module/gdrdrv missing)".into(),
-            if kind.nixos { nixos_fix.into() } else { "sudo modprobe gdrdrv (install GDRCopy's gdrdrv module first)".into() },
+            if kind.nixos {
+                nixos_fix.into()
+            } else {
+                "sudo modprobe gdrdrv (install GDRCopy's gdrdrv module first)".into()
+            },
         ));
         if !host.exists(&hp("/dev/gdrdrv")) {
             problems.push((
                 "/dev/gdrdrv missing".into(),
-                if kind.nixos { nixos_fix.into() } else { format!("after loading the module: {mknod}") },
+                if kind.nixos {
+                    nixos_fix.into()
+                } else {
+                    format!("after loading the module: {mknod}")
+                },
             ));
         }
     }
@@ -229,7 +273,11 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, lib_ident: Option<ElfIdent>, 
         out.push(Check::ok("gdrcopy", caps::CPU_IBGDA, found.join(", ")));
         return;
     }
-    let what = problems.iter().map(|(w, _)| w.as_str()).collect::<Vec<_>>().join("; ");
+    let what = problems
+        .iter()
+        .map(|(w, _)| w.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
     let mut fixes: Vec<&str> = Vec::new();
     for (_, f) in &problems {
         if !fixes.contains(&f.as_str()) {
@@ -264,12 +312,18 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, lib_ident: Option<ElfIdent>, 
 /// user can open read-write. Ok: a description; Err: (problem, fix).
 fn devnode(host: &Host) -> Result<String, (String, String)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mknod = "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
+    let mknod =
+        "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
     let path = hp("/dev/gdrdrv");
     let real = host.real(&path);
     let meta = match std::fs::metadata(&real) {
         Ok(m) => m,
-        Err(_) => return Err(("/dev/gdrdrv missing (gdrdrv creates no device node itself)".into(), mknod.into())),
+        Err(_) => {
+            return Err((
+                "/dev/gdrdrv missing (gdrdrv creates no device node itself)".into(),
+                mknod.into(),
+            ))
+        }
     };
     if !meta.file_type().is_char_device() {
         let kind = host.kind(&path).unwrap_or(FileKind::Other);
@@ -316,7 +370,11 @@ pub fn native_ident() -> ElfIdent {
         "aarch64" => object::elf::EM_AARCH64,
         _ => object::elf::EM_X86_64,
     };
-    ElfIdent { is_64: true, little_endian: true, machine }
+    ElfIdent {
+        is_64: true,
+        little_endian: true,
+        machine,
+    }
 }
 
 /// Major and minor of a Linux `dev_t` (glibc's encoding).

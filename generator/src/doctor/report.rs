@@ -102,8 +102,19 @@ pub struct Check {
 }
 
 impl Check {
-    pub fn new(id: impl Into<String>, needed_by: &[Capability], status: Status, found: impl Into<String>) -> Self {
-        Check { id: id.into(), status, found: found.into(), fix: None, needed_by: needed_by.to_vec() }
+    pub fn new(
+        id: impl Into<String>,
+        needed_by: &[Capability],
+        status: Status,
+        found: impl Into<String>,
+    ) -> Self {
+        Check {
+            id: id.into(),
+            status,
+            found: found.into(),
+            fix: None,
+            needed_by: needed_by.to_vec(),
+        }
     }
     pub fn ok(id: impl Into<String>, needed_by: &[Capability], found: impl Into<String>) -> Self {
         Check::new(id, needed_by, Status::Ok, found)
@@ -182,7 +193,12 @@ impl Report {
             })
             .collect();
         let exit_code = i32::from(verdicts.iter().any(|v| v.requested && !v.ready));
-        Report { root, checks, verdicts, exit_code }
+        Report {
+            root,
+            checks,
+            verdicts,
+            exit_code,
+        }
     }
 
     /// The check with this id (tests and callers).
@@ -192,7 +208,10 @@ impl Report {
 
     /// The verdict for a capability.
     pub fn verdict(&self, cap: Capability) -> &Verdict {
-        self.verdicts.iter().find(|v| v.capability == cap).expect("all capabilities have a verdict")
+        self.verdicts
+            .iter()
+            .find(|v| v.capability == cap)
+            .expect("all capabilities have a verdict")
     }
 
     /// The human-readable table.
@@ -213,7 +232,12 @@ impl Report {
         let _ = writeln!(s, "verdict:");
         for v in &self.verdicts {
             let state = if v.ready { "ready" } else { "NOT READY" };
-            let mut line = format!("  {:<20} {:<9} {}", v.capability.name(), state, v.capability.describe());
+            let mut line = format!(
+                "  {:<20} {:<9} {}",
+                v.capability.name(),
+                state,
+                v.capability.describe()
+            );
             if !v.blocked_by.is_empty() {
                 let _ = write!(line, "; blocked by {}", v.blocked_by.join(", "));
             }
