@@ -1,0 +1,152 @@
+//! Bench mode `low-latency`: DeepEP's low-latency figures (`tests/test_low_latency.py`) for our
+//! LL kernels, with the NCCL all-to-all moving the same per-peer bytes in the same run.
+//!
+//! Per shape (DeepEP-like routing from `bench::Routing`, default 128 tokens x 7168, top-8 of the
+//! `--experts` experts; DeepEP's LL test uses 288):
+//! - `dispatch-fp8`: bytes = this rank's valid selections x (H + 4·H/128 + 16) (DeepEP's FP8
+//!   message), `dispatch-bf16`: selections x 2H;
+//! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout);
+//! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
+//! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
+//! selections x message bytes to the owner of each selected expert (combine: the transpose).
+//! `--sweep` runs 32, 128 and 256 tokens. The SM count shown is the LL grid (all SMs unless
+//! `--num-sms`).
+
+use super::{BenchCtx, Row, Shape};
+use crate::nvshmem::low_latency::{LlDispatchOpts, LowLatencyBuffer};
+use crate::tensor::{DType, Tensor};
+use crate::Result;
+
+const MODE: &str = "low-latency";
+/// Token counts of `--sweep` in this mode.
+pub const SWEEP_TOKENS: &[usize] = &[32, 128, 256];
+/// Default tokens per rank (DeepEP's LL test).
+pub const DEFAULT_TOKENS: usize = 128;
+
+/// DeepEP's LL FP8 message bytes per selection.
+pub fn fp8_message_bytes(hidden: usize) -> usize {
+    hidden + 4 * hidden / 128 + 16
+}
+
+/// `sel[s][d]`: valid selections of rank `s` whose expert lives on rank `d`.
+pub fn selections(topk_idx: &[Vec<i64>], experts: usize) -> Vec<Vec<usize>> {
+    let world = topk_idx.len();
+    let per_rank = experts / world;
+    topk_idx
+        .iter()
+        .map(|idx| {
+            let mut row = vec![0usize; world];
+            for &e in idx.iter().filter(|&&e| e >= 0) {
+                row[e as usize / per_rank] += 1;
+            }
+            row
+        })
+        .collect()
+}
+
+/// The shapes of this mode: `--sweep` gives 32/128/256 tokens at `--hidden`.
+pub fn shapes(ctx: &BenchCtx) -> Vec<Shape> {
+    let o = &ctx.opts;
+    if o.sweep {
+        SWEEP_TOKENS.iter().map(|&tokens| Shape { tokens, hidden: o.hidden, topk: o.topk, experts: o.experts }).collect()
+    } else {
+        vec![Shape { tokens: o.tokens.unwrap_or(DEFAULT_TOKENS), hidden: o.hidden, topk: o.topk, experts: o.experts }]
+    }
+}
+
+fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
+    let t = Tensor::empty(ctx.gpu.stream(), dtype, shape)?;
+    let bytes = t.numel() * dtype.size();
+    if bytes >= 4 {
+        ctx.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
+    }
+    Ok(t)
+}
+
+/// Run the low-latency mode (collective). `shapes` = [`shapes`] unless the caller overrides.
+pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
+    let (me, w) = (ctx.comm.rank(), ctx.comm.world());
+    let (comm, gpu) = (ctx.comm, ctx.gpu);
+    let mut rows = Vec::new();
+    // One buffer per (hidden, experts); num_max covers the largest token count.
+    let num_max = shapes.iter().map(|s| s.tokens).max().unwrap_or(1).max(1).next_multiple_of(4);
+    let mut i = 0;
+    while i < shapes.len() {
+        let (h, e) = (shapes[i].hidden, shapes[i].experts);
+        let group: Vec<Shape> = shapes[i..].iter().take_while(|s| s.hidden == h && s.experts == e).copied().collect();
+        i += group.len();
+        let mut buf = LowLatencyBuffer::new(gpu, comm, num_max, h, e, ctx.opts.num_sms.map(|n| n as usize))?;
+        let sms = buf.grid() as u32;
+        let l = e / w;
+        let rnm = w * num_max;
+        for shape in group {
+            let routing = ctx.routing(shape);
+            let (n, k) = (shape.tokens, shape.topk);
+            let stream = gpu.stream().clone();
+            let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
+            let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+            let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3fc0)?; // 1.5, 1.0
+            let y = filled(ctx, DType::Bf16, &[l, rnm, h], 0x3f80_3f80)?;
+            let sel = selections(&routing.topk_idx, e);
+            let sent: Vec<usize> = sel.iter().map(|r| r.iter().sum()).collect();
+            let per_peer = |bytes: usize| -> (Vec<usize>, Vec<usize>) {
+                ((0..w).map(|d| sel[me][d] * bytes).collect(), (0..w).map(|s| sel[s][me] * bytes).collect())
+            };
+            comm.barrier()?;
+            // A first dispatch gives combine its layout.
+            let first = buf.dispatch(&x, &idx, LlDispatchOpts { use_fp8: true, ..Default::default() })?;
+            let handle = first.handle.clone();
+            drop(first);
+            gpu.sync("low-latency bench setup")?;
+
+            for (op, fp8) in [("dispatch-fp8", true), ("dispatch-bf16", false)] {
+                let mb = if fp8 { fp8_message_bytes(h) } else { 2 * h };
+                let bytes: Vec<usize> = sent.iter().map(|s| s * mb).collect();
+                let (send, recv) = per_peer(mb);
+                let opts = LlDispatchOpts { use_fp8: fp8, ..Default::default() };
+                rows.push(ctx.measure(MODE, op, shape, sms, &bytes, &send, &recv, || buf.dispatch(&x, &idx, opts).map(|_| ()))?);
+            }
+            // The timing loop dispatched again: refresh the handle for combine.
+            let d = buf.dispatch(&x, &idx, LlDispatchOpts { use_fp8: true, ..Default::default() })?;
+            let handle2 = d.handle.clone();
+            drop((d, handle));
+            let cb = 2 * h;
+            let bytes: Vec<usize> = sent.iter().map(|s| s * cb).collect();
+            let (send, recv) = per_peer(cb);
+            rows.push(ctx.measure(MODE, "combine-bf16", shape, sms, &bytes, &recv, &send, || {
+                buf.combine(&y, &idx, &wts, &handle2, false).map(|_| ())
+            })?);
+            let both = fp8_message_bytes(h) + cb;
+            let bytes: Vec<usize> = sent.iter().map(|s| s * both).collect();
+            let (send, recv) = per_peer(both);
+            rows.push(ctx.measure(MODE, "dispatch+combine", shape, sms, &bytes, &send, &recv, || {
+                let d = buf.dispatch(&x, &idx, LlDispatchOpts { use_fp8: true, ..Default::default() })?;
+                buf.combine(&y, &idx, &wts, &d.handle, false).map(|_| ())
+            })?);
+            gpu.sync("low-latency bench shape done")?;
+            comm.barrier()?;
+        }
+        // Peers must be done with our buffer before it is freed (collective free).
+        gpu.sync("low-latency bench teardown")?;
+        comm.barrier()?;
+        drop(buf);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_bytes_match_deepep() {
+        assert_eq!(fp8_message_bytes(7168), 7168 + 224 + 16);
+    }
+
+    #[test]
+    fn selections_count_every_valid_slot_per_owner() {
+        // 2 ranks, 4 experts (2 per rank); -1 slots ignored; no dedup.
+        let idx = vec![vec![0, 1, 2, -1, 3, 3], vec![-1, -1, 1, 2]];
+        assert_eq!(selections(&idx, 4), vec![vec![2, 3], vec![1, 1]]);
+    }
+}

@@ -1,0 +1,266 @@
+//! GPU test cases of the low-latency kernels against the CPU reference (`reference::low_latency`).
+//!
+//! Every round: ragged token counts (0, 1, num_max or random) and inputs from `(seed, rank)`, so
+//! every rank computes the reference of all ranks locally; dispatch (optionally through the
+//! receive hook), download, check counts / layout / src_info / payload / scales as multisets per
+//! (local expert, source); then combine with expert outputs `y` that are a pure function of
+//! `(seed, owner, local expert, source, token)` (unused rows are NaN, so reading one is caught),
+//! and check the weighted sum against the bounded reference. All collective GPU work of a round
+//! happens before any check can fail, so a failing rank never leaves its peers waiting.
+
+use half::bf16;
+
+use super::binding::{self, HostLib, Version};
+use super::low_latency::{LlDispatchOpts, LowLatencyBuffer};
+use crate::gpu_test::{Case, CaseResult, Ctx};
+use crate::reference::low_latency::{LlPacked, LlScalesView};
+use crate::reference::random::{self, InputSpec};
+use crate::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
+use crate::tensor::Tensor;
+
+/// One LL configuration.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    num_max: usize,
+    hidden: usize,
+    topk: usize,
+    experts: usize,
+}
+
+/// Mode of one round.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    opts: LlOptions,
+    hook: bool,
+}
+
+const BF16: Mode = Mode { opts: LlOptions::BF16, hook: false };
+const FP8: Mode = Mode { opts: LlOptions::FP8, hook: false };
+const FP8_ROUND: Mode = Mode { opts: LlOptions { use_fp8: true, round_scale: true, use_ue8m0: false }, hook: false };
+const FP8_UE8M0: Mode = Mode { opts: LlOptions { use_fp8: true, round_scale: true, use_ue8m0: true }, hook: false };
+
+fn mode_name(m: Mode) -> String {
+    let base = match (m.opts.use_fp8, m.opts.round_scale, m.opts.use_ue8m0) {
+        (false, _, _) => "bf16",
+        (true, false, _) => "fp8",
+        (true, true, false) => "fp8-round",
+        (true, true, true) => "fp8-ue8m0",
+    };
+    if m.hook { format!("{base}+hook") } else { base.to_string() }
+}
+
+/// A deterministic pseudo-random bf16 expert output row for (owner, local expert, source, token).
+fn y_row(seed: u64, owner: usize, le: usize, src: usize, t: usize, h: usize) -> Vec<bf16> {
+    let mut z = seed ^ (owner as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (le as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (src as u64).wrapping_mul(0x1656_67B1_9E37_79F9) ^ (t as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    (0..h)
+        .map(|_| {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+            // Uniform in [-2, 2) with 16 significant bits, then rounded to bf16.
+            let v = ((x >> 48) as f32 / 65536.0 - 0.5) * 4.0;
+            bf16::from_f32(v)
+        })
+        .collect()
+}
+
+fn bytes_of_bf16(v: &[bf16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+/// Everything one round downloads from the GPU.
+struct Downloaded {
+    x: Vec<u8>,
+    scales_f32: Vec<f32>,
+    scales_i32: Vec<i32>,
+    count: Vec<i32>,
+    src_info: Vec<i32>,
+    layout_range: Vec<i64>,
+}
+
+/// One dispatch + combine round on `buf`; returns the first mismatch as an error.
+fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u64, masked: f64) -> CaseResult {
+    let (r, me) = (c.world(), c.rank());
+    let Shape { num_max, hidden: h, topk: k, experts: e } = shape;
+    let l = e / r;
+    let rnm = r * num_max;
+    let tokens = random::token_counts(seed, r, num_max);
+    let spec = InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: false, masked_fraction: masked };
+    let inputs: Vec<RankInput> = random::all_inputs(seed, &tokens, &spec);
+    let mine = &inputs[me];
+    let n = mine.n;
+    let Payload::Bf16(xh) = &mine.x else { anyhow::bail!("reference inputs must be bf16") };
+    let stream = c.gpu.stream();
+    let x = Tensor::from_host(stream, xh, &[n, h])?;
+    let topk = Tensor::from_host(stream, &mine.topk_idx, &[n, k])?;
+    let weights = Tensor::from_host(stream, &mine.topk_weights, &[n, k])?;
+
+    // ---- collective GPU work (no early return on a wrong result before combine) ----
+    let opts = LlDispatchOpts { use_fp8: mode.opts.use_fp8, round_scale: mode.opts.round_scale, use_ue8m0: mode.opts.use_ue8m0, return_hook: mode.hook };
+    let mut out = buf.dispatch(&x, &topk, opts)?;
+    if let Some(hook) = out.hook.take() {
+        buf.recv(hook)?;
+    }
+    c.gpu.sync("LL dispatch")?;
+    let got = Downloaded {
+        x: match mode.opts.use_fp8 {
+            // e4m3 bytes download through the 1-byte host type u8.
+            true => out.packed_recv_x.to_host::<u8>()?,
+            false => bytes_of_bf16(&out.packed_recv_x.to_host::<bf16>()?),
+        },
+        scales_f32: match (&out.packed_recv_x_scales, mode.opts.use_ue8m0) {
+            (Some(s), false) => s.to_host::<f32>()?,
+            _ => Vec::new(),
+        },
+        scales_i32: match (&out.packed_recv_x_scales, mode.opts.use_ue8m0) {
+            (Some(s), true) => s.to_host::<i32>()?,
+            _ => Vec::new(),
+        },
+        count: out.packed_recv_count.to_host::<i32>()?,
+        src_info: out.handle.src_info.to_host::<i32>()?,
+        layout_range: out.handle.layout_range.to_host::<i64>()?,
+    };
+    // y in the packed layout: valid rows from (source, token), others NaN.
+    let nan = bf16::from_bits(0x7FC1);
+    let mut y = vec![nan; l * rnm * h];
+    for le in 0..l {
+        for s in 0..r {
+            let v = got.layout_range.get(le * r + s).copied().unwrap_or(0);
+            let (bg, cnt) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
+            for slot in bg..(bg + cnt).min(rnm) {
+                let t = got.src_info[le * rnm + slot];
+                if t >= 0 {
+                    y[(le * rnm + slot) * h..(le * rnm + slot + 1) * h].copy_from_slice(&y_row(seed, me, le, s, t as usize, h));
+                }
+            }
+        }
+    }
+    let yt = Tensor::from_host(stream, &y, &[l, rnm, h])?;
+    let mut comb = buf.combine(&yt, &topk, &weights, &out.handle, mode.hook)?;
+    if let Some(hook) = comb.hook.take() {
+        buf.recv(hook)?;
+    }
+    c.gpu.sync("LL combine")?;
+    let combined = comb.combined_x.to_host::<bf16>()?;
+
+    // ---- checks ----
+    let want = ll_dispatch(&inputs, e, num_max, mode.opts, None)?;
+    let scales = match (mode.opts.use_fp8, mode.opts.use_ue8m0) {
+        (false, _) => LlScalesView::None,
+        (true, false) => LlScalesView::F32(&got.scales_f32),
+        (true, true) => LlScalesView::Ue8m0(&got.scales_i32),
+    };
+    let packed = LlPacked {
+        num_ranks: r,
+        num_local_experts: l,
+        num_max,
+        hidden: h,
+        opts: mode.opts,
+        x: &got.x,
+        scales,
+        count: &got.count,
+        src_info: &got.src_info,
+        layout_range: &got.layout_range,
+    };
+    packed.check(&want[me]).map_err(|m| anyhow::anyhow!("dispatch ({}, tokens {tokens:?}): {m}", mode_name(mode)))?;
+
+    // Rows of every selection of every origin (the reference covers all ranks).
+    let mut rows = std::collections::HashMap::new();
+    for (s, inp) in inputs.iter().enumerate() {
+        for t in 0..inp.n {
+            for j in 0..inp.k {
+                let ex = inp.topk_idx[t * inp.k + j];
+                if ex >= 0 {
+                    let (owner, le) = (ex as usize / l, ex as usize % l);
+                    rows.entry((owner, le, s, t)).or_insert_with(|| y_row(seed, owner, le, s, t, h));
+                }
+            }
+        }
+    }
+    let want_c = ll_combine(&inputs, e, None, |owner, le, s, t| rows.get(&(owner, le, s, t)).map(|v| v.as_slice()))?;
+    want_c[me]
+        .combined_x
+        .check("combined_x", &combined)
+        .map_err(|m| anyhow::anyhow!("combine ({}, tokens {tokens:?}): {m}", mode_name(mode)))?;
+    Ok(())
+}
+
+fn shape_case(name: &str, shape: Shape, modes: &'static [Mode], rounds: usize) -> Case {
+    Case::new(format!("ll/{name}"), move |c| {
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        for i in 0..rounds {
+            let mode = modes[i % modes.len()];
+            round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x1000_0001), 0.1)?;
+        }
+        Ok(())
+    })
+    .min_world(1)
+}
+
+const ALL_MODES: &[Mode] = &[
+    BF16,
+    FP8,
+    FP8_ROUND,
+    FP8_UE8M0,
+    Mode { opts: LlOptions::FP8, hook: true },
+    Mode { opts: LlOptions::BF16, hook: true },
+];
+
+/// The LL cases registered with `deepep-gpu-tests`.
+pub fn cases() -> Vec<Case> {
+    let deepep = Shape { num_max: 128, hidden: 7168, topk: 8, experts: 288 };
+    vec![
+        Case::new("ll/host_library_matches_cubins", |_c| {
+            // The library NVSHMEM would load here must be the one the cubins were linked with,
+            // and a missing library must give the documented message.
+            let Some(v) = crate::cubins::NVSHMEM_VERSION else { anyhow::bail!("built without NVSHMEM") };
+            let lib = HostLib::load(Some(Version::from(v)))?;
+            anyhow::ensure!(lib.version() == Version::from(v), "host {} vs cubins {:?}", lib.version(), v);
+            let e = HostLib::load_from(&[std::path::PathBuf::from("/nonexistent/lib/libnvshmem_host.so.3")], None)
+                .unwrap_err()
+                .to_string();
+            anyhow::ensure!(e.contains("cannot load the NVSHMEM host library") && e.contains("NVSHMEM_DIR"), "{e}");
+            let other = Version::new(v.0, v.1 + 1, 0);
+            let e = binding::check_version(lib.version(), lib.path(), Some(other)).unwrap_err().to_string();
+            anyhow::ensure!(e.contains("version mismatch") && e.contains(&other.to_string()), "{e}");
+            Ok(())
+        }),
+        shape_case("bf16/7168x8of288", deepep, &[BF16], 2),
+        shape_case("fp8/7168x8of288", deepep, &[FP8], 2),
+        shape_case("fp8-round/7168x8of288", deepep, &[FP8_ROUND], 2),
+        shape_case("fp8-ue8m0/7168x8of288", deepep, &[FP8_UE8M0], 2),
+        shape_case("hook/7168x8of288", deepep, &[Mode { opts: LlOptions::FP8, hook: true }, Mode { opts: LlOptions::BF16, hook: true }], 2),
+        shape_case("shapes/2048x1of16", Shape { num_max: 256, hidden: 2048, topk: 1, experts: 16 }, ALL_MODES, 6),
+        shape_case("shapes/4096x9of64", Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
+        shape_case("shapes/7168x4of256", Shape { num_max: 32, hidden: 7168, topk: 4, experts: 256 }, ALL_MODES, 6),
+        shape_case("shapes/2048x6of32-nm2", Shape { num_max: 2, hidden: 2048, topk: 6, experts: 32 }, ALL_MODES, 6),
+        shape_case("shapes/4096x3of128", Shape { num_max: 64, hidden: 4096, topk: 3, experts: 128 }, ALL_MODES, 6),
+        shape_case("repeat/7168x8of288x40", deepep, ALL_MODES, 40),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn y_rows_are_deterministic_and_distinct() {
+        let a = y_row(1, 0, 3, 1, 7, 256);
+        assert_eq!(a, y_row(1, 0, 3, 1, 7, 256));
+        assert_ne!(a, y_row(1, 0, 3, 1, 8, 256));
+        assert_ne!(a, y_row(1, 1, 3, 1, 7, 256));
+        assert!(a.iter().all(|v| v.to_f32().abs() <= 2.0 && v.to_f32().is_finite()));
+    }
+
+    #[test]
+    fn every_case_has_a_unique_name() {
+        let c = cases();
+        let mut names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), c.len());
+    }
+}
