@@ -91,3 +91,46 @@ fn releases_without_checkout_lists_every_version_and_gap() {
     let table = run_in(cwd.path(), &["releases"]);
     assert!(stdout(&table).contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"), "{}", stdout(&table));
 }
+
+/// The rendered Nix evaluates (with whatever Nix is installed) to exactly the lock's data.
+#[test]
+fn rendered_nix_evaluates_to_the_lock() {
+    let root = repo_root();
+    let nix = root.join("pkgs/nvshmem/releases.nix");
+    let out = match std::process::Command::new("nix-instantiate")
+        .args(["--eval", "--strict", "--json", "--expr"])
+        .arg(format!("import {}", nix.display()))
+        .output()
+    {
+        Ok(o) => o,
+        Err(_) => {
+            eprintln!("skipped: nix-instantiate is not installed (scripts/nix-checks.sh evaluates the file in CI)");
+            return;
+        }
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evaluated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lock: serde_json::Value = serde_json::from_slice(&std::fs::read(root.join("pkgs/nvshmem/releases.json")).unwrap()).unwrap();
+    let mut expected = serde_json::Map::new();
+    for r in lock["releases"].as_array().unwrap() {
+        let mut rel = serde_json::Map::new();
+        rel.insert("releaseDate".into(), r["releaseDate"].clone());
+        for (system, builds) in r["systems"].as_object().unwrap() {
+            let mut sys = serde_json::Map::new();
+            for (cuda, b) in builds.as_object().unwrap() {
+                let mut cell = serde_json::Map::new();
+                for (source, a) in b.as_object().unwrap() {
+                    let mut args = serde_json::json!({ "url": a["url"], "hash": a["hash"], "size": a["size"] });
+                    if source == "pypi" {
+                        args["filename"] = a["filename"].clone();
+                    }
+                    cell.insert(source.clone(), args);
+                }
+                sys.insert(cuda.clone(), cell.into());
+            }
+            rel.insert(system.clone(), sys.into());
+        }
+        expected.insert(r["version"].as_str().unwrap().to_string(), rel.into());
+    }
+    assert_eq!(evaluated, serde_json::Value::Object(expected));
+}
