@@ -165,19 +165,23 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
         const int nseg = (H + LL_DISPATCH_SEG - 1) / LL_DISPATCH_SEG;
         uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
         bool did_put = false;
-        // Pass 0: experts owned by this rank (their block starts at slot 0, no wait).
-        // Pass 1: experts of other ranks, after the counts of the sources before us arrived.
+        // The owner d packs its sources in the order d+1, d+2, ..., d (itself last). Our block
+        // for an expert of owner d therefore starts after the counts of the sources before us.
+        // Pass 0: experts of owner me-1, where we come first (slot 0, no wait): with 2 ranks these
+        //         are all remote experts, so NVLink traffic starts at once.
+        // Pass 1: the others, once the counts of the sources before us arrived (they broadcast
+        //         them first thing, so the wait is usually over by now).
         for (int pass = 0; pass < 2; ++pass) {
             if (pass == 1) {
                 for (int ei = tid; ei < epb; ei += LL_THREADS) {
                     const int e = b + ei * G;
                     if (e >= E) continue;
                     const int d = e / L;
-                    if (d == me) continue;
-                    const int pos = (me - d + R) % R;
+                    const int pos = (me - d - 1 + 2 * R) % R;
+                    if (pos == 0) continue;
                     int sum = 0;
                     for (int j = 0; j < pos; ++j) {
-                        const int src = (d + j) % R;
+                        const int src = (d + 1 + j) % R;
                         uint32_t c = 0;
                         if (!ll_wait_tag(a.buf, a.off_count_sig + (static_cast<uint64_t>(e) * R + src) * 8, seq, &c, diag,
                                          EP_PHASE_LL_DISPATCH_SEND, b, src)) {
@@ -194,14 +198,14 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             int total = 0;
             for (int ei = 0; ei < epb; ++ei) {
                 const int e = b + ei * G;
-                if (e < E && ((e / L == me) == (pass == 0))) total += min(cnt[ei], NM) * nseg;
+                if (e < E && (((me - e / L - 1 + 2 * R) % R == 0) == (pass == 0))) total += min(cnt[ei], NM) * nseg;
             }
             for (int u = warp; u < total; u += LL_WARPS) {
                 // unit -> (expert, row, segment)
                 int rest = u, ei = 0;
                 for (;; ++ei) {
                     const int e = b + ei * G;
-                    if (e < E && ((e / L == me) == (pass == 0))) {
+                    if (e < E && (((me - e / L - 1 + 2 * R) % R == 0) == (pass == 0))) {
                         const int n = min(cnt[ei], NM) * nseg;
                         if (rest < n) break;
                         rest -= n;
@@ -228,14 +232,19 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                     // 4 iterations of 256 channels; lanes 0-15 one group of 128, lanes 16-31 the next.
                     const int nit = nch / 256;  // 2 or 4 (H % 512 == 0)
                     uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + row_off + c0) : stage;
+                    // NVLink kernel: all four loads in flight first. Put kernel: one at a time (its
+                    // library calls leave fewer registers; keeps it free of spills).
                     int4 v[4];
+                    if (!kPut) {
 #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        if (j < nit) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
+                        for (int j = 0; j < 4; ++j)
+                            if (j < nit) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
+                    }
                     float my_scale = 0.f;
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         if (j >= nit) break;
+                        if (kPut) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
                         float f[8];
                         bf16x8_to_f32(v[j], f);
                         float amax = 0.f;
@@ -328,9 +337,9 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             const int le = b + li * G;
             if (le >= L) continue;
             int total = 0;
-            // Block order of the owner: own rank first, then me+1, me+2, ... (what senders assumed).
+            // Block order of the owner: me+1, me+2, ..., me (what the senders assumed).
             for (int j = 0; j < R; ++j) {
-                const int s = (me + j) % R;
+                const int s = (me + 1 + j) % R;
                 const int c = rc[li * R + s];
                 layout_range[le * R + s] = (static_cast<int64_t>(total) << 32) | static_cast<uint32_t>(c);
                 total += c;

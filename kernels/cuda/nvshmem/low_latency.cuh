@@ -8,9 +8,10 @@
 //   `seq` (high 32 bits) and a payload (low 32 bits). `seq` is kept per block in an "epoch" word
 //   of the half, so replaying a captured CUDA graph keeps counting correctly.
 // - Dispatch writes every selection straight into its final packed slot on the owner: each
-//   source broadcasts its per-expert counts first; the owner's packed block order is rotated so
-//   that the owner's own tokens start at slot 0 (no wait for local copies), remote sources wait
-//   only for the counts of the sources before them. The receiver never copies rows; it only
+//   source broadcasts its per-expert counts first; the owner d packs sources in the order
+//   d+1, d+2, ..., d (itself last), so the first remote source starts at slot 0 without waiting
+//   (with 2 ranks: all NVLink traffic starts at once) and the others wait only for the counts of
+//   the sources before them. The receiver never copies rows; it only
 //   waits for per-(expert, source) done flags, writes counts / layout ranges and transposes the
 //   FP8 scales (staged contiguously per row by the sender) into the column-major output.
 // - Combine sends each remote expert row back to `comb_recv[token][topk slot]` on the origin;
