@@ -15,6 +15,28 @@ use crate::output::{has_drift, FileStatus, Plan};
 use crate::repo::{self, RepoPaths};
 use crate::version::{self, Version};
 
+/// Writes to stdout; a closed pipe (`deepep-nix releases | head`) ends the process quietly
+/// instead of panicking like `print!` does.
+fn write_stdout(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|_| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+macro_rules! out {
+    ($($t:tt)*) => { write_stdout(format_args!($($t)*)) };
+}
+
+macro_rules! outln {
+    ($($t:tt)*) => { write_stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
 const AFTER_HELP: &str = "\
 Data location: --repo DIR (or DEEPEP_NIX_REPO) names the checkout; otherwise the nearest directory \
 at or above the current one that contains pkgs/nvshmem is used; otherwise the NVSHMEM snapshot \
@@ -257,7 +279,7 @@ pub struct EnvArgs {
 /// Prints statuses; with `check`, reports drift on stderr and returns exit code 1.
 fn finish(statuses: &[FileStatus], check: bool, fix: &str) -> i32 {
     for s in statuses {
-        println!("{s}");
+        outln!("{s}");
     }
     if check && has_drift(statuses) {
         let n = statuses.iter().filter(|s| s.status != crate::output::Status::Unchanged).count();
@@ -295,7 +317,7 @@ pub fn lock(args: &LockArgs) -> Result<i32> {
     let (plan, lock) = generate::plan_lock(&repo, &inputs, &opts)?;
     let code = run_plan(&plan, args.check, "deepep-nix lock")?;
     if !args.check {
-        println!("locked {} releases ({} to {})", lock.releases.len(),
+        outln!("locked {} releases ({} to {})", lock.releases.len(),
             lock.releases.first().map_or("-", |r| &r.version), lock.releases.last().map_or("-", |r| &r.version));
     }
     Ok(code)
@@ -314,7 +336,7 @@ pub fn render(args: &RenderArgs) -> Result<i32> {
         if args.check {
             return Err(Error::Usage("--check compares a file; it cannot be combined with --output -".into()));
         }
-        print!("{}", crate::render::render_releases_nix(&lock, &bytes)?);
+        out!("{}", crate::render::render_releases_nix(&lock, &bytes)?);
         return Ok(0);
     }
     let mut plan = Plan::default();
@@ -328,16 +350,16 @@ pub fn releases(args: &ReleasesArgs) -> Result<i32> {
     let rows = crate::releases::rows(&lock);
     if args.json {
         let doc = serde_json::json!({ "lock": origin.to_string(), "releases": rows });
-        println!("{}", serde_json::to_string_pretty(&doc).expect("serialisable"));
+        outln!("{}", serde_json::to_string_pretty(&doc).expect("serialisable"));
     } else {
-        println!("lock: {origin}\n");
-        print!("{}", crate::releases::table(&rows, args.hashes));
+        outln!("lock: {origin}\n");
+        out!("{}", crate::releases::table(&rows, args.hashes));
     }
     Ok(0)
 }
 
 fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).expect("serialisable"));
+    outln!("{}", serde_json::to_string_pretty(v).expect("serialisable"));
 }
 
 pub fn verify(args: &VerifyArgs) -> Result<i32> {
@@ -382,7 +404,7 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
         print_json(&serde_json::Value::Array(items));
     } else {
         for (p, path) in &report {
-            println!("OK {} ({}; sha256 {})", path.display(), p.describe(), p.artifact.sha256);
+            outln!("OK {} ({}; sha256 {})", path.display(), p.describe(), p.artifact.sha256);
         }
     }
     Ok(0)
@@ -415,9 +437,9 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
             Some("file") => format!("{} (file, {} bytes: flat hash, for fetchurl)", it["path"].as_str().unwrap_or(""), it["size"]),
             _ => it["input"].as_str().unwrap_or("").to_string(),
         };
-        println!("{title}");
+        outln!("{title}");
         for (label, key) in [("hex  ", "hex"), ("nix32", "nix32"), ("SRI  ", "sri")] {
-            println!("  {label} {}", it[key].as_str().unwrap_or(""));
+            outln!("  {label} {}", it[key].as_str().unwrap_or(""));
         }
     }
     Ok(0)
@@ -449,13 +471,13 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
         .ok_or_else(|| Error::upstream("lock", format!("unknown artifact format {:?}", pinned.artifact.format)))?;
     let prefix = inst::install(&archive, format, &args.prefix, args.replace)?;
     eprintln!("installed into {}; add it to your shell with:", prefix.display());
-    print!("{}", inst::exports(&prefix, args.shell));
+    out!("{}", inst::exports(&prefix, args.shell));
     Ok(0)
 }
 
 pub fn env(args: &EnvArgs) -> Result<i32> {
     let prefix = crate::install::check_prefix(&args.prefix)?;
-    print!("{}", crate::install::exports(&prefix, args.shell));
+    out!("{}", crate::install::exports(&prefix, args.shell));
     Ok(0)
 }
 
