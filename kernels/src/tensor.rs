@@ -150,7 +150,7 @@ fn cuda(context: &str, res: sys::CUresult) -> Result<()> {
 }
 
 fn span_of(shape: &[usize], strides: &[usize], elem: usize) -> usize {
-    if shape.iter().any(|&s| s == 0) {
+    if shape.contains(&0) {
         return 0;
     }
     (shape.iter().zip(strides).map(|(&s, &st)| (s - 1) * st).sum::<usize>() + 1) * elem
