@@ -1029,6 +1029,23 @@ fn driver_not_loaded_blocks_everything() {
     );
     assert!(r.verdicts.iter().all(|v| !v.ready));
     assert_eq!(status(&r, "params.stream-memops"), Status::Skip);
+
+    // The GPUs are on the PCI bus but bound to another driver: say so.
+    h.write("/sys/bus/pci/devices/0000:18:00.0/vendor", "0x10de\n");
+    h.write("/sys/bus/pci/devices/0000:18:00.0/class", "0x030200\n");
+    std::os::unix::fs::symlink(
+        "../../../bus/pci/drivers/vfio-pci",
+        h.path("/sys/bus/pci/devices/0000:18:00.0/driver"),
+    )
+    .unwrap();
+    h.write("/sys/bus/pci/devices/0000:00:01.0/vendor", "0x8086\n");
+    h.write("/sys/bus/pci/devices/0000:00:01.0/class", "0x060400\n");
+    let r = h.run();
+    assert_eq!(
+        found(&r, "driver"),
+        "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist); \
+         /sys/bus/pci/devices lists 1 NVIDIA GPU(s): 0000:18:00.0 bound to vfio-pci"
+    );
 }
 
 #[test]

@@ -59,7 +59,10 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
         Err(ReadError::Missing) => out.push(Check::fail(
             "driver",
             caps::ALL,
-            "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)",
+            format!(
+                "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist){}",
+                pci_note(host)
+            ),
             if kind.nixos {
                 "enable the driver: hardware.nvidia.datacenter.enable = true; (or services.xserver.videoDrivers = [ \"nvidia\" ];), set hardware.nvidia.open = true; and rebuild"
             } else {
@@ -84,7 +87,7 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
         0 => out.push(Check::fail(
             "gpus",
             caps::ALL,
-            "no GPU in /proc/driver/nvidia/gpus",
+            format!("no GPU in /proc/driver/nvidia/gpus{}", pci_note(host)),
             "check `dmesg | grep -i nvrm` for GPUs the driver rejected (e.g. excluded or fallen off the bus)",
         )),
         1 => out.push(Check::fail(
@@ -99,6 +102,47 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
     check_device_nodes(host, &info, out);
     check_nvlink(host, &info, out);
     info
+}
+
+/// NVIDIA GPUs on the PCI bus (`/sys/bus/pci/devices`): (address, bound driver).
+pub fn pci_gpus(host: &Host) -> Vec<(String, Option<String>)> {
+    let dir = hp("/sys/bus/pci/devices");
+    host.list_dir(&dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|dev| {
+            let read = |f: &str| host.read_text(&dir.join(dev).join(f)).unwrap_or_default();
+            // Vendor NVIDIA; class VGA (0x0300) or 3D controller (0x0302).
+            read("vendor").trim() == "0x10de" && {
+                let class = read("class");
+                class.starts_with("0x0300") || class.starts_with("0x0302")
+            }
+        })
+        .map(|dev| {
+            let driver = host.link_name(&dir.join(&dev).join("driver"));
+            (dev, driver)
+        })
+        .collect()
+}
+
+/// "; /sys/bus/pci lists 2 NVIDIA GPUs (0000:18:00.0 bound to no driver, ...)" or "".
+fn pci_note(host: &Host) -> String {
+    let gpus = pci_gpus(host);
+    if gpus.is_empty() {
+        return String::new();
+    }
+    let list = gpus
+        .iter()
+        .map(|(bus, drv)| match drv {
+            Some(d) => format!("{bus} bound to {d}"),
+            None => format!("{bus} bound to no driver"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "; /sys/bus/pci/devices lists {} NVIDIA GPU(s): {list}",
+        gpus.len()
+    )
 }
 
 fn first_line(text: &str) -> String {
