@@ -193,3 +193,22 @@ fn buffer_size_formula_scales_with_ranks() {
     assert!(l2 >= 3 * row && l2 < 3 * row + (16 << 20), "{l2}");
     assert!(l8 >= 15 * row && l8 < 15 * row + (64 << 20), "{l8}");
 }
+
+#[test]
+fn cubins_have_every_kernel_the_buffer_launches_without_spills() {
+    use deepep_kernels::cubins;
+    let layout = cubins::require("layout").unwrap();
+    assert_eq!(layout.kernels, ["ep_layout"]);
+    let c = cubins::require("intranode").unwrap();
+    let mut want = vec!["ep_intranode_notify".to_string()];
+    for r in [2, 4, 8] {
+        want.push(format!("ep_intranode_dispatch_r{r}"));
+        want.push(format!("ep_intranode_combine_r{r}"));
+    }
+    for k in &want {
+        let res = c.resources_of(k).unwrap_or_else(|| panic!("intranode cubin lacks {k}: {:?}", c.kernels));
+        assert_eq!(res.spill_bytes, 0, "{k} spills");
+        // 24 warps x 32 lanes x registers must fit the 64K register file (one block per SM).
+        assert!(res.registers as usize * 32 * deepep_kernels::config::MAX_WARPS_PER_BLOCK <= 65536, "{k}: {} registers", res.registers);
+    }
+}
