@@ -92,7 +92,7 @@ impl Http {
         if range_from > 0 {
             req = req.header(RANGE, format!("bytes={range_from}-"));
         }
-        let resp = req.send().map_err(|e| Attempt::Retry(describe(&e)))?;
+        let resp = req.send().map_err(|e| Attempt::Retry(describe(e)))?;
         let status = resp.status();
         if status.is_success() || status == StatusCode::RANGE_NOT_SATISFIABLE {
             Ok(resp)
@@ -243,10 +243,12 @@ fn truncate(path: &Path) -> Result<()> {
     File::create(path).map(drop).map_err(|e| Error::io(path, e))
 }
 
-/// A transport error with its cause chain (reqwest hides the useful part in `source`).
-fn describe(e: &reqwest::Error) -> String {
+/// A transport error with its cause chain (reqwest hides the useful part in `source`),
+/// without repeating the URL the caller already names.
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
     let mut msg = if e.is_timeout() { "timed out".to_string() } else { e.to_string() };
-    let mut src = std::error::Error::source(e);
+    let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg = format!("{msg}: {s}");
         src = s.source();
