@@ -821,6 +821,7 @@ struct FakeLl {
     layout_range: Vec<i64>,
 }
 
+#[allow(clippy::needless_range_loop)]
 fn fake_gpu_ll(c: &LlCase, out: &deepep_kernels::reference::LlDispatchOut, seed: u64) -> FakeLl {
     let (r, l, h) = (c.r, c.e / c.r, c.h);
     let rm = r * c.num_max;
@@ -1065,4 +1066,29 @@ fn bounded_check_reports_location() {
     let e = b.check("w", &[0.0, 1.0, 2.0, 3.5]).unwrap_err();
     assert!(e.contains("row 1, column 1") && e.contains("bound"), "{e}");
     assert!(b.check_bit_exact("w", &[0.0, 1.0, 2.0, 3.0]).is_ok());
+}
+
+#[test]
+fn per_rank_variants_equal_the_full_computation() {
+    for seed in [0u64, 5, 7] {
+        let c = case(seed);
+        let all = dispatch(&c.inputs, c.e, c.align).unwrap();
+        for d in 0..c.r {
+            assert_eq!(deepep_kernels::reference::dispatch_rank(&c.inputs, c.e, c.align, d).unwrap(), all[d]);
+        }
+        assert!(deepep_kernels::reference::dispatch_rank(&c.inputs, c.e, c.align, c.r).is_err());
+        if c.fp8 {
+            continue;
+        }
+        let y: Vec<Vec<bf16>> = all.iter().enumerate().map(|(d, o)| random::combine_rows(seed, d, 21, o.num_recv_tokens, c.h)).collect();
+        let args = CombineArgs { y: &y, topk_weights: None, bias0: None, bias1: None };
+        let full = combine(&all, &c.inputs, args).unwrap();
+        let full_inter = combine_internode(&all, &c.inputs, args, 2).unwrap();
+        for s in 0..c.r {
+            let one = deepep_kernels::reference::combine_rank(&all, &c.inputs, args, s).unwrap();
+            assert_eq!(one.combined_x, full[s].combined_x);
+            let one = deepep_kernels::reference::combine_internode_rank(&all, &c.inputs, args, 2, s).unwrap();
+            assert_eq!(one.combined_x, full_inter[s].combined_x);
+        }
+    }
 }

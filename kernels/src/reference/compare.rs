@@ -129,6 +129,10 @@ impl<T: Bits> Bounded<T> {
         Bounded { cols, value: Vec::new(), exact: Vec::new(), bound: Vec::new() }
     }
 
+    pub fn with_capacity(cols: usize, n: usize) -> Self {
+        Bounded { cols, value: Vec::with_capacity(n), exact: Vec::with_capacity(n), bound: Vec::with_capacity(n) }
+    }
+
     pub fn push(&mut self, value: T, exact: f64, bound: f64) {
         self.value.push(value);
         self.exact.push(exact);
@@ -151,7 +155,7 @@ impl<T: Bits> Bounded<T> {
         let mut count = 0usize;
         for (i, g) in got.iter().enumerate() {
             let err = (g.to_f64() - self.exact[i]).abs();
-            if !(err <= self.bound[i]) {
+            if err.is_nan() || err > self.bound[i] {
                 count += 1;
                 first.get_or_insert(i);
             }

@@ -221,6 +221,7 @@ impl LlPacked<'_> {
     /// Check the layout metadata for internal consistency and build the slot map: every
     /// `count[le]` within capacity, each source block `[begin, begin+cnt)` inside `[0, count[le])`,
     /// blocks disjoint and together covering `[0, count[le])`, and `src_info` unique per block.
+    #[allow(clippy::needless_range_loop)] // indices are the layout coordinates named in errors
     pub fn slots(&self) -> std::result::Result<LlSlotMap, String> {
         let (l, r, rm) = (self.num_local_experts, self.num_ranks, self.slots_per_expert());
         len_check("packed_recv_count", self.count.len(), l)?;
@@ -344,48 +345,55 @@ pub fn ll_combine<'a, F>(inputs: &[RankInput], num_experts: usize, mask: Option<
 where
     F: Fn(usize, usize, usize, usize) -> Option<&'a [bf16]>,
 {
+    (0..inputs.len()).map(|s| ll_combine_rank(inputs, num_experts, mask, s, &rows)).collect()
+}
+
+/// [`ll_combine`] for origin rank `s` only.
+pub fn ll_combine_rank<'a, F>(inputs: &[RankInput], num_experts: usize, mask: Option<&[bool]>, s: usize, rows: F) -> Result<CombineOut>
+where
+    F: Fn(usize, usize, usize, usize) -> Option<&'a [bf16]>,
+{
     check_ll_inputs(inputs, num_experts, mask)?;
+    let Some(inp) = inputs.get(s) else {
+        return Err(EpError::InvalidArgument(format!("origin rank {s} but only {} rank inputs; pass a rank below {}", inputs.len(), inputs.len())));
+    };
     let l = num_experts / inputs.len();
-    let (h, k) = (inputs[0].hidden, inputs[0].k);
-    let mut outs = Vec::with_capacity(inputs.len());
-    for (s, inp) in inputs.iter().enumerate() {
-        let mut x = Bounded::new(h);
-        if is_masked(mask, s) {
-            // A masked origin rank is considered dead: its output is not checked.
-            outs.push(CombineOut { combined_x: x, combined_topk_weights: None });
-            continue;
-        }
-        for t in 0..inp.n {
-            let mut terms: Vec<(f32, &[bf16])> = Vec::new();
-            for j in 0..k {
-                let e = inp.topk_idx[t * k + j];
-                if e < 0 || is_masked(mask, e as usize / l) {
-                    continue;
-                }
-                let (owner, le) = (e as usize / l, e as usize % l);
-                let row = rows(owner, le, s, t).ok_or_else(|| {
-                    EpError::InvalidArgument(format!("LL combine: no input row for token {t} of rank {s} at expert {le} of rank {owner}; the rows callback must cover every dispatched selection"))
-                })?;
-                if row.len() != h {
-                    return Err(EpError::InvalidArgument(format!("LL combine: row for token {t} of rank {s} has {} values, expected hidden {h}", row.len())));
-                }
-                terms.push((inp.topk_weights[t * k + j], row));
-            }
-            for c in 0..h {
-                let (mut acc, mut exact, mut abs) = (0f32, 0f64, 0f64);
-                for &(w, row) in &terms {
-                    let y = row[c].to_f32();
-                    acc = y.mul_add(w, acc);
-                    let p = f64::from(y) * f64::from(w); // exact: 8 x 24 significant bits
-                    exact += p;
-                    abs += p.abs();
-                }
-                x.push(bf16_rn(acc), exact, bf16_sum_bound(exact, abs, 2 * terms.len()));
-            }
-        }
-        outs.push(CombineOut { combined_x: x, combined_topk_weights: None });
+    let (h, k) = (inp.hidden, inp.k);
+    let mut x = Bounded::with_capacity(h, if is_masked(mask, s) { 0 } else { inp.n * h });
+    if is_masked(mask, s) {
+        // A masked origin rank is considered dead: its output is not checked.
+        return Ok(CombineOut { combined_x: x, combined_topk_weights: None });
     }
-    Ok(outs)
+    let mut terms: Vec<(f32, &[bf16])> = Vec::with_capacity(k);
+    for t in 0..inp.n {
+        terms.clear();
+        for j in 0..k {
+            let e = inp.topk_idx[t * k + j];
+            if e < 0 || is_masked(mask, e as usize / l) {
+                continue;
+            }
+            let (owner, le) = (e as usize / l, e as usize % l);
+            let row = rows(owner, le, s, t).ok_or_else(|| {
+                EpError::InvalidArgument(format!("LL combine: no input row for token {t} of rank {s} at expert {le} of rank {owner}; the rows callback must cover every dispatched selection"))
+            })?;
+            if row.len() != h {
+                return Err(EpError::InvalidArgument(format!("LL combine: row for token {t} of rank {s} has {} values, expected hidden {h}", row.len())));
+            }
+            terms.push((inp.topk_weights[t * k + j], row));
+        }
+        for c in 0..h {
+            let (mut acc, mut exact, mut abs) = (0f32, 0f64, 0f64);
+            for &(w, row) in &terms {
+                let y = row[c].to_f32();
+                acc = y.mul_add(w, acc);
+                let p = f64::from(y) * f64::from(w); // exact: 8 x 24 significant bits
+                exact += p;
+                abs += p.abs();
+            }
+            x.push(bf16_rn(acc), exact, bf16_sum_bound(exact, abs, 2 * terms.len()));
+        }
+    }
+    Ok(CombineOut { combined_x: x, combined_topk_weights: None })
 }
 
 /// [`ll_combine`] with the rows taken from each owner's packed combine input `y[owner]`

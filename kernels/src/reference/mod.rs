@@ -28,8 +28,8 @@ pub mod random;
 pub use compare::{calc_diff, Bounded, CheckResult};
 pub use fp8::{cast_per_token, Scales};
 pub use layout::{layout, Layout};
-pub use low_latency::{ll_combine, ll_dispatch, LlDispatchOut, LlOptions};
-pub use normal::{combine, combine_internode, dispatch, CombineOut, DispatchOut};
+pub use low_latency::{ll_combine, ll_combine_rank, ll_dispatch, LlDispatchOut, LlOptions};
+pub use normal::{combine, combine_internode, combine_internode_rank, combine_rank, dispatch, dispatch_rank, CombineArgs, CombineOut, DispatchOut};
 
 use half::bf16;
 

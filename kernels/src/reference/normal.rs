@@ -51,13 +51,25 @@ fn check_inputs(inputs: &[RankInput], num_experts: usize) -> Result<Vec<Layout>>
 
 /// Normal dispatch (intranode and internode alike): one [`DispatchOut`] per destination rank.
 pub fn dispatch(inputs: &[RankInput], num_experts: usize, expert_alignment: usize) -> Result<Vec<DispatchOut>> {
+    dispatch_to(inputs, num_experts, expert_alignment, 0..inputs.len())
+}
+
+/// [`dispatch`] for destination rank `d` only.
+pub fn dispatch_rank(inputs: &[RankInput], num_experts: usize, expert_alignment: usize, d: usize) -> Result<DispatchOut> {
+    if d >= inputs.len() {
+        return Err(crate::EpError::InvalidArgument(format!("destination rank {d} but only {} rank inputs; pass a rank below {}", inputs.len(), inputs.len())));
+    }
+    Ok(dispatch_to(inputs, num_experts, expert_alignment, d..d + 1)?.remove(0))
+}
+
+fn dispatch_to(inputs: &[RankInput], num_experts: usize, expert_alignment: usize, dests: std::ops::Range<usize>) -> Result<Vec<DispatchOut>> {
     validate::expert_alignment(expert_alignment)?;
     let layouts = check_inputs(inputs, num_experts)?;
     let r = inputs.len();
     let l = num_experts / r;
     let (h, k) = (inputs[0].hidden, inputs[0].k);
-    let mut outs = Vec::with_capacity(r);
-    for d in 0..r {
+    let mut outs = Vec::with_capacity(dests.len());
+    for d in dests {
         let lo = (d * l) as i64;
         let hi = lo + l as i64;
         let mut o = DispatchOut {
@@ -125,17 +137,29 @@ enum Grouping {
     Nodes(usize),
 }
 
-/// Intranode combine (§7): `out[t] = bf16(f32(b0) + f32(b1) + Σ_{d asc} f32(y_d[pos_d]))`,
+/// Intranode combine (§7) for every origin rank:
+/// `out[t] = bf16(f32(b0) + f32(b1) + Σ_{d asc} f32(y_d[pos_d]))`,
 /// `combined_topk_weights[t, k] = Σ_{d asc} w_d[pos_d, k]`.
 pub fn combine(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>) -> Result<Vec<CombineOut>> {
-    combine_impl(dispatch, inputs, args, Grouping::Flat)
+    (0..inputs.len()).map(|s| combine_rank(dispatch, inputs, args, s)).collect()
 }
 
-/// Internode combine (§7): per node of `ranks_per_node` ranks an f32 sum rounded to bf16, then
-/// `bf16(f32(b0) + f32(b1) + Σ_{node asc} f32(partial))`. Weights as in [`combine`].
+/// [`combine`] for origin rank `s` only (what a GPU test rank needs; saves memory at large shapes).
+pub fn combine_rank(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>, s: usize) -> Result<CombineOut> {
+    combine_impl(dispatch, inputs, args, Grouping::Flat, s)
+}
+
+/// Internode combine (§7) for every origin rank: per node of `ranks_per_node` ranks an f32 sum
+/// rounded to bf16, then `bf16(f32(b0) + f32(b1) + Σ_{node asc} f32(partial))`. Weights as in
+/// [`combine`].
 pub fn combine_internode(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>, ranks_per_node: usize) -> Result<Vec<CombineOut>> {
+    (0..inputs.len()).map(|s| combine_internode_rank(dispatch, inputs, args, ranks_per_node, s)).collect()
+}
+
+/// [`combine_internode`] for origin rank `s` only.
+pub fn combine_internode_rank(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>, ranks_per_node: usize, s: usize) -> Result<CombineOut> {
     validate::internode_ranks(inputs.len(), ranks_per_node)?;
-    combine_impl(dispatch, inputs, args, Grouping::Nodes(ranks_per_node))
+    combine_impl(dispatch, inputs, args, Grouping::Nodes(ranks_per_node), s)
 }
 
 fn shape_err(what: &str, rank: usize, got: usize, want: usize) -> crate::EpError {
@@ -144,11 +168,11 @@ fn shape_err(what: &str, rank: usize, got: usize, want: usize) -> crate::EpError
     ))
 }
 
-fn combine_impl(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>, grouping: Grouping) -> Result<Vec<CombineOut>> {
+fn combine_impl(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArgs<'_>, grouping: Grouping, s: usize) -> Result<CombineOut> {
     let r = inputs.len();
-    if dispatch.len() != r || args.y.len() != r {
+    if dispatch.len() != r || args.y.len() != r || s >= r {
         return Err(crate::EpError::InvalidArgument(format!(
-            "combine: {} dispatch outputs and {} y buffers for {r} ranks; pass exactly one of each per rank",
+            "combine: {} dispatch outputs and {} y buffers for {r} ranks (origin rank {s}); pass exactly one of each per rank and an origin rank below {r}",
             dispatch.len(),
             args.y.len()
         )));
@@ -165,59 +189,53 @@ fn combine_impl(dispatch: &[DispatchOut], inputs: &[RankInput], args: CombineArg
             }
         }
     }
-    for bias in [args.bias0, args.bias1].into_iter().flatten() {
-        for (s, inp) in inputs.iter().enumerate() {
-            let got = bias.get(s).map_or(0, Vec::len);
-            if got != inp.n * h {
-                return Err(shape_err("bias", s, got, inp.n * h));
-            }
-        }
+    let n = inputs[s].n;
+    let biases: Vec<&[bf16]> = [args.bias0, args.bias1].into_iter().flatten().map(|b| b.get(s).map_or(&[][..], |v| v.as_slice())).collect();
+    if let Some(b) = biases.iter().find(|b| b.len() != n * h) {
+        return Err(shape_err("bias", s, b.len(), n * h));
     }
-    // pos[d][s][t] = row of (s, t) in d's received list.
-    let mut pos: Vec<Vec<Vec<Option<usize>>>> = (0..r).map(|_| inputs.iter().map(|i| vec![None; i.n]).collect()).collect();
+    // pos[d][t] = row of (s, t) in d's received list.
+    let mut pos: Vec<Vec<Option<usize>>> = vec![vec![None; n]; r];
     for (d, o) in dispatch.iter().enumerate() {
-        for i in 0..o.num_recv_tokens {
-            pos[d][o.recv_src_rank[i] as usize][o.recv_src_idx[i] as usize] = Some(i);
+        for i in (0..o.num_recv_tokens).filter(|&i| o.recv_src_rank[i] as usize == s) {
+            pos[d][o.recv_src_idx[i] as usize] = Some(i);
         }
     }
-    let group_size = match grouping {
-        Grouping::Flat => r,
-        Grouping::Nodes(p) => p,
-    };
-    let mut outs = Vec::with_capacity(r);
-    for (s, inp) in inputs.iter().enumerate() {
-        let n = inp.n;
-        let mut x = Bounded::new(h);
-        let mut wts = args.topk_weights.map(|_| Bounded::new(k));
-        for t in 0..n {
-            let holders: Vec<(usize, usize)> = (0..r).filter_map(|d| pos[d][s][t].map(|p| (d, p))).collect();
-            let biases: Vec<&[bf16]> = [args.bias0, args.bias1].into_iter().flatten().map(|b| &b[s][t * h..(t + 1) * h]).collect();
-            for c in 0..h {
-                let rank_terms = holders.iter().map(|&(d, p)| (d, args.y[d][p * h + c].to_f32()));
-                let bias_terms: Vec<f32> = biases.iter().map(|b| b[c].to_f32()).collect();
-                let (v, exact, bound) = match grouping {
-                    Grouping::Flat => flat_sum(&bias_terms, rank_terms.map(|(_, v)| v)),
-                    Grouping::Nodes(_) => node_sum(&bias_terms, rank_terms, group_size),
-                };
-                x.push(v, exact, bound);
-            }
-            if let (Some(w), Some(out)) = (args.topk_weights, wts.as_mut()) {
-                for j in 0..k {
-                    let mut acc = 0f32;
-                    let (mut exact, mut abs) = (0f64, 0f64);
-                    for &(d, p) in &holders {
-                        let v = w[d][p * k + j];
-                        acc += v;
-                        exact += f64::from(v);
-                        abs += f64::from(v).abs();
-                    }
-                    out.push(acc, exact, f32_sum_bound(abs, holders.len().saturating_sub(1)));
+    let mut x = Bounded::with_capacity(h, n * h);
+    let mut wts = args.topk_weights.map(|_| Bounded::with_capacity(k, n * k));
+    let mut holders: Vec<(usize, usize)> = Vec::with_capacity(r);
+    let mut terms: Vec<(usize, f32)> = Vec::with_capacity(r);
+    let mut bias_terms: Vec<f32> = Vec::with_capacity(2);
+    let mut nodes: Vec<NodePartial> = Vec::with_capacity(r);
+    for t in 0..n {
+        holders.clear();
+        holders.extend((0..r).filter_map(|d| pos[d][t].map(|p| (d, p))));
+        for c in 0..h {
+            terms.clear();
+            terms.extend(holders.iter().map(|&(d, p)| (d, args.y[d][p * h + c].to_f32())));
+            bias_terms.clear();
+            bias_terms.extend(biases.iter().map(|b| b[t * h + c].to_f32()));
+            let (v, exact, bound) = match grouping {
+                Grouping::Flat => flat_sum(&bias_terms, terms.iter().map(|&(_, v)| v)),
+                Grouping::Nodes(p) => node_sum(&bias_terms, &terms, p, &mut nodes),
+            };
+            x.push(v, exact, bound);
+        }
+        if let (Some(w), Some(out)) = (args.topk_weights, wts.as_mut()) {
+            for j in 0..k {
+                let mut acc = 0f32;
+                let (mut exact, mut abs) = (0f64, 0f64);
+                for &(d, p) in &holders {
+                    let v = w[d][p * k + j];
+                    acc += v;
+                    exact += f64::from(v);
+                    abs += f64::from(v).abs();
                 }
+                out.push(acc, exact, f32_sum_bound(abs, holders.len().saturating_sub(1)));
             }
         }
-        outs.push(CombineOut { combined_x: x, combined_topk_weights: wts });
     }
-    Ok(outs)
+    Ok(CombineOut { combined_x: x, combined_topk_weights: wts })
 }
 
 /// `bf16(b0 + b1 + Σ terms)` in f32, left to right; with the exact sum and its bound.
@@ -232,21 +250,30 @@ fn flat_sum(bias: &[f32], terms: impl Iterator<Item = f32>) -> (bf16, f64, f64) 
     (bf16_rn(acc), exact, bf16_sum_bound(exact, abs, count.saturating_sub(1)))
 }
 
+/// Running f32 sum of the ranks of one node.
+struct NodePartial {
+    node: usize,
+    acc: f32,
+    exact: f64,
+    abs: f64,
+    count: usize,
+}
+
 /// Two-stage internode sum (see [`combine_internode`]) with a bound that covers any f32
 /// summation order inside each stage and the intermediate bf16 rounding of each node partial.
-fn node_sum(bias: &[f32], terms: impl Iterator<Item = (usize, f32)>, ranks_per_node: usize) -> (bf16, f64, f64) {
-    // (node, f32 acc, exact, abs, count)
-    let mut nodes: Vec<(usize, f32, f64, f64, usize)> = Vec::new();
-    for (d, v) in terms {
+/// `terms` are `(rank, value)` in ascending rank order; `nodes` is scratch space.
+fn node_sum(bias: &[f32], terms: &[(usize, f32)], ranks_per_node: usize, nodes: &mut Vec<NodePartial>) -> (bf16, f64, f64) {
+    nodes.clear();
+    for &(d, v) in terms {
         let node = d / ranks_per_node;
-        if nodes.last().map(|n| n.0) != Some(node) {
-            nodes.push((node, 0.0, 0.0, 0.0, 0));
+        if nodes.last().map(|n| n.node) != Some(node) {
+            nodes.push(NodePartial { node, acc: 0.0, exact: 0.0, abs: 0.0, count: 0 });
         }
-        let n = nodes.last_mut().unwrap();
-        n.1 += v;
-        n.2 += f64::from(v);
-        n.3 += f64::from(v).abs();
-        n.4 += 1;
+        let n = nodes.last_mut().expect("pushed above");
+        n.acc += v;
+        n.exact += f64::from(v);
+        n.abs += f64::from(v).abs();
+        n.count += 1;
     }
     let (mut acc, mut exact, mut outer_abs, mut inner_err) = (0f32, 0f64, 0f64, 0f64);
     for &b in bias {
@@ -254,13 +281,13 @@ fn node_sum(bias: &[f32], terms: impl Iterator<Item = (usize, f32)>, ranks_per_n
         exact += f64::from(b);
         outer_abs += f64::from(b).abs();
     }
-    for &(_, part, part_exact, part_abs, count) in &nodes {
+    for p in nodes.iter() {
         // A single bf16 term survives the bf16 rounding exactly.
-        let err = if count <= 1 { 0.0 } else { bf16_sum_bound(part_exact, part_abs, count - 1) };
+        let err = if p.count <= 1 { 0.0 } else { bf16_sum_bound(p.exact, p.abs, p.count - 1) };
         inner_err += err;
-        acc += bf16_rn(part).to_f32();
-        exact += part_exact;
-        outer_abs += part_exact.abs() + err;
+        acc += bf16_rn(p.acc).to_f32();
+        exact += p.exact;
+        outer_abs += p.exact.abs() + err;
     }
     let outer_ops = (bias.len() + nodes.len()).saturating_sub(1);
     let f32_err = f32_sum_bound(outer_abs, outer_ops);
