@@ -67,6 +67,8 @@ pub struct Handle {
     /// K of the fresh dispatch.
     pub num_topk: usize,
     pub num_experts: usize,
+    /// H of the dispatched rows (combine takes rows of the same width).
+    pub hidden: usize,
     /// `[L]`: received selections per local expert, aligned up to `expert_alignment`.
     pub num_recv_tokens_per_expert: Vec<usize>,
     /// Device arrays (`send_slot`, `send_lmask`, `send_off`, `recv_off`, `rdma_off`, `fwd_base`,
@@ -456,6 +458,12 @@ impl<'g> InternodeBuffer<'g> {
                 if h.buffer != self.id {
                     return bad("internode: the handle comes from another InternodeBuffer; use the handle of a dispatch on this buffer".into());
                 }
+                if h.hidden != hidden {
+                    return bad(format!(
+                        "internode cached dispatch of rows with hidden {hidden} with a handle made for hidden {}; pass rows of the same width",
+                        h.hidden
+                    ));
+                }
                 if h.num_tokens != n {
                     return bad(format!(
                         "internode cached dispatch of {n} tokens with a handle made for {} tokens; pass the same tokens (x rows) as the dispatch that made the handle",
@@ -532,6 +540,7 @@ impl<'g> InternodeBuffer<'g> {
                 num_recv_tokens: m,
                 num_topk: k,
                 num_experts,
+                hidden,
                 num_recv_tokens_per_expert: per_expert,
                 storage,
                 layout: hl,
@@ -585,6 +594,7 @@ impl<'g> InternodeBuffer<'g> {
         };
         args.num_tokens = n as i32;
         args.num_recv = m as i32;
+        args.hidden = hidden as i32;
         args.elem_bytes = dtype.size() as i32;
         args.num_scales = sc as i32;
         args.x = a.x.ptr();
@@ -609,7 +619,7 @@ impl<'g> InternodeBuffer<'g> {
     pub fn combine(&mut self, a: CombineArgs<'_>) -> Result<CombineOutput> {
         self.check_usable()?;
         let h = a.handle;
-        let hidden = self.sym_layout.hidden;
+        let hidden = h.hidden;
         for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1].into_iter().flatten() {
             t.check_valid()?;
         }
@@ -650,7 +660,7 @@ impl<'g> InternodeBuffer<'g> {
     }
 
     fn launch_combine(&mut self, a: &CombineArgs<'_>, m: usize, n: usize, k: usize) -> Result<CombineOutput> {
-        let hidden = self.sym_layout.hidden;
+        let hidden = a.handle.hidden;
         let out = self.new_output(DType::Bf16, &[n, hidden])?;
         let out_w = if k > 0 { Some(self.new_output(DType::F32, &[n, k])?) } else { None };
         let parity = (self.combines % 2) as usize;
@@ -660,6 +670,7 @@ impl<'g> InternodeBuffer<'g> {
         args.seq = seq;
         args.num_tokens = n as i32;
         args.num_recv = m as i32;
+        args.hidden = hidden as i32;
         args.topk = k as i32;
         args.num_experts = a.handle.num_experts as i32;
         args.comb_parity = parity as i32;

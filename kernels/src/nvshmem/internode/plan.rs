@@ -353,9 +353,9 @@ pub fn check_dispatch(
             sym.max_tokens
         ));
     }
-    if hidden != sym.hidden {
+    if hidden > sym.hidden || hidden % 128 != 0 || hidden == 0 {
         return bad(format!(
-            "internode dispatch with hidden {hidden}, but the buffer was created for hidden {}; create a buffer per hidden size",
+            "internode dispatch with hidden {hidden}, but the buffer takes positive multiples of 128 up to {}; create the buffer with hidden >= {hidden} (and pad rows to a multiple of 128)",
             sym.hidden
         ));
     }
