@@ -126,11 +126,17 @@ fn main() {
         }
     }
     if !errors.is_empty() {
-        panic!("\n\n{}\n", errors.join("\n\n"));
+        fail(format!("\n\n{}\n", errors.join("\n\n")));
     }
 
     let source_hash = hash_tree(&cuda_dir);
     write_table(&out, &built, nvshmem_version, &nvcc_version, &source_hash, nvshmem.is_some());
+}
+
+/// Stop the build with `msg` on stderr (cargo shows it; no panic backtrace noise).
+fn fail(msg: String) -> ! {
+    eprintln!("{msg}");
+    std::process::exit(1);
 }
 
 fn env(k: &str) -> Option<String> {
@@ -159,10 +165,10 @@ fn find_cuda_home(workspace: &Path) -> PathBuf {
         .map(|(d, why)| format!("{}/bin/nvcc ({why})", d.display()))
         .collect::<Vec<_>>()
         .join(", ");
-    panic!(
+    fail(format!(
         "\n\nnvcc not found (tried {tried}).\nFix: run `scripts/install-toolchain.sh` (pinned CUDA 13.0 pip wheels into \
          .toolchain/, no GPU needed) or export CUDA_HOME=<CUDA 13.0 toolkit with bin/nvcc>.\n"
-    );
+    ));
 }
 
 fn find_nvshmem(workspace: &Path) -> Option<PathBuf> {
@@ -179,26 +185,26 @@ fn find_nvshmem(workspace: &Path) -> Option<PathBuf> {
     };
     let lib = dir.join("lib/libnvshmem_device.a");
     if !lib.is_file() || !dir.join("include/nvshmem.h").is_file() {
-        panic!(
+        fail(format!(
             "\n\nNVSHMEM_DIR={} has no include/nvshmem.h or lib/libnvshmem_device.a.\nFix: point NVSHMEM_DIR at an NVSHMEM \
              prefix (e.g. the nvidia-nvshmem-cu13 3.4.5 wheel's nvidia/nvshmem directory; scripts/install-toolchain.sh \
              installs it), or set NVSHMEM_DIR= (empty) to build without the NVSHMEM kernels.\n",
             dir.display()
-        );
+        ));
     }
     Some(dir)
 }
 
 fn nvcc_version(nvcc: &Path, cuda_home: &Path) -> String {
     let o = Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| {
-        panic!("\n\ncannot run {}: {e}\nFix: check CUDA_HOME={} (or run scripts/install-toolchain.sh)\n", nvcc.display(), cuda_home.display())
+        fail(format!("\n\ncannot run {}: {e}\nFix: check CUDA_HOME={} (or run scripts/install-toolchain.sh)\n", nvcc.display(), cuda_home.display()))
     });
     let text = String::from_utf8_lossy(&o.stdout);
     // "Cuda compilation tools, release 13.0, V13.0.88"
     text.lines()
         .find_map(|l| l.split(", V").nth(1))
         .map(|v| v.trim().to_string())
-        .unwrap_or_else(|| panic!("\n\ncannot parse `{} --version` output:\n{text}\n", nvcc.display()))
+        .unwrap_or_else(|| fail(format!("\n\ncannot parse `{} --version` output:\n{text}\n", nvcc.display())))
 }
 
 fn nvshmem_version(dir: &Path) -> (u32, u32, u32) {
@@ -218,11 +224,11 @@ fn nvshmem_version(dir: &Path) -> (u32, u32, u32) {
             return (a, b, c);
         }
     }
-    panic!(
+    fail(format!(
         "\n\ncannot find NVSHMEM_VENDOR_{{MAJOR,MINOR,PATCH}}_VERSION in {}.\nFix: NVSHMEM_DIR must be a complete NVSHMEM \
          prefix (>= 3.x, with include/non_abi/nvshmem_version.h).\n",
         candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or ")
-    );
+    ));
 }
 
 fn list_cu(dir: &Path) -> Vec<PathBuf> {

@@ -122,6 +122,9 @@ pub enum EpError {
     Nvshmem(String),
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// A rank started by the launcher failed (the message names which and how).
+    #[error("launcher: {0}")]
+    Launch(String),
     #[error("{0}")]
     Unsupported(String),
     #[error(transparent)]

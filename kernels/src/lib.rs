@@ -15,6 +15,8 @@ pub mod cubins;
 pub mod config;
 pub mod intranode;
 pub mod runtime;
+pub mod gpu_test;
+pub mod bench;
 pub mod tensor;
 pub mod nvshmem;
 pub mod reference;

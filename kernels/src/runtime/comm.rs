@@ -15,6 +15,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const MAGIC: u32 = 0x4445_4550; // "DEEP"
+
+/// Set once a collective failed because another rank vanished or did not arrive.
+static PEER_LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a collective of this process failed because another rank closed its connection or
+/// did not arrive (this rank is then a victim, not the cause). Binaries exit with
+/// [`crate::runtime::launcher::EXIT_PEER_LOST`] in that case so the launcher can name the cause.
+pub fn peer_lost() -> bool {
+    PEER_LOST.load(std::sync::atomic::Ordering::Relaxed)
+}
 const DEFAULT_PORT: u16 = 29500;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,6 +405,9 @@ impl Comm {
     fn peer_error(&self, peer: usize, op: Op, seq: u64, e: std::io::Error) -> EpError {
         let me = self.env.rank;
         let what = format!("{} #{seq}", op.name());
+        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) {
+            PEER_LOST.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         EpError::Rendezvous(match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => {
                 if me == 0 {

@@ -17,6 +17,20 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// Exit code of a rank that stopped because another rank vanished (see
+/// [`super::comm::peer_lost`]); the launcher then looks for the cause elsewhere.
+pub const EXIT_PEER_LOST: u8 = 4;
+
+/// The exit code for a rank that fails with an error: [`EXIT_PEER_LOST`] when a peer vanished,
+/// else `code`.
+pub fn error_exit_code(code: u8) -> u8 {
+    if super::comm::peer_lost() {
+        EXIT_PEER_LOST
+    } else {
+        code
+    }
+}
+
 /// Env var through which rank 0 hands its final line to the launcher (a file path).
 pub const FINAL_LINE_ENV: &str = "DEEPEP_LAUNCHER_FINAL_LINE";
 
@@ -84,7 +98,10 @@ pub fn launch_program(program: &std::path::Path, nproc: usize, args: &[String]) 
     let final_file = std::env::temp_dir().join(format!("deepep-final-{}-{port}", std::process::id()));
     let _ = std::fs::remove_file(&final_file);
 
-    let mut children: Vec<Child> = Vec::with_capacity(nproc);
+    // One waiter thread per child reports (rank, status) the moment it exits, so the first
+    // failure is identified by time, not by polling order.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, std::io::Result<ExitStatus>)>();
+    let mut pids: Vec<u32> = Vec::with_capacity(nproc);
     let mut pumps = Vec::new();
     for rank in 0..nproc {
         let mut cmd = Command::new(program);
@@ -101,11 +118,11 @@ pub fn launch_program(program: &std::path::Path, nproc: usize, args: &[String]) 
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = match cmd.spawn() {
+        let mut child: Child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
+                for &pid in &pids {
+                    kill_pid(pid);
                 }
                 return Err(EpError::Io(std::io::Error::new(e.kind(), format!("spawning rank {rank} ({}): {e}", program.display()))));
             }
@@ -114,40 +131,44 @@ pub fn launch_program(program: &std::path::Path, nproc: usize, args: &[String]) 
         let err = child.stderr.take().unwrap();
         pumps.push(std::thread::spawn(move || pump(out, rank, false)));
         pumps.push(std::thread::spawn(move || pump(err, rank, true)));
-        children.push(child);
+        pids.push(child.id());
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let st = child.wait();
+            let _ = tx.send((rank, st));
+        });
     }
+    drop(tx);
 
     let mut exits: Vec<Option<RankExit>> = vec![None; nproc];
+    let mut killed = vec![false; nproc];
     let mut first_failure: Option<(usize, String, Instant)> = None;
-    loop {
-        for (rank, c) in children.iter_mut().enumerate() {
-            if exits[rank].is_some() {
-                continue;
-            }
-            if let Some(st) = c.try_wait()? {
-                exits[rank] = Some(RankExit { rank, status: Some(st), killed: false });
-                if !st.success() && first_failure.is_none() {
-                    first_failure = Some((rank, describe(&st), Instant::now()));
-                    eprintln!("launcher: rank {rank} {}; waiting up to {:.0} s for the other ranks", describe(&st), grace.as_secs_f64());
+    while exits.iter().any(Option::is_none) {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((rank, st)) => {
+                let st = st.ok();
+                let ok = st.is_some_and(|s| s.success());
+                if !ok && first_failure.is_none() && !killed[rank] {
+                    let how = st.as_ref().map(describe).unwrap_or_else(|| "ended in an unknown way".into());
+                    eprintln!("launcher: rank {rank} {how}; waiting up to {:.0} s for the other ranks", grace.as_secs_f64());
+                    first_failure = Some((rank, how, Instant::now()));
                 }
+                exits[rank] = Some(RankExit { rank, status: st, killed: killed[rank] });
             }
-        }
-        if exits.iter().all(Option::is_some) {
-            break;
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if let Some((_, _, t)) = &first_failure {
             if t.elapsed() >= grace {
-                for (rank, c) in children.iter_mut().enumerate() {
-                    if exits[rank].is_none() {
+                for rank in 0..nproc {
+                    if exits[rank].is_none() && !killed[rank] {
                         eprintln!("launcher: killing rank {rank} (still running {:.0} s after the first failure)", grace.as_secs_f64());
-                        let _ = c.kill();
-                        let st = c.wait().ok();
-                        exits[rank] = Some(RankExit { rank, status: st, killed: true });
+                        kill_pid(pids[rank]);
+                        killed[rank] = true;
                     }
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
     for p in pumps {
         let _ = p.join();
@@ -155,27 +176,47 @@ pub fn launch_program(program: &std::path::Path, nproc: usize, args: &[String]) 
     let final_text = std::fs::read_to_string(&final_file).ok();
     let _ = std::fs::remove_file(&final_file);
 
-    let bad: Vec<String> = exits
-        .iter()
-        .flatten()
-        .filter(|e| !e.status.is_some_and(|s| s.success()))
-        .map(|e| match (&e.status, e.killed) {
-            (_, true) => format!("rank {} was killed by the launcher", e.rank),
-            (Some(s), false) => format!("rank {} {}", e.rank, describe(s)),
-            (None, false) => format!("rank {} ended in an unknown way", e.rank),
-        })
-        .collect();
     if let Some(t) = final_text {
         print!("{t}");
         let _ = std::io::stdout().flush();
     }
-    match first_failure {
-        None => Ok(()),
-        Some((rank, how, _)) => Err(EpError::Rendezvous(format!(
-            "{nproc} ranks launched; rank {rank} failed first ({how}); all failures: {}",
-            bad.join("; ")
-        ))),
+    if first_failure.is_none() {
+        return Ok(());
     }
+    let exits: Vec<RankExit> = exits.into_iter().flatten().collect();
+    Err(EpError::Launch(failure_report(nproc, &exits)))
+}
+
+/// Name the cause: ranks that failed on their own (not killed, not [`EXIT_PEER_LOST`]) first.
+fn failure_report(nproc: usize, exits: &[RankExit]) -> String {
+    let failed: Vec<&RankExit> = exits.iter().filter(|e| !e.status.is_some_and(|s| s.success())).collect();
+    let is_victim = |e: &RankExit| e.killed || e.status.and_then(|s| s.code()) == Some(EXIT_PEER_LOST as i32);
+    let causes: Vec<String> = failed
+        .iter()
+        .filter(|e| !is_victim(e))
+        .map(|e| format!("rank {} {}", e.rank, e.status.as_ref().map(describe).unwrap_or_else(|| "ended in an unknown way".into())))
+        .collect();
+    let victims: Vec<String> = failed
+        .iter()
+        .filter(|e| is_victim(e))
+        .map(|e| if e.killed { format!("rank {} (killed by the launcher)", e.rank) } else { format!("rank {} (a peer vanished)", e.rank) })
+        .collect();
+    let mut msg = format!("{} of {nproc} ranks failed", failed.len());
+    if !causes.is_empty() {
+        msg.push_str(&format!(": {}", causes.join("; ")));
+    }
+    if !victims.is_empty() {
+        msg.push_str(&format!("; stopped as a consequence: {}", victims.join(", ")));
+    }
+    msg
+}
+
+fn kill_pid(pid: u32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: sends SIGKILL to a child we spawned (its pid is not reused before we reap it).
+    unsafe { kill(pid as i32, 9) };
 }
 
 fn pump(r: impl std::io::Read, rank: usize, is_err: bool) {

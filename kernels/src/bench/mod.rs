@@ -1,0 +1,432 @@
+//! Benchmark framework of `deepep-bench`: DeepEP's figures and an NCCL all-to-all baseline moving
+//! the same bytes, in the same run.
+//!
+//! Figures (as DeepEP's `tests/test_intranode.py`): GB/s over the bytes a rank *receives*,
+//! including the tokens it sends to itself, divided by the median time over repetitions (CUDA
+//! events, warm-up first, L2 flushed between repetitions). Across ranks the table shows the
+//! slowest rank: the largest median time and the smallest GB/s. Every row names the SM count the
+//! kernel used. The NCCL baseline is a grouped `ncclSend`/`ncclRecv` all-to-all with exactly the
+//! per-peer byte counts of the routing being measured; `ratio` = our GB/s / NCCL GB/s.
+//!
+//! Routing is drawn like DeepEP's benchmarks: every token picks `topk` distinct experts uniformly
+//! among `experts` (top-k of i.i.d. random scores); expert `e` lives on rank `e / (experts / world)`.
+//! It is generated from `(seed, rank)` with `reference::random`, so every rank knows every rank's
+//! routing without communication.
+//!
+//! Family modes implement `run(&mut BenchCtx, &[Shape]) -> Result<Vec<Row>>` and measure each op
+//! with [`BenchCtx::measure`].
+
+pub mod internode;
+pub mod intranode;
+pub mod low_latency;
+
+use crate::error::{EpError, Result};
+use crate::reference::random;
+use crate::runtime::nccl::Nccl;
+use crate::runtime::timing::{time_op, L2Flush, Stats, TimingOpts};
+use crate::runtime::{Comm, DeviceBuffer, Gpu};
+use std::collections::HashMap;
+
+/// One benchmark shape (per rank: `tokens` tokens of `hidden` channels, top-`topk` of `experts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Shape {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub topk: usize,
+    pub experts: usize,
+}
+
+/// Token counts of the `--sweep` (as in the issue: 128 ... 8192).
+pub const SWEEP_TOKENS: &[usize] = &[128, 256, 512, 1024, 2048, 4096, 8192];
+/// Hidden sizes of the `--sweep`.
+pub const SWEEP_HIDDEN: &[usize] = &[2048, 4096, 7168];
+
+/// Options shared by every mode (from the command line).
+#[derive(Debug, Clone)]
+pub struct BenchOpts {
+    /// `None`: each mode's own default (intranode/internode 4096, low-latency 128).
+    pub tokens: Option<usize>,
+    pub hidden: usize,
+    pub topk: usize,
+    pub experts: usize,
+    pub sweep: bool,
+    /// SMs the kernels may use (`None`: each mode's default).
+    pub num_sms: Option<u32>,
+    pub timing: TimingOpts,
+    pub seed: u64,
+    /// Fewer repetitions and a smaller sweep (smoke runs).
+    pub quick: bool,
+}
+
+impl BenchOpts {
+    /// The shapes a mode runs: the sweep, or the single shape with `default_tokens` when
+    /// `--tokens` was not given.
+    pub fn shapes(&self, default_tokens: usize) -> Vec<Shape> {
+        let one = |tokens, hidden| Shape { tokens, hidden, topk: self.topk, experts: self.experts };
+        if self.sweep {
+            let tokens: Vec<usize> = if self.quick { vec![128, 1024, 4096] } else { SWEEP_TOKENS.to_vec() };
+            let mut v = Vec::new();
+            for &h in SWEEP_HIDDEN {
+                for &t in &tokens {
+                    v.push(one(t, h));
+                }
+            }
+            v
+        } else {
+            vec![one(self.tokens.unwrap_or(default_tokens), self.hidden)]
+        }
+    }
+
+    /// Reject shapes no mode can run, with the fix.
+    pub fn validate(&self, world: usize) -> Result<()> {
+        let bad = |m: String| Err(EpError::InvalidArgument(m));
+        if self.topk == 0 || self.topk > self.experts {
+            return bad(format!("--topk {} must be in 1..=--experts ({})", self.topk, self.experts));
+        }
+        if self.experts % world != 0 {
+            return bad(format!("--experts {} must be a multiple of the rank count {world}", self.experts));
+        }
+        if self.hidden == 0 || self.hidden % 128 != 0 {
+            return bad(format!("--hidden {} must be a positive multiple of 128 (FP8 scales are per 128 channels)", self.hidden));
+        }
+        if self.timing.reps == 0 {
+            return bad("--reps must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// DeepEP-like routing of every rank for one shape.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    pub world: usize,
+    pub shape: Shape,
+    /// `topk_idx[r]`: rank `r`'s `[tokens, topk]` expert ids.
+    pub topk_idx: Vec<Vec<i64>>,
+    /// `tokens_to[s][d]`: tokens rank `s` sends to rank `d` (a token goes once to every rank that
+    /// holds at least one of its experts; self included).
+    pub tokens_to: Vec<Vec<usize>>,
+}
+
+/// Stream id of the benchmark routing in `reference::random`.
+const ROUTING_STREAM: u64 = 0xBE7C;
+
+impl Routing {
+    pub fn new(seed: u64, world: usize, shape: Shape) -> Routing {
+        let per_rank = shape.experts / world;
+        let mut topk_idx = Vec::with_capacity(world);
+        let mut tokens_to = vec![vec![0usize; world]; world];
+        for (s, row) in tokens_to.iter_mut().enumerate() {
+            let mut rng = random::rng(seed, s, ROUTING_STREAM);
+            let idx = random::topk_idx(&mut rng, shape.tokens, shape.topk, shape.experts, 0.0);
+            for t in 0..shape.tokens {
+                let mut hit = vec![false; world];
+                for &e in &idx[t * shape.topk..(t + 1) * shape.topk] {
+                    if e >= 0 {
+                        hit[e as usize / per_rank] = true;
+                    }
+                }
+                for (d, h) in hit.into_iter().enumerate() {
+                    row[d] += h as usize;
+                }
+            }
+            topk_idx.push(idx);
+        }
+        Routing { world, shape, topk_idx, tokens_to }
+    }
+
+    /// Tokens rank `r` receives (self included).
+    pub fn tokens_received(&self, r: usize) -> usize {
+        (0..self.world).map(|s| self.tokens_to[s][r]).sum()
+    }
+
+    /// Per-peer bytes for rank `r` when every token carries `bytes_per_token`, in the direction
+    /// of a dispatch: (send to each peer, receive from each peer). A combine moves the transpose.
+    pub fn dispatch_bytes(&self, r: usize, bytes_per_token: usize) -> (Vec<usize>, Vec<usize>) {
+        let send = (0..self.world).map(|d| self.tokens_to[r][d] * bytes_per_token).collect();
+        let recv = (0..self.world).map(|s| self.tokens_to[s][r] * bytes_per_token).collect();
+        (send, recv)
+    }
+}
+
+/// Bytes of one token: BF16 `hidden * 2`; FP8 `hidden` + one f32 scale per 128 channels.
+pub fn token_bytes(hidden: usize, fp8: bool) -> usize {
+    if fp8 {
+        hidden + hidden / 128 * 4
+    } else {
+        hidden * 2
+    }
+}
+
+/// One measured operation (one table row / JSON object).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub mode: String,
+    pub op: String,
+    pub shape: Shape,
+    pub num_sms: u32,
+    /// Bytes received by the slowest rank (the one the figures are for).
+    pub recv_bytes: usize,
+    /// Median time of the slowest rank, microseconds.
+    pub us: f64,
+    /// Smallest per-rank GB/s (received bytes / median).
+    pub gbps: f64,
+    pub nccl_us: Option<f64>,
+    pub nccl_gbps: Option<f64>,
+    /// `gbps / nccl_gbps`.
+    pub ratio: Option<f64>,
+    /// Every rank's timing.
+    pub per_rank: Vec<Stats>,
+}
+
+/// What a mode gets: the rank's communicator and GPU, an L2 flush buffer, the NCCL baseline.
+pub struct BenchCtx<'a> {
+    pub comm: &'a Comm,
+    pub gpu: &'a Gpu,
+    pub opts: BenchOpts,
+    flush: L2Flush,
+    nccl: Option<Nccl>,
+    nccl_error: Option<String>,
+    /// NCCL results per (send, recv) byte counts, so repeated layouts are measured once.
+    nccl_cache: HashMap<(Vec<usize>, Vec<usize>), (f64, f64)>,
+}
+
+impl<'a> BenchCtx<'a> {
+    /// Collective. NCCL failing to start is not fatal: rows then have no baseline and the
+    /// reason is kept in [`BenchCtx::nccl_error`].
+    pub fn new(comm: &'a Comm, gpu: &'a Gpu, opts: BenchOpts) -> Result<BenchCtx<'a>> {
+        let flush = L2Flush::new(gpu)?;
+        let (nccl, nccl_error) = match Nccl::new(gpu, comm) {
+            Ok(n) => (Some(n), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        // All ranks must agree on whether NCCL is there (the baseline is collective).
+        let ok = comm.all_gather(&[nccl.is_some() as u8])?.iter().all(|v| v[0] == 1);
+        let (nccl, nccl_error) = if ok { (nccl, None) } else { (None, nccl_error.or(Some("NCCL failed on another rank".into()))) };
+        Ok(BenchCtx { comm, gpu, opts, flush, nccl, nccl_error, nccl_cache: HashMap::new() })
+    }
+
+    /// Why the NCCL baseline is missing, if it is.
+    pub fn nccl_error(&self) -> Option<&str> {
+        self.nccl_error.as_deref()
+    }
+
+    /// Routing of `shape` for this run's seed.
+    pub fn routing(&self, shape: Shape) -> Routing {
+        Routing::new(self.opts.seed, self.comm.world(), shape)
+    }
+
+    /// Time `op` (collective; it enqueues GPU work on the rank's stream) with the run's
+    /// repetition settings. Returns every rank's stats.
+    pub fn time(&self, op: impl FnMut() -> Result<()>) -> Result<Vec<Stats>> {
+        time_op(self.gpu, self.comm, self.opts.timing, Some(&self.flush), op)?.gather(self.comm)
+    }
+
+    /// Measure one operation and its NCCL baseline. `recv_bytes[r]` is what rank `r` receives
+    /// (the figure's numerator); `send_to` / `recv_from` are this rank's per-peer byte counts
+    /// for the NCCL all-to-all moving the same bytes (pass the transposed counts for a combine).
+    #[allow(clippy::too_many_arguments)]
+    pub fn measure(
+        &mut self,
+        mode: &str,
+        op_name: &str,
+        shape: Shape,
+        num_sms: u32,
+        recv_bytes: &[usize],
+        send_to: &[usize],
+        recv_from: &[usize],
+        op: impl FnMut() -> Result<()>,
+    ) -> Result<Row> {
+        let per_rank = self.time(op)?;
+        let (us, gbps, slow) = figures(&per_rank, recv_bytes);
+        let nccl = self.nccl_baseline(send_to, recv_from)?;
+        Ok(Row {
+            mode: mode.into(),
+            op: op_name.into(),
+            shape,
+            num_sms,
+            recv_bytes: recv_bytes[slow],
+            us,
+            gbps,
+            nccl_us: nccl.map(|n| n.0),
+            nccl_gbps: nccl.map(|n| n.1),
+            ratio: nccl.map(|n| gbps / n.1),
+            per_rank,
+        })
+    }
+
+    /// NCCL all-to-all with this rank's per-peer byte counts: (slowest median us, smallest GB/s
+    /// over received bytes). `None` when NCCL is not available.
+    pub fn nccl_baseline(&mut self, send_to: &[usize], recv_from: &[usize]) -> Result<Option<(f64, f64)>> {
+        if self.nccl.is_none() {
+            return Ok(None);
+        }
+        let key = (send_to.to_vec(), recv_from.to_vec());
+        // Every rank must take the same branch: cache hits are agreed collectively.
+        let hit = self.nccl_cache.get(&key).copied();
+        let all_hit = self.comm.all_gather(&[hit.is_some() as u8])?.iter().all(|v| v[0] == 1);
+        if let (true, Some(h)) = (all_hit, hit) {
+            return Ok(Some(h));
+        }
+        let send_total: usize = send_to.iter().sum();
+        let recv_total: usize = recv_from.iter().sum();
+        let sbuf = DeviceBuffer::new(self.gpu, send_total)?;
+        sbuf.fill_u8(self.gpu, 0x5A)?;
+        let rbuf = DeviceBuffer::new(self.gpu, recv_total)?;
+        let gpu = self.gpu;
+        let nccl = self.nccl.as_ref().unwrap();
+        let stats = time_op(gpu, self.comm, self.opts.timing, Some(&self.flush), || {
+            nccl.all_to_all_bytes(gpu, sbuf.ptr(), send_to, rbuf.ptr(), recv_from)
+        })?
+        .gather(self.comm)?;
+        let recv_all: Vec<usize> = self.comm.all_gather_u64(recv_total as u64)?.into_iter().map(|v| v as usize).collect();
+        let (us, gbps, _) = figures(&stats, &recv_all);
+        self.nccl_cache.insert(key, (us, gbps));
+        Ok(Some((us, gbps)))
+    }
+}
+
+/// (slowest median us, smallest GB/s, index of the rank with the smallest GB/s).
+fn figures(per_rank: &[Stats], recv_bytes: &[usize]) -> (f64, f64, usize) {
+    let us = per_rank.iter().map(|s| s.median_us).fold(0.0, f64::max);
+    let mut slow = 0;
+    let mut gbps = f64::INFINITY;
+    for (r, s) in per_rank.iter().enumerate() {
+        let g = if s.median_us > 0.0 { recv_bytes[r] as f64 / (s.median_us * 1e-6) / 1e9 } else { 0.0 };
+        if g < gbps {
+            gbps = g;
+            slow = r;
+        }
+    }
+    (us, if gbps.is_finite() { gbps } else { 0.0 }, slow)
+}
+
+/// Mode `nccl`: the baseline alone, for dispatch BF16, dispatch FP8 and combine byte counts of
+/// the DeepEP-like routing.
+pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
+    if ctx.nccl.is_none() {
+        return Err(EpError::Nccl {
+            context: "mode nccl".into(),
+            message: ctx.nccl_error.clone().unwrap_or_else(|| "NCCL unavailable".into()),
+        });
+    }
+    let me = ctx.comm.rank();
+    let mut rows = Vec::new();
+    for &shape in shapes {
+        let routing = ctx.routing(shape);
+        for (op, fp8, transpose) in [("dispatch-bf16", false, false), ("dispatch-fp8", true, false), ("combine-bf16", false, true)] {
+            let tb = token_bytes(shape.hidden, fp8);
+            let (mut send, mut recv) = routing.dispatch_bytes(me, tb);
+            if transpose {
+                // combine: every rank sends back what it received
+                std::mem::swap(&mut send, &mut recv);
+            }
+            let (us, gbps) = ctx.nccl_baseline(&send, &recv)?.unwrap();
+            rows.push(Row {
+                mode: "nccl".into(),
+                op: op.into(),
+                shape,
+                num_sms: 0,
+                recv_bytes: recv.iter().sum(),
+                us,
+                gbps,
+                nccl_us: Some(us),
+                nccl_gbps: Some(gbps),
+                ratio: Some(1.0),
+                per_rank: Vec::new(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The table printed by rank 0.
+pub fn format_table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<12} {:<16} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
+        "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "us", "GB/s", "NCCL us", "NCCL GB/s", "ratio"
+    );
+    let opt = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+    for r in rows {
+        s.push_str(&format!(
+            "{:<12} {:<16} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>6}\n",
+            r.mode,
+            r.op,
+            r.shape.tokens,
+            r.shape.hidden,
+            r.shape.topk,
+            r.shape.experts,
+            if r.num_sms == 0 { "-".to_string() } else { r.num_sms.to_string() },
+            r.us,
+            r.gbps,
+            opt(r.nccl_us, 1),
+            opt(r.nccl_gbps, 1),
+            opt(r.ratio, 2)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_counts_each_token_once_per_destination_rank() {
+        let shape = Shape { tokens: 300, hidden: 128, topk: 8, experts: 64 };
+        let r = Routing::new(7, 4, shape);
+        for s in 0..4 {
+            let idx = &r.topk_idx[s];
+            for d in 0..4 {
+                let expect = (0..300).filter(|&t| idx[t * 8..t * 8 + 8].iter().any(|&e| e as usize / 16 == d)).count();
+                assert_eq!(r.tokens_to[s][d], expect);
+            }
+            // every token goes somewhere, at most to every rank
+            let sent: usize = r.tokens_to[s].iter().sum();
+            assert!((300..=1200).contains(&sent));
+        }
+        // deterministic per seed, different across seeds
+        assert_eq!(Routing::new(7, 4, shape).tokens_to, r.tokens_to);
+        assert_ne!(Routing::new(8, 4, shape).topk_idx, r.topk_idx);
+        let (send, recv) = r.dispatch_bytes(1, 10);
+        assert_eq!(send[2], r.tokens_to[1][2] * 10);
+        assert_eq!(recv[3], r.tokens_to[3][1] * 10);
+        assert_eq!(r.tokens_received(1), (0..4).map(|s| r.tokens_to[s][1]).sum::<usize>());
+    }
+
+    #[test]
+    fn token_bytes_match_deepep() {
+        assert_eq!(token_bytes(7168, false), 14336);
+        assert_eq!(token_bytes(7168, true), 7168 + 56 * 4);
+    }
+
+    #[test]
+    fn figures_pick_the_slowest_rank() {
+        let st = |m: f64| Stats { median_us: m, mean_us: m, min_us: m, max_us: m, reps: 1 };
+        let (us, gbps, slow) = figures(&[st(100.0), st(200.0)], &[1_000_000, 1_000_000]);
+        assert_eq!((us, slow), (200.0, 1));
+        assert!((gbps - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn shapes_and_validation() {
+        let o = BenchOpts {
+            tokens: None,
+            hidden: 7168,
+            topk: 8,
+            experts: 256,
+            sweep: false,
+            num_sms: None,
+            timing: TimingOpts::default(),
+            seed: 1,
+            quick: false,
+        };
+        assert_eq!(o.shapes(4096), vec![Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 }]);
+        assert_eq!(BenchOpts { sweep: true, ..o.clone() }.shapes(1).len(), SWEEP_TOKENS.len() * SWEEP_HIDDEN.len());
+        assert!(o.validate(2).is_ok());
+        let e = BenchOpts { experts: 255, ..o.clone() }.validate(2).unwrap_err().to_string();
+        assert!(e.contains("--experts 255"), "{e}");
+        let e = BenchOpts { hidden: 100, ..o }.validate(2).unwrap_err().to_string();
+        assert!(e.contains("multiple of 128"), "{e}");
+    }
+}

@@ -1,0 +1,193 @@
+//! `deepep-bench`: DeepEP's figures for our kernels and an NCCL all-to-all baseline moving the
+//! same bytes, in the same run. One process per GPU; `--nproc N` starts N ranks on this host.
+
+use clap::{Parser, ValueEnum};
+use deepep_kernels::bench::{self, BenchCtx, BenchOpts, Row};
+use deepep_kernels::runtime::timing::TimingOpts;
+use deepep_kernels::runtime::{launcher, Comm, Gpu};
+use deepep_kernels::EpError;
+use std::process::ExitCode;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Intranode,
+    LowLatency,
+    Internode,
+    Nccl,
+    All,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "deepep-bench",
+    about = "Benchmark the deepep-kernels modes against an NCCL all-to-all moving the same bytes",
+    long_about = "Benchmark the deepep-kernels modes against an NCCL all-to-all moving the same bytes.\n\n\
+        Figures as in DeepEP's tests: GB/s over the bytes each rank receives (its own tokens included) divided by the \
+        median time over --reps repetitions after --warmup runs (CUDA events, L2 flushed between repetitions); the \
+        table shows the slowest rank. The NCCL baseline is a grouped send/recv all-to-all with the same per-peer byte \
+        counts; ratio = GB/s / NCCL GB/s. Routing: each token picks --topk distinct experts uniformly among --experts.\n\n\
+        With --nproc N (and RANK unset) this starts N ranks of itself on this host; otherwise it is one rank of a job \
+        started by torchrun/Slurm (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."
+)]
+struct Cli {
+    /// Start this many ranks (one per GPU) on this host.
+    #[arg(long)]
+    nproc: Option<usize>,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Mode::All)]
+    mode: Mode,
+    /// Tokens per rank (default: 4096 for intranode/internode/nccl, 128 for low-latency).
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// Hidden size (channels per token).
+    #[arg(long, default_value_t = 7168)]
+    hidden: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8)]
+    topk: usize,
+    /// Total experts (a multiple of the rank count).
+    #[arg(long, default_value_t = 256)]
+    experts: usize,
+    /// Sweep tokens 128..8192 x hidden 2048/4096/7168 instead of one shape.
+    #[arg(long)]
+    sweep: bool,
+    /// SMs the kernels may use (default: each mode's own).
+    #[arg(long)]
+    num_sms: Option<u32>,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 30)]
+    reps: usize,
+    /// Untimed warm-up runs.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Also write the rows as JSON to this file (rank 0).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Smoke run: 5 repetitions, 1 warm-up, and a 3-point token sweep with --sweep.
+    #[arg(long)]
+    quick: bool,
+    /// Seed of the routing (default: fixed 1, so runs are comparable).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Bound of any GPU-side wait in milliseconds (default 10000, or DEEPEP_GPU_TIMEOUT_MS).
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let (Some(n), false) = (cli.nproc, launcher::is_rank_process()) {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        return match launcher::launch(n, &args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("deepep-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match rank_main(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("deepep-bench: error: {e:#}");
+            ExitCode::from(launcher::error_exit_code(2))
+        }
+    }
+}
+
+/// Run one family mode. Modes whose module is not part of this build answer with a clear error.
+fn run_mode(mode: Mode, ctx: &mut BenchCtx) -> deepep_kernels::Result<Vec<Row>> {
+    let not_built = |name: &str| {
+        Err(EpError::Unsupported(format!(
+            "mode {name} is not built into this deepep-bench yet (its bench module is not wired in src/bin/deepep-bench.rs)"
+        )))
+    };
+    match mode {
+        Mode::Nccl => {
+            let shapes = ctx.opts.shapes(4096);
+            bench::run_nccl(ctx, &shapes)
+        }
+        Mode::Intranode => not_built("intranode"),
+        Mode::LowLatency => not_built("low-latency"),
+        Mode::Internode => not_built("internode"),
+        Mode::All => unreachable!(),
+    }
+}
+
+fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
+    let comm = Comm::from_env()?;
+    let gpu = Gpu::from_comm(&comm)?;
+    if let Some(ms) = cli.timeout_ms {
+        gpu.set_device_timeout(std::time::Duration::from_millis(ms));
+    }
+    let timing = if cli.quick {
+        TimingOpts { warmup: 1, reps: 5, flush_l2: true }
+    } else {
+        TimingOpts { warmup: cli.warmup, reps: cli.reps, flush_l2: true }
+    };
+    let opts = BenchOpts {
+        tokens: cli.tokens,
+        hidden: cli.hidden,
+        topk: cli.topk,
+        experts: cli.experts,
+        sweep: cli.sweep,
+        num_sms: cli.num_sms,
+        timing,
+        seed: cli.seed,
+        quick: cli.quick,
+    };
+    opts.validate(comm.world())?;
+    let me = comm.rank();
+    if me == 0 {
+        println!("{}", deepep_kernels::cubins::manifest());
+        println!("{} ranks on {} ({} SMs each); {} warm-up, {} reps, seed {}", comm.world(), gpu.name(), gpu.sm_count(), timing.warmup, timing.reps, cli.seed);
+    }
+    let mut ctx = BenchCtx::new(&comm, &gpu, opts)?;
+    if let (0, Some(e)) = (me, ctx.nccl_error()) {
+        println!("NCCL baseline unavailable: {e}");
+    }
+    let modes: Vec<Mode> = if cli.mode == Mode::All { vec![Mode::Intranode, Mode::LowLatency, Mode::Internode, Mode::Nccl] } else { vec![cli.mode] };
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    for m in modes {
+        match run_mode(m, &mut ctx) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                if me == 0 {
+                    println!("mode {m:?}: {e}");
+                }
+                errors.push(format!("{m:?}: {e}"));
+                // A GPU-side failure may leave peers waiting; everyone resyncs before the next mode.
+                gpu.sync("after a failed mode").ok();
+                comm.barrier()?;
+            }
+        }
+    }
+    if me == 0 {
+        print!("{}", bench::format_table(&rows));
+        if let Some(path) = &cli.json {
+            let doc = serde_json::json!({
+                "manifest": deepep_kernels::cubins::manifest(),
+                "world": comm.world(),
+                "gpu": gpu.name(),
+                "sm_count": gpu.sm_count(),
+                "seed": cli.seed,
+                "warmup": timing.warmup,
+                "reps": timing.reps,
+                "rows": rows,
+                "errors": errors,
+            });
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
+            std::fs::rename(&tmp, path)?;
+            println!("wrote {}", path.display());
+        }
+    }
+    comm.barrier()?;
+    Ok(errors.is_empty())
+}
