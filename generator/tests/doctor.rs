@@ -966,6 +966,11 @@ fn gpu_machine_of_the_project() {
         found(&r, "nvshmem.plugin.ibgda").split(": ").last(),
         Some("missing libmlx5.so.1, libibverbs.so.1")
     );
+    assert!(found(&r, "nvshmem.plugin.bootstrap").ends_with(
+        "loadable (ELF64 x86-64, 1 library resolves)"
+            .replace("x86-64", native_arch())
+            .as_str()
+    ));
     let mut h = h;
     h.args.capabilities = vec![Intranode, LowLatency];
     assert_eq!(h.run().exit_code, 0);

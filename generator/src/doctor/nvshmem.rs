@@ -700,11 +700,13 @@ fn plugin_loadable(host: &Host, path: &Path, want: Option<ElfIdent>) -> Result<S
         }
     }
     if missing.is_empty() {
-        Ok(format!(
-            "{}, {} libraries resolve",
-            info.ident.describe(),
-            deps.len()
-        ))
+        let n = deps.len();
+        let noun = if n == 1 {
+            "library resolves"
+        } else {
+            "libraries resolve"
+        };
+        Ok(format!("{}, {n} {noun}", info.ident.describe()))
     } else {
         Err(format!("missing {}", missing.join(", ")))
     }
