@@ -189,10 +189,18 @@ impl Http {
                 file.write_all(&buf[..n]).map_err(|e| Attempt::Fatal(Error::io(part, e)))?;
                 pos += n as u64;
                 bar.set_position(pos);
-                if expected_size.is_some_and(|max| pos > max) {
-                    return Err(Attempt::Fatal(Error::Http {
-                        url: url.into(),
-                        msg: format!("server sent more than the {} bytes the lock pins", expected_size.unwrap_or(0)),
+                if let Some(max) = expected_size.filter(|max| pos > *max) {
+                    drop(file);
+                    let disposition = match std::fs::remove_file(part) {
+                        Ok(()) => "the file was deleted".to_string(),
+                        Err(e) => format!("deleting the file failed ({e}); delete it by hand"),
+                    };
+                    return Err(Attempt::Fatal(Error::Verify {
+                        file: part.to_path_buf(),
+                        what: "size",
+                        expected: format!("{max} bytes"),
+                        actual: format!("more than {max} bytes from {url}"),
+                        disposition,
                     }));
                 }
             }

@@ -320,3 +320,18 @@ fn verify_local_file_mismatch_keeps_the_users_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--version"), "{}", stderr(&out));
 }
+
+#[test]
+fn verify_refuses_a_download_larger_than_pinned() {
+    let s = Server::start();
+    let pinned = payload();
+    let mut served = pinned.clone();
+    served.extend_from_slice(&[0u8; 70_000]);
+    s.route(WHEEL_PATH, Behaviour::ok(served));
+    let repo = repo_pinning(&s, &pinned);
+    let dest = tempfile::tempdir().unwrap();
+    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("size mismatch") && stderr(&out).contains("deleted"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
+}
