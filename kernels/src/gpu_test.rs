@@ -71,12 +71,10 @@ impl Case {
 
 /// Every registered case, in a fixed order.
 pub fn all_cases() -> Vec<Case> {
-    #[allow(unused_mut)]
     let mut v = selftest_cases();
-    // Family cases (wired by the lead as the families land):
-    // v.extend(crate::intranode::gpu_tests::cases());
-    // v.extend(crate::nvshmem::gpu_tests_ll::cases());
-    // v.extend(crate::nvshmem::gpu_tests_internode::cases());
+    v.extend(crate::intranode::gpu_tests::cases());
+    v.extend(crate::nvshmem::gpu_tests_ll::cases());
+    v.extend(crate::nvshmem::gpu_tests_internode::cases());
     v
 }
 

@@ -100,22 +100,26 @@ fn main() -> ExitCode {
     }
 }
 
-/// Run one family mode. Modes whose module is not part of this build answer with a clear error.
+/// Run one mode (`All` is expanded by the caller).
 fn run_mode(mode: Mode, ctx: &mut BenchCtx) -> deepep_kernels::Result<Vec<Row>> {
-    let not_built = |name: &str| {
-        Err(EpError::Unsupported(format!(
-            "mode {name} is not built into this deepep-bench yet (its bench module is not wired in src/bin/deepep-bench.rs)"
-        )))
-    };
     match mode {
         Mode::Nccl => {
             let shapes = ctx.opts.shapes(4096);
             bench::run_nccl(ctx, &shapes)
         }
-        Mode::Intranode => not_built("intranode"),
-        Mode::LowLatency => not_built("low-latency"),
-        Mode::Internode => not_built("internode"),
-        Mode::All => unreachable!(),
+        Mode::Intranode => {
+            let shapes = ctx.opts.shapes(4096);
+            bench::intranode::run(ctx, &shapes)
+        }
+        Mode::LowLatency => {
+            let shapes = bench::low_latency::shapes(ctx);
+            bench::low_latency::run(ctx, &shapes)
+        }
+        Mode::Internode => {
+            let shapes = ctx.opts.shapes(4096);
+            bench::internode::run(ctx, &shapes)
+        }
+        Mode::All => Err(EpError::InvalidArgument("mode all is expanded before run_mode".into())),
     }
 }
 
@@ -188,6 +192,9 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
             println!("wrote {}", path.display());
         }
     }
+    drop(ctx);
     comm.barrier()?;
+    // NVSHMEM (low-latency / internode) tears down once every buffer is gone.
+    deepep_kernels::nvshmem::finalize();
     Ok(errors.is_empty())
 }

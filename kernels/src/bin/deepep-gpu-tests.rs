@@ -116,6 +116,8 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     let cases = all_cases();
     let totals = run_cases(&comm, &gpu, &cases, &RunOpts { seed, filter: cli.filter.clone(), repeat: cli.repeat })?;
     comm.barrier()?;
+    drop(cases);
+    deepep_kernels::nvshmem::finalize();
     launcher::final_line(comm.rank(), &totals.summary());
     Ok(totals.failed == 0)
 }
