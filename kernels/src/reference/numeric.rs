@@ -36,9 +36,9 @@ pub fn ulp_bf16(x: f64) -> f64 {
     if a < 2f64.powi(-126) {
         return 2f64.powi(-133);
     }
-    // floor(log2(a)) from the f64 exponent bits: exact, no libm rounding.
-    let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
-    2f64.powi(e - 7)
+    // 2^(floor(log2 a) - 7): the biased f64 exponent minus 7, mantissa zero (exact, no libm).
+    let biased = (a.to_bits() >> 52) & 0x7ff;
+    f64::from_bits((biased - 7) << 52)
 }
 
 /// `γ_m = m·u / (1 − m·u)` with `u = 2^-24`: the classical bound on the relative error of a

@@ -52,11 +52,13 @@ pub struct InputSpec {
     pub masked_fraction: f64,
 }
 
-/// A standard-normal-ish f32 (Box-Muller).
-fn normal(rng: &mut StdRng) -> f32 {
+/// Two independent standard-normal f32 values (Box-Muller).
+fn normal_pair(rng: &mut StdRng) -> [f32; 2] {
     let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
     let u2: f64 = rng.random::<f64>();
-    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    let rad = (-2.0 * u1.ln()).sqrt();
+    let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+    [(rad * cos) as f32, (rad * sin) as f32]
 }
 
 /// `rows × cols` bf16 values, normal-ish, with a per-row power-of-two magnitude in `2^-3..=2^3`
@@ -66,12 +68,15 @@ pub fn bf16_rows(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<bf16> {
     let mut out = Vec::with_capacity(rows * cols);
     for _ in 0..rows {
         let mag = 2f32.powi(rng.random_range(-3..=3));
-        for _ in 0..cols {
-            let mut v = normal(rng) * mag;
-            if bf16_rn(v).to_f32() == 0.0 {
-                v = if rng.random::<bool>() { mag / 16.0 } else { -mag / 16.0 };
+        for c in (0..cols).step_by(2) {
+            let pair = normal_pair(rng);
+            for &z in &pair[..(cols - c).min(2)] {
+                let mut v = z * mag;
+                if bf16_rn(v).to_f32() == 0.0 {
+                    v = if rng.random::<bool>() { mag / 16.0 } else { -mag / 16.0 };
+                }
+                out.push(bf16_rn(v));
             }
-            out.push(bf16_rn(v));
         }
     }
     out
