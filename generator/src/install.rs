@@ -226,9 +226,12 @@ fn unpack_wheel(archive: &Path, stage: &mut Stager) -> Result<()> {
         let mut file = zip.by_index(i).map_err(|e| Error::io(archive, io::Error::new(io::ErrorKind::InvalidData, e.to_string())))?;
         let name = file.name().to_string();
         let comps = components(&name, Path::new(&name))?;
-        let Some(rel) = name.strip_prefix(WHEEL_ROOT) else { continue };
+        if !name.starts_with(WHEEL_ROOT) {
+            continue; // .dist-info, nvidia/__init__.py, ...
+        }
+        // `nvidia/nvshmem/<rest>` -> `<rest>` (the prefix guarantees two leading components).
         let comps: Vec<String> = comps[2..].to_vec();
-        if comps.is_empty() || rel.is_empty() {
+        if comps.is_empty() {
             continue;
         }
         let mode = file.unix_mode().unwrap_or(0o644);
