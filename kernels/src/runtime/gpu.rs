@@ -357,11 +357,11 @@ impl Gpu {
                 continue;
             }
             let mut peer_ctx = std::ptr::null_mut();
-            // SAFETY: retains the peer's primary context (released right after enabling).
+            // SAFETY: retains the peer's primary context for the rest of the process (releasing it
+            // could destroy it and with it the peer mapping).
             unsafe {
                 check(sys::cuDevicePrimaryCtxRetain(&mut peer_ctx, dev), || format!("retaining device {o}'s context"))?;
                 let r = sys::cuCtxEnablePeerAccess(peer_ctx, 0);
-                sys::cuDevicePrimaryCtxRelease_v2(dev);
                 if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
                     check(r, || format!("rank {}: enabling peer access {} -> {o}", self.rank, self.ordinal))?;
                 }
