@@ -165,23 +165,25 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
         const int nseg = (H + LL_DISPATCH_SEG - 1) / LL_DISPATCH_SEG;
         uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
         bool did_put = false;
-        // The owner d packs its sources in the order d+1, d+2, ..., d (itself last). Our block
+        // The owner d packs its sources in the order d, d+1, ..., d-1 (itself first). Our block
         // for an expert of owner d therefore starts after the counts of the sources before us.
-        // Pass 0: experts of owner me-1, where we come first (slot 0, no wait): with 2 ranks these
-        //         are all remote experts, so NVLink traffic starts at once.
+        // Pass 0: experts we own (slot 0, no wait).
         // Pass 1: the others, once the counts of the sources before us arrived (they broadcast
-        //         them first thing, so the wait is usually over by now).
+        //         them first thing, so the wait is usually over by now). Waiting for the owner's
+        //         count also means the owner has started this call, i.e. it is done with the
+        //         previous user of this half (that is what makes two halves enough, even with
+        //         receive hooks deferred past the next send).
         for (int pass = 0; pass < 2; ++pass) {
             if (pass == 1) {
                 for (int ei = tid; ei < epb; ei += LL_THREADS) {
                     const int e = b + ei * G;
                     if (e >= E) continue;
                     const int d = e / L;
-                    const int pos = (me - d - 1 + 2 * R) % R;
+                    const int pos = (me - d + R) % R;
                     if (pos == 0) continue;
                     int sum = 0;
                     for (int j = 0; j < pos; ++j) {
-                        const int src = (d + 1 + j) % R;
+                        const int src = (d + j) % R;
                         uint32_t c = 0;
                         if (!ll_wait_tag(a.buf, a.off_count_sig + (static_cast<uint64_t>(e) * R + src) * 8, seq, &c, diag,
                                          EP_PHASE_LL_DISPATCH_SEND, b, src)) {
@@ -198,14 +200,14 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             int total = 0;
             for (int ei = 0; ei < epb; ++ei) {
                 const int e = b + ei * G;
-                if (e < E && (((me - e / L - 1 + 2 * R) % R == 0) == (pass == 0))) total += min(cnt[ei], NM) * nseg;
+                if (e < E && ((e / L == me) == (pass == 0))) total += min(cnt[ei], NM) * nseg;
             }
             for (int u = warp; u < total; u += LL_WARPS) {
                 // unit -> (expert, row, segment)
                 int rest = u, ei = 0;
                 for (;; ++ei) {
                     const int e = b + ei * G;
-                    if (e < E && (((me - e / L - 1 + 2 * R) % R == 0) == (pass == 0))) {
+                    if (e < E && ((e / L == me) == (pass == 0))) {
                         const int n = min(cnt[ei], NM) * nseg;
                         if (rest < n) break;
                         rest -= n;
@@ -337,9 +339,9 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             const int le = b + li * G;
             if (le >= L) continue;
             int total = 0;
-            // Block order of the owner: me+1, me+2, ..., me (what the senders assumed).
+            // Block order of the owner: me, me+1, ..., me-1 (what the senders assumed).
             for (int j = 0; j < R; ++j) {
-                const int s = (me + 1 + j) % R;
+                const int s = (me + j) % R;
                 const int c = rc[li * R + s];
                 layout_range[le * R + s] = (static_cast<int64_t>(total) << 32) | static_cast<uint32_t>(c);
                 total += c;
@@ -388,6 +390,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
     const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
                                                     : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
     if (tid == 0) s_fail = 0;
+    __syncthreads();
     const uint8_t* y = static_cast<const uint8_t*>(a.y);
 
     if (a.phases & LL_PHASE_SEND) {
@@ -401,8 +404,23 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
         const int nseg = (row_bytes + LL_COMBINE_SEG_BYTES - 1) / LL_COMBINE_SEG_BYTES;
         uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
         bool did_put = false;
+        // Announce that this rank (as an origin) has started the call.
+        if (b == 0) {
+            for (int r = tid; r < R; r += LL_THREADS)
+                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
+        }
+        if (a.wait_ready) {
+            for (int r = tid; r < R; r += LL_THREADS) {
+                uint32_t unused = 0;
+                if (r != me && !ll_wait_tag(a.buf, a.off_comb_ready + static_cast<uint64_t>(r) * 8, seq, &unused, diag,
+                                            EP_PHASE_LL_COMBINE_SEND, b, r))
+                    s_fail = 1;
+            }
+        }
+        __syncthreads();
         int total = 0;
-        for (int le = b; le < L; le += G) total += recv_count[le] * nseg;
+        if (!s_fail)
+            for (int le = b; le < L; le += G) total += recv_count[le] * nseg;
         for (int u = warp; u < total; u += LL_WARPS) {
             int rest = u, le = b;
             for (;; le += G) {

@@ -9,13 +9,16 @@
 //   of the half, so replaying a captured CUDA graph keeps counting correctly.
 // - Dispatch writes every selection straight into its final packed slot on the owner: each
 //   source broadcasts its per-expert counts first; the owner d packs sources in the order
-//   d+1, d+2, ..., d (itself last), so the first remote source starts at slot 0 without waiting
-//   (with 2 ranks: all NVLink traffic starts at once) and the others wait only for the counts of
-//   the sources before them. The receiver never copies rows; it only
-//   waits for per-(expert, source) done flags, writes counts / layout ranges and transposes the
-//   FP8 scales (staged contiguously per row by the sender) into the column-major output.
+//   d, d+1, ..., d-1 (itself first, so its own rows need no wait), and a remote source waits only
+//   for the counts of the sources before it (which includes the owner: a peer never writes into
+//   a half before its owner has started the call that uses it). The receiver never copies rows;
+//   it only waits for per-(expert, source) done flags, writes counts / layout ranges and
+//   transposes the FP8 scales (staged contiguously per row by the sender) into the column-major
+//   output.
 // - Combine sends each remote expert row back to `comb_recv[token][topk slot]` on the origin;
-//   rows of experts owned by the origin itself are read in place from the caller's `y`.
+//   rows of experts owned by the origin itself are read in place from the caller's `y`. Every
+//   origin announces "combine started" (ready flag); when an earlier combine deferred its receive
+//   half (hook), owners wait for it before writing, so a deferred receive is never overwritten.
 // - NVLink peers (nvshmem_ptr != 0) get plain 16-byte stores + st.release.sys flags; other peers
 //   get nvshmemx_putmem_warp from a per-warp staging slot + quiet + nvshmemx_signal_op.
 #pragma once
@@ -73,9 +76,12 @@ struct LlCombineArgs {
     // Combine half.
     uint64_t off_comb_recv;      // [NM][LL_MAX_TOPK][H] bf16
     uint64_t off_comb_done;      // [R][G] u64 tagged (owner rank, owner block)
+    uint64_t off_comb_ready;     // [R] u64 tagged: origin r has started this combine
     uint64_t off_epoch;          // [G] u32
     uint64_t off_stage;
     int32_t num_tokens, hidden, num_topk, num_experts;
     int32_t num_ranks, rank, num_max, phases;
-    int32_t local_experts_per_block, pad_;
+    int32_t local_experts_per_block;
+    int32_t wait_ready;          // 1: wait for each origin's ready flag before sending to it
+                                 // (needed when a previous combine deferred its receive hook)
 };

@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::binding::{self, HostLib, Version};
-use super::low_latency::{LlDispatchOpts, LowLatencyBuffer};
+use super::low_latency::{LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::low_latency::{LlPacked, LlScalesView};
 use crate::reference::random::{self, InputSpec};
@@ -81,31 +81,38 @@ struct Downloaded {
     layout_range: Vec<i64>,
 }
 
-/// One dispatch + combine round on `buf`; returns the first mismatch as an error.
-fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u64, masked: f64) -> CaseResult {
-    let (r, me) = (c.world(), c.rank());
+/// Inputs of one round: every rank's reference inputs and this rank's tensors.
+struct Round {
+    seed: u64,
+    tokens: Vec<usize>,
+    inputs: Vec<RankInput>,
+    x: Tensor,
+    topk: Tensor,
+    weights: Tensor,
+}
+
+fn make_round(c: &Ctx, shape: Shape, seed: u64, masked: f64) -> anyhow::Result<Round> {
     let Shape { num_max, hidden: h, topk: k, experts: e } = shape;
-    let l = e / r;
-    let rnm = r * num_max;
-    let tokens = random::token_counts(seed, r, num_max);
+    let tokens = random::token_counts(seed, c.world(), num_max);
     let spec = InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: false, masked_fraction: masked };
     let inputs: Vec<RankInput> = random::all_inputs(seed, &tokens, &spec);
-    let mine = &inputs[me];
+    let mine = &inputs[c.rank()];
     let n = mine.n;
     let Payload::Bf16(xh) = &mine.x else { anyhow::bail!("reference inputs must be bf16") };
     let stream = c.gpu.stream();
     let x = Tensor::from_host(stream, xh, &[n, h])?;
     let topk = Tensor::from_host(stream, &mine.topk_idx, &[n, k])?;
     let weights = Tensor::from_host(stream, &mine.topk_weights, &[n, k])?;
+    Ok(Round { seed, tokens, inputs, x, topk, weights })
+}
 
-    // ---- collective GPU work (no early return on a wrong result before combine) ----
-    let opts = LlDispatchOpts { use_fp8: mode.opts.use_fp8, round_scale: mode.opts.round_scale, use_ue8m0: mode.opts.use_ue8m0, return_hook: mode.hook };
-    let mut out = buf.dispatch(&x, &topk, opts)?;
-    if let Some(hook) = out.hook.take() {
-        buf.recv(hook)?;
-    }
-    c.gpu.sync("LL dispatch")?;
-    let got = Downloaded {
+fn dispatch_opts(mode: Mode) -> LlDispatchOpts {
+    LlDispatchOpts { use_fp8: mode.opts.use_fp8, round_scale: mode.opts.round_scale, use_ue8m0: mode.opts.use_ue8m0, return_hook: mode.hook }
+}
+
+/// Download a dispatch result (after the stream was synchronized).
+fn download(out: &LlDispatchOut, mode: Mode) -> anyhow::Result<Downloaded> {
+    Ok(Downloaded {
         x: match mode.opts.use_fp8 {
             // e4m3 bytes download through the 1-byte host type u8.
             true => out.packed_recv_x.to_host::<u8>()?,
@@ -122,32 +129,37 @@ fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u6
         count: out.packed_recv_count.to_host::<i32>()?,
         src_info: out.handle.src_info.to_host::<i32>()?,
         layout_range: out.handle.layout_range.to_host::<i64>()?,
-    };
-    // y in the packed layout: valid rows from (source, token), others NaN.
-    let nan = bf16::from_bits(0x7FC1);
-    let mut y = vec![nan; l * rnm * h];
+    })
+}
+
+/// Expert outputs `y` in the packed layout of `got`: valid rows from (source, token), others
+/// NaN (never read by a correct combine). Never fails on a wrong layout (checked later).
+fn build_y(c: &Ctx, shape: Shape, seed: u64, got: &Downloaded) -> anyhow::Result<Tensor> {
+    let (r, me, h) = (c.world(), c.rank(), shape.hidden);
+    let (l, rnm) = (shape.experts / r, r * shape.num_max);
+    let mut y = vec![bf16::from_bits(0x7FC1); l * rnm * h];
     for le in 0..l {
         for s in 0..r {
             let v = got.layout_range.get(le * r + s).copied().unwrap_or(0);
             let (bg, cnt) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
             for slot in bg..(bg + cnt).min(rnm) {
-                let t = got.src_info[le * rnm + slot];
+                let t = got.src_info.get(le * rnm + slot).copied().unwrap_or(-1);
                 if t >= 0 {
                     y[(le * rnm + slot) * h..(le * rnm + slot + 1) * h].copy_from_slice(&y_row(seed, me, le, s, t as usize, h));
                 }
             }
         }
     }
-    let yt = Tensor::from_host(stream, &y, &[l, rnm, h])?;
-    let mut comb = buf.combine(&yt, &topk, &weights, &out.handle, mode.hook)?;
-    if let Some(hook) = comb.hook.take() {
-        buf.recv(hook)?;
-    }
-    c.gpu.sync("LL combine")?;
-    let combined = comb.combined_x.to_host::<bf16>()?;
+    Ok(Tensor::from_host(c.gpu.stream(), &y, &[l, rnm, h])?)
+}
 
-    // ---- checks ----
-    let want = ll_dispatch(&inputs, e, num_max, mode.opts, None)?;
+/// Check a downloaded dispatch and combine of `rd` against the reference.
+fn check(c: &Ctx, shape: Shape, mode: Mode, rd: &Round, got: &Downloaded, combined: &[bf16]) -> CaseResult {
+    let (r, me) = (c.world(), c.rank());
+    let Shape { num_max, hidden: h, experts: e, .. } = shape;
+    let l = e / r;
+    let tokens = &rd.tokens;
+    let want = ll_dispatch(&rd.inputs, e, num_max, mode.opts, None)?;
     let scales = match (mode.opts.use_fp8, mode.opts.use_ue8m0) {
         (false, _) => LlScalesView::None,
         (true, false) => LlScalesView::F32(&got.scales_f32),
@@ -166,26 +178,68 @@ fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u6
         layout_range: &got.layout_range,
     };
     packed.check(&want[me]).map_err(|m| anyhow::anyhow!("dispatch ({}, tokens {tokens:?}): {m}", mode_name(mode)))?;
-
     // Rows of every selection of every origin (the reference covers all ranks).
     let mut rows = std::collections::HashMap::new();
-    for (s, inp) in inputs.iter().enumerate() {
+    for (s, inp) in rd.inputs.iter().enumerate() {
         for t in 0..inp.n {
             for j in 0..inp.k {
                 let ex = inp.topk_idx[t * inp.k + j];
                 if ex >= 0 {
                     let (owner, le) = (ex as usize / l, ex as usize % l);
-                    rows.entry((owner, le, s, t)).or_insert_with(|| y_row(seed, owner, le, s, t, h));
+                    rows.entry((owner, le, s, t)).or_insert_with(|| y_row(rd.seed, owner, le, s, t, h));
                 }
             }
         }
     }
-    let want_c = ll_combine(&inputs, e, None, |owner, le, s, t| rows.get(&(owner, le, s, t)).map(|v| v.as_slice()))?;
+    let want_c = ll_combine(&rd.inputs, e, None, |owner, le, s, t| rows.get(&(owner, le, s, t)).map(|v| v.as_slice()))?;
     want_c[me]
         .combined_x
-        .check("combined_x", &combined)
+        .check("combined_x", combined)
         .map_err(|m| anyhow::anyhow!("combine ({}, tokens {tokens:?}): {m}", mode_name(mode)))?;
     Ok(())
+}
+
+/// One dispatch + combine round on `buf`; returns the first mismatch as an error. All
+/// collective GPU work happens before any check.
+fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u64, masked: f64) -> CaseResult {
+    let rd = make_round(c, shape, seed, masked)?;
+    let mut out = buf.dispatch(&rd.x, &rd.topk, dispatch_opts(mode))?;
+    if let Some(hook) = out.hook.take() {
+        buf.recv(hook)?;
+    }
+    c.gpu.sync("LL dispatch")?;
+    let got = download(&out, mode)?;
+    let y = build_y(c, shape, seed, &got)?;
+    let mut comb = buf.combine(&y, &rd.topk, &rd.weights, &out.handle, mode.hook)?;
+    if let Some(hook) = comb.hook.take() {
+        buf.recv(hook)?;
+    }
+    c.gpu.sync("LL combine")?;
+    let combined = comb.combined_x.to_host::<bf16>()?;
+    check(c, shape, mode, &rd, &got, &combined)
+}
+
+/// Two micro-batches overlapped through hooks: send A, send B, recv A, recv B for dispatch and
+/// for combine (the pattern that needs both halves and the combine ready flags).
+fn overlap_round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u64) -> CaseResult {
+    let mode = Mode { hook: true, ..mode };
+    let a = make_round(c, shape, seed, 0.1)?;
+    let b = make_round(c, shape, seed ^ 0x5555_5555, 0.1)?;
+    let mut da = buf.dispatch(&a.x, &a.topk, dispatch_opts(mode))?;
+    let mut db = buf.dispatch(&b.x, &b.topk, dispatch_opts(mode))?;
+    buf.recv(da.hook.take().expect("hook"))?;
+    buf.recv(db.hook.take().expect("hook"))?;
+    c.gpu.sync("LL overlapped dispatches")?;
+    let (ga, gb) = (download(&da, mode)?, download(&db, mode)?);
+    let (ya, yb) = (build_y(c, shape, a.seed, &ga)?, build_y(c, shape, b.seed, &gb)?);
+    let mut ca = buf.combine(&ya, &a.topk, &a.weights, &da.handle, true)?;
+    let mut cb = buf.combine(&yb, &b.topk, &b.weights, &db.handle, true)?;
+    buf.recv(ca.hook.take().expect("hook"))?;
+    buf.recv(cb.hook.take().expect("hook"))?;
+    c.gpu.sync("LL overlapped combines")?;
+    let (oa, ob) = (ca.combined_x.to_host::<bf16>()?, cb.combined_x.to_host::<bf16>()?);
+    check(c, shape, mode, &a, &ga, &oa).map_err(|e| anyhow::anyhow!("micro-batch A: {e}"))?;
+    check(c, shape, mode, &b, &gb, &ob).map_err(|e| anyhow::anyhow!("micro-batch B: {e}"))
 }
 
 fn shape_case(name: &str, shape: Shape, modes: &'static [Mode], rounds: usize) -> Case {
@@ -239,6 +293,16 @@ pub fn cases() -> Vec<Case> {
         shape_case("shapes/2048x6of32-nm2", Shape { num_max: 2, hidden: 2048, topk: 6, experts: 32 }, ALL_MODES, 6),
         shape_case("shapes/4096x3of128", Shape { num_max: 64, hidden: 4096, topk: 3, experts: 128 }, ALL_MODES, 6),
         shape_case("repeat/7168x8of288x40", deepep, ALL_MODES, 40),
+        Case::new("ll/overlap-hooks/4096x8of64", |c| {
+            let shape = Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 };
+            let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+            for (i, mode) in [FP8, BF16, FP8_UE8M0, FP8, BF16].into_iter().enumerate() {
+                overlap_round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x2000_0003))?;
+                // A plain round in between: the next combine still waits (hooks in the last two).
+                round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x3000_0005), 0.1)?;
+            }
+            Ok(())
+        }),
     ]
 }
 

@@ -9,7 +9,7 @@
 //!
 //! Outputs of [`LowLatencyBuffer::dispatch`] on rank d (L = E/R local experts):
 //! - `packed_recv_x` `[L, R·num_max, H]` (e4m3 or bf16); rows `[0, packed_recv_count[le])` valid,
-//!   each source's rows contiguous at `layout_range` (sources in the order d+1, d+2, ..., d);
+//!   each source's rows contiguous at `layout_range` (sources in the order d, d+1, ..., d-1);
 //! - FP8 scales, physical `[L, H/128, R·num_max]` f32 (the column-major view `[L, R·num_max, H/128]`)
 //!   or with UE8M0 `[L, H/512, R·num_max]` i32 (four exponent bytes, lowest group lowest);
 //! - `packed_recv_count` `[L]` i32, and the [`LlHandle`] (`src_info` `[L, R·num_max]` i32,
@@ -89,6 +89,7 @@ pub struct LlCombineArgs {
     pub off_send_slot: u64,
     pub off_comb_recv: u64,
     pub off_comb_done: u64,
+    pub off_comb_ready: u64,
     pub off_epoch: u64,
     pub off_stage: u64,
     pub num_tokens: i32,
@@ -100,12 +101,12 @@ pub struct LlCombineArgs {
     pub num_max: i32,
     pub phases: i32,
     pub local_experts_per_block: i32,
-    pub pad_: i32,
+    pub wait_ready: i32,
 }
 
 const _: () = {
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
-    assert!(std::mem::size_of::<LlCombineArgs>() == 160);
+    assert!(std::mem::size_of::<LlCombineArgs>() == 168);
 };
 
 // SAFETY: repr(C), integers only, no padding.
@@ -133,6 +134,7 @@ pub struct DispatchRegions {
 pub struct CombineRegions {
     pub recv: usize,
     pub done: usize,
+    pub ready: usize,
     pub epoch: usize,
 }
 
@@ -199,7 +201,12 @@ impl LlLayout {
         let d0 = dispatch_half(&mut c);
         let d1 = dispatch_half(&mut c);
         let combine_half =
-            |c: &mut Cursor| CombineRegions { recv: c.take(num_max * LL_MAX_TOPK * 2 * h), done: c.take(r * grid * 8), epoch: c.take(grid * 4) };
+            |c: &mut Cursor| CombineRegions {
+            recv: c.take(num_max * LL_MAX_TOPK * 2 * h),
+            done: c.take(r * grid * 8),
+            ready: c.take(r * 8),
+            epoch: c.take(grid * 4),
+        };
         let c0 = combine_half(&mut c);
         let c1 = combine_half(&mut c);
         let stage = c.take(grid * LL_WARPS * LL_STAGE_BYTES);
@@ -304,6 +311,9 @@ pub struct LowLatencyBuffer<'g> {
     combine_kernel: Kernel,
     dispatch_calls: u64,
     combine_calls: u64,
+    /// Whether one of the last two combines deferred its receive half (hook): the next combine
+    /// then waits for every origin to have started it before writing into its buffer.
+    combine_hooked: [bool; 2],
     generations: [Arc<AtomicU64>; 2],
 }
 
@@ -377,6 +387,7 @@ impl LowLatencyBuffer<'_> {
             combine_kernel,
             dispatch_calls: 0,
             combine_calls: 0,
+            combine_hooked: [false; 2],
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
         })
     }
@@ -536,6 +547,7 @@ impl LowLatencyBuffer<'_> {
             off_send_slot: d.send_slot as u64,
             off_comb_recv: c.recv as u64,
             off_comb_done: c.done as u64,
+            off_comb_ready: c.ready as u64,
             off_epoch: c.epoch as u64,
             off_stage: lay.stage as u64,
             num_tokens: n as i32,
@@ -547,8 +559,9 @@ impl LowLatencyBuffer<'_> {
             num_max: lay.num_max as i32,
             phases: if return_hook { PHASE_SEND } else { PHASE_SEND | PHASE_RECV },
             local_experts_per_block: lay.local_experts_per_block() as i32,
-            pad_: 0,
+            wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
         };
+        self.combine_hooked = [self.combine_hooked[1], return_hook];
         self.gpu.launch(&self.combine_kernel, &self.launch_cfg(0), Args::new().arg(args))?;
         Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })) })
     }
@@ -635,6 +648,7 @@ mod tests {
         for c in lay.combine {
             offs.push((c.recv, 128 * 11 * 2 * 7168));
             offs.push((c.done, 2 * 132 * 8));
+            offs.push((c.ready, 2 * 8));
             offs.push((c.epoch, 132 * 4));
         }
         offs.push((lay.stage, 132 * 16 * LL_STAGE_BYTES));
