@@ -314,3 +314,54 @@ impl FileKind {
 pub fn hp(s: &str) -> PathBuf {
     PathBuf::from(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_time_out_and_report_failures() {
+        let t = Duration::from_millis(300);
+        let start = Instant::now();
+        match run_with_timeout("sleep", &["10"], t) {
+            ToolOutput::Failed(m) => assert!(m.contains("did not finish within"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the child was not stopped"
+        );
+        assert_eq!(
+            run_with_timeout("deepep-doctor-no-such-tool", &[], t),
+            ToolOutput::Unavailable("`deepep-doctor-no-such-tool` is not on PATH".into())
+        );
+        match run_with_timeout(
+            "sh",
+            &["-c", "echo boom >&2; exit 3"],
+            Duration::from_secs(5),
+        ) {
+            ToolOutput::Failed(m) => assert!(m.ends_with(": boom"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            run_with_timeout("sh", &["-c", "echo GPU0"], Duration::from_secs(5)),
+            ToolOutput::Output("GPU0\n".into())
+        );
+    }
+
+    #[test]
+    fn host_paths_stay_below_the_root() {
+        let env = BTreeMap::new();
+        let tools = NoTools(String::new());
+        let host = Host::new(Path::new("/srv/root"), &env, &tools);
+        assert_eq!(
+            host.real(Path::new("/proc/cmdline")),
+            Path::new("/srv/root/proc/cmdline")
+        );
+        assert_eq!(
+            host.real(Path::new("/../../etc/passwd")),
+            Path::new("/srv/root/etc/passwd")
+        );
+        assert_eq!(host.real(Path::new("/a/../b")), Path::new("/srv/root/b"));
+    }
+}
