@@ -101,7 +101,10 @@ pub struct UpstreamArgs {
 
 impl UpstreamArgs {
     pub fn upstream(&self) -> Upstream {
-        Upstream { nvidia_url: self.nvidia_url.clone(), pypi_url: self.pypi_url.clone() }
+        Upstream {
+            nvidia_url: self.nvidia_url.clone(),
+            pypi_url: self.pypi_url.clone(),
+        }
     }
 }
 
@@ -199,9 +202,16 @@ pub struct SelectArgs {
 impl SelectArgs {
     fn selector(&self) -> Result<crate::verify::Selector> {
         Ok(crate::verify::Selector {
-            version: self.nvshmem_version.as_deref().map(str::parse).transpose()?,
+            version: self
+                .nvshmem_version
+                .as_deref()
+                .map(str::parse)
+                .transpose()?,
             system: self.system.as_deref().map(str::parse).transpose()?,
-            cuda: self.cuda.as_deref().map(|c| c.parse().expect("validated by clap")),
+            cuda: self
+                .cuda
+                .as_deref()
+                .map(|c| c.parse().expect("validated by clap")),
             source: self.source,
         })
     }
@@ -282,8 +292,13 @@ fn finish(statuses: &[FileStatus], check: bool, fix: &str) -> i32 {
         outln!("{s}");
     }
     if check && has_drift(statuses) {
-        let n = statuses.iter().filter(|s| s.status != crate::output::Status::Unchanged).count();
-        eprintln!("drift: {n} file(s) differ from what `{fix}` would write; run it and commit the result");
+        let n = statuses
+            .iter()
+            .filter(|s| s.status != crate::output::Status::Unchanged)
+            .count();
+        eprintln!(
+            "drift: {n} file(s) differ from what `{fix}` would write; run it and commit the result"
+        );
         1
     } else {
         0
@@ -297,7 +312,11 @@ fn writable_repo(args: &RepoArgs) -> Result<RepoPaths> {
 }
 
 fn run_plan(plan: &Plan, check: bool, fix: &str) -> Result<i32> {
-    let statuses = if check { plan.statuses()? } else { plan.apply()? };
+    let statuses = if check {
+        plan.statuses()?
+    } else {
+        plan.apply()?
+    };
     Ok(finish(&statuses, check, fix))
 }
 
@@ -310,15 +329,37 @@ pub fn lock(args: &LockArgs) -> Result<i32> {
     let inputs = if args.offline {
         vendored
     } else {
-        let live = if args.sources.is_empty() { SourceKind::ALL.to_vec() } else { args.sources.clone() };
-        generate::refresh_inputs(vendored, &live, &args.net.http(false)?, &args.upstream.upstream(), &min)?
+        let live = if args.sources.is_empty() {
+            SourceKind::ALL.to_vec()
+        } else {
+            args.sources.clone()
+        };
+        generate::refresh_inputs(
+            vendored,
+            &live,
+            &args.net.http(false)?,
+            &args.upstream.upstream(),
+            &min,
+        )?
     };
-    let opts = BuildOptions { min_version: min, nvidia_url: args.upstream.nvidia_url.clone() };
+    let opts = BuildOptions {
+        min_version: min,
+        nvidia_url: args.upstream.nvidia_url.clone(),
+    };
     let (plan, lock) = generate::plan_lock(&repo, &inputs, &opts)?;
-    let code = run_plan(&plan, args.check, "deepep-nix lock")?;
+    let fix = if args.offline {
+        "deepep-nix lock --offline"
+    } else {
+        "deepep-nix lock"
+    };
+    let code = run_plan(&plan, args.check, fix)?;
     if !args.check {
-        outln!("locked {} releases ({} to {})", lock.releases.len(),
-            lock.releases.first().map_or("-", |r| &r.version), lock.releases.last().map_or("-", |r| &r.version));
+        outln!(
+            "locked {} releases ({} to {})",
+            lock.releases.len(),
+            lock.releases.first().map_or("-", |r| &r.version),
+            lock.releases.last().map_or("-", |r| &r.version)
+        );
     }
     Ok(code)
 }
@@ -334,7 +375,9 @@ pub fn render(args: &RenderArgs) -> Result<i32> {
     };
     if target.as_os_str() == "-" {
         if args.check {
-            return Err(Error::Usage("--check compares a file; it cannot be combined with --output -".into()));
+            return Err(Error::Usage(
+                "--check compares a file; it cannot be combined with --output -".into(),
+            ));
         }
         out!("{}", crate::render::render_releases_nix(&lock, &bytes)?);
         return Ok(0);
@@ -350,7 +393,10 @@ pub fn releases(args: &ReleasesArgs) -> Result<i32> {
     let rows = crate::releases::rows(&lock);
     if args.json {
         let doc = serde_json::json!({ "lock": origin.to_string(), "releases": rows });
-        outln!("{}", serde_json::to_string_pretty(&doc).expect("serialisable"));
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serialisable")
+        );
     } else {
         outln!("lock: {origin}\n");
         out!("{}", crate::releases::table(&rows, args.hashes));
@@ -376,7 +422,10 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
     } else {
         for file in &args.files {
             let pinned = if sel.is_empty() {
-                let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = file
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 let mut hits = v::by_filename(&lock, &name);
                 match hits.len() {
                     1 => hits.remove(0),
@@ -390,7 +439,10 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
                 v::select(&lock, &sel)?
             };
             if !file.is_file() {
-                return Err(Error::Usage(format!("--file {}: no such file", file.display())));
+                return Err(Error::Usage(format!(
+                    "--file {}: no such file",
+                    file.display()
+                )));
             }
             v::check_file(file, &pinned.artifact, OnMismatch::Keep)?;
             report.push((pinned, file.clone()));
@@ -404,7 +456,12 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
         print_json(&serde_json::Value::Array(items));
     } else {
         for (p, path) in &report {
-            outln!("OK {} ({}; sha256 {})", path.display(), p.describe(), p.artifact.sha256);
+            outln!(
+                "OK {} ({}; sha256 {})",
+                path.display(),
+                p.describe(),
+                p.artifact.sha256
+            );
         }
     }
     Ok(0)
@@ -433,8 +490,15 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
     }
     for it in &items {
         let title = match it["kind"].as_str() {
-            Some("nar") => format!("{} (directory: NAR hash, for fetchzip / nix hash path)", it["path"].as_str().unwrap_or("")),
-            Some("file") => format!("{} (file, {} bytes: flat hash, for fetchurl)", it["path"].as_str().unwrap_or(""), it["size"]),
+            Some("nar") => format!(
+                "{} (directory: NAR hash, for fetchzip / nix hash path)",
+                it["path"].as_str().unwrap_or("")
+            ),
+            Some("file") => format!(
+                "{} (file, {} bytes: flat hash, for fetchurl)",
+                it["path"].as_str().unwrap_or(""),
+                it["size"]
+            ),
             _ => it["input"].as_str().unwrap_or("").to_string(),
         };
         outln!("{title}");
@@ -459,18 +523,33 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
     let found = repo::find_repo(args.repo.repo.as_deref())?;
     let (lock, _, _) = repo::read_lock(found.as_ref())?;
     let pinned = v::select(&lock, &args.select.selector()?)?;
-    eprintln!("installing NVSHMEM {} from {}", pinned.describe(), pinned.artifact.filename);
+    eprintln!(
+        "installing NVSHMEM {} from {}",
+        pinned.describe(),
+        pinned.artifact.filename
+    );
     let archive = match &args.file {
         Some(f) => {
             v::check_file(f, &pinned.artifact, OnMismatch::Keep)?;
             f.clone()
         }
-        None => v::fetch_verified(&args.net.http(true)?, &pinned, &args.cache.clone().unwrap_or_else(default_cache))?,
+        None => v::fetch_verified(
+            &args.net.http(true)?,
+            &pinned,
+            &args.cache.clone().unwrap_or_else(default_cache),
+        )?,
     };
-    let format = Format::detect(&pinned.artifact.format)
-        .ok_or_else(|| Error::upstream("lock", format!("unknown artifact format {:?}", pinned.artifact.format)))?;
+    let format = Format::detect(&pinned.artifact.format).ok_or_else(|| {
+        Error::upstream(
+            "lock",
+            format!("unknown artifact format {:?}", pinned.artifact.format),
+        )
+    })?;
     let prefix = inst::install(&archive, format, &args.prefix, args.replace)?;
-    eprintln!("installed into {}; add it to your shell with:", prefix.display());
+    eprintln!(
+        "installed into {}; add it to your shell with:",
+        prefix.display()
+    );
     out!("{}", inst::exports(&prefix, args.shell));
     Ok(0)
 }

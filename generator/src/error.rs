@@ -16,25 +16,42 @@ pub enum Error {
     MinVersionTooOld(String),
 
     #[error("invalid {what} {value:?}: {reason}")]
-    BadHash { what: &'static str, value: String, reason: String },
+    BadHash {
+        what: &'static str,
+        value: String,
+        reason: String,
+    },
 
     #[error("{source_name}: {msg}")]
     Upstream { source_name: String, msg: String },
 
     #[error("duplicate entry for {key}: found in {first} and in {second}; remove one of them (or fix the upstream data) and run again")]
-    Duplicate { key: String, first: String, second: String },
+    Duplicate {
+        key: String,
+        first: String,
+        second: String,
+    },
 
     #[error("GET {url}: {msg}")]
     Http { url: String, msg: String },
 
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 
     #[error(
         "{what} mismatch for {}: expected {expected}, got {actual}; {disposition}",
         file.display()
     )]
-    Verify { file: PathBuf, what: &'static str, expected: String, actual: String, disposition: String },
+    Verify {
+        file: PathBuf,
+        what: &'static str,
+        expected: String,
+        actual: String,
+        disposition: String,
+    },
 
     #[error("{0}")]
     Usage(String),
@@ -51,19 +68,28 @@ impl Error {
     /// (bad arguments, versions below DeepEP's floor), 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Verify { .. } | Error::Usage(_) | Error::MinVersionTooOld(_) | Error::BadVersion(_) => 2,
+            Error::Verify { .. }
+            | Error::Usage(_)
+            | Error::MinVersionTooOld(_)
+            | Error::BadVersion(_) => 2,
             _ => 1,
         }
     }
 
     /// Wraps an I/O error with the path it concerns.
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Error {
-        Error::Io { path: path.as_ref().to_path_buf(), source }
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
     }
 
     /// An error in upstream data (a manifest, the PyPI JSON, the lock), naming where it is.
     pub fn upstream(source_name: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error::Upstream { source_name: source_name.into(), msg: msg.into() }
+        Error::Upstream {
+            source_name: source_name.into(),
+            msg: msg.into(),
+        }
     }
 }
 

@@ -21,16 +21,26 @@ pub struct Upstream {
 
 impl Default for Upstream {
     fn default() -> Self {
-        Upstream { nvidia_url: nvidia::DEFAULT_REDIST_URL.into(), pypi_url: pypi::DEFAULT_PYPI_URL.into() }
+        Upstream {
+            nvidia_url: nvidia::DEFAULT_REDIST_URL.into(),
+            pypi_url: pypi::DEFAULT_PYPI_URL.into(),
+        }
     }
 }
 
 /// Fetches NVIDIA's index and every manifest `>= min`. Returns file name -> raw bytes
 /// (vendored verbatim). Each manifest is validated before it is accepted.
-pub fn fetch_nvidia(http: &Http, up: &Upstream, min: &Version) -> Result<BTreeMap<String, Vec<u8>>> {
+pub fn fetch_nvidia(
+    http: &Http,
+    up: &Upstream,
+    min: &Version,
+) -> Result<BTreeMap<String, Vec<u8>>> {
     let index_url = nvidia::join_url(&up.nvidia_url, "");
     let index = http.get_bytes(&index_url, MAX_METADATA_BYTES)?;
-    let versions: Vec<Version> = nvidia::parse_index(&String::from_utf8_lossy(&index)).into_iter().filter(|v| v >= min).collect();
+    let versions: Vec<Version> = nvidia::parse_index(&String::from_utf8_lossy(&index))
+        .into_iter()
+        .filter(|v| v >= min)
+        .collect();
     if versions.is_empty() {
         return Err(Error::upstream(
             index_url,
@@ -55,20 +65,31 @@ pub fn fetch_pypi(http: &Http, up: &Upstream) -> Result<BTreeMap<String, Vec<u8>
         let pkg = pypi::package_name(cuda);
         let url = format!("{}/{pkg}/json", up.pypi_url.trim_end_matches('/'));
         let bytes = http.get_bytes(&url, MAX_METADATA_BYTES)?;
-        out.insert(pypi::snapshot_file_name(&pkg), pypi::reduce(&url, &bytes, cuda)?);
+        out.insert(
+            pypi::snapshot_file_name(&pkg),
+            pypi::reduce(&url, &bytes, cuda)?,
+        );
     }
     Ok(out)
 }
 
 /// Refreshes `vendored` from upstream for the `live` sources. NVIDIA manifests below `min`
 /// stay as vendored; those `>= min` are replaced by what the index lists now.
-pub fn refresh_inputs(vendored: Inputs, live: &[SourceKind], http: &Http, up: &Upstream, min: &Version) -> Result<Inputs> {
+pub fn refresh_inputs(
+    vendored: Inputs,
+    live: &[SourceKind],
+    http: &Http,
+    up: &Upstream,
+    min: &Version,
+) -> Result<Inputs> {
     let mut inputs = vendored;
     for source in live {
         match source {
             SourceKind::Nvidia => {
                 let fresh = fetch_nvidia(http, up, min)?;
-                inputs.nvidia.retain(|name, _| nvidia::version_from_file_name(name).is_some_and(|v| v < *min));
+                inputs.nvidia.retain(|name, _| {
+                    nvidia::version_from_file_name(name).is_some_and(|v| v < *min)
+                });
                 inputs.nvidia.extend(fresh);
             }
             SourceKind::Pypi => inputs.pypi = fetch_pypi(http, up)?,
@@ -84,7 +105,10 @@ pub fn plan_lock(repo: &RepoPaths, inputs: &Inputs, opts: &BuildOptions) -> Resu
     let lock_bytes = lock.to_bytes();
     let nix = render::render_releases_nix(&lock, &lock_bytes)?;
     let mut plan = Plan::default();
-    for (dir, files) in [(repo.nvidia_dir(), &inputs.nvidia), (repo.pypi_dir(), &inputs.pypi)] {
+    for (dir, files) in [
+        (repo.nvidia_dir(), &inputs.nvidia),
+        (repo.pypi_dir(), &inputs.pypi),
+    ] {
         for (name, bytes) in files {
             plan.write(dir.join(name), bytes.clone());
         }

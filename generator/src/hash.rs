@@ -22,31 +22,57 @@ const SRI_PREFIX: &str = "sha256-";
 impl Sha256 {
     /// Parses 64 hex digits (upstream manifests use lowercase; uppercase is accepted).
     pub fn from_hex(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash { what: "sha256 hex", value: s.to_string(), reason: reason.to_string() };
+        let bad = |reason: &str| Error::BadHash {
+            what: "sha256 hex",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
         if s.len() != 64 {
-            return Err(bad(&format!("expected 64 hex digits, got {} characters", s.len())));
+            return Err(bad(&format!(
+                "expected 64 hex digits, got {} characters",
+                s.len()
+            )));
         }
         let bytes = hex::decode(s).map_err(|e| bad(&e.to_string()))?;
-        Ok(Sha256(bytes.try_into().expect("64 hex digits are 32 bytes")))
+        Ok(Sha256(
+            bytes.try_into().expect("64 hex digits are 32 bytes"),
+        ))
     }
 
     /// Parses an SRI string `sha256-<44 base64 chars>`.
     pub fn from_sri(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash { what: "SRI hash", value: s.to_string(), reason: reason.to_string() };
-        let b64 = s.strip_prefix(SRI_PREFIX).ok_or_else(|| bad("expected the prefix sha256-"))?;
-        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| bad(&e.to_string()))?;
-        let arr: [u8; 32] = bytes.try_into().map_err(|_| bad("digest is not 32 bytes"))?;
+        let bad = |reason: &str| Error::BadHash {
+            what: "SRI hash",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let b64 = s
+            .strip_prefix(SRI_PREFIX)
+            .ok_or_else(|| bad("expected the prefix sha256-"))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| bad(&e.to_string()))?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| bad("digest is not 32 bytes"))?;
         Ok(Sha256(arr))
     }
 
     /// Parses a 52-character Nix base-32 string.
     pub fn from_nix32(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash { what: "Nix base-32 hash", value: s.to_string(), reason: reason.to_string() };
+        let bad = |reason: &str| Error::BadHash {
+            what: "Nix base-32 hash",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
         if s.len() != 52 {
             return Err(bad(&format!("expected 52 characters, got {}", s.len())));
         }
-        let bytes = nix_base32::from_nix_base32(s).ok_or_else(|| bad("not Nix base-32 (alphabet 0-9a-z without e,o,u,t)"))?;
-        let arr: [u8; 32] = bytes.try_into().map_err(|_| bad("digest is not 32 bytes"))?;
+        let bytes = nix_base32::from_nix_base32(s)
+            .ok_or_else(|| bad("not Nix base-32 (alphabet 0-9a-z without e,o,u,t)"))?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| bad("digest is not 32 bytes"))?;
         Ok(Sha256(arr))
     }
 
@@ -66,7 +92,10 @@ impl Sha256 {
     }
 
     pub fn to_sri(&self) -> String {
-        format!("{SRI_PREFIX}{}", base64::engine::general_purpose::STANDARD.encode(self.0))
+        format!(
+            "{SRI_PREFIX}{}",
+            base64::engine::general_purpose::STANDARD.encode(self.0)
+        )
     }
 
     pub fn to_nix32(&self) -> String {
@@ -104,7 +133,8 @@ impl Sha256 {
 
     /// NAR digest of a path (directory, file or symlink), as `nix hash path` computes it.
     pub fn of_nar(path: &Path) -> Result<Sha256> {
-        let enc = nix_nar::Encoder::new(path).map_err(|e| Error::io(path, io::Error::other(e.to_string())))?;
+        let enc = nix_nar::Encoder::new(path)
+            .map_err(|e| Error::io(path, io::Error::other(e.to_string())))?;
         let (digest, _) = Sha256::of_reader(enc).map_err(|e| Error::io(path, e))?;
         Ok(digest)
     }

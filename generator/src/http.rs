@@ -28,7 +28,12 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { timeout: Duration::from_secs(30), attempts: 4, backoff: Duration::from_millis(500), progress: true }
+        HttpConfig {
+            timeout: Duration::from_secs(30),
+            attempts: 4,
+            backoff: Duration::from_millis(500),
+            progress: true,
+        }
     }
 }
 
@@ -55,12 +60,19 @@ impl Http {
             .timeout(cfg.timeout)
             .user_agent(concat!("deepep-nix/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| Error::Http { url: String::new(), msg: format!("cannot create the HTTP client: {e}") })?;
+            .map_err(|e| Error::Http {
+                url: String::new(),
+                msg: format!("cannot create the HTTP client: {e}"),
+            })?;
         Ok(Http { client, cfg })
     }
 
     /// Runs `attempt` up to `cfg.attempts` times with exponential backoff between tries.
-    fn with_retries<T>(&self, url: &str, mut attempt: impl FnMut() -> std::result::Result<T, Attempt>) -> Result<T> {
+    fn with_retries<T>(
+        &self,
+        url: &str,
+        mut attempt: impl FnMut() -> std::result::Result<T, Attempt>,
+    ) -> Result<T> {
         let mut delay = self.cfg.backoff;
         let mut last = String::new();
         for n in 1..=self.cfg.attempts.max(1) {
@@ -70,7 +82,11 @@ impl Http {
                 Err(Attempt::Retry(msg)) => {
                     last = msg;
                     if n < self.cfg.attempts {
-                        tracing::warn!("GET {url}: {last}; retrying in {delay:?} (attempt {}/{})", n + 1, self.cfg.attempts);
+                        tracing::warn!(
+                            "GET {url}: {last}; retrying in {delay:?} (attempt {}/{})",
+                            n + 1,
+                            self.cfg.attempts
+                        );
                         std::thread::sleep(delay);
                         delay = delay.saturating_mul(2);
                     }
@@ -96,7 +112,10 @@ impl Http {
         let status = resp.status();
         if status.is_success() || status == StatusCode::RANGE_NOT_SATISFIABLE {
             Ok(resp)
-        } else if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::REQUEST_TIMEOUT {
+        } else if status.is_server_error()
+            || status == StatusCode::TOO_MANY_REQUESTS
+            || status == StatusCode::REQUEST_TIMEOUT
+        {
             Err(Attempt::Retry(format!("server answered {status}")))
         } else {
             Err(Attempt::Fatal(Error::Http {
@@ -112,25 +131,39 @@ impl Http {
         self.with_retries(url, || {
             let resp = self.send(url, 0)?;
             if resp.status() == StatusCode::RANGE_NOT_SATISFIABLE {
-                return Err(Attempt::Fatal(Error::Http { url: url.into(), msg: "server answered 416 to a plain GET".into() }));
+                return Err(Attempt::Fatal(Error::Http {
+                    url: url.into(),
+                    msg: "server answered 416 to a plain GET".into(),
+                }));
             }
             let declared = resp.content_length();
             if declared.is_some_and(|n| n > limit as u64) {
                 return Err(Attempt::Fatal(Error::Http {
                     url: url.into(),
-                    msg: format!("document is {} bytes, over the {limit} bytes limit for metadata", declared.unwrap_or(0)),
+                    msg: format!(
+                        "document is {} bytes, over the {limit} bytes limit for metadata",
+                        declared.unwrap_or(0)
+                    ),
                 }));
             }
             let mut body = Vec::new();
             resp.take(limit as u64 + 1)
                 .read_to_end(&mut body)
-                .map_err(|e| Attempt::Retry(format!("body read failed after {} bytes: {e}", body.len())))?;
+                .map_err(|e| {
+                    Attempt::Retry(format!("body read failed after {} bytes: {e}", body.len()))
+                })?;
             if body.len() > limit {
-                return Err(Attempt::Fatal(Error::Http { url: url.into(), msg: format!("document exceeds the {limit} bytes limit for metadata") }));
+                return Err(Attempt::Fatal(Error::Http {
+                    url: url.into(),
+                    msg: format!("document exceeds the {limit} bytes limit for metadata"),
+                }));
             }
             if let Some(n) = declared {
                 if n != body.len() as u64 {
-                    return Err(Attempt::Retry(format!("truncated body: {} of {n} bytes", body.len())));
+                    return Err(Attempt::Retry(format!(
+                        "truncated body: {} of {n} bytes",
+                        body.len()
+                    )));
                 }
             }
             Ok(body)
@@ -159,17 +192,24 @@ impl Http {
                     .and_then(|v| v.parse::<u64>().ok());
                 if from != Some(have) {
                     truncate(part).map_err(Attempt::Fatal)?;
-                    return Err(Attempt::Retry(format!("server resumed at {from:?} instead of byte {have}; restarting")));
+                    return Err(Attempt::Retry(format!(
+                        "server resumed at {from:?} instead of byte {have}; restarting"
+                    )));
                 }
                 (open_append(part).map_err(Attempt::Fatal)?, have)
             } else if status == StatusCode::RANGE_NOT_SATISFIABLE {
                 truncate(part).map_err(Attempt::Fatal)?;
-                return Err(Attempt::Retry("server refused to resume (416); restarting from byte 0".into()));
+                return Err(Attempt::Retry(
+                    "server refused to resume (416); restarting from byte 0".into(),
+                ));
             } else {
                 if have > 0 {
                     tracing::info!("{url}: server ignored Range; restarting from byte 0");
                 }
-                (File::create(part).map_err(|e| Attempt::Fatal(Error::io(part, e)))?, 0)
+                (
+                    File::create(part).map_err(|e| Attempt::Fatal(Error::io(part, e)))?,
+                    0,
+                )
             };
             let declared_total = resp.content_length().map(|n| n + start);
             bar.set_position(start);
@@ -183,10 +223,13 @@ impl Http {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => {
                         file.flush().ok();
-                        return Err(Attempt::Retry(format!("download interrupted at byte {pos}: {e}")));
+                        return Err(Attempt::Retry(format!(
+                            "download interrupted at byte {pos}: {e}"
+                        )));
                     }
                 };
-                file.write_all(&buf[..n]).map_err(|e| Attempt::Fatal(Error::io(part, e)))?;
+                file.write_all(&buf[..n])
+                    .map_err(|e| Attempt::Fatal(Error::io(part, e)))?;
                 pos += n as u64;
                 bar.set_position(pos);
                 if let Some(max) = expected_size.filter(|max| pos > *max) {
@@ -204,9 +247,13 @@ impl Http {
                     }));
                 }
             }
-            file.sync_all().map_err(|e| Attempt::Fatal(Error::io(part, e)))?;
+            file.sync_all()
+                .map_err(|e| Attempt::Fatal(Error::io(part, e)))?;
             if declared_total.is_some_and(|n| n != pos) {
-                return Err(Attempt::Retry(format!("truncated body: {pos} of {} bytes", declared_total.unwrap_or(0))));
+                return Err(Attempt::Retry(format!(
+                    "truncated body: {pos} of {} bytes",
+                    declared_total.unwrap_or(0)
+                )));
             }
             Ok(pos)
         });
@@ -219,10 +266,15 @@ impl Http {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style = ProgressStyle::with_template(
+            "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
-        let name = part.file_name().map(|n| n.to_string_lossy().trim_end_matches(".part").to_string()).unwrap_or_default();
+        let name = part
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".part").to_string())
+            .unwrap_or_default();
         bar.set_message(name);
         bar
     }
@@ -231,10 +283,13 @@ impl Http {
 /// CA certificates from `SSL_CERT_FILE` (a PEM bundle), trusted in addition to the built-in
 /// web PKI roots, as curl and OpenSSL do; needed behind TLS-inspecting proxies.
 fn extra_roots() -> Vec<reqwest::Certificate> {
-    let Some(path) = std::env::var_os("SSL_CERT_FILE") else { return Vec::new() };
-    match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|pem| {
-        reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string())
-    }) {
+    let Some(path) = std::env::var_os("SSL_CERT_FILE") else {
+        return Vec::new();
+    };
+    match std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string()))
+    {
         Ok(certs) => certs,
         Err(e) => {
             tracing::warn!("ignoring SSL_CERT_FILE={}: {e}", Path::new(&path).display());
@@ -244,7 +299,10 @@ fn extra_roots() -> Vec<reqwest::Certificate> {
 }
 
 fn open_append(path: &Path) -> Result<File> {
-    OpenOptions::new().append(true).open(path).map_err(|e| Error::io(path, e))
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))
 }
 
 fn truncate(path: &Path) -> Result<()> {
@@ -255,7 +313,11 @@ fn truncate(path: &Path) -> Result<()> {
 /// without repeating the URL the caller already names.
 fn describe(e: reqwest::Error) -> String {
     let e = e.without_url();
-    let mut msg = if e.is_timeout() { "timed out".to_string() } else { e.to_string() };
+    let mut msg = if e.is_timeout() {
+        "timed out".to_string()
+    } else {
+        e.to_string()
+    };
     let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg = format!("{msg}: {s}");

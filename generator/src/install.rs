@@ -45,7 +45,10 @@ pub const HOST_LIB_LINK: &str = "lib/libnvshmem_host.so";
 const WHEEL_ROOT: &str = "nvidia/nvshmem/";
 
 fn unsafe_entry(entry: &str, reason: impl Into<String>) -> Error {
-    Error::UnsafeArchive { entry: entry.to_string(), reason: reason.into() }
+    Error::UnsafeArchive {
+        entry: entry.to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// Splits an archive path into normal components, refusing absolute paths and `..`.
@@ -53,10 +56,16 @@ fn components(entry: &str, path: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for c in path.components() {
         match c {
-            Component::Normal(s) => out.push(s.to_str().ok_or_else(|| unsafe_entry(entry, "name is not UTF-8"))?.to_string()),
+            Component::Normal(s) => out.push(
+                s.to_str()
+                    .ok_or_else(|| unsafe_entry(entry, "name is not UTF-8"))?
+                    .to_string(),
+            ),
             Component::CurDir => {}
             Component::ParentDir => return Err(unsafe_entry(entry, "path contains `..`")),
-            Component::RootDir | Component::Prefix(_) => return Err(unsafe_entry(entry, "absolute path")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(unsafe_entry(entry, "absolute path"))
+            }
         }
     }
     Ok(out)
@@ -65,12 +74,17 @@ fn components(entry: &str, path: &Path) -> Result<Vec<String>> {
 /// Resolves a symlink target inside the prefix, following symlinks of the archive itself.
 /// `at` is the link's own location (components below the prefix). Returns the resolved
 /// location, or why it escapes.
-pub fn resolve_inside(at: &[String], target: &str, links: &HashMap<Vec<String>, String>) -> std::result::Result<Vec<String>, String> {
+pub fn resolve_inside(
+    at: &[String],
+    target: &str,
+    links: &HashMap<Vec<String>, String>,
+) -> std::result::Result<Vec<String>, String> {
     if target.starts_with('/') {
         return Err(format!("symlink target {target:?} is absolute"));
     }
     let mut stack: Vec<String> = at[..at.len().saturating_sub(1)].to_vec();
-    let mut queue: std::collections::VecDeque<String> = target.split('/').map(str::to_string).collect();
+    let mut queue: std::collections::VecDeque<String> =
+        target.split('/').map(str::to_string).collect();
     let mut hops = 0;
     while let Some(c) = queue.pop_front() {
         match c.as_str() {
@@ -88,7 +102,9 @@ pub fn resolve_inside(at: &[String], target: &str, links: &HashMap<Vec<String>, 
                         return Err(format!("symlink target {target:?} loops"));
                     }
                     if t.starts_with('/') {
-                        return Err(format!("symlink target {target:?} goes through an absolute symlink"));
+                        return Err(format!(
+                            "symlink target {target:?} goes through an absolute symlink"
+                        ));
                     }
                     stack.pop();
                     for part in t.split('/').rev() {
@@ -130,15 +146,26 @@ impl<'a> Stager<'a> {
 
     /// Validates and creates the deferred links.
     fn finish(self) -> Result<()> {
-        let map: HashMap<Vec<String>, String> = self.symlinks.iter().map(|(_, at, t)| (at.clone(), t.clone())).collect();
+        let map: HashMap<Vec<String>, String> = self
+            .symlinks
+            .iter()
+            .map(|(_, at, t)| (at.clone(), t.clone()))
+            .collect();
         for (entry, at, target) in &self.symlinks {
             resolve_inside(at, target, &map).map_err(|r| unsafe_entry(entry, r))?;
         }
         for (entry, at, target) in &self.hardlinks {
-            let resolved = resolve_inside(&[String::new()], &target.join("/"), &map).map_err(|r| unsafe_entry(entry, r))?;
+            let resolved = resolve_inside(&[String::new()], &target.join("/"), &map)
+                .map_err(|r| unsafe_entry(entry, r))?;
             let src = self.path_of(&resolved);
             if !src.is_file() {
-                return Err(unsafe_entry(entry, format!("hard link target {:?} is not a file in the archive", target.join("/"))));
+                return Err(unsafe_entry(
+                    entry,
+                    format!(
+                        "hard link target {:?} is not a file in the archive",
+                        target.join("/")
+                    ),
+                ));
             }
             let dst = self.path_of(at);
             if let Some(parent) = dst.parent() {
@@ -170,17 +197,29 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
     let entries = tar.entries().map_err(|e| Error::io(archive, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(archive, e))?;
-        let raw = entry.path().map_err(|e| Error::io(archive, e))?.into_owned();
+        let raw = entry
+            .path()
+            .map_err(|e| Error::io(archive, e))?
+            .into_owned();
         let name = raw.display().to_string();
         let mut comps = components(&name, &raw)?;
         if comps.is_empty() {
             continue;
         }
         // The first entry decides whether there is a `*-archive/` directory to strip.
-        let top_dir = top.get_or_insert_with(|| if comps[0].ends_with("-archive") { comps[0].clone() } else { String::new() });
+        let top_dir = top.get_or_insert_with(|| {
+            if comps[0].ends_with("-archive") {
+                comps[0].clone()
+            } else {
+                String::new()
+            }
+        });
         if !top_dir.is_empty() {
             if comps[0] != *top_dir {
-                return Err(unsafe_entry(&name, format!("outside the archive's top-level directory {top_dir}/")));
+                return Err(unsafe_entry(
+                    &name,
+                    format!("outside the archive's top-level directory {top_dir}/"),
+                ));
             }
             comps.remove(0);
             if comps.is_empty() {
@@ -189,8 +228,13 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
         }
         let kind = entry.header().entry_type();
         let link_name = || -> Result<String> {
-            let l = entry.link_name().map_err(|e| Error::io(archive, e))?.ok_or_else(|| unsafe_entry(&name, "link without a target"))?;
-            Ok(l.to_str().ok_or_else(|| unsafe_entry(&name, "link target is not UTF-8"))?.to_string())
+            let l = entry
+                .link_name()
+                .map_err(|e| Error::io(archive, e))?
+                .ok_or_else(|| unsafe_entry(&name, "link without a target"))?;
+            Ok(l.to_str()
+                .ok_or_else(|| unsafe_entry(&name, "link target is not UTF-8"))?
+                .to_string())
         };
         match kind {
             tar::EntryType::Directory => stage.dir(&comps)?,
@@ -220,10 +264,22 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
 /// Unpacks `nvidia/nvshmem/**` of a wheel into the prefix root; other members are skipped.
 fn unpack_wheel(archive: &Path, stage: &mut Stager) -> Result<()> {
     let f = File::open(archive).map_err(|e| Error::io(archive, e))?;
-    let mut zip = zip::ZipArchive::new(io::BufReader::new(f))
-        .map_err(|e| Error::io(archive, io::Error::new(io::ErrorKind::InvalidData, format!("not a wheel (zip): {e}"))))?;
+    let mut zip = zip::ZipArchive::new(io::BufReader::new(f)).map_err(|e| {
+        Error::io(
+            archive,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("not a wheel (zip): {e}"),
+            ),
+        )
+    })?;
     for i in 0..zip.len() {
-        let mut file = zip.by_index(i).map_err(|e| Error::io(archive, io::Error::new(io::ErrorKind::InvalidData, e.to_string())))?;
+        let mut file = zip.by_index(i).map_err(|e| {
+            Error::io(
+                archive,
+                io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+            )
+        })?;
         let name = file.name().to_string();
         let comps = components(&name, Path::new(&name))?;
         if !name.starts_with(WHEEL_ROOT) {
@@ -237,7 +293,8 @@ fn unpack_wheel(archive: &Path, stage: &mut Stager) -> Result<()> {
         let mode = file.unix_mode().unwrap_or(0o644);
         if mode & 0o170000 == 0o120000 {
             let mut target = String::new();
-            file.read_to_string(&mut target).map_err(|e| Error::io(archive, e))?;
+            file.read_to_string(&mut target)
+                .map_err(|e| Error::io(archive, e))?;
             stage.symlinks.push((name, comps, target));
         } else if file.is_dir() {
             stage.dir(&comps)?;
@@ -253,20 +310,31 @@ fn unpack_wheel(archive: &Path, stage: &mut Stager) -> Result<()> {
 /// complete). Adds `lib/libnvshmem_host.so -> libnvshmem_host.so.3` when missing.
 pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> Result<PathBuf> {
     let prefix = absolute(prefix)?;
-    let occupied = prefix.exists() && (!prefix.is_dir() || fs::read_dir(&prefix).map_err(|e| Error::io(&prefix, e))?.next().is_some());
+    let occupied = prefix.exists()
+        && (!prefix.is_dir()
+            || fs::read_dir(&prefix)
+                .map_err(|e| Error::io(&prefix, e))?
+                .next()
+                .is_some());
     if occupied && !replace {
         return Err(Error::Usage(format!(
             "--prefix {} exists and is not empty; pick a new directory or pass --replace",
             prefix.display()
         )));
     }
-    let parent = prefix.parent().ok_or_else(|| Error::Usage("--prefix must not be /".into()))?;
+    let parent = prefix
+        .parent()
+        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?;
     fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let staging = tempfile::Builder::new()
         .prefix(".deepep-nix-install-")
         .tempdir_in(parent)
         .map_err(|e| Error::io(parent, e))?;
-    let mut stage = Stager { root: staging.path(), symlinks: Vec::new(), hardlinks: Vec::new() };
+    let mut stage = Stager {
+        root: staging.path(),
+        symlinks: Vec::new(),
+        hardlinks: Vec::new(),
+    };
     match format {
         Format::TarXz => unpack_tar_xz(archive, &mut stage)?,
         Format::Wheel => unpack_wheel(archive, &mut stage)?,
@@ -274,11 +342,15 @@ pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> 
     stage.finish()?;
     let host = staging.path().join(HOST_LIB);
     if !host.is_file() {
-        return Err(Error::Usage(format!("{} has no {HOST_LIB}; it is not an NVSHMEM archive", archive.display())));
+        return Err(Error::Usage(format!(
+            "{} has no {HOST_LIB}; it is not an NVSHMEM archive",
+            archive.display()
+        )));
     }
     let link = staging.path().join(HOST_LIB_LINK);
     if fs::symlink_metadata(&link).is_err() {
-        std::os::unix::fs::symlink("libnvshmem_host.so.3", &link).map_err(|e| Error::io(&link, e))?;
+        std::os::unix::fs::symlink("libnvshmem_host.so.3", &link)
+            .map_err(|e| Error::io(&link, e))?;
     }
     set_mode(staging.path(), 0o755)?;
     // Publish: the staging dir becomes the prefix in one rename.
@@ -286,7 +358,10 @@ pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> 
     let result = (|| {
         if prefix.exists() {
             if occupied {
-                let old = tempfile::Builder::new().prefix(".deepep-nix-old-").tempdir_in(parent).map_err(|e| Error::io(parent, e))?;
+                let old = tempfile::Builder::new()
+                    .prefix(".deepep-nix-old-")
+                    .tempdir_in(parent)
+                    .map_err(|e| Error::io(parent, e))?;
                 let old_path = old.path().join("prefix");
                 fs::rename(&prefix, &old_path).map_err(|e| Error::io(&prefix, e))?;
                 fs::rename(&staged, &prefix).map_err(|e| Error::io(&prefix, e))?;
@@ -310,7 +385,9 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
     } else {
-        Ok(std::env::current_dir().map_err(|e| Error::io(".", e))?.join(p))
+        Ok(std::env::current_dir()
+            .map_err(|e| Error::io(".", e))?
+            .join(p))
     }
 }
 
@@ -376,15 +453,23 @@ mod tests {
     #[test]
     fn resolver_follows_archive_links() {
         let mut links = HashMap::new();
-        assert_eq!(resolve_inside(&v("lib/libx.so"), "libx.so.3", &links).unwrap(), v("lib/libx.so.3"));
+        assert_eq!(
+            resolve_inside(&v("lib/libx.so"), "libx.so.3", &links).unwrap(),
+            v("lib/libx.so.3")
+        );
         assert!(resolve_inside(&v("lib/x"), "../../etc/passwd", &links).is_err());
         assert!(resolve_inside(&v("lib/x"), "/etc/passwd", &links).is_err());
         // a/b -> .. is harmless alone (points at the root), but a/b/../x then escapes.
         links.insert(v("a/b"), "..".to_string());
-        assert_eq!(resolve_inside(&v("a/b"), "..", &links).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            resolve_inside(&v("a/b"), "..", &links).unwrap(),
+            Vec::<String>::new()
+        );
         assert!(resolve_inside(&v("t"), "a/b/../x", &links).is_err());
         links.insert(v("loop"), "loop".to_string());
-        assert!(resolve_inside(&v("y"), "loop", &links).unwrap_err().contains("loops"));
+        assert!(resolve_inside(&v("y"), "loop", &links)
+            .unwrap_err()
+            .contains("loops"));
     }
 
     #[test]

@@ -85,7 +85,10 @@ impl Builds {
 
     /// Sources present, in `SourceKind::ALL` order.
     pub fn sources(&self) -> Vec<SourceKind> {
-        SourceKind::ALL.into_iter().filter(|s| self.get(*s).is_some()).collect()
+        SourceKind::ALL
+            .into_iter()
+            .filter(|s| self.get(*s).is_some())
+            .collect()
     }
 }
 
@@ -138,7 +141,10 @@ pub struct BuildOptions {
 
 impl Default for BuildOptions {
     fn default() -> Self {
-        BuildOptions { min_version: Version::deepep_min(), nvidia_url: nvidia::DEFAULT_REDIST_URL.to_string() }
+        BuildOptions {
+            min_version: Version::deepep_min(),
+            nvidia_url: nvidia::DEFAULT_REDIST_URL.to_string(),
+        }
     }
 }
 
@@ -150,7 +156,11 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
     let mut add = |a: Artifact| -> Result<()> {
         let k = (a.version.clone(), a.system, a.cuda, a.source);
         if let Some(prev) = artifacts.get(&k) {
-            return Err(Error::Duplicate { key: a.key(), first: prev.origin.clone(), second: a.origin.clone() });
+            return Err(Error::Duplicate {
+                key: a.key(),
+                first: prev.origin.clone(),
+                second: a.origin.clone(),
+            });
         }
         artifacts.insert(k, a);
         Ok(())
@@ -161,17 +171,27 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
     for (name, bytes) in &inputs.nvidia {
         let origin = format!("nvidia/{name}");
         if nvidia::version_from_file_name(name).is_none() {
-            return Err(Error::upstream(&origin, "unexpected file name; NVIDIA manifests are named redistrib_<version>.json"));
+            return Err(Error::upstream(
+                &origin,
+                "unexpected file name; NVIDIA manifests are named redistrib_<version>.json",
+            ));
         }
         let m = nvidia::parse_manifest(&origin, bytes, &opts.nvidia_url)?;
         if m.version < opts.min_version {
             continue;
         }
         if let Some((_, first)) = nvidia_dates.get(&m.version) {
-            return Err(Error::Duplicate { key: format!("NVIDIA manifest for {}", m.version), first: first.clone(), second: origin });
+            return Err(Error::Duplicate {
+                key: format!("NVIDIA manifest for {}", m.version),
+                first: first.clone(),
+                second: origin,
+            });
         }
         nvidia_dates.insert(m.version.clone(), (m.release_date.clone(), origin.clone()));
-        lock_inputs.push(LockInput { path: origin, sha256: Sha256::of_bytes(bytes).to_hex() });
+        lock_inputs.push(LockInput {
+            path: origin,
+            sha256: Sha256::of_bytes(bytes).to_hex(),
+        });
         m.artifacts.into_iter().try_for_each(&mut add)?;
     }
 
@@ -190,7 +210,10 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
                 *e = d;
             }
         }
-        lock_inputs.push(LockInput { path: origin, sha256: Sha256::of_bytes(bytes).to_hex() });
+        lock_inputs.push(LockInput {
+            path: origin,
+            sha256: Sha256::of_bytes(bytes).to_hex(),
+        });
         pkg.artifacts.into_iter().try_for_each(&mut add)?;
     }
     lock_inputs.sort_by(|a, b| a.path.cmp(&b.path));
@@ -215,7 +238,12 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
                 version: version.to_string(),
             }
         });
-        let builds = rel.systems.entry(*system).or_default().entry(cuda.to_string()).or_default();
+        let builds = rel
+            .systems
+            .entry(*system)
+            .or_default()
+            .entry(cuda.to_string())
+            .or_default();
         *builds.slot(*source) = Some(LockedArtifact::from_artifact(a));
     }
 
@@ -240,7 +268,10 @@ impl Lock {
     /// Parses and validates a lock file (`origin` names it in errors).
     pub fn from_bytes(origin: &str, bytes: &[u8]) -> Result<Lock> {
         let lock: Lock = serde_json::from_slice(bytes).map_err(|e| {
-            Error::upstream(origin, format!("not a valid lock: {e}; regenerate it with `deepep-nix lock --offline`"))
+            Error::upstream(
+                origin,
+                format!("not a valid lock: {e}; regenerate it with `deepep-nix lock --offline`"),
+            )
         })?;
         if lock.schema_version != SCHEMA_VERSION {
             return Err(Error::upstream(
@@ -252,15 +283,23 @@ impl Lock {
         for r in &lock.releases {
             let v: Version = r.version.parse()?;
             if prev.as_ref().is_some_and(|p| *p >= v) {
-                return Err(Error::upstream(origin, format!("releases are not sorted by version at {v}")));
+                return Err(Error::upstream(
+                    origin,
+                    format!("releases are not sorted by version at {v}"),
+                ));
             }
             for builds in r.systems.values() {
                 for b in builds.values() {
                     for s in b.sources() {
                         let a = b.get(s).expect("listed");
-                        let d = Sha256::from_hex(&a.sha256).map_err(|e| Error::upstream(origin, format!("{} {}: {e}", r.version, a.filename)))?;
+                        let d = Sha256::from_hex(&a.sha256).map_err(|e| {
+                            Error::upstream(origin, format!("{} {}: {e}", r.version, a.filename))
+                        })?;
                         if d.to_sri() != a.hash {
-                            return Err(Error::upstream(origin, format!("{} {}: hash and sha256 disagree", r.version, a.filename)));
+                            return Err(Error::upstream(
+                                origin,
+                                format!("{} {}: hash and sha256 disagree", r.version, a.filename),
+                            ));
                         }
                     }
                 }
@@ -272,15 +311,21 @@ impl Lock {
 
     /// The release with this version, if locked.
     pub fn release(&self, version: &Version) -> Option<&Release> {
-        self.releases.iter().find(|r| r.version.parse::<Version>().ok().as_ref() == Some(version))
+        self.releases
+            .iter()
+            .find(|r| r.version.parse::<Version>().ok().as_ref() == Some(version))
     }
 
     /// All artifacts with their coordinates, in lock order.
-    pub fn artifacts(&self) -> impl Iterator<Item = (&Release, System, &str, SourceKind, &LockedArtifact)> {
+    pub fn artifacts(
+        &self,
+    ) -> impl Iterator<Item = (&Release, System, &str, SourceKind, &LockedArtifact)> {
         self.releases.iter().flat_map(|r| {
             r.systems.iter().flat_map(move |(sys, builds)| {
                 builds.iter().flat_map(move |(cuda, b)| {
-                    b.sources().into_iter().map(move |s| (r, *sys, cuda.as_str(), s, b.get(s).expect("listed")))
+                    b.sources()
+                        .into_iter()
+                        .map(move |s| (r, *sys, cuda.as_str(), s, b.get(s).expect("listed")))
                 })
             })
         })

@@ -22,7 +22,8 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            e.downcast_ref::<deepep_nix::Error>().map_or(1, deepep_nix::Error::exit_code)
+            e.downcast_ref::<deepep_nix::Error>()
+                .map_or(1, deepep_nix::Error::exit_code)
         }
     };
     std::process::exit(code);

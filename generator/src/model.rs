@@ -58,7 +58,9 @@ impl FromStr for System {
         match s {
             "x86_64-linux" | "linux-x86_64" => Ok(System::X86_64Linux),
             "aarch64-linux" | "linux-sbsa" => Ok(System::Aarch64Linux),
-            _ => Err(Error::Usage(format!("unknown system {s:?}: use x86_64-linux or aarch64-linux"))),
+            _ => Err(Error::Usage(format!(
+                "unknown system {s:?}: use x86_64-linux or aarch64-linux"
+            ))),
         }
     }
 }
@@ -67,7 +69,19 @@ impl FromStr for System {
 pub const CUDA_MAJORS: [u32; 2] = [12, 13];
 
 /// Where an artifact comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// NVIDIA's redist tarballs (`redistrib_<version>.json` manifests).
@@ -112,7 +126,10 @@ pub struct Artifact {
 impl Artifact {
     /// Human-readable key used in duplicate errors: `3.4.5 x86_64-linux cuda13 pypi`.
     pub fn key(&self) -> String {
-        format!("{} {} cuda{} {}", self.version, self.system, self.cuda, self.source)
+        format!(
+            "{} {} cuda{} {}",
+            self.version, self.system, self.cuda, self.source
+        )
     }
 }
 

@@ -13,17 +13,26 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::hash::Sha256;
-use crate::model::{Artifact, SourceKind, System, CUDA_MAJORS, MAX_ARTIFACT_SIZE, MAX_METADATA_BYTES};
+use crate::model::{
+    Artifact, SourceKind, System, CUDA_MAJORS, MAX_ARTIFACT_SIZE, MAX_METADATA_BYTES,
+};
 use crate::version::Version;
 
 /// Default base of NVIDIA's NVSHMEM redist; manifests' `relative_path` is appended to it.
-pub const DEFAULT_REDIST_URL: &str = "https://developer.download.nvidia.com/compute/nvshmem/redist/";
+pub const DEFAULT_REDIST_URL: &str =
+    "https://developer.download.nvidia.com/compute/nvshmem/redist/";
 
 /// The package key inside NVSHMEM manifests.
 const PACKAGE: &str = "libnvshmem";
 
 /// Platform keys seen in NVIDIA redists that NVSHMEM does not ship for our systems; skipped.
-const UNSUPPORTED_PLATFORMS: &[&str] = &["linux-aarch64", "linux-ppc64le", "windows-x86_64", "linux-all", "source"];
+const UNSUPPORTED_PLATFORMS: &[&str] = &[
+    "linux-aarch64",
+    "linux-ppc64le",
+    "windows-x86_64",
+    "linux-all",
+    "source",
+];
 
 /// A parsed manifest: one release.
 #[derive(Debug, Clone)]
@@ -40,12 +49,19 @@ pub fn manifest_file_name(version: &Version) -> String {
 
 /// The version in a manifest file name, if it has the `redistrib_<version>.json` shape.
 pub fn version_from_file_name(name: &str) -> Option<Version> {
-    name.strip_prefix("redistrib_")?.strip_suffix(".json")?.parse().ok()
+    name.strip_prefix("redistrib_")?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
 }
 
 /// Joins a base URL and a relative path with exactly one slash.
 pub fn join_url(base: &str, rel: &str) -> String {
-    format!("{}/{}", base.trim_end_matches('/'), rel.trim_start_matches('/'))
+    format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        rel.trim_start_matches('/')
+    )
 }
 
 /// Versions listed on the redist index page (links to `redistrib_<version>.json`), sorted.
@@ -55,9 +71,14 @@ pub fn parse_index(html: &str) -> Vec<Version> {
     let mut rest = html;
     while let Some(pos) = rest.find("redistrib_") {
         let tail = &rest[pos + "redistrib_".len()..];
-        let end = tail.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(tail.len());
+        let end = tail
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(tail.len());
         let candidate = &tail[..end];
-        if let Some(ver) = candidate.strip_suffix('.').filter(|_| tail[end..].starts_with("json")) {
+        if let Some(ver) = candidate
+            .strip_suffix('.')
+            .filter(|_| tail[end..].starts_with("json"))
+        {
             if let Ok(v) = ver.parse::<Version>() {
                 found.insert(v);
             }
@@ -68,15 +89,30 @@ pub fn parse_index(html: &str) -> Vec<Version> {
 }
 
 fn obj<'a>(origin: &str, path: &str, v: &'a Value) -> Result<&'a Map<String, Value>> {
-    v.as_object()
-        .ok_or_else(|| Error::upstream(origin, format!("{path}: expected an object, found {}", type_name(v))))
+    v.as_object().ok_or_else(|| {
+        Error::upstream(
+            origin,
+            format!("{path}: expected an object, found {}", type_name(v)),
+        )
+    })
 }
 
-fn opt_str<'a>(origin: &str, path: &str, m: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>> {
+fn opt_str<'a>(
+    origin: &str,
+    path: &str,
+    m: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(Error::upstream(origin, format!("{path}.{key}: expected a string, found {}", type_name(other)))),
+        Some(other) => Err(Error::upstream(
+            origin,
+            format!(
+                "{path}.{key}: expected a string, found {}",
+                type_name(other)
+            ),
+        )),
     }
 }
 
@@ -102,11 +138,16 @@ pub(crate) fn check_date(origin: &str, path: &str, s: &str) -> Result<()> {
     let ok = b.len() == 10
         && b[4] == b'-'
         && b[7] == b'-'
-        && b.iter().enumerate().all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
     if ok {
         Ok(())
     } else {
-        Err(Error::upstream(origin, format!("{path}: expected a date YYYY-MM-DD, found {s:?}")))
+        Err(Error::upstream(
+            origin,
+            format!("{path}: expected a date YYYY-MM-DD, found {s:?}"),
+        ))
     }
 }
 
@@ -114,13 +155,27 @@ pub(crate) fn check_date(origin: &str, path: &str, s: &str) -> Result<()> {
 /// [`MAX_ARTIFACT_SIZE`].
 pub(crate) fn parse_size(origin: &str, path: &str, v: &Value) -> Result<u64> {
     let n = match v {
-        Value::String(s) => s
-            .parse::<u64>()
-            .map_err(|_| Error::upstream(origin, format!("{path}: size {s:?} is not a non-negative integer")))?,
-        Value::Number(n) => n
-            .as_u64()
-            .ok_or_else(|| Error::upstream(origin, format!("{path}: size {n} is not a non-negative integer")))?,
-        other => return Err(Error::upstream(origin, format!("{path}: size must be a string or number, found {}", type_name(other)))),
+        Value::String(s) => s.parse::<u64>().map_err(|_| {
+            Error::upstream(
+                origin,
+                format!("{path}: size {s:?} is not a non-negative integer"),
+            )
+        })?,
+        Value::Number(n) => n.as_u64().ok_or_else(|| {
+            Error::upstream(
+                origin,
+                format!("{path}: size {n} is not a non-negative integer"),
+            )
+        })?,
+        other => {
+            return Err(Error::upstream(
+                origin,
+                format!(
+                    "{path}: size must be a string or number, found {}",
+                    type_name(other)
+                ),
+            ))
+        }
     };
     if n > MAX_ARTIFACT_SIZE {
         return Err(Error::upstream(
@@ -133,8 +188,15 @@ pub(crate) fn parse_size(origin: &str, path: &str, v: &Value) -> Result<u64> {
 
 /// Rejects relative paths that are absolute or climb out of the redist directory.
 fn check_relative_path(origin: &str, path: &str, rel: &str) -> Result<()> {
-    if rel.is_empty() || rel.starts_with('/') || rel.split('/').any(|c| c == ".." || c.is_empty()) || rel.contains('\\') {
-        return Err(Error::upstream(origin, format!("{path}.relative_path {rel:?} is not a plain relative path")));
+    if rel.is_empty()
+        || rel.starts_with('/')
+        || rel.split('/').any(|c| c == ".." || c.is_empty())
+        || rel.contains('\\')
+    {
+        return Err(Error::upstream(
+            origin,
+            format!("{path}.relative_path {rel:?} is not a plain relative path"),
+        ));
     }
     Ok(())
 }
@@ -142,7 +204,10 @@ fn check_relative_path(origin: &str, path: &str, rel: &str) -> Result<()> {
 /// The CUDA major in a redist archive name such as `..._cuda13-archive.tar.xz`.
 fn cuda_from_path(rel: &str) -> Option<u32> {
     let pos = rel.rfind("_cuda")?;
-    let digits: String = rel[pos + 5..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let digits: String = rel[pos + 5..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     digits.parse().ok()
 }
 
@@ -152,27 +217,48 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
     if bytes.len() > MAX_METADATA_BYTES {
         return Err(Error::upstream(
             origin,
-            format!("{} bytes is larger than any manifest ({} bytes limit); refusing to parse", bytes.len(), MAX_METADATA_BYTES),
+            format!(
+                "{} bytes is larger than any manifest ({} bytes limit); refusing to parse",
+                bytes.len(),
+                MAX_METADATA_BYTES
+            ),
         ));
     }
-    let root: Value = serde_json::from_slice(bytes).map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
+    let root: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
     let top = obj(origin, "(top level)", &root)?;
     let release_date = opt_str(origin, "(top level)", top, "release_date")?.map(str::to_string);
     if let Some(d) = &release_date {
         check_date(origin, "release_date", d)?;
     }
     let label = opt_str(origin, "(top level)", top, "release_label")?;
-    let pkg_value = top.get(PACKAGE).ok_or_else(|| Error::upstream(origin, format!("missing key {PACKAGE:?} (the NVSHMEM package)")))?;
+    let pkg_value = top.get(PACKAGE).ok_or_else(|| {
+        Error::upstream(
+            origin,
+            format!("missing key {PACKAGE:?} (the NVSHMEM package)"),
+        )
+    })?;
     let pkg = obj(origin, PACKAGE, pkg_value)?;
     let version_text = opt_str(origin, PACKAGE, pkg, "version")?
         .or(label)
-        .ok_or_else(|| Error::upstream(origin, format!("missing key {PACKAGE}.version (and no release_label)")))?;
-    let version: Version = version_text
-        .parse()
-        .map_err(|_| Error::upstream(origin, format!("{PACKAGE}.version {version_text:?} is not a release version")))?;
+        .ok_or_else(|| {
+            Error::upstream(
+                origin,
+                format!("missing key {PACKAGE}.version (and no release_label)"),
+            )
+        })?;
+    let version: Version = version_text.parse().map_err(|_| {
+        Error::upstream(
+            origin,
+            format!("{PACKAGE}.version {version_text:?} is not a release version"),
+        )
+    })?;
     if let Some(file_version) = origin.rsplit('/').next().and_then(version_from_file_name) {
         if file_version != version {
-            return Err(Error::upstream(origin, format!("file name says {file_version} but the manifest says {version}")));
+            return Err(Error::upstream(
+                origin,
+                format!("file name says {file_version} but the manifest says {version}"),
+            ));
         }
     }
 
@@ -237,7 +323,10 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
         for (major, path, leaf) in leaves {
             if let Some(vs) = &variants {
                 if !vs.contains(&major) {
-                    return Err(Error::upstream(origin, format!("{path}: cuda{major} is not listed in cuda_variant {vs:?}")));
+                    return Err(Error::upstream(
+                        origin,
+                        format!("{path}: cuda{major} is not listed in cuda_variant {vs:?}"),
+                    ));
                 }
             }
             if !CUDA_MAJORS.contains(&major) {
@@ -247,13 +336,20 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
             let rel = req_str(origin, &path, leaf, "relative_path")?;
             check_relative_path(origin, &path, rel)?;
             let sha_text = req_str(origin, &path, leaf, "sha256")?;
-            let sha256 = Sha256::from_hex(sha_text).map_err(|e| Error::upstream(origin, format!("{path}.sha256: {e}")))?;
+            let sha256 = Sha256::from_hex(sha_text)
+                .map_err(|e| Error::upstream(origin, format!("{path}.sha256: {e}")))?;
             if let Some(md5) = opt_str(origin, &path, leaf, "md5")? {
                 if md5.len() != 32 || !md5.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(Error::upstream(origin, format!("{path}.md5 {md5:?} is not 32 hex digits")));
+                    return Err(Error::upstream(
+                        origin,
+                        format!("{path}.md5 {md5:?} is not 32 hex digits"),
+                    ));
                 }
             }
-            let size = leaf.get("size").map(|v| parse_size(origin, &format!("{path}.size"), v)).transpose()?;
+            let size = leaf
+                .get("size")
+                .map(|v| parse_size(origin, &format!("{path}.size"), v))
+                .transpose()?;
             let filename = rel.rsplit('/').next().unwrap_or(rel).to_string();
             artifacts.push(Artifact {
                 version: version.clone(),
@@ -269,7 +365,11 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
         }
     }
     artifacts.sort_by_key(|a| (a.system, a.cuda));
-    Ok(Manifest { version, release_date, artifacts })
+    Ok(Manifest {
+        version,
+        release_date,
+        artifacts,
+    })
 }
 
 #[cfg(test)]
@@ -286,7 +386,12 @@ mod tests {
 
     #[test]
     fn cuda_major_from_archive_name() {
-        assert_eq!(cuda_from_path("libnvshmem/linux-sbsa/libnvshmem-linux-sbsa-3.3.9_cuda12-archive.tar.xz"), Some(12));
+        assert_eq!(
+            cuda_from_path(
+                "libnvshmem/linux-sbsa/libnvshmem-linux-sbsa-3.3.9_cuda12-archive.tar.xz"
+            ),
+            Some(12)
+        );
         assert_eq!(cuda_from_path("libnvshmem-3.3.9-archive.tar.xz"), None);
     }
 }

@@ -24,7 +24,11 @@ pub enum Status {
     Created,
     Deleted,
     /// Lines only in the new / only in the old version, and the first line (1-based) that differs.
-    Modified { added: usize, removed: usize, first_line: usize },
+    Modified {
+        added: usize,
+        removed: usize,
+        first_line: usize,
+    },
 }
 
 /// The status of one path.
@@ -41,7 +45,11 @@ impl fmt::Display for FileStatus {
             Status::Unchanged => write!(f, "unchanged  {p}"),
             Status::Created => write!(f, "new        {p}"),
             Status::Deleted => write!(f, "removed    {p}"),
-            Status::Modified { added, removed, first_line } => {
+            Status::Modified {
+                added,
+                removed,
+                first_line,
+            } => {
                 write!(f, "changed    {p} (+{added} -{removed} lines, first difference at line {first_line})")
             }
         }
@@ -55,7 +63,12 @@ fn line_diff(old: &[u8], new: &[u8]) -> Status {
     let new_s = String::from_utf8_lossy(new);
     let old_lines: Vec<&str> = old_s.split_inclusive('\n').collect();
     let new_lines: Vec<&str> = new_s.split_inclusive('\n').collect();
-    let first_line = old_lines.iter().zip(&new_lines).take_while(|(a, b)| a == b).count() + 1;
+    let first_line = old_lines
+        .iter()
+        .zip(&new_lines)
+        .take_while(|(a, b)| a == b)
+        .count()
+        + 1;
     let mut counts: HashMap<&str, isize> = HashMap::new();
     for l in &old_lines {
         *counts.entry(l).or_default() -= 1;
@@ -63,9 +76,21 @@ fn line_diff(old: &[u8], new: &[u8]) -> Status {
     for l in &new_lines {
         *counts.entry(l).or_default() += 1;
     }
-    let added = counts.values().filter(|c| **c > 0).map(|c| *c as usize).sum();
-    let removed = counts.values().filter(|c| **c < 0).map(|c| c.unsigned_abs()).sum();
-    Status::Modified { added, removed, first_line }
+    let added = counts
+        .values()
+        .filter(|c| **c > 0)
+        .map(|c| *c as usize)
+        .sum();
+    let removed = counts
+        .values()
+        .filter(|c| **c < 0)
+        .map(|c| c.unsigned_abs())
+        .sum();
+    Status::Modified {
+        added,
+        removed,
+        first_line,
+    }
 }
 
 /// An ordered set of changes.
@@ -76,7 +101,10 @@ pub struct Plan {
 
 impl Plan {
     pub fn write(&mut self, path: impl Into<PathBuf>, bytes: impl Into<Vec<u8>>) {
-        self.changes.push(Change::Write { path: path.into(), bytes: bytes.into() });
+        self.changes.push(Change::Write {
+            path: path.into(),
+            bytes: bytes.into(),
+        });
     }
 
     pub fn delete(&mut self, path: impl Into<PathBuf>) {
@@ -98,9 +126,19 @@ impl Plan {
                         };
                         (path, status)
                     }
-                    Change::Delete { path } => (path, if path.exists() { Status::Deleted } else { Status::Unchanged }),
+                    Change::Delete { path } => (
+                        path,
+                        if path.exists() {
+                            Status::Deleted
+                        } else {
+                            Status::Unchanged
+                        },
+                    ),
                 };
-                Ok(FileStatus { path: path.clone(), status })
+                Ok(FileStatus {
+                    path: path.clone(),
+                    status,
+                })
             })
             .collect()
     }
@@ -118,7 +156,9 @@ impl Plan {
                     .prefix(".deepep-nix-")
                     .tempfile_in(dir)
                     .map_err(|e| Error::io(dir, e))?;
-                tmp.write_all(bytes).and_then(|_| tmp.as_file().sync_all()).map_err(|e| Error::io(tmp.path(), e))?;
+                tmp.write_all(bytes)
+                    .and_then(|_| tmp.as_file().sync_all())
+                    .map_err(|e| Error::io(tmp.path(), e))?;
                 staged.push((tmp, path));
             }
         }
@@ -145,7 +185,8 @@ fn set_readable(path: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| Error::io(path, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(path, e))?;
     }
     Ok(())
 }
@@ -161,8 +202,22 @@ mod tests {
 
     #[test]
     fn diff_counts_lines() {
-        assert_eq!(line_diff(b"a\nb\nc\n", b"a\nx\nc\n"), Status::Modified { added: 1, removed: 1, first_line: 2 });
-        assert_eq!(line_diff(b"a\n", b"a\nb\n"), Status::Modified { added: 1, removed: 0, first_line: 2 });
+        assert_eq!(
+            line_diff(b"a\nb\nc\n", b"a\nx\nc\n"),
+            Status::Modified {
+                added: 1,
+                removed: 1,
+                first_line: 2
+            }
+        );
+        assert_eq!(
+            line_diff(b"a\n", b"a\nb\n"),
+            Status::Modified {
+                added: 1,
+                removed: 0,
+                first_line: 2
+            }
+        );
     }
 
     #[test]
@@ -173,7 +228,10 @@ mod tests {
         plan.write(d.path().join("b.nix"), "2\n");
         let st = plan.apply().unwrap();
         assert!(st.iter().all(|s| s.status == Status::Created));
-        assert_eq!(std::fs::read_to_string(d.path().join("a/x.json")).unwrap(), "1\n");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("a/x.json")).unwrap(),
+            "1\n"
+        );
         assert!(!has_drift(&plan.statuses().unwrap()));
         // no temp files left behind
         let leftovers: Vec<_> = std::fs::read_dir(d.path().join("a")).unwrap().collect();

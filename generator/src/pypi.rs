@@ -56,7 +56,10 @@ pub fn wheel_system(filename: &str) -> Option<System> {
     let stem = filename.strip_suffix(".whl")?;
     let plat = stem.rsplit('-').next()?;
     let tags: Vec<&str> = plat.split('.').collect();
-    let all = |suffix: &str| tags.iter().all(|t| t.starts_with("manylinux") && t.ends_with(suffix));
+    let all = |suffix: &str| {
+        tags.iter()
+            .all(|t| t.starts_with("manylinux") && t.ends_with(suffix))
+    };
     if all("_x86_64") {
         Some(System::X86_64Linux)
     } else if all("_aarch64") {
@@ -70,56 +73,115 @@ pub fn wheel_system(filename: &str) -> Option<System> {
 /// URLs, which are kept. Some mirrors answer with relative ones (`../../packages/...`); these
 /// are rebuilt from the BLAKE2b-256 digest after checking that the relative URL ends with the
 /// same `<b2 path>/<filename>`.
-fn canonical_url(origin: &str, path: &str, url: &str, filename: &str, blake2b: Option<&str>) -> Result<String> {
+fn canonical_url(
+    origin: &str,
+    path: &str,
+    url: &str,
+    filename: &str,
+    blake2b: Option<&str>,
+) -> Result<String> {
     if url.starts_with("https://") || url.starts_with("http://") {
         return Ok(url.to_string());
     }
     let b2 = blake2b
         .filter(|b| b.len() == 64 && b.bytes().all(|c| c.is_ascii_hexdigit()))
-        .ok_or_else(|| Error::upstream(origin, format!("{path}: relative url {url:?} and no blake2b_256 digest to rebuild it from")))?;
+        .ok_or_else(|| {
+            Error::upstream(
+                origin,
+                format!(
+                    "{path}: relative url {url:?} and no blake2b_256 digest to rebuild it from"
+                ),
+            )
+        })?;
     let tail = format!("{}/{}/{}/{}", &b2[..2], &b2[2..4], &b2[4..], filename);
     if !url.ends_with(&tail) {
-        return Err(Error::upstream(origin, format!("{path}: relative url {url:?} does not end with {tail:?}")));
+        return Err(Error::upstream(
+            origin,
+            format!("{path}: relative url {url:?} does not end with {tail:?}"),
+        ));
     }
     Ok(format!("{FILES_HOST}/packages/{tail}"))
 }
 
-fn file_field<'a>(origin: &str, path: &str, f: &'a Map<String, Value>, key: &str) -> Result<&'a Value> {
-    f.get(key).ok_or_else(|| Error::upstream(origin, format!("{path}: missing key {key:?}")))
+fn file_field<'a>(
+    origin: &str,
+    path: &str,
+    f: &'a Map<String, Value>,
+    key: &str,
+) -> Result<&'a Value> {
+    f.get(key)
+        .ok_or_else(|| Error::upstream(origin, format!("{path}: missing key {key:?}")))
 }
 
 fn file_str<'a>(origin: &str, path: &str, f: &'a Map<String, Value>, key: &str) -> Result<&'a str> {
     let v = file_field(origin, path, f, key)?;
-    v.as_str().ok_or_else(|| Error::upstream(origin, format!("{path}.{key}: expected a string, found {}", type_name(v))))
+    v.as_str().ok_or_else(|| {
+        Error::upstream(
+            origin,
+            format!("{path}.{key}: expected a string, found {}", type_name(v)),
+        )
+    })
 }
 
 fn top_level(origin: &str, bytes: &[u8]) -> Result<Value> {
     if bytes.len() > MAX_METADATA_BYTES {
         return Err(Error::upstream(
             origin,
-            format!("{} bytes is larger than any PyPI project page ({} bytes limit); refusing to parse", bytes.len(), MAX_METADATA_BYTES),
+            format!(
+                "{} bytes is larger than any PyPI project page ({} bytes limit); refusing to parse",
+                bytes.len(),
+                MAX_METADATA_BYTES
+            ),
         ));
     }
-    let root: Value = serde_json::from_slice(bytes).map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
+    let root: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
     if !root.is_object() {
-        return Err(Error::upstream(origin, format!("(top level): expected an object, found {}", type_name(&root))));
+        return Err(Error::upstream(
+            origin,
+            format!(
+                "(top level): expected an object, found {}",
+                type_name(&root)
+            ),
+        ));
     }
     Ok(root)
 }
 
 fn releases<'a>(origin: &str, root: &'a Value) -> Result<&'a Map<String, Value>> {
-    let r = root.get("releases").ok_or_else(|| Error::upstream(origin, "missing key \"releases\""))?;
-    r.as_object().ok_or_else(|| Error::upstream(origin, format!("releases: expected an object, found {}", type_name(r))))
+    let r = root
+        .get("releases")
+        .ok_or_else(|| Error::upstream(origin, "missing key \"releases\""))?;
+    r.as_object().ok_or_else(|| {
+        Error::upstream(
+            origin,
+            format!("releases: expected an object, found {}", type_name(r)),
+        )
+    })
 }
 
 fn files_of<'a>(origin: &str, ver: &str, v: &'a Value) -> Result<Vec<&'a Map<String, Value>>> {
-    let arr = v
-        .as_array()
-        .ok_or_else(|| Error::upstream(origin, format!("releases.{ver}: expected an array of files, found {}", type_name(v))))?;
+    let arr = v.as_array().ok_or_else(|| {
+        Error::upstream(
+            origin,
+            format!(
+                "releases.{ver}: expected an array of files, found {}",
+                type_name(v)
+            ),
+        )
+    })?;
     arr.iter()
         .enumerate()
         .map(|(i, f)| {
-            f.as_object().ok_or_else(|| Error::upstream(origin, format!("releases.{ver}[{i}]: expected an object, found {}", type_name(f))))
+            f.as_object().ok_or_else(|| {
+                Error::upstream(
+                    origin,
+                    format!(
+                        "releases.{ver}[{i}]: expected an object, found {}",
+                        type_name(f)
+                    ),
+                )
+            })
         })
         .collect()
 }
@@ -128,10 +190,17 @@ fn files_of<'a>(origin: &str, ver: &str, v: &'a Value) -> Result<Vec<&'a Map<Str
 /// non-yanked manylinux x86_64/aarch64 wheels of release versions `>= min`.
 pub fn parse(origin: &str, bytes: &[u8], cuda: u32, min: &Version) -> Result<PypiPackage> {
     let root = top_level(origin, bytes)?;
-    if let Some(name) = root.get("info").and_then(|i| i.get("name")).and_then(Value::as_str) {
+    if let Some(name) = root
+        .get("info")
+        .and_then(|i| i.get("name"))
+        .and_then(Value::as_str)
+    {
         let expected = package_name(cuda);
         if name != expected {
-            return Err(Error::upstream(origin, format!("info.name is {name:?}, expected {expected:?}")));
+            return Err(Error::upstream(
+                origin,
+                format!("info.name is {name:?}, expected {expected:?}"),
+            ));
         }
     }
     let mut out = PypiPackage::default();
@@ -160,28 +229,53 @@ pub fn parse(origin: &str, bytes: &[u8], cuda: u32, min: &Version) -> Result<Pyp
             if packagetype != "bdist_wheel" {
                 continue;
             }
-            let Some(system) = wheel_system(filename) else { continue };
+            let Some(system) = wheel_system(filename) else {
+                continue;
+            };
             if f.get("yanked").and_then(Value::as_bool).unwrap_or(false) {
                 tracing::info!("{origin}: skipping yanked {filename}");
                 continue;
             }
             let wheel_version = filename.split('-').nth(1).unwrap_or("");
             if wheel_version.parse::<Version>().ok().as_ref() != Some(&version) {
-                return Err(Error::upstream(origin, format!("{path}: {filename} is not a wheel of version {ver_text}")));
+                return Err(Error::upstream(
+                    origin,
+                    format!("{path}: {filename} is not a wheel of version {ver_text}"),
+                ));
             }
             let digests = file_field(origin, &path, f, "digests")?;
-            let digests = digests
-                .as_object()
-                .ok_or_else(|| Error::upstream(origin, format!("{path}.digests: expected an object, found {}", type_name(digests))))?;
+            let digests = digests.as_object().ok_or_else(|| {
+                Error::upstream(
+                    origin,
+                    format!(
+                        "{path}.digests: expected an object, found {}",
+                        type_name(digests)
+                    ),
+                )
+            })?;
             let sha_text = file_str(origin, &format!("{path}.digests"), digests, "sha256")?;
-            let sha256 = Sha256::from_hex(sha_text).map_err(|e| Error::upstream(origin, format!("{path}.digests.sha256: {e}")))?;
-            let size = parse_size(origin, &format!("{path}.size"), file_field(origin, &path, f, "size")?)?;
+            let sha256 = Sha256::from_hex(sha_text)
+                .map_err(|e| Error::upstream(origin, format!("{path}.digests.sha256: {e}")))?;
+            let size = parse_size(
+                origin,
+                &format!("{path}.size"),
+                file_field(origin, &path, f, "size")?,
+            )?;
             let url = file_str(origin, &path, f, "url")?;
-            let url = canonical_url(origin, &path, url, filename, digests.get("blake2b_256").and_then(Value::as_str))?;
+            let url = canonical_url(
+                origin,
+                &path,
+                url,
+                filename,
+                digests.get("blake2b_256").and_then(Value::as_str),
+            )?;
             if let Some(upload) = f.get("upload_time_iso_8601").and_then(Value::as_str) {
                 let date = upload.get(..10).unwrap_or(upload);
                 check_date(origin, &format!("{path}.upload_time_iso_8601"), date)?;
-                let entry = out.upload_dates.entry(version.clone()).or_insert_with(|| date.to_string());
+                let entry = out
+                    .upload_dates
+                    .entry(version.clone())
+                    .or_insert_with(|| date.to_string());
                 if date < entry.as_str() {
                     *entry = date.to_string();
                 }
@@ -206,7 +300,8 @@ pub fn parse(origin: &str, bytes: &[u8], cuda: u32, min: &Version) -> Result<Pyp
             });
         }
     }
-    out.artifacts.sort_by(|a, b| (&a.version, a.system).cmp(&(&b.version, b.system)));
+    out.artifacts
+        .sort_by(|a, b| (&a.version, a.system).cmp(&(&b.version, b.system)));
     Ok(out)
 }
 
@@ -229,7 +324,12 @@ pub fn reduce(origin: &str, bytes: &[u8], cuda: u32) -> Result<Vec<u8>> {
                 continue; // sdists, other platforms
             }
             let digests = f.get("digests").and_then(Value::as_object);
-            let pick = |k: &str| digests.and_then(|d| d.get(k)).cloned().unwrap_or(Value::Null);
+            let pick = |k: &str| {
+                digests
+                    .and_then(|d| d.get(k))
+                    .cloned()
+                    .unwrap_or(Value::Null)
+            };
             let mut d = Map::new();
             for k in ["blake2b_256", "sha256"] {
                 if !pick(k).is_null() {
@@ -237,7 +337,9 @@ pub fn reduce(origin: &str, bytes: &[u8], cuda: u32) -> Result<Vec<u8>> {
                 }
             }
             let url = file_str(origin, &path, f, "url")?;
-            let b2 = digests.and_then(|d| d.get("blake2b_256")).and_then(Value::as_str);
+            let b2 = digests
+                .and_then(|d| d.get("blake2b_256"))
+                .and_then(Value::as_str);
             let url = canonical_url(origin, &path, url, filename, b2)?;
             let mut entry = Map::new();
             entry.insert("digests".into(), Value::Object(d));
@@ -273,10 +375,19 @@ mod tests {
     fn wheel_platforms() {
         let x = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
         assert_eq!(wheel_system(x), Some(System::X86_64Linux));
-        assert_eq!(wheel_system("nvidia_nvshmem_cu12-3.3.9-py3-none-manylinux_2_29_aarch64.whl"), Some(System::Aarch64Linux));
-        assert_eq!(wheel_system("nvidia_nvshmem_cu13-0.0.0a0-py2.py3-none-any.whl"), None);
+        assert_eq!(
+            wheel_system("nvidia_nvshmem_cu12-3.3.9-py3-none-manylinux_2_29_aarch64.whl"),
+            Some(System::Aarch64Linux)
+        );
+        assert_eq!(
+            wheel_system("nvidia_nvshmem_cu13-0.0.0a0-py2.py3-none-any.whl"),
+            None
+        );
         assert_eq!(wheel_system("x-1.0-py3-none-win_amd64.whl"), None);
-        assert_eq!(wheel_system("x-1.0-py3-none-musllinux_1_2_x86_64.whl"), None);
+        assert_eq!(
+            wheel_system("x-1.0-py3-none-musllinux_1_2_x86_64.whl"),
+            None
+        );
     }
 
     #[test]
@@ -285,7 +396,13 @@ mod tests {
         let f = "w-1-py3-none-manylinux2014_x86_64.whl";
         let rel = format!("../../packages/packages/3c/35/{}/{f}", &b2[4..]);
         let url = canonical_url("t", "p", &rel, f, Some(b2)).unwrap();
-        assert_eq!(url, format!("https://files.pythonhosted.org/packages/3c/35/{}/{f}", &b2[4..]));
+        assert_eq!(
+            url,
+            format!(
+                "https://files.pythonhosted.org/packages/3c/35/{}/{f}",
+                &b2[4..]
+            )
+        );
         assert!(canonical_url("t", "p", "../../elsewhere/x.whl", f, Some(b2)).is_err());
         assert!(canonical_url("t", "p", &rel, f, None).is_err());
     }

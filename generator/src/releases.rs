@@ -46,7 +46,10 @@ fn first_with_cuda(lock: &Lock, cuda: u32) -> Option<&str> {
 }
 
 fn cell(lock: &Lock, r: &Release, system: System, cuda: u32) -> Cell {
-    let builds = r.systems.get(&system).and_then(|b| b.get(&cuda.to_string()));
+    let builds = r
+        .systems
+        .get(&system)
+        .and_then(|b| b.get(&cuda.to_string()));
     let sources = builds.map(|b| b.sources()).unwrap_or_default();
     let has = |s| sources.contains(&s);
     let no_nvidia = || match &r.nvidia_manifest {
@@ -72,10 +75,22 @@ fn cell(lock: &Lock, r: &Release, system: System, cuda: u32) -> Cell {
         .iter()
         .map(|s| {
             let a: &LockedArtifact = builds.and_then(|b| b.get(*s)).expect("listed source");
-            ArtifactView { source: *s, filename: a.filename.clone(), hash: a.hash.clone(), size: a.size, url: a.url.clone() }
+            ArtifactView {
+                source: *s,
+                filename: a.filename.clone(),
+                hash: a.hash.clone(),
+                size: a.size,
+                url: a.url.clone(),
+            }
         })
         .collect();
-    Cell { system, cuda, sources, gap, artifacts }
+    Cell {
+        system,
+        cuda,
+        sources,
+        gap,
+        artifacts,
+    }
 }
 
 /// Rows for every locked release, every system and CUDA major.
@@ -99,32 +114,58 @@ fn sources_text(c: &Cell) -> String {
     if c.sources.is_empty() {
         "-".into()
     } else {
-        c.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("+")
+        c.sources
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
     }
 }
 
 /// The table: one line per release, one column per system x CUDA major, then the gaps, and
 /// with `hashes` one line per artifact.
 pub fn table(rows: &[Row], hashes: bool) -> String {
-    let Some(first) = rows.first() else { return "the lock holds no releases\n".into() };
+    let Some(first) = rows.first() else {
+        return "the lock holds no releases\n".into();
+    };
     let mut header = vec!["VERSION".to_string(), "DATE".to_string()];
-    header.extend(first.builds.iter().map(|c| format!("{}/cuda{}", c.system, c.cuda)));
+    header.extend(
+        first
+            .builds
+            .iter()
+            .map(|c| format!("{}/cuda{}", c.system, c.cuda)),
+    );
     let mut lines: Vec<Vec<String>> = vec![header];
     for r in rows {
-        let mut l = vec![r.version.clone(), r.release_date.clone().unwrap_or_else(|| "unknown".into())];
+        let mut l = vec![
+            r.version.clone(),
+            r.release_date.clone().unwrap_or_else(|| "unknown".into()),
+        ];
         l.extend(r.builds.iter().map(sources_text));
         lines.push(l);
     }
-    let widths: Vec<usize> = (0..lines[0].len()).map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
+        .collect();
     let mut out = String::new();
     for l in &lines {
-        let cells: Vec<String> = l.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
     let gaps: Vec<String> = rows
         .iter()
-        .flat_map(|r| r.builds.iter().filter_map(move |c| c.gap.as_ref().map(|g| format!("  {} {} cuda{}: {g}", r.version, c.system, c.cuda))))
+        .flat_map(|r| {
+            r.builds.iter().filter_map(move |c| {
+                c.gap
+                    .as_ref()
+                    .map(|g| format!("  {} {} cuda{}: {g}", r.version, c.system, c.cuda))
+            })
+        })
         .collect();
     if !gaps.is_empty() {
         out.push_str("\ngaps:\n");
@@ -138,8 +179,18 @@ pub fn table(rows: &[Row], hashes: bool) -> String {
         for r in rows {
             for c in &r.builds {
                 for a in &c.artifacts {
-                    let size = a.size.map_or("size unknown".to_string(), |s| format!("{s} bytes"));
-                    out.push_str(&format!("  {} {} cuda{} {:<6} {} {size} {}\n", r.version, c.system, c.cuda, a.source.as_str(), a.hash, a.filename));
+                    let size = a
+                        .size
+                        .map_or("size unknown".to_string(), |s| format!("{s} bytes"));
+                    out.push_str(&format!(
+                        "  {} {} cuda{} {:<6} {} {size} {}\n",
+                        r.version,
+                        c.system,
+                        c.cuda,
+                        a.source.as_str(),
+                        a.hash,
+                        a.filename
+                    ));
                 }
             }
         }

@@ -57,12 +57,16 @@ pub fn render_releases_nix(lock: &Lock, lock_bytes: &[u8]) -> Result<String> {
             msg = format!("{msg}: {s}");
             src = s.source();
         }
-        Error::Template { template: TEMPLATE_NAME.into(), msg }
+        Error::Template {
+            template: TEMPLATE_NAME.into(),
+            msg,
+        }
     };
     let mut tera = Tera::default();
     tera.autoescape_on(vec![]);
     tera.register_filter("nix", nix_filter);
-    tera.add_raw_template(TEMPLATE_NAME, TEMPLATE).map_err(err)?;
+    tera.add_raw_template(TEMPLATE_NAME, TEMPLATE)
+        .map_err(err)?;
     let mut ctx = Context::new();
     let lock_value = serde_json::to_value(lock).expect("the lock serialises");
     ctx.insert("releases", &lock_value["releases"]);
@@ -82,7 +86,10 @@ mod tests {
 
     #[test]
     fn nix_literals_escape() {
-        assert_eq!(nix_literal(&json!("a\"b\\c${x}$y")).unwrap(), r#""a\"b\\c\${x}$y""#);
+        assert_eq!(
+            nix_literal(&json!("a\"b\\c${x}$y")).unwrap(),
+            r#""a\"b\\c\${x}$y""#
+        );
         assert_eq!(nix_literal(&json!(null)).unwrap(), "null");
         assert_eq!(nix_literal(&json!(190224128u64)).unwrap(), "190224128");
         assert!(nix_literal(&json!([1])).is_err());

@@ -55,12 +55,18 @@ impl RepoPaths {
 pub fn find_repo(explicit: Option<&Path>) -> Result<Option<RepoPaths>> {
     if let Some(dir) = explicit {
         if !dir.is_dir() {
-            return Err(Error::Usage(format!("--repo {}: not a directory; create it first or pass an existing checkout", dir.display())));
+            return Err(Error::Usage(format!(
+                "--repo {}: not a directory; create it first or pass an existing checkout",
+                dir.display()
+            )));
         }
         return Ok(Some(RepoPaths::new(dir)));
     }
     let cwd = std::env::current_dir().map_err(|e| Error::io(".", e))?;
-    Ok(cwd.ancestors().find(|d| d.join(DATA_DIR).is_dir()).map(RepoPaths::new))
+    Ok(cwd
+        .ancestors()
+        .find(|d| d.join(DATA_DIR).is_dir())
+        .map(RepoPaths::new))
 }
 
 /// Where a piece of data was read from, for messages.
@@ -82,7 +88,10 @@ impl std::fmt::Display for Origin {
 /// The embedded snapshot.
 pub fn embedded_inputs() -> Inputs {
     let table = |t: &[(&str, &[u8])]| t.iter().map(|(n, b)| (n.to_string(), b.to_vec())).collect();
-    Inputs { nvidia: table(embedded::NVIDIA), pypi: table(embedded::PYPI) }
+    Inputs {
+        nvidia: table(embedded::NVIDIA),
+        pypi: table(embedded::PYPI),
+    }
 }
 
 /// The embedded lock, if the binary was built with one.
@@ -110,8 +119,16 @@ pub fn read_inputs(repo: Option<&RepoPaths>) -> Result<(Inputs, Origin)> {
     if let Some(r) = repo {
         let m = r.manifests();
         if m.is_dir() {
-            let nvidia = if r.nvidia_dir().is_dir() { read_json_dir(&r.nvidia_dir())? } else { Default::default() };
-            let pypi = if r.pypi_dir().is_dir() { read_json_dir(&r.pypi_dir())? } else { Default::default() };
+            let nvidia = if r.nvidia_dir().is_dir() {
+                read_json_dir(&r.nvidia_dir())?
+            } else {
+                Default::default()
+            };
+            let pypi = if r.pypi_dir().is_dir() {
+                read_json_dir(&r.pypi_dir())?
+            } else {
+                Default::default()
+            };
             return Ok((Inputs { nvidia, pypi }, Origin::Disk(m)));
         }
     }

@@ -21,7 +21,10 @@ pub struct Pinned {
 
 impl Pinned {
     pub fn describe(&self) -> String {
-        format!("{} {} cuda{} {}", self.version, self.system, self.cuda, self.source)
+        format!(
+            "{} {} cuda{} {}",
+            self.version, self.system, self.cuda, self.source
+        )
     }
 }
 
@@ -37,7 +40,10 @@ pub struct Selector {
 
 impl Selector {
     pub fn is_empty(&self) -> bool {
-        self.version.is_none() && self.system.is_none() && self.cuda.is_none() && self.source.is_none()
+        self.version.is_none()
+            && self.system.is_none()
+            && self.cuda.is_none()
+            && self.source.is_none()
     }
 }
 
@@ -45,22 +51,40 @@ impl Selector {
 pub fn by_filename(lock: &Lock, name: &str) -> Vec<Pinned> {
     lock.artifacts()
         .filter(|(_, _, _, _, a)| a.filename == name)
-        .map(|(r, system, cuda, source, a)| Pinned { version: r.version.clone(), system, cuda: cuda.to_string(), source, artifact: a.clone() })
+        .map(|(r, system, cuda, source, a)| Pinned {
+            version: r.version.clone(),
+            system,
+            cuda: cuda.to_string(),
+            source,
+            artifact: a.clone(),
+        })
         .collect()
 }
 
 /// Picks exactly one artifact. `--version` and `--cuda` are required; the system defaults
 /// to the host's. Errors name what is missing and what exists instead.
 pub fn select(lock: &Lock, sel: &Selector) -> Result<Pinned> {
-    let version = sel.version.as_ref().ok_or_else(|| Error::Usage("--version is required (see `deepep-nix releases`)".into()))?;
-    let cuda = sel.cuda.ok_or_else(|| Error::Usage("--cuda 12|13 is required".into()))?;
+    let version = sel
+        .version
+        .as_ref()
+        .ok_or_else(|| Error::Usage("--version is required (see `deepep-nix releases`)".into()))?;
+    let cuda = sel
+        .cuda
+        .ok_or_else(|| Error::Usage("--cuda 12|13 is required".into()))?;
     let system = match sel.system {
         Some(s) => s,
-        None => System::host().ok_or_else(|| Error::Usage("this CPU has no NVSHMEM builds; pass --system x86_64-linux|aarch64-linux".into()))?,
+        None => System::host().ok_or_else(|| {
+            Error::Usage(
+                "this CPU has no NVSHMEM builds; pass --system x86_64-linux|aarch64-linux".into(),
+            )
+        })?,
     };
     let release = lock.release(version).ok_or_else(|| {
         let known: Vec<&str> = lock.releases.iter().map(|r| r.version.as_str()).collect();
-        Error::Usage(format!("NVSHMEM {version} is not in the lock; locked versions: {}", known.join(", ")))
+        Error::Usage(format!(
+            "NVSHMEM {version} is not in the lock; locked versions: {}",
+            known.join(", ")
+        ))
     })?;
     let builds = release.systems.get(&system).and_then(|s| s.get(&cuda.to_string())).ok_or_else(|| {
         Error::Usage(format!(
@@ -69,7 +93,11 @@ pub fn select(lock: &Lock, sel: &Selector) -> Result<Pinned> {
     })?;
     let source = match sel.source {
         Some(s) => s,
-        None => builds.sources().first().copied().expect("a locked cell has at least one source"),
+        None => builds
+            .sources()
+            .first()
+            .copied()
+            .expect("a locked cell has at least one source"),
     };
     let artifact = builds.get(source).ok_or_else(|| {
         let other: Vec<&str> = builds.sources().iter().map(|s| s.as_str()).collect();
@@ -78,7 +106,13 @@ pub fn select(lock: &Lock, sel: &Selector) -> Result<Pinned> {
             other.join(" | ")
         ))
     })?;
-    Ok(Pinned { version: release.version.clone(), system, cuda: cuda.to_string(), source, artifact: artifact.clone() })
+    Ok(Pinned {
+        version: release.version.clone(),
+        system,
+        cuda: cuda.to_string(),
+        source,
+        artifact: artifact.clone(),
+    })
 }
 
 /// What to do with a file that fails verification.
@@ -101,18 +135,34 @@ pub fn check_file(path: &Path, pinned: &LockedArtifact, on_mismatch: OnMismatch)
             },
             OnMismatch::Keep => "the file was left in place; do not use it".to_string(),
         };
-        Error::Verify { file: path.to_path_buf(), what, expected, actual, disposition }
+        Error::Verify {
+            file: path.to_path_buf(),
+            what,
+            expected,
+            actual,
+            disposition,
+        }
     };
-    let actual_size = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    let actual_size = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
     if let Some(expected) = pinned.size {
         if expected != actual_size {
-            return Err(fail("size", format!("{expected} bytes"), format!("{actual_size} bytes")));
+            return Err(fail(
+                "size",
+                format!("{expected} bytes"),
+                format!("{actual_size} bytes"),
+            ));
         }
     }
     let expected = pinned.digest()?;
     let (actual, _) = Sha256::of_file(path)?;
     if actual != expected {
-        return Err(fail("sha256", format!("{} ({})", expected.to_hex(), expected.to_sri()), format!("{} ({})", actual.to_hex(), actual.to_sri())));
+        return Err(fail(
+            "sha256",
+            format!("{} ({})", expected.to_hex(), expected.to_sri()),
+            format!("{} ({})", actual.to_hex(), actual.to_sri()),
+        ));
     }
     Ok(actual)
 }
@@ -124,7 +174,13 @@ pub fn fetch_verified(http: &Http, pinned: &Pinned, dest_dir: &Path) -> Result<P
     std::fs::create_dir_all(dest_dir).map_err(|e| Error::io(dest_dir, e))?;
     let a = &pinned.artifact;
     if a.filename.contains('/') || a.filename.starts_with('.') || a.filename.is_empty() {
-        return Err(Error::upstream("lock", format!("artifact file name {:?} is not a plain file name", a.filename)));
+        return Err(Error::upstream(
+            "lock",
+            format!(
+                "artifact file name {:?} is not a plain file name",
+                a.filename
+            ),
+        ));
     }
     let dest = dest_dir.join(&a.filename);
     if dest.is_file() {

@@ -37,7 +37,9 @@ impl Version {
 
     /// The DeepEP floor as a `Version`.
     pub fn deepep_min() -> Version {
-        DEEPEP_MIN_NVSHMEM.parse().expect("constant is a valid version")
+        DEEPEP_MIN_NVSHMEM
+            .parse()
+            .expect("constant is a valid version")
     }
 }
 
@@ -52,7 +54,10 @@ impl FromStr for Version {
         let parts = s
             .split('.')
             .map(|p| {
-                if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || (p.len() > 1 && p.starts_with('0')) {
+                if p.is_empty()
+                    || !p.bytes().all(|b| b.is_ascii_digit())
+                    || (p.len() > 1 && p.starts_with('0'))
+                {
                     Err(bad())
                 } else {
                     p.parse::<u32>().map_err(|_| bad())
@@ -62,7 +67,10 @@ impl FromStr for Version {
         if parts.len() > 4 {
             return Err(bad());
         }
-        Ok(Version { parts, text: s.to_string() })
+        Ok(Version {
+            parts,
+            text: s.to_string(),
+        })
     }
 }
 
@@ -122,7 +130,16 @@ mod tests {
 
     #[test]
     fn rejects_non_release_versions() {
-        for bad in ["", "0.0.0a0", "3..4", "3.4.5.post1", "v3.4.5", "03.4", "1.2.3.4.5", "3.4.99999999999"] {
+        for bad in [
+            "",
+            "0.0.0a0",
+            "3..4",
+            "3.4.5.post1",
+            "v3.4.5",
+            "03.4",
+            "1.2.3.4.5",
+            "3.4.99999999999",
+        ] {
             assert!(bad.parse::<Version>().is_err(), "{bad} should be rejected");
         }
     }

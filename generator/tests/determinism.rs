@@ -10,10 +10,26 @@ use common::{repo_root, run_in, snapshot, stderr, stdout};
 fn committed_files_pass_lock_offline_check() {
     let root = repo_root();
     let out = run_in(&root, &["lock", "--offline", "--check"]);
-    assert_eq!(out.status.code(), Some(0), "drift in committed files:\n{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).lines().all(|l| l.starts_with("unchanged")), "{}", stdout(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "drift in committed files:\n{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).lines().all(|l| l.starts_with("unchanged")),
+        "{}",
+        stdout(&out)
+    );
     let out = run_in(&root, &["render", "--check"]);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -24,7 +40,10 @@ fn lock_twice_gives_identical_bytes() {
     let first = run_in(repo.path(), &["lock", "--offline", "--repo", r]);
     assert!(first.status.success(), "{}", stderr(&first));
     let once = snapshot(repo.path());
-    assert_eq!(once, committed, "regenerating the committed files changes nothing");
+    assert_eq!(
+        once, committed,
+        "regenerating the committed files changes nothing"
+    );
     let second = run_in(repo.path(), &["lock", "--offline", "--repo", r]);
     assert!(second.status.success());
     assert_eq!(snapshot(repo.path()), once);
@@ -34,16 +53,27 @@ fn lock_twice_gives_identical_bytes() {
 fn check_reports_drift_and_writes_nothing() {
     let repo = common::temp_repo_with_committed_data();
     let lock = repo.path().join("pkgs/nvshmem/releases.json");
-    let edited = std::fs::read_to_string(&lock).unwrap().replacen("\"releaseDate\": \"2025-06-26\"", "\"releaseDate\": \"2025-06-27\"", 1);
+    let edited = std::fs::read_to_string(&lock).unwrap().replacen(
+        "\"releaseDate\": \"2025-06-26\"",
+        "\"releaseDate\": \"2025-06-27\"",
+        1,
+    );
     std::fs::write(&lock, &edited).unwrap();
     std::fs::remove_file(repo.path().join("pkgs/nvshmem/releases.nix")).unwrap();
     let before = snapshot(repo.path());
     let out = run_in(repo.path(), &["lock", "--offline", "--check"]);
     assert_eq!(out.status.code(), Some(1));
     let o = stdout(&out);
-    assert!(o.contains("changed") && o.contains("releases.json (+1 -1 lines"), "{o}");
+    assert!(
+        o.contains("changed") && o.contains("releases.json (+1 -1 lines"),
+        "{o}"
+    );
     assert!(o.contains("new") && o.contains("releases.nix"), "{o}");
-    assert!(stderr(&out).contains("drift: 2 file(s)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("drift: 2 file(s)"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(snapshot(repo.path()), before);
 }
 
@@ -51,12 +81,29 @@ fn check_reports_drift_and_writes_nothing() {
 fn embedded_snapshot_reproduces_the_checkout() {
     // A directory with no pkgs/nvshmem: inputs come from the binary itself.
     let empty = tempfile::tempdir().unwrap();
-    let out = run_in(empty.path(), &["lock", "--offline", "--repo", empty.path().to_str().unwrap()]);
+    let out = run_in(
+        empty.path(),
+        &[
+            "lock",
+            "--offline",
+            "--repo",
+            empty.path().to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let data = empty.path().join("pkgs/nvshmem");
     let committed = repo_root().join("pkgs/nvshmem");
-    for rel in ["releases.json", "releases.nix", "manifests/pypi/nvidia-nvshmem-cu13.json", "manifests/nvidia/redistrib_3.3.9.json"] {
-        assert_eq!(std::fs::read(data.join(rel)).unwrap(), std::fs::read(committed.join(rel)).unwrap(), "{rel}");
+    for rel in [
+        "releases.json",
+        "releases.nix",
+        "manifests/pypi/nvidia-nvshmem-cu13.json",
+        "manifests/nvidia/redistrib_3.3.9.json",
+    ] {
+        assert_eq!(
+            std::fs::read(data.join(rel)).unwrap(),
+            std::fs::read(committed.join(rel)).unwrap(),
+            "{rel}"
+        );
     }
     // Without a checkout, `lock` refuses to guess where to write.
     let out = run_in(tempfile::tempdir().unwrap().path(), &["lock", "--offline"]);
@@ -72,24 +119,48 @@ fn releases_without_checkout_lists_every_version_and_gap() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["lock"].as_str().unwrap().contains("embedded"));
     let rels = v["releases"].as_array().unwrap();
-    let versions: Vec<&str> = rels.iter().map(|r| r["version"].as_str().unwrap()).collect();
-    for want in ["3.3.9", "3.3.20", "3.3.24", "3.4.5", "3.5.19", "3.6.5", "3.7.0", "3.7.1", "3.7.2", "3.8.0"] {
+    let versions: Vec<&str> = rels
+        .iter()
+        .map(|r| r["version"].as_str().unwrap())
+        .collect();
+    for want in [
+        "3.3.9", "3.3.20", "3.3.24", "3.4.5", "3.5.19", "3.6.5", "3.7.0", "3.7.1", "3.7.2", "3.8.0",
+    ] {
         assert!(versions.contains(&want), "{want} missing from {versions:?}");
     }
     let mut sorted = versions.clone();
-    sorted.sort_by_key(|v| v.split('.').map(|p| p.parse::<u32>().unwrap()).collect::<Vec<_>>());
+    sorted.sort_by_key(|v| {
+        v.split('.')
+            .map(|p| p.parse::<u32>().unwrap())
+            .collect::<Vec<_>>()
+    });
     assert_eq!(versions, sorted, "numeric order");
     // Every system x CUDA cell of 3.3.20 and later has at least one pinned artifact with a hash.
     for r in rels.iter().filter(|r| r["version"] != "3.3.9") {
         for c in r["builds"].as_array().unwrap() {
             let arts = c["artifacts"].as_array().unwrap();
-            assert!(!arts.is_empty() && arts.iter().all(|a| a["hash"].as_str().unwrap().starts_with("sha256-")), "{r}");
+            assert!(
+                !arts.is_empty()
+                    && arts
+                        .iter()
+                        .all(|a| a["hash"].as_str().unwrap().starts_with("sha256-")),
+                "{r}"
+            );
         }
     }
-    let gap = rels[0]["builds"].as_array().unwrap().iter().find(|c| c["system"] == "x86_64-linux" && c["cuda"] == 13).unwrap();
+    let gap = rels[0]["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["system"] == "x86_64-linux" && c["cuda"] == 13)
+        .unwrap();
     assert_eq!(gap["gap"], "none (first CUDA 13 build is 3.3.20)");
     let table = run_in(cwd.path(), &["releases"]);
-    assert!(stdout(&table).contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"), "{}", stdout(&table));
+    assert!(
+        stdout(&table).contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"),
+        "{}",
+        stdout(&table)
+    );
 }
 
 /// The rendered Nix evaluates (with whatever Nix is installed) to exactly the lock's data.
@@ -108,9 +179,15 @@ fn rendered_nix_evaluates_to_the_lock() {
             return;
         }
     };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let evaluated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let lock: serde_json::Value = serde_json::from_slice(&std::fs::read(root.join("pkgs/nvshmem/releases.json")).unwrap()).unwrap();
+    let lock: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("pkgs/nvshmem/releases.json")).unwrap())
+            .unwrap();
     let mut expected = serde_json::Map::new();
     for r in lock["releases"].as_array().unwrap() {
         let mut rel = serde_json::Map::new();

@@ -22,7 +22,13 @@ fn nar_node(out: &mut Vec<u8>, p: &Path) {
     if meta.file_type().is_symlink() {
         nar_str(out, b"symlink");
         nar_str(out, b"target");
-        nar_str(out, std::fs::read_link(p).unwrap().as_os_str().as_encoded_bytes());
+        nar_str(
+            out,
+            std::fs::read_link(p)
+                .unwrap()
+                .as_os_str()
+                .as_encoded_bytes(),
+        );
     } else if meta.is_file() {
         nar_str(out, b"regular");
         if meta.permissions().mode() & 0o100 != 0 {
@@ -33,7 +39,10 @@ fn nar_node(out: &mut Vec<u8>, p: &Path) {
         nar_str(out, &std::fs::read(p).unwrap());
     } else {
         nar_str(out, b"directory");
-        let mut names: Vec<_> = std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
         for n in names {
             nar_str(out, b"entry");
@@ -84,7 +93,10 @@ fn directory_nar_hash_matches_independent_serialiser() {
     let t = sample_tree();
     let v = hash_json(&[t.path().to_str().unwrap()]);
     assert_eq!(v[0]["kind"], "nar");
-    assert_eq!(v[0]["hex"].as_str().unwrap(), reference_nar_sha256(t.path()));
+    assert_eq!(
+        v[0]["hex"].as_str().unwrap(),
+        reference_nar_sha256(t.path())
+    );
     let sri = v[0]["sri"].as_str().unwrap();
     assert!(sri.starts_with("sha256-") && sri.len() == 51, "{sri}");
 }
@@ -92,13 +104,24 @@ fn directory_nar_hash_matches_independent_serialiser() {
 #[test]
 fn directory_nar_hash_matches_nix_hash_when_nix_is_installed() {
     let t = sample_tree();
-    let Ok(out) = std::process::Command::new("nix-hash").args(["--type", "sha256", "--base32"]).arg(t.path()).output() else {
+    let Ok(out) = std::process::Command::new("nix-hash")
+        .args(["--type", "sha256", "--base32"])
+        .arg(t.path())
+        .output()
+    else {
         eprintln!("skipped: nix-hash is not installed (the independent serialiser test still covers NAR hashing)");
         return;
     };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = hash_json(&[t.path().to_str().unwrap()]);
-    assert_eq!(v[0]["nix32"].as_str().unwrap(), String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(
+        v[0]["nix32"].as_str().unwrap(),
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
 }
 
 #[test]
@@ -108,8 +131,14 @@ fn file_hash_in_three_formats() {
     std::fs::write(&f, "abc").unwrap();
     let v = hash_json(&[f.to_str().unwrap()]);
     // SHA-256("abc") is the FIPS 180-2 test vector; its SRI form is base64 of those bytes.
-    assert_eq!(v[0]["hex"], "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    assert_eq!(v[0]["sri"], "sha256-ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=");
+    assert_eq!(
+        v[0]["hex"],
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        v[0]["sri"],
+        "sha256-ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0="
+    );
     assert_eq!(v[0]["size"], 3);
     // Round trip through --convert from the nix32 form gives the same digest.
     let back = hash_json(&["--convert", v[0]["nix32"].as_str().unwrap()]);
@@ -118,13 +147,30 @@ fn file_hash_in_three_formats() {
 
 #[test]
 fn convert_facts_vector_and_reject_garbage() {
-    let v = hash_json(&["--convert", "72a788ef5723a30d8882b193f0a513f454ecaee3ab5a225a5c43db79d433ef66"]);
-    assert_eq!(v[0]["sri"], "sha256-cqeI71cjow2IgrGT8KUT9FTsruOrWiJaXEPbedQz72Y=");
-    assert_eq!(v[0]["nix32"], "0rpg6ga7kns3bid24nmbwfpfqm7l2fjz14xiha40v8r3azpqi9vj");
+    let v = hash_json(&[
+        "--convert",
+        "72a788ef5723a30d8882b193f0a513f454ecaee3ab5a225a5c43db79d433ef66",
+    ]);
+    assert_eq!(
+        v[0]["sri"],
+        "sha256-cqeI71cjow2IgrGT8KUT9FTsruOrWiJaXEPbedQz72Y="
+    );
+    assert_eq!(
+        v[0]["nix32"],
+        "0rpg6ga7kns3bid24nmbwfpfqm7l2fjz14xiha40v8r3azpqi9vj"
+    );
     let cwd = tempfile::tempdir().unwrap();
     let out = common::run_in(cwd.path(), &["hash", "--convert", "sha256-notbase64!"]);
-    assert_eq!(out.status.code(), Some(2), "a malformed argument is a usage error");
-    assert!(common::stderr(&out).contains("invalid SRI hash"), "{}", common::stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a malformed argument is a usage error"
+    );
+    assert!(
+        common::stderr(&out).contains("invalid SRI hash"),
+        "{}",
+        common::stderr(&out)
+    );
     let out = common::run_in(cwd.path(), &["hash", "/nonexistent/file"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(common::stderr(&out).contains("/nonexistent/file"));

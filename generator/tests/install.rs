@@ -81,30 +81,80 @@ fn tar_xz_installs_with_top_dir_stripped_links_and_modes() {
     let prefix = t.path().join("opt/nvshmem");
     let got = install(&archive, Format::TarXz, &prefix, false).unwrap();
     assert_eq!(got, prefix);
-    assert_eq!(std::fs::read(prefix.join("include/nvshmem.h")).unwrap(), b"#define NVSHMEM 1\n");
-    assert_eq!(std::fs::metadata(prefix.join("bin/nvshmem-info")).unwrap().permissions().mode() & 0o777, 0o755);
-    assert_eq!(std::fs::read_link(prefix.join("lib/libnvshmem_host.so.3")).unwrap().to_str(), Some("libnvshmem_host.so.3.4.5"));
-    assert_eq!(std::fs::read_link(prefix.join("lib/libnvshmem_host.so")).unwrap().to_str(), Some("libnvshmem_host.so.3"));
-    assert_eq!(std::fs::read(prefix.join("lib/libnvshmem_host.so")).unwrap(), b"ELF host library");
-    assert_eq!(std::fs::read(prefix.join("lib/libnvshmem_device_copy.a")).unwrap(), b"device archive");
+    assert_eq!(
+        std::fs::read(prefix.join("include/nvshmem.h")).unwrap(),
+        b"#define NVSHMEM 1\n"
+    );
+    assert_eq!(
+        std::fs::metadata(prefix.join("bin/nvshmem-info"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    assert_eq!(
+        std::fs::read_link(prefix.join("lib/libnvshmem_host.so.3"))
+            .unwrap()
+            .to_str(),
+        Some("libnvshmem_host.so.3.4.5")
+    );
+    assert_eq!(
+        std::fs::read_link(prefix.join("lib/libnvshmem_host.so"))
+            .unwrap()
+            .to_str(),
+        Some("libnvshmem_host.so.3")
+    );
+    assert_eq!(
+        std::fs::read(prefix.join("lib/libnvshmem_host.so")).unwrap(),
+        b"ELF host library"
+    );
+    assert_eq!(
+        std::fs::read(prefix.join("lib/libnvshmem_device_copy.a")).unwrap(),
+        b"device archive"
+    );
     assert!(!prefix.join(TOP).exists());
-    let leftovers: Vec<_> = std::fs::read_dir(prefix.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(leftovers, vec![std::ffi::OsString::from("nvshmem")], "no staging directories left");
+    let leftovers: Vec<_> = std::fs::read_dir(prefix.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        vec![std::ffi::OsString::from("nvshmem")],
+        "no staging directories left"
+    );
 }
 
 /// Installs a hostile archive into a prefix that already holds a previous install, with
 /// `replace` set: the error must name the entry and the prefix's parent must be unchanged.
 fn assert_refused(bytes: Vec<u8>, format: Format, expect: &str) {
     let t = tempfile::tempdir().unwrap();
-    let archive = write(t.path(), if format == Format::TarXz { "x.tar.xz" } else { "x.whl" }, &bytes);
+    let archive = write(
+        t.path(),
+        if format == Format::TarXz {
+            "x.tar.xz"
+        } else {
+            "x.whl"
+        },
+        &bytes,
+    );
     let root = t.path().join("root");
     let prefix = root.join("nvshmem");
     std::fs::create_dir_all(prefix.join("lib")).unwrap();
     std::fs::write(prefix.join("lib/previous"), "keep me").unwrap();
     let before = common::snapshot(&root);
-    let err = install(&archive, format, &prefix, true).unwrap_err().to_string();
-    assert!(err.contains("refusing archive entry") && err.contains(expect), "{expect}: {err}");
-    assert_eq!(common::snapshot(&root), before, "prefix and its parent untouched");
+    let err = install(&archive, format, &prefix, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("refusing archive entry") && err.contains(expect),
+        "{expect}: {err}"
+    );
+    assert_eq!(
+        common::snapshot(&root),
+        before,
+        "prefix and its parent untouched"
+    );
     // And into a fresh prefix: it is not created.
     let fresh = root.join("fresh");
     install(&archive, format, &fresh, false).unwrap_err();
@@ -114,13 +164,20 @@ fn assert_refused(bytes: Vec<u8>, format: Format, expect: &str) {
 
 #[test]
 fn tar_with_parent_dir_entry_is_refused() {
-    let bytes = tar_xz(&[E::Dir(&format!("{TOP}/")), E::File(&format!("{TOP}/../../evil"), b"x", 0o644)]);
+    let bytes = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(&format!("{TOP}/../../evil"), b"x", 0o644),
+    ]);
     assert_refused(bytes, Format::TarXz, "contains `..`");
 }
 
 #[test]
 fn tar_with_absolute_entry_is_refused() {
-    assert_refused(tar_xz(&[E::File("/tmp/evil", b"x", 0o644)]), Format::TarXz, "absolute path");
+    assert_refused(
+        tar_xz(&[E::File("/tmp/evil", b"x", 0o644)]),
+        Format::TarXz,
+        "absolute path",
+    );
 }
 
 #[test]
@@ -151,15 +208,27 @@ fn tar_with_symlink_chain_escaping_is_refused() {
 
 #[test]
 fn tar_with_entry_outside_top_dir_or_escaping_hardlink_is_refused() {
-    let bytes = tar_xz(&[E::Dir(&format!("{TOP}/")), E::File("elsewhere/file", b"x", 0o644)]);
-    assert_refused(bytes, Format::TarXz, "outside the archive's top-level directory");
-    let bytes = tar_xz(&[E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644), E::Hardlink(&format!("{TOP}/lib/h"), "../../etc/passwd")]);
+    let bytes = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File("elsewhere/file", b"x", 0o644),
+    ]);
+    assert_refused(
+        bytes,
+        Format::TarXz,
+        "outside the archive's top-level directory",
+    );
+    let bytes = tar_xz(&[
+        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
+        E::Hardlink(&format!("{TOP}/lib/h"), "../../etc/passwd"),
+    ]);
     assert_refused(bytes, Format::TarXz, "`..`");
 }
 
 fn wheel(entries: &[(&str, &[u8])]) -> Vec<u8> {
     let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated).unix_permissions(0o644);
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .unix_permissions(0o644);
     for (name, data) in entries {
         z.start_file(*name, opts).unwrap();
         z.write_all(data).unwrap();
@@ -171,7 +240,10 @@ fn good_wheel() -> Vec<u8> {
     wheel(&[
         ("nvidia/__init__.py", b""),
         ("nvidia/nvshmem/include/nvshmem.h", b"#define NVSHMEM 1\n"),
-        ("nvidia/nvshmem/lib/libnvshmem_host.so.3", b"ELF host library"),
+        (
+            "nvidia/nvshmem/lib/libnvshmem_host.so.3",
+            b"ELF host library",
+        ),
         ("nvidia/nvshmem/lib/nvshmem_bootstrap_uid.so.3", b"ELF uid"),
         ("nvidia_nvshmem_cu13-3.4.5.dist-info/RECORD", b"..."),
     ])
@@ -184,26 +256,57 @@ fn wheel_installs_nvshmem_subtree_and_adds_unversioned_link() {
     let prefix = t.path().join("p");
     std::fs::create_dir(&prefix).unwrap(); // an existing empty directory is fine
     install(&archive, Format::Wheel, &prefix, false).unwrap();
-    let mut top: Vec<String> = std::fs::read_dir(&prefix).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut top: Vec<String> = std::fs::read_dir(&prefix)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     top.sort();
     assert_eq!(top, ["include", "lib"]);
-    assert_eq!(std::fs::read_link(prefix.join("lib/libnvshmem_host.so")).unwrap().to_str(), Some("libnvshmem_host.so.3"));
-    assert_eq!(std::fs::read(prefix.join("lib/nvshmem_bootstrap_uid.so.3")).unwrap(), b"ELF uid");
+    assert_eq!(
+        std::fs::read_link(prefix.join("lib/libnvshmem_host.so"))
+            .unwrap()
+            .to_str(),
+        Some("libnvshmem_host.so.3")
+    );
+    assert_eq!(
+        std::fs::read(prefix.join("lib/nvshmem_bootstrap_uid.so.3")).unwrap(),
+        b"ELF uid"
+    );
 }
 
 #[test]
 fn hostile_wheels_are_refused() {
-    assert_refused(wheel(&[("nvidia/nvshmem/lib/libnvshmem_host.so.3", b"E"), ("nvidia/nvshmem/../../../evil", b"x")]), Format::Wheel, "`..`");
-    assert_refused(wheel(&[("/etc/evil", b"x")]), Format::Wheel, "absolute path");
+    assert_refused(
+        wheel(&[
+            ("nvidia/nvshmem/lib/libnvshmem_host.so.3", b"E"),
+            ("nvidia/nvshmem/../../../evil", b"x"),
+        ]),
+        Format::Wheel,
+        "`..`",
+    );
+    assert_refused(
+        wheel(&[("/etc/evil", b"x")]),
+        Format::Wheel,
+        "absolute path",
+    );
 }
 
 #[test]
 fn archive_without_host_library_is_rejected() {
     let t = tempfile::tempdir().unwrap();
-    let archive = write(t.path(), "w.whl", &wheel(&[("nvidia/nvshmem/include/nvshmem.h", b"x")]));
+    let archive = write(
+        t.path(),
+        "w.whl",
+        &wheel(&[("nvidia/nvshmem/include/nvshmem.h", b"x")]),
+    );
     let prefix = t.path().join("p");
-    let err = install(&archive, Format::Wheel, &prefix, false).unwrap_err().to_string();
-    assert!(err.contains("lib/libnvshmem_host.so.3") && err.contains("not an NVSHMEM archive"), "{err}");
+    let err = install(&archive, Format::Wheel, &prefix, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("lib/libnvshmem_host.so.3") && err.contains("not an NVSHMEM archive"),
+        "{err}"
+    );
     assert!(!prefix.exists());
 }
 
@@ -219,12 +322,20 @@ fn repo_pinning(tarball: &[u8], whl: &[u8]) -> tempfile::TempDir {
         "libnvshmem": { "version": "3.4.5", "cuda_variant": ["13"], "linux-x86_64": { "cuda13": {
             "relative_path": format!("libnvshmem/linux-x86_64/{TOP}.tar.xz"),
             "sha256": hex::encode(sha2::Sha256::digest(tarball)), "size": tarball.len().to_string() } } } });
-    std::fs::write(m.join("nvidia/redistrib_3.4.5.json"), serde_json::to_vec_pretty(&nv).unwrap()).unwrap();
+    std::fs::write(
+        m.join("nvidia/redistrib_3.4.5.json"),
+        serde_json::to_vec_pretty(&nv).unwrap(),
+    )
+    .unwrap();
     let name = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
     let py = serde_json::json!({ "info": { "name": "nvidia-nvshmem-cu13" }, "releases": { "3.4.5": [ {
         "digests": { "sha256": hex::encode(sha2::Sha256::digest(whl)) }, "filename": name, "packagetype": "bdist_wheel",
         "size": whl.len(), "url": format!("https://files.example/{name}"), "upload_time_iso_8601": "2025-09-06T00:00:00Z" } ] } });
-    std::fs::write(m.join("pypi/nvidia-nvshmem-cu13.json"), serde_json::to_vec_pretty(&py).unwrap()).unwrap();
+    std::fs::write(
+        m.join("pypi/nvidia-nvshmem-cu13.json"),
+        serde_json::to_vec_pretty(&py).unwrap(),
+    )
+    .unwrap();
     let out = common::run_in(repo.path(), &["lock", "--offline"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     repo
@@ -235,11 +346,30 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     let (tarball, whl) = (good_tar(), good_wheel());
     let repo = repo_pinning(&tarball, &whl);
     let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", &whl);
+    let w = write(
+        files.path(),
+        "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        &whl,
+    );
     let t = write(files.path(), &format!("{TOP}.tar.xz"), &tarball);
     let prefix = files.path().join("wheel-prefix");
-    let sel = ["--version", "3.4.5", "--cuda", "13", "--system", "x86_64-linux"];
-    let mut args = vec!["install", "--source", "pypi", "--file", w.to_str().unwrap(), "--prefix", prefix.to_str().unwrap()];
+    let sel = [
+        "--version",
+        "3.4.5",
+        "--cuda",
+        "13",
+        "--system",
+        "x86_64-linux",
+    ];
+    let mut args = vec![
+        "install",
+        "--source",
+        "pypi",
+        "--file",
+        w.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ];
     args.extend_from_slice(&sel);
     let out = common::run_in(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -253,11 +383,30 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     );
     let env = common::run_in(repo.path(), &["env", "--prefix", prefix.to_str().unwrap()]);
     assert_eq!(common::stdout(&env), exports);
-    let fish = common::run_in(repo.path(), &["env", "--prefix", prefix.to_str().unwrap(), "--shell", "fish"]);
-    assert!(common::stdout(&fish).starts_with(&format!("set -gx NVSHMEM_DIR '{}'\n", prefix.display())));
+    let fish = common::run_in(
+        repo.path(),
+        &[
+            "env",
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--shell",
+            "fish",
+        ],
+    );
+    assert!(
+        common::stdout(&fish).starts_with(&format!("set -gx NVSHMEM_DIR '{}'\n", prefix.display()))
+    );
     // The exports work in a real shell.
-    let sh = std::process::Command::new("sh").arg("-c").arg(format!("{exports}\nprintf '%s' \"$LD_LIBRARY_PATH\"")).env_remove("LD_LIBRARY_PATH").output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&sh.stdout), format!("{}/lib", prefix.display()));
+    let sh = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{exports}\nprintf '%s' \"$LD_LIBRARY_PATH\""))
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sh.stdout),
+        format!("{}/lib", prefix.display())
+    );
 
     // Installing over a non-empty prefix needs --replace.
     let again = common::run_in(repo.path(), &args);
@@ -266,14 +415,23 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
 
     // The NVIDIA tarball is the default source when the lock pins it.
     let tprefix = files.path().join("tar-prefix");
-    let mut args = vec!["install", "--file", t.to_str().unwrap(), "--prefix", tprefix.to_str().unwrap()];
+    let mut args = vec![
+        "install",
+        "--file",
+        t.to_str().unwrap(),
+        "--prefix",
+        tprefix.to_str().unwrap(),
+    ];
     args.extend_from_slice(&sel);
     let out = common::run_in(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(tprefix.join("bin/nvshmem-info").is_file());
 
     // env on a directory that is not an install explains the fix.
-    let bad = common::run_in(repo.path(), &["env", "--prefix", files.path().to_str().unwrap()]);
+    let bad = common::run_in(
+        repo.path(),
+        &["env", "--prefix", files.path().to_str().unwrap()],
+    );
     assert_eq!(bad.status.code(), Some(2));
     assert!(common::stderr(&bad).contains("deepep-nix install --prefix"));
 }
@@ -290,14 +448,49 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
     let prefix = files.path().join("p");
     let out = common::run_in(
         repo.path(),
-        &["install", "--source", "pypi", "--file", w.to_str().unwrap(), "--prefix", prefix.to_str().unwrap(), "--version", "3.4.5", "--cuda", "13", "--system", "x86_64-linux"],
+        &[
+            "install",
+            "--source",
+            "pypi",
+            "--file",
+            w.to_str().unwrap(),
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--version",
+            "3.4.5",
+            "--cuda",
+            "13",
+            "--system",
+            "x86_64-linux",
+        ],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(common::stderr(&out).contains("sha256 mismatch"), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("sha256 mismatch"),
+        "{}",
+        common::stderr(&out)
+    );
     assert!(!prefix.exists());
     assert!(w.exists(), "the user's file is not deleted");
     // A CUDA major the release does not have: usage error naming where to look.
-    let out = common::run_in(repo.path(), &["install", "--prefix", prefix.to_str().unwrap(), "--version", "3.4.5", "--cuda", "12", "--system", "x86_64-linux"]);
+    let out = common::run_in(
+        repo.path(),
+        &[
+            "install",
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--version",
+            "3.4.5",
+            "--cuda",
+            "12",
+            "--system",
+            "x86_64-linux",
+        ],
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(common::stderr(&out).contains("deepep-nix releases"), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("deepep-nix releases"),
+        "{}",
+        common::stderr(&out)
+    );
 }

@@ -12,11 +12,19 @@ use common::{run_in, snapshot, stderr, stdout, Behaviour, Server};
 const NET: &[&str] = &["--retries", "3", "--backoff-ms", "10", "--timeout", "2"];
 
 fn committed_manifest(v: &str) -> Vec<u8> {
-    std::fs::read(common::repo_root().join(format!("pkgs/nvshmem/manifests/nvidia/redistrib_{v}.json"))).unwrap()
+    std::fs::read(
+        common::repo_root().join(format!("pkgs/nvshmem/manifests/nvidia/redistrib_{v}.json")),
+    )
+    .unwrap()
 }
 
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)).unwrap()
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name),
+    )
+    .unwrap()
 }
 
 /// A server with NVIDIA's index (3.2.5 below the floor, 3.3.9, 3.4.5) and PyPI answers.
@@ -29,10 +37,22 @@ fn upstream() -> Server {
 <a href="libnvshmem/">libnvshmem/</a>
 </body></html>"#;
     s.route("/redist/", Behaviour::ok(index));
-    s.route("/redist/redistrib_3.3.9.json", Behaviour::ok(committed_manifest("3.3.9")));
-    s.route("/redist/redistrib_3.4.5.json", Behaviour::ok(committed_manifest("3.4.5")));
-    s.route("/pypi/nvidia-nvshmem-cu12/json", Behaviour::ok(fixture("pypi-cu12-raw.json")));
-    s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::ok(fixture("pypi-cu13-raw.json")));
+    s.route(
+        "/redist/redistrib_3.3.9.json",
+        Behaviour::ok(committed_manifest("3.3.9")),
+    );
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::ok(committed_manifest("3.4.5")),
+    );
+    s.route(
+        "/pypi/nvidia-nvshmem-cu12/json",
+        Behaviour::ok(fixture("pypi-cu12-raw.json")),
+    );
+    s.route(
+        "/pypi/nvidia-nvshmem-cu13/json",
+        Behaviour::ok(fixture("pypi-cu13-raw.json")),
+    );
     s
 }
 
@@ -50,24 +70,47 @@ fn lock_live_success_writes_vendored_lock_and_nix_deterministically() {
     let (nv, py) = (s.url("/redist/"), s.url("/pypi"));
     let out = run_in(repo.path(), &lock_args(r, &nv, &py));
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(s.hits("/redist/redistrib_3.2.5.json"), 0, "below --min-version: must not be fetched");
+    assert_eq!(
+        s.hits("/redist/redistrib_3.2.5.json"),
+        0,
+        "below --min-version: must not be fetched"
+    );
 
     let data = repo.path().join("pkgs/nvshmem");
     // NVIDIA manifests are vendored verbatim.
-    assert_eq!(std::fs::read(data.join("manifests/nvidia/redistrib_3.4.5.json")).unwrap(), committed_manifest("3.4.5"));
+    assert_eq!(
+        std::fs::read(data.join("manifests/nvidia/redistrib_3.4.5.json")).unwrap(),
+        committed_manifest("3.4.5")
+    );
     // PyPI answers are vendored in reduced form: no placeholder release, canonical URLs.
-    let cu13 = std::fs::read_to_string(data.join("manifests/pypi/nvidia-nvshmem-cu13.json")).unwrap();
+    let cu13 =
+        std::fs::read_to_string(data.join("manifests/pypi/nvidia-nvshmem-cu13.json")).unwrap();
     assert!(!cu13.contains("0.0.0a0") && !cu13.contains("../"), "{cu13}");
     assert!(cu13.contains("https://files.pythonhosted.org/packages/3c/35/a9bf80a609e74e3b000fef598933235c908fcefcef9026042b8e6dfde2a9/"));
 
-    let lock: serde_json::Value = serde_json::from_slice(&std::fs::read(data.join("releases.json")).unwrap()).unwrap();
-    let versions: Vec<&str> = lock["releases"].as_array().unwrap().iter().map(|r| r["version"].as_str().unwrap()).collect();
+    let lock: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("releases.json")).unwrap()).unwrap();
+    let versions: Vec<&str> = lock["releases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["version"].as_str().unwrap())
+        .collect();
     assert_eq!(versions, ["3.3.9", "3.4.5"]);
     let nv_art = &lock["releases"][1]["systems"]["x86_64-linux"]["13"]["nvidia"];
-    assert_eq!(nv_art["url"], format!("{nv}libnvshmem/linux-x86_64/libnvshmem-linux-x86_64-3.4.5_cuda13-archive.tar.xz"));
-    assert_eq!(nv_art["hash"], "sha256-GPEoB8I7xbJwWBrx+br9VANp2ng+VXFxVYiHYj13hCw=");
+    assert_eq!(
+        nv_art["url"],
+        format!("{nv}libnvshmem/linux-x86_64/libnvshmem-linux-x86_64-3.4.5_cuda13-archive.tar.xz")
+    );
+    assert_eq!(
+        nv_art["hash"],
+        "sha256-GPEoB8I7xbJwWBrx+br9VANp2ng+VXFxVYiHYj13hCw="
+    );
     let py_art = &lock["releases"][1]["systems"]["x86_64-linux"]["13"]["pypi"];
-    assert_eq!(py_art["sha256"], "290f0a2ee94c9f3687a02502f3b9299a9f9fe826e6d0287ee18482e78d495b80");
+    assert_eq!(
+        py_art["sha256"],
+        "290f0a2ee94c9f3687a02502f3b9299a9f9fe826e6d0287ee18482e78d495b80"
+    );
     assert_eq!(py_art["size"], 60412546);
     let nix = std::fs::read_to_string(data.join("releases.nix")).unwrap();
     assert!(nix.contains("\"3.4.5\" = {") && nix.contains("deepep-nix render"));
@@ -77,8 +120,25 @@ fn lock_live_success_writes_vendored_lock_and_nix_deterministically() {
     let again = run_in(repo.path(), &lock_args(r, &nv, &py));
     assert!(again.status.success(), "{}", stderr(&again));
     assert_eq!(snapshot(repo.path()), before);
-    let check = run_in(repo.path(), &["lock", "--offline", "--check", "--repo", r, "--nvidia-url", &nv]);
-    assert_eq!(check.status.code(), Some(0), "{}{}", stdout(&check), stderr(&check));
+    let check = run_in(
+        repo.path(),
+        &[
+            "lock",
+            "--offline",
+            "--check",
+            "--repo",
+            r,
+            "--nvidia-url",
+            &nv,
+        ],
+    );
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&check),
+        stderr(&check)
+    );
 }
 
 #[test]
@@ -88,11 +148,21 @@ fn lock_404_fails_naming_the_url_and_writes_nothing() {
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
     let r = repo.path().to_str().unwrap();
-    let out = run_in(repo.path(), &lock_args(r, &s.url("/redist/"), &s.url("/pypi")));
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("404") && err.contains("redistrib_3.4.5.json"), "{err}");
-    assert_eq!(s.hits("/redist/redistrib_3.4.5.json"), 1, "404 is not retried");
+    assert!(
+        err.contains("404") && err.contains("redistrib_3.4.5.json"),
+        "{err}"
+    );
+    assert_eq!(
+        s.hits("/redist/redistrib_3.4.5.json"),
+        1,
+        "404 is not retried"
+    );
     assert_eq!(snapshot(repo.path()), before);
 }
 
@@ -101,15 +171,29 @@ fn lock_retries_500_then_succeeds() {
     let s = upstream();
     s.route(
         "/redist/redistrib_3.3.9.json",
-        Behaviour::FailFirst { n: 2, status: 500, then: Box::new(Behaviour::ok(committed_manifest("3.3.9"))) },
+        Behaviour::FailFirst {
+            n: 2,
+            status: 500,
+            then: Box::new(Behaviour::ok(committed_manifest("3.3.9"))),
+        },
     );
     let repo = tempfile::tempdir().unwrap();
     let r = repo.path().to_str().unwrap();
-    let out = run_in(repo.path(), &lock_args(r, &s.url("/redist/"), &s.url("/pypi")));
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits("/redist/redistrib_3.3.9.json"), 3);
-    assert!(stderr(&out).contains("500"), "retries are logged: {}", stderr(&out));
-    assert!(repo.path().join("pkgs/nvshmem/manifests/nvidia/redistrib_3.3.9.json").is_file());
+    assert!(
+        stderr(&out).contains("500"),
+        "retries are logged: {}",
+        stderr(&out)
+    );
+    assert!(repo
+        .path()
+        .join("pkgs/nvshmem/manifests/nvidia/redistrib_3.3.9.json")
+        .is_file());
 }
 
 #[test]
@@ -119,9 +203,16 @@ fn lock_gives_up_after_repeated_500() {
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
     let r = repo.path().to_str().unwrap();
-    let out = run_in(repo.path(), &lock_args(r, &s.url("/redist/"), &s.url("/pypi")));
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("gave up after 4 attempts"), "--retries 3: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gave up after 4 attempts"),
+        "--retries 3: {}",
+        stderr(&out)
+    );
     assert_eq!(s.hits("/pypi/nvidia-nvshmem-cu13/json"), 4);
     assert_eq!(snapshot(repo.path()), before);
 }
@@ -129,18 +220,42 @@ fn lock_gives_up_after_repeated_500() {
 #[test]
 fn lock_times_out_and_writes_nothing() {
     let s = upstream();
-    s.route("/redist/", Behaviour::Delay { delay: Duration::from_secs(4), then: Box::new(Behaviour::ok("")) });
+    s.route(
+        "/redist/",
+        Behaviour::Delay {
+            delay: Duration::from_secs(4),
+            then: Box::new(Behaviour::ok("")),
+        },
+    );
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
     let r = repo.path().to_str().unwrap();
     let t0 = std::time::Instant::now();
     let out = run_in(
         repo.path(),
-        &["lock", "--repo", r, "--nvidia-url", &s.url("/redist/"), "--pypi-url", &s.url("/pypi"), "--timeout", "1", "--retries", "1", "--backoff-ms", "10"],
+        &[
+            "lock",
+            "--repo",
+            r,
+            "--nvidia-url",
+            &s.url("/redist/"),
+            "--pypi-url",
+            &s.url("/pypi"),
+            "--timeout",
+            "1",
+            "--retries",
+            "1",
+            "--backoff-ms",
+            "10",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("timed out"), "{}", stderr(&out));
-    assert!(t0.elapsed() < Duration::from_secs(8), "the timeout bounds the wait: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "the timeout bounds the wait: {:?}",
+        t0.elapsed()
+    );
     assert_eq!(snapshot(repo.path()), before);
 }
 
@@ -148,27 +263,57 @@ fn lock_times_out_and_writes_nothing() {
 fn lock_retries_truncated_body() {
     let s = upstream();
     let body = committed_manifest("3.4.5");
-    s.route("/redist/redistrib_3.4.5.json", Behaviour::Truncate { sent: body.len() / 2, body: body.clone(), n: 1 });
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::Truncate {
+            sent: body.len() / 2,
+            body: body.clone(),
+            n: 1,
+        },
+    );
     let repo = tempfile::tempdir().unwrap();
     let r = repo.path().to_str().unwrap();
-    let out = run_in(repo.path(), &lock_args(r, &s.url("/redist/"), &s.url("/pypi")));
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits("/redist/redistrib_3.4.5.json"), 2);
-    assert_eq!(std::fs::read(repo.path().join("pkgs/nvshmem/manifests/nvidia/redistrib_3.4.5.json")).unwrap(), body);
+    assert_eq!(
+        std::fs::read(
+            repo.path()
+                .join("pkgs/nvshmem/manifests/nvidia/redistrib_3.4.5.json")
+        )
+        .unwrap(),
+        body
+    );
 }
 
 #[test]
 fn lock_fails_on_persistently_truncated_body() {
     let s = upstream();
     let body = committed_manifest("3.4.5");
-    s.route("/redist/redistrib_3.4.5.json", Behaviour::Truncate { sent: 100, body, n: 100 });
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::Truncate {
+            sent: 100,
+            body,
+            n: 100,
+        },
+    );
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
     let r = repo.path().to_str().unwrap();
-    let out = run_in(repo.path(), &lock_args(r, &s.url("/redist/"), &s.url("/pypi")));
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("redistrib_3.4.5.json") && (err.contains("truncated") || err.contains("body")), "{err}");
+    assert!(
+        err.contains("redistrib_3.4.5.json") && (err.contains("truncated") || err.contains("body")),
+        "{err}"
+    );
     assert_eq!(snapshot(repo.path()), before);
 }
 
@@ -185,7 +330,11 @@ fn lock_source_pypi_keeps_vendored_nvidia_manifests() {
     assert_eq!(s.hits("/redist/"), 0, "nvidia is not fetched");
     assert_eq!(s.hits("/pypi/nvidia-nvshmem-cu13/json"), 1);
     let nvidia = repo.path().join("pkgs/nvshmem/manifests/nvidia");
-    assert_eq!(std::fs::read_dir(nvidia).unwrap().count(), 8, "all vendored NVIDIA manifests kept");
+    assert_eq!(
+        std::fs::read_dir(nvidia).unwrap().count(),
+        8,
+        "all vendored NVIDIA manifests kept"
+    );
 }
 
 // ---- verify: downloads --------------------------------------------------------------
@@ -205,9 +354,16 @@ fn repo_pinning(s: &Server, content: &[u8]) -> tempfile::TempDir {
             "upload_time_iso_8601": "2025-09-06T00:32:41.564932Z",
             "url": s.url(&format!("/files/{name}")), "yanked": false } ] }
     });
-    std::fs::write(dir.join("nvidia-nvshmem-cu13.json"), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("nvidia-nvshmem-cu13.json"),
+        serde_json::to_vec_pretty(&doc).unwrap(),
+    )
+    .unwrap();
     std::fs::create_dir_all(repo.path().join("pkgs/nvshmem/manifests/nvidia")).unwrap();
-    let out = run_in(repo.path(), &["lock", "--offline", "--repo", repo.path().to_str().unwrap()]);
+    let out = run_in(
+        repo.path(),
+        &["lock", "--offline", "--repo", repo.path().to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     repo
 }
@@ -216,7 +372,19 @@ const WHEEL_PATH: &str = "/files/nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux201
 const WHEEL_NAME: &str = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl";
 
 fn verify_args<'a>(repo: &'a str, dest: &'a str) -> Vec<&'a str> {
-    let mut a = vec!["verify", "--repo", repo, "--version", "3.4.5", "--cuda", "13", "--system", "x86_64-linux", "--dest", dest];
+    let mut a = vec![
+        "verify",
+        "--repo",
+        repo,
+        "--version",
+        "3.4.5",
+        "--cuda",
+        "13",
+        "--system",
+        "x86_64-linux",
+        "--dest",
+        dest,
+    ];
     a.extend_from_slice(NET);
     a
 }
@@ -229,10 +397,20 @@ fn payload() -> Vec<u8> {
 fn verify_downloads_and_checks() {
     let s = Server::start();
     let body = payload();
-    s.route(WHEEL_PATH, Behaviour::FailFirst { n: 1, status: 500, then: Box::new(Behaviour::ok(body.clone())) });
+    s.route(
+        WHEEL_PATH,
+        Behaviour::FailFirst {
+            n: 1,
+            status: 500,
+            then: Box::new(Behaviour::ok(body.clone())),
+        },
+    );
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("OK "), "{}", stdout(&out));
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
@@ -248,14 +426,24 @@ fn verify_hash_mismatch_deletes_file_and_exits_2() {
     s.route(WHEEL_PATH, Behaviour::ok(served.clone()));
     let repo = repo_pinning(&s, &pinned);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     use sha2::Digest;
     let expected = hex::encode(sha2::Sha256::digest(&pinned));
     let actual = hex::encode(sha2::Sha256::digest(&served));
-    assert!(err.contains(&expected) && err.contains(&actual) && err.contains("deleted"), "{err}");
-    assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0, "no file and no .part left");
+    assert!(
+        err.contains(&expected) && err.contains(&actual) && err.contains("deleted"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dest.path()).unwrap().count(),
+        0,
+        "no file and no .part left"
+    );
 }
 
 #[test]
@@ -265,8 +453,15 @@ fn verify_resumes_a_partial_download_with_range() {
     s.route(WHEEL_PATH, Behaviour::ok(body.clone()));
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
-    std::fs::write(dest.path().join(format!("{WHEEL_NAME}.part")), &body[..100_000]).unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    std::fs::write(
+        dest.path().join(format!("{WHEEL_NAME}.part")),
+        &body[..100_000],
+    )
+    .unwrap();
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.ranges(), vec![(WHEEL_PATH.to_string(), 100_000)]);
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
@@ -276,12 +471,25 @@ fn verify_resumes_a_partial_download_with_range() {
 fn verify_restarts_when_server_ignores_range() {
     let s = Server::start();
     let body = payload();
-    s.route(WHEEL_PATH, Behaviour::Body { body: body.clone(), ranges: false });
+    s.route(
+        WHEEL_PATH,
+        Behaviour::Body {
+            body: body.clone(),
+            ranges: false,
+        },
+    );
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
     // A stale partial file with wrong bytes: the full 200 answer must replace it.
-    std::fs::write(dest.path().join(format!("{WHEEL_NAME}.part")), vec![0u8; 50_000]).unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    std::fs::write(
+        dest.path().join(format!("{WHEEL_NAME}.part")),
+        vec![0u8; 50_000],
+    )
+    .unwrap();
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
@@ -290,13 +498,28 @@ fn verify_restarts_when_server_ignores_range() {
 fn verify_resumes_after_a_dropped_connection() {
     let s = Server::start();
     let body = payload();
-    s.route(WHEEL_PATH, Behaviour::Truncate { body: body.clone(), sent: 120_000, n: 1 });
+    s.route(
+        WHEEL_PATH,
+        Behaviour::Truncate {
+            body: body.clone(),
+            sent: 120_000,
+            n: 1,
+        },
+    );
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits(WHEEL_PATH), 2);
-    assert_eq!(s.ranges().len(), 1, "second request resumes: {:?}", s.ranges());
+    assert_eq!(
+        s.ranges().len(),
+        1,
+        "second request resumes: {:?}",
+        s.ranges()
+    );
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
 
@@ -308,15 +531,36 @@ fn verify_local_file_mismatch_keeps_the_users_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(WHEEL_NAME);
     std::fs::write(&file, &body[..1000]).unwrap();
-    let out = run_in(repo.path(), &["verify", "--repo", repo.path().to_str().unwrap(), "--file", file.to_str().unwrap()]);
+    let out = run_in(
+        repo.path(),
+        &[
+            "verify",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--file",
+            file.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("size mismatch") && err.contains("300000 bytes") && err.contains("1000 bytes"), "{err}");
+    assert!(
+        err.contains("size mismatch") && err.contains("300000 bytes") && err.contains("1000 bytes"),
+        "{err}"
+    );
     assert!(file.exists(), "a --file is the user's: not deleted");
     // A file name the lock does not know: usage error naming the fix.
     let other = dir.path().join("other.whl");
     std::fs::write(&other, b"x").unwrap();
-    let out = run_in(repo.path(), &["verify", "--repo", repo.path().to_str().unwrap(), "--file", other.to_str().unwrap()]);
+    let out = run_in(
+        repo.path(),
+        &[
+            "verify",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--file",
+            other.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--version"), "{}", stderr(&out));
 }
@@ -330,8 +574,15 @@ fn verify_refuses_a_download_larger_than_pinned() {
     s.route(WHEEL_PATH, Behaviour::ok(served));
     let repo = repo_pinning(&s, &pinned);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(repo.path(), &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()));
+    let out = run_in(
+        repo.path(),
+        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("size mismatch") && stderr(&out).contains("deleted"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("size mismatch") && stderr(&out).contains("deleted"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
 }

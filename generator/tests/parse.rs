@@ -35,12 +35,20 @@ fn manifest() -> Value {
 }
 
 fn parse(v: &Value) -> Result<deepep_nix::nvidia::Manifest, String> {
-    parse_manifest("redistrib_3.4.5.json", &serde_json::to_vec(v).unwrap(), DEFAULT_REDIST_URL).map_err(|e| e.to_string())
+    parse_manifest(
+        "redistrib_3.4.5.json",
+        &serde_json::to_vec(v).unwrap(),
+        DEFAULT_REDIST_URL,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn parse_err(v: &Value) -> String {
     let e = parse(v).expect_err("must be rejected");
-    assert!(e.contains("redistrib_3.4.5.json"), "error names the file: {e}");
+    assert!(
+        e.contains("redistrib_3.4.5.json"),
+        "error names the file: {e}"
+    );
     e
 }
 
@@ -49,15 +57,26 @@ fn manifest_parses_platforms_variants_and_optional_fields() {
     let m = parse(&manifest()).unwrap();
     assert_eq!(m.version.to_string(), "3.4.5");
     assert_eq!(m.release_date.as_deref(), Some("2025-09-06"));
-    let keys: Vec<(System, u32, Option<u64>)> = m.artifacts.iter().map(|a| (a.system, a.cuda, a.size)).collect();
+    let keys: Vec<(System, u32, Option<u64>)> = m
+        .artifacts
+        .iter()
+        .map(|a| (a.system, a.cuda, a.size))
+        .collect();
     assert_eq!(
         keys,
-        [(System::Aarch64Linux, 12, None), (System::X86_64Linux, 12, Some(190224128)), (System::X86_64Linux, 13, None)],
+        [
+            (System::Aarch64Linux, 12, None),
+            (System::X86_64Linux, 12, Some(190224128)),
+            (System::X86_64Linux, 13, None)
+        ],
         "windows is skipped, sizes only where given"
     );
     let a = &m.artifacts[1];
     assert_eq!(a.url, format!("{DEFAULT_REDIST_URL}libnvshmem/linux-x86_64/libnvshmem-linux-x86_64-3.4.5_cuda12-archive.tar.xz"));
-    assert_eq!(a.filename, "libnvshmem-linux-x86_64-3.4.5_cuda12-archive.tar.xz");
+    assert_eq!(
+        a.filename,
+        "libnvshmem-linux-x86_64-3.4.5_cuda12-archive.tar.xz"
+    );
 }
 
 #[test]
@@ -76,24 +95,61 @@ fn manifest_missing_keys() {
     v.as_object_mut().unwrap().remove("libnvshmem");
     assert!(parse_err(&v).contains("missing key \"libnvshmem\""));
     let mut v = manifest();
-    v["libnvshmem"]["linux-x86_64"]["cuda13"].as_object_mut().unwrap().remove("sha256");
+    v["libnvshmem"]["linux-x86_64"]["cuda13"]
+        .as_object_mut()
+        .unwrap()
+        .remove("sha256");
     let e = parse_err(&v);
-    assert!(e.contains("libnvshmem.linux-x86_64.cuda13") && e.contains("missing key \"sha256\""), "{e}");
+    assert!(
+        e.contains("libnvshmem.linux-x86_64.cuda13") && e.contains("missing key \"sha256\""),
+        "{e}"
+    );
     let mut v = manifest();
-    v["libnvshmem"]["linux-sbsa"]["cuda12"].as_object_mut().unwrap().remove("relative_path");
+    v["libnvshmem"]["linux-sbsa"]["cuda12"]
+        .as_object_mut()
+        .unwrap()
+        .remove("relative_path");
     assert!(parse_err(&v).contains("missing key \"relative_path\""));
 }
 
 #[test]
 fn manifest_wrong_types() {
     for (path, bad, expect) in [
-        (&["libnvshmem", "linux-x86_64", "cuda12", "size"][..], json!(true), "size must be a string or number"),
-        (&["libnvshmem", "linux-x86_64", "cuda12", "size"][..], json!("12 MB"), "is not a non-negative integer"),
-        (&["libnvshmem", "linux-x86_64", "cuda12", "sha256"][..], json!(42), "expected a string, found a number"),
-        (&["libnvshmem", "cuda_variant"][..], json!("12"), "expected an array"),
-        (&["libnvshmem", "linux-x86_64", "cuda12"][..], json!("x"), "expected an object, found a string"),
-        (&["release_date"][..], json!("Sept 6"), "expected a date YYYY-MM-DD"),
-        (&["libnvshmem", "version"][..], json!([3, 4, 5]), "expected a string, found an array"),
+        (
+            &["libnvshmem", "linux-x86_64", "cuda12", "size"][..],
+            json!(true),
+            "size must be a string or number",
+        ),
+        (
+            &["libnvshmem", "linux-x86_64", "cuda12", "size"][..],
+            json!("12 MB"),
+            "is not a non-negative integer",
+        ),
+        (
+            &["libnvshmem", "linux-x86_64", "cuda12", "sha256"][..],
+            json!(42),
+            "expected a string, found a number",
+        ),
+        (
+            &["libnvshmem", "cuda_variant"][..],
+            json!("12"),
+            "expected an array",
+        ),
+        (
+            &["libnvshmem", "linux-x86_64", "cuda12"][..],
+            json!("x"),
+            "expected an object, found a string",
+        ),
+        (
+            &["release_date"][..],
+            json!("Sept 6"),
+            "expected a date YYYY-MM-DD",
+        ),
+        (
+            &["libnvshmem", "version"][..],
+            json!([3, 4, 5]),
+            "expected a string, found an array",
+        ),
     ] {
         let mut v = manifest();
         let mut cur = &mut v;
@@ -107,17 +163,29 @@ fn manifest_wrong_types() {
     let mut v = manifest();
     v["libnvshmem"] = json!([]);
     assert!(parse_err(&v).contains("expected an object, found an array"));
-    assert!(parse_manifest("redistrib_3.4.5.json", b"{not json", DEFAULT_REDIST_URL).unwrap_err().to_string().contains("not valid JSON"));
+    assert!(
+        parse_manifest("redistrib_3.4.5.json", b"{not json", DEFAULT_REDIST_URL)
+            .unwrap_err()
+            .to_string()
+            .contains("not valid JSON")
+    );
 }
 
 #[test]
 fn manifest_unknown_platform_is_an_error_known_others_are_skipped() {
     let mut v = manifest();
-    v["libnvshmem"]["linux-riscv64"] = json!({ "cuda12": { "relative_path": "a", "sha256": HEX_A } });
+    v["libnvshmem"]["linux-riscv64"] =
+        json!({ "cuda12": { "relative_path": "a", "sha256": HEX_A } });
     let e = parse_err(&v);
-    assert!(e.contains("linux-riscv64") && e.contains("unknown platform") && e.contains("generator/src/nvidia.rs"), "{e}");
+    assert!(
+        e.contains("linux-riscv64")
+            && e.contains("unknown platform")
+            && e.contains("generator/src/nvidia.rs"),
+        "{e}"
+    );
     let mut v = manifest();
-    v["libnvshmem"]["linux-ppc64le"] = json!({ "cuda12": { "relative_path": "a", "sha256": HEX_A } });
+    v["libnvshmem"]["linux-ppc64le"] =
+        json!({ "cuda12": { "relative_path": "a", "sha256": HEX_A } });
     assert_eq!(parse(&v).unwrap().artifacts.len(), 3);
 }
 
@@ -166,22 +234,51 @@ fn pypi_doc(releases: Value) -> Value {
 }
 
 fn pypi_parse(v: &Value) -> Result<pypi::PypiPackage, String> {
-    pypi::parse("pypi/nvidia-nvshmem-cu13.json", &serde_json::to_vec(v).unwrap(), 13, &Version::deepep_min()).map_err(|e| e.to_string())
+    pypi::parse(
+        "pypi/nvidia-nvshmem-cu13.json",
+        &serde_json::to_vec(v).unwrap(),
+        13,
+        &Version::deepep_min(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[test]
 fn pypi_real_recorded_answer_parses_and_reduces() {
-    let raw = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pypi-cu13-raw.json")).unwrap();
+    let raw = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pypi-cu13-raw.json"),
+    )
+    .unwrap();
     let pkg = pypi::parse("raw", &raw, 13, &Version::deepep_min()).unwrap();
-    let names: Vec<String> = pkg.artifacts.iter().map(|a| format!("{} {}", a.version, a.system)).collect();
-    assert_eq!(names, ["3.4.5 aarch64-linux", "3.4.5 x86_64-linux"], "0.0.0a0 placeholder skipped");
-    assert_eq!(pkg.upload_dates[&"3.4.5".parse::<Version>().unwrap()], "2025-09-06");
+    let names: Vec<String> = pkg
+        .artifacts
+        .iter()
+        .map(|a| format!("{} {}", a.version, a.system))
+        .collect();
+    assert_eq!(
+        names,
+        ["3.4.5 aarch64-linux", "3.4.5 x86_64-linux"],
+        "0.0.0a0 placeholder skipped"
+    );
+    assert_eq!(
+        pkg.upload_dates[&"3.4.5".parse::<Version>().unwrap()],
+        "2025-09-06"
+    );
     let reduced = pypi::reduce("raw", &raw, 13).unwrap();
     let again = pypi::reduce("reduced", &reduced, 13).unwrap();
     assert_eq!(reduced, again, "reducing is idempotent");
     let from_reduced = pypi::parse("reduced", &reduced, 13, &Version::deepep_min()).unwrap();
-    assert_eq!(from_reduced.artifacts.iter().map(|a| (&a.url, a.sha256)).collect::<Vec<_>>(),
-               pkg.artifacts.iter().map(|a| (&a.url, a.sha256)).collect::<Vec<_>>());
+    assert_eq!(
+        from_reduced
+            .artifacts
+            .iter()
+            .map(|a| (&a.url, a.sha256))
+            .collect::<Vec<_>>(),
+        pkg.artifacts
+            .iter()
+            .map(|a| (&a.url, a.sha256))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -189,53 +286,97 @@ fn pypi_skips_yanked_non_wheels_and_foreign_platforms() {
     let mut yanked = wheel("3.4.5", "manylinux2014_aarch64", HEX_B);
     yanked["yanked"] = json!(true);
     let sdist = json!({ "filename": "nvidia_nvshmem_cu13-3.4.5.tar.gz", "packagetype": "sdist" });
-    let doc = pypi_doc(json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A), yanked, sdist, wheel("3.4.5", "win_amd64", HEX_A)],
-                               "3.2.5": [wheel("3.2.5", "manylinux2014_x86_64", HEX_A)], "0.0.0a0": [] }));
+    let doc = pypi_doc(
+        json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A), yanked, sdist, wheel("3.4.5", "win_amd64", HEX_A)],
+                               "3.2.5": [wheel("3.2.5", "manylinux2014_x86_64", HEX_A)], "0.0.0a0": [] }),
+    );
     let pkg = pypi_parse(&doc).unwrap();
     assert_eq!(pkg.artifacts.len(), 1);
-    assert_eq!((pkg.artifacts[0].system, pkg.artifacts[0].source), (System::X86_64Linux, SourceKind::Pypi));
+    assert_eq!(
+        (pkg.artifacts[0].system, pkg.artifacts[0].source),
+        (System::X86_64Linux, SourceKind::Pypi)
+    );
 }
 
 #[test]
 fn pypi_malformed_input() {
     let cases: Vec<(Value, &str)> = vec![
         (json!({ "info": {} }), "missing key \"releases\""),
-        (json!({ "releases": [] }), "releases: expected an object, found an array"),
-        (pypi_doc(json!({ "3.4.5": {} })), "releases.3.4.5: expected an array of files"),
-        (pypi_doc(json!({ "3.4.5": [ { "packagetype": "bdist_wheel" } ] })), "missing key \"filename\""),
-        (pypi_doc(json!({ "3.4.5": [ { "filename": 7, "packagetype": "bdist_wheel" } ] })), "filename: expected a string, found a number"),
-        (json!({ "info": { "name": "numpy" }, "releases": {} }), "expected \"nvidia-nvshmem-cu13\""),
+        (
+            json!({ "releases": [] }),
+            "releases: expected an object, found an array",
+        ),
+        (
+            pypi_doc(json!({ "3.4.5": {} })),
+            "releases.3.4.5: expected an array of files",
+        ),
+        (
+            pypi_doc(json!({ "3.4.5": [ { "packagetype": "bdist_wheel" } ] })),
+            "missing key \"filename\"",
+        ),
+        (
+            pypi_doc(json!({ "3.4.5": [ { "filename": 7, "packagetype": "bdist_wheel" } ] })),
+            "filename: expected a string, found a number",
+        ),
+        (
+            json!({ "info": { "name": "numpy" }, "releases": {} }),
+            "expected \"nvidia-nvshmem-cu13\"",
+        ),
         (json!([1, 2]), "expected an object, found an array"),
     ];
     for (doc, expect) in cases {
         let e = pypi_parse(&doc).expect_err(expect);
-        assert!(e.contains(expect) && e.contains("pypi/nvidia-nvshmem-cu13.json"), "{expect}: {e}");
+        assert!(
+            e.contains(expect) && e.contains("pypi/nvidia-nvshmem-cu13.json"),
+            "{expect}: {e}"
+        );
     }
     let mut w = wheel("3.4.5", "manylinux2014_x86_64", HEX_A);
     w.as_object_mut().unwrap().remove("digests");
-    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] }))).unwrap_err().contains("missing key \"digests\""));
+    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] })))
+        .unwrap_err()
+        .contains("missing key \"digests\""));
     let w = wheel("3.4.5", "manylinux2014_x86_64", "not-hex");
-    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] }))).unwrap_err().contains("sha256 hex"));
+    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] })))
+        .unwrap_err()
+        .contains("sha256 hex"));
     let mut w = wheel("3.4.5", "manylinux2014_x86_64", HEX_A);
     w["size"] = json!(-5);
-    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] }))).unwrap_err().contains("not a non-negative integer"));
+    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] })))
+        .unwrap_err()
+        .contains("not a non-negative integer"));
     let mut w = wheel("3.4.5", "manylinux2014_x86_64", HEX_A);
     w["size"] = json!(1u64 << 40);
-    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] }))).unwrap_err().contains("sanity limit"));
+    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] })))
+        .unwrap_err()
+        .contains("sanity limit"));
     let w = wheel("3.4.6", "manylinux2014_x86_64", HEX_A);
-    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] }))).unwrap_err().contains("is not a wheel of version 3.4.5"));
+    assert!(pypi_parse(&pypi_doc(json!({ "3.4.5": [w] })))
+        .unwrap_err()
+        .contains("is not a wheel of version 3.4.5"));
     let huge = vec![b' '; 17 << 20];
-    assert!(pypi::parse("big", &huge, 13, &Version::deepep_min()).unwrap_err().to_string().contains("refusing to parse"));
+    assert!(pypi::parse("big", &huge, 13, &Version::deepep_min())
+        .unwrap_err()
+        .to_string()
+        .contains("refusing to parse"));
 }
 
 #[test]
 fn pypi_duplicate_versions_and_wheels() {
-    let doc = pypi_doc(json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A)], "3.4.5.0": [wheel("3.4.5.0", "manylinux2014_x86_64", HEX_A)] }));
+    let doc = pypi_doc(
+        json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A)], "3.4.5.0": [wheel("3.4.5.0", "manylinux2014_x86_64", HEX_A)] }),
+    );
     let e = pypi_parse(&doc).unwrap_err();
     assert!(e.contains("duplicate") && e.contains("3.4.5.0"), "{e}");
-    let doc = pypi_doc(json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A), wheel("3.4.5", "manylinux_2_28_x86_64", HEX_B)] }));
+    let doc = pypi_doc(
+        json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A), wheel("3.4.5", "manylinux_2_28_x86_64", HEX_B)] }),
+    );
     let e = pypi_parse(&doc).unwrap_err();
-    assert!(e.contains("duplicate entry for 3.4.5 x86_64-linux cuda13 pypi") && e.contains("manylinux_2_28"), "{e}");
+    assert!(
+        e.contains("duplicate entry for 3.4.5 x86_64-linux cuda13 pypi")
+            && e.contains("manylinux_2_28"),
+        "{e}"
+    );
 }
 
 // ---- lock over several documents -------------------------------------------------------
@@ -244,38 +385,70 @@ fn pypi_duplicate_versions_and_wheels() {
 fn duplicate_nvidia_versions_are_refused() {
     let mut inputs = Inputs::default();
     let bytes = serde_json::to_vec(&manifest()).unwrap();
-    inputs.nvidia.insert("redistrib_3.4.5.json".into(), bytes.clone());
+    inputs
+        .nvidia
+        .insert("redistrib_3.4.5.json".into(), bytes.clone());
     let mut other = manifest();
     other["libnvshmem"]["version"] = json!("3.4.5.0");
-    inputs.nvidia.insert("redistrib_3.4.5.0.json".into(), serde_json::to_vec(&other).unwrap());
-    let e = build(&inputs, &BuildOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("duplicate") && e.contains("redistrib_3.4.5.0.json") && e.contains("redistrib_3.4.5.json"), "{e}");
+    inputs.nvidia.insert(
+        "redistrib_3.4.5.0.json".into(),
+        serde_json::to_vec(&other).unwrap(),
+    );
+    let e = build(&inputs, &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("duplicate")
+            && e.contains("redistrib_3.4.5.0.json")
+            && e.contains("redistrib_3.4.5.json"),
+        "{e}"
+    );
 }
 
 #[test]
 fn lock_below_deepep_floor_is_refused() {
-    let opts = BuildOptions { min_version: "3.2.5".parse().unwrap(), ..BuildOptions::default() };
+    let opts = BuildOptions {
+        min_version: "3.2.5".parse().unwrap(),
+        ..BuildOptions::default()
+    };
     let e = build(&Inputs::default(), &opts).unwrap_err().to_string();
     assert!(e.contains("DeepEP") && e.contains("3.3.9"), "{e}");
     let repo = common::temp_repo_with_committed_data();
-    let out = common::run_in(repo.path(), &["lock", "--offline", "--min-version", "3.2.5"]);
+    let out = common::run_in(
+        repo.path(),
+        &["lock", "--offline", "--min-version", "3.2.5"],
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(common::stderr(&out).contains("DeepEP requires"), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("DeepEP requires"),
+        "{}",
+        common::stderr(&out)
+    );
 }
 
 #[test]
 fn malformed_vendored_manifest_fails_lock_and_writes_nothing() {
     let repo = common::temp_repo_with_committed_data();
-    let bad = repo.path().join("pkgs/nvshmem/manifests/nvidia/redistrib_3.5.19.json");
-    let text = std::fs::read_to_string(&bad).unwrap().replace("\"sha256\": \"fba5", "\"sha256\": \"XYZ5");
+    let bad = repo
+        .path()
+        .join("pkgs/nvshmem/manifests/nvidia/redistrib_3.5.19.json");
+    let text = std::fs::read_to_string(&bad)
+        .unwrap()
+        .replace("\"sha256\": \"fba5", "\"sha256\": \"XYZ5");
     std::fs::write(&bad, text).unwrap();
     let before = common::snapshot(repo.path());
     let out = common::run_in(repo.path(), &["lock", "--offline"]);
     assert_eq!(out.status.code(), Some(1));
     let err = common::stderr(&out);
-    assert!(err.contains("redistrib_3.5.19.json") && err.contains("sha256"), "{err}");
+    assert!(
+        err.contains("redistrib_3.5.19.json") && err.contains("sha256"),
+        "{err}"
+    );
     assert_eq!(common::snapshot(repo.path()), before, "nothing written");
-    let leftovers: Vec<_> = std::fs::read_dir(repo.path().join("pkgs/nvshmem")).unwrap()
-        .filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(".deepep-nix")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(repo.path().join("pkgs/nvshmem"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".deepep-nix"))
+        .collect();
     assert!(leftovers.is_empty());
 }

@@ -21,7 +21,10 @@ fn pinned_wheel_verifies_with_real_bytes() {
             return;
         }
     };
-    let out = common::run_in(&common::repo_root(), &["verify", "--json", "--file", wheel.to_str().unwrap()]);
+    let out = common::run_in(
+        &common::repo_root(),
+        &["verify", "--json", "--file", wheel.to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", common::stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["version"], "3.4.5");

@@ -18,17 +18,31 @@ pub enum Behaviour {
     /// A bare status with a short text body.
     Status(u16),
     /// Answer `status` for the first `n` requests, then behave like `then`.
-    FailFirst { n: usize, status: u16, then: Box<Behaviour> },
+    FailFirst {
+        n: usize,
+        status: u16,
+        then: Box<Behaviour>,
+    },
     /// Sleep before answering (to trigger client timeouts), then behave like `then`.
-    Delay { delay: Duration, then: Box<Behaviour> },
+    Delay {
+        delay: Duration,
+        then: Box<Behaviour>,
+    },
     /// Declare the full length but send only `sent` bytes, then close, for the first `n`
     /// requests; afterwards serve the body properly.
-    Truncate { body: Vec<u8>, sent: usize, n: usize },
+    Truncate {
+        body: Vec<u8>,
+        sent: usize,
+        n: usize,
+    },
 }
 
 impl Behaviour {
     pub fn ok(body: impl Into<Vec<u8>>) -> Behaviour {
-        Behaviour::Body { body: body.into(), ranges: true }
+        Behaviour::Body {
+            body: body.into(),
+            ranges: true,
+        }
     }
 }
 
@@ -64,7 +78,11 @@ impl Server {
     }
 
     pub fn route(&self, path: &str, b: Behaviour) {
-        self.state.lock().unwrap().routes.insert(path.to_string(), b);
+        self.state
+            .lock()
+            .unwrap()
+            .routes
+            .insert(path.to_string(), b);
     }
 
     pub fn hits(&self, path: &str) -> usize {
@@ -93,8 +111,18 @@ fn reason(code: u16) -> &'static str {
     }
 }
 
-fn respond(conn: &mut TcpStream, code: u16, extra: &str, body: &[u8], declared: usize) -> std::io::Result<()> {
-    write!(conn, "HTTP/1.1 {code} {}\r\nContent-Length: {declared}\r\nConnection: close\r\n{extra}\r\n", reason(code))?;
+fn respond(
+    conn: &mut TcpStream,
+    code: u16,
+    extra: &str,
+    body: &[u8],
+    declared: usize,
+) -> std::io::Result<()> {
+    write!(
+        conn,
+        "HTTP/1.1 {code} {}\r\nContent-Length: {declared}\r\nConnection: close\r\n{extra}\r\n",
+        reason(code)
+    )?;
     conn.write_all(body)?;
     conn.flush()
 }
@@ -103,7 +131,11 @@ fn handle(mut conn: TcpStream, st: &Arc<Mutex<State>>) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
-    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .to_string();
     let mut range_from: Option<u64> = None;
     loop {
         let mut line = String::new();
@@ -153,8 +185,18 @@ fn handle(mut conn: TcpStream, st: &Arc<Mutex<State>>) -> std::io::Result<()> {
             Behaviour::Body { body, ranges } => {
                 return match range_from {
                     Some(from) if ranges && (from as usize) < body.len() => {
-                        let extra = format!("Content-Range: bytes {from}-{}/{}\r\n", body.len() - 1, body.len());
-                        respond(&mut conn, 206, &extra, &body[from as usize..], body.len() - from as usize)
+                        let extra = format!(
+                            "Content-Range: bytes {from}-{}/{}\r\n",
+                            body.len() - 1,
+                            body.len()
+                        );
+                        respond(
+                            &mut conn,
+                            206,
+                            &extra,
+                            &body[from as usize..],
+                            body.len() - from as usize,
+                        )
                     }
                     Some(_) if ranges => respond(&mut conn, 416, "", b"", 0),
                     _ => respond(&mut conn, 200, "", &body, body.len()),
@@ -188,13 +230,18 @@ pub fn stderr(o: &Output) -> String {
 
 /// The repository root (the generator crate's parent).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Every file below `dir` with its bytes (symlinks as their target), for before/after checks.
 pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
@@ -202,7 +249,13 @@ pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
             let rel = p.strip_prefix(base).unwrap().to_path_buf();
             let meta = std::fs::symlink_metadata(&p).unwrap();
             if meta.file_type().is_symlink() {
-                out.push((rel, std::fs::read_link(&p).unwrap().into_os_string().into_encoded_bytes()));
+                out.push((
+                    rel,
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                ));
             } else if meta.is_dir() {
                 out.push((rel.clone(), b"<dir>".to_vec()));
                 walk(base, &p, out);
@@ -224,7 +277,10 @@ pub fn temp_repo_with_committed_data() -> tempfile::TempDir {
         let dst = t.path().join("pkgs/nvshmem").join(&rel);
         if bytes == b"<dir>" {
             std::fs::create_dir_all(&dst).unwrap();
-        } else if rel.extension().is_some_and(|e| e == "json" || e == "nix" || e == "md") {
+        } else if rel
+            .extension()
+            .is_some_and(|e| e == "json" || e == "nix" || e == "md")
+        {
             std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
             std::fs::write(&dst, bytes).unwrap();
         }
