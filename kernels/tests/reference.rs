@@ -1092,3 +1092,44 @@ fn per_rank_variants_equal_the_full_computation() {
         }
     }
 }
+
+/// Soundness of the summation bound under stress: terms with wide exponent ranges and
+/// cancellation, summed in many orders (sequential permutations and pairwise trees), f32
+/// accumulation then one bf16 rounding, must always land within `bf16_sum_bound`; and the bound
+/// stays within a couple of bf16 ulps of the result when there is no cancellation.
+#[test]
+fn summation_bound_is_sound_under_reordering() {
+    use deepep_kernels::reference::numeric::bf16_sum_bound;
+    let mut rng = random::rng(2024, 0, 5);
+    for _ in 0..20_000 {
+        let n = rng.random_range(1..=10usize);
+        let same_sign = rng.random::<bool>();
+        let terms: Vec<f32> = (0..n)
+            .map(|_| {
+                let m = 1.0 + rng.random::<f32>();
+                let e = rng.random_range(-12..=12);
+                let s = if same_sign || rng.random::<bool>() { 1.0 } else { -1.0 };
+                bf16_rn(s * m * 2f32.powi(e)).to_f32()
+            })
+            .collect();
+        let exact: f64 = terms.iter().map(|&v| v as f64).sum();
+        let abs: f64 = terms.iter().map(|&v| (v as f64).abs()).sum();
+        let bound = bf16_sum_bound(exact, abs, n - 1);
+        let mut order: Vec<usize> = (0..n).collect();
+        for _ in 0..6 {
+            order.shuffle(&mut rng);
+            let seq = bf16_rn(order.iter().fold(0f32, |a, &i| a + terms[i]));
+            assert!((seq.to_f64() - exact).abs() <= bound, "terms {terms:?} order {order:?}: {seq} vs {exact} (bound {bound:e})");
+            // pairwise tree over the shuffled order
+            let mut level: Vec<f32> = order.iter().map(|&i| terms[i]).collect();
+            while level.len() > 1 {
+                level = level.chunks(2).map(|c| c.iter().sum()).collect();
+            }
+            let tree = bf16_rn(level[0]);
+            assert!((tree.to_f64() - exact).abs() <= bound, "tree: {tree} vs {exact}");
+        }
+        if same_sign {
+            assert!(bound <= 1.01 * ulp_bf16(exact), "bound {bound:e} vs ulp {:e}", ulp_bf16(exact));
+        }
+    }
+}
