@@ -28,9 +28,15 @@ fn ranks_per_host_must_divide_world_and_fit_a_mask() {
     let m = err(cfg(3).validate(8, None));
     assert!(m.contains("ranks_per_node") && m.contains("divide"), "{m}");
     let m = err(cfg(16).validate(32, None));
-    assert!(m.contains("ranks_per_host 16") && m.contains("at most 8"), "{m}");
+    assert!(
+        m.contains("ranks_per_host 16") && m.contains("at most 8"),
+        "{m}"
+    );
     let m = err(cfg(1).validate(64, None));
-    assert!(m.contains("64 hosts") && m.contains("raise ranks_per_host"), "{m}");
+    assert!(
+        m.contains("64 hosts") && m.contains("raise ranks_per_host"),
+        "{m}"
+    );
     let m = err(cfg(0).validate(2, None));
     assert!(m.contains("ranks_per_node"), "{m}");
 }
@@ -79,29 +85,88 @@ fn per_call_checks_name_the_fix() {
     let sym = SymLayout::new(&c, 2).unwrap();
     check_dispatch(&sym, 4096, 7168, 8, 256, DType::Bf16, c.max_local_experts).unwrap();
     check_dispatch(&sym, 0, 7168, 8, 16, DType::Fp8E4m3, c.max_local_experts).unwrap();
-    let m = err(check_dispatch(&sym, 4097, 7168, 8, 256, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        4097,
+        7168,
+        8,
+        256,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains("max_tokens_per_rank >= 4097"), "{m}");
     // Smaller rows fit a buffer made for larger ones; larger or unaligned ones do not.
     check_dispatch(&sym, 16, 4096, 8, 256, DType::Bf16, c.max_local_experts).unwrap();
-    let m = err(check_dispatch(&sym, 16, 8192, 8, 256, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        8192,
+        8,
+        256,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains("hidden >= 8192"), "{m}");
-    let m = err(check_dispatch(&sym, 16, 4000, 8, 256, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        4000,
+        8,
+        256,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains("multiple of 128"), "{m}");
-    let m = err(check_dispatch(&sym, 16, 7168, 9, 256, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        7168,
+        9,
+        256,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains('9'), "{m}");
-    let m = err(check_dispatch(&sym, 16, 7168, 8, 257, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        7168,
+        8,
+        257,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains("257"), "{m}");
-    let m = err(check_dispatch(&sym, 16, 7168, 8, 512, DType::Bf16, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        7168,
+        8,
+        512,
+        DType::Bf16,
+        c.max_local_experts,
+    ));
     assert!(m.contains("max_local_experts >= 256"), "{m}");
-    let m = err(check_dispatch(&sym, 16, 7168, 8, 256, DType::F32, c.max_local_experts));
+    let m = err(check_dispatch(
+        &sym,
+        16,
+        7168,
+        8,
+        256,
+        DType::F32,
+        c.max_local_experts,
+    ));
     assert!(m.contains("bf16 or fp8"), "{m}");
 }
 
 #[test]
 fn symmetric_layout_is_aligned_and_disjoint() {
-    for (world, rph, tokens, hidden, k, sms) in
-        [(2, 1, 4096, 7168, 8, 24), (16, 8, 512, 2048, 1, 20), (8, 4, 1, 4096, 32, 2), (32, 8, 256, 7168, 6, 64)]
-    {
+    for (world, rph, tokens, hidden, k, sms) in [
+        (2, 1, 4096, 7168, 8, 24),
+        (16, 8, 512, 2048, 1, 20),
+        (8, 4, 1, 4096, 32, 2),
+        (32, 8, 256, 7168, 6, 64),
+    ] {
         let mut c = InternodeConfig::new(rph, tokens, hidden);
         c.max_topk = k;
         c.num_sms = sms;
@@ -109,7 +174,12 @@ fn symmetric_layout_is_aligned_and_disjoint() {
         let mut ranges = sym.ranges();
         ranges.sort_by_key(|r| r.1);
         for w in ranges.windows(2) {
-            assert!(w[0].1 + w[0].2 <= w[1].1, "{} overlaps {}: {ranges:?}", w[0].0, w[1].0);
+            assert!(
+                w[0].1 + w[0].2 <= w[1].1,
+                "{} overlaps {}: {ranges:?}",
+                w[0].0,
+                w[1].0
+            );
         }
         for (name, off, _) in &ranges {
             assert_eq!(off % 128, 0, "{name} not 128-byte aligned");
@@ -124,7 +194,16 @@ fn symmetric_layout_is_aligned_and_disjoint() {
         assert!(sym.comb_in_half >= sym.max_recv * hidden * 2);
         // A handle for the largest token count fits its arrays in order.
         let h = HandleLayout::new(&sym, tokens);
-        let offs = [h.send_slot, h.send_lmask, h.send_off, h.recv_off, h.rdma_off, h.fwd_base, h.fwd_mask, h.total];
+        let offs = [
+            h.send_slot,
+            h.send_lmask,
+            h.send_off,
+            h.recv_off,
+            h.rdma_off,
+            h.fwd_base,
+            h.fwd_mask,
+            h.total,
+        ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]), "{h:?}");
         assert!(h.send_lmask - h.send_slot >= 4 * tokens * sym.num_hosts);
         assert!(h.total - h.fwd_mask >= sym.num_hosts * tokens);

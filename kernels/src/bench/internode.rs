@@ -19,7 +19,9 @@
 //! `--num-sms` (default 24 = 12 channels).
 
 use super::{token_bytes, BenchCtx, Routing, Row, Shape};
-use crate::nvshmem::internode::{nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig};
+use crate::nvshmem::internode::{
+    nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
+};
 use crate::runtime::timing::Stats;
 use crate::tensor::{DType, Tensor};
 use crate::{EpError, Result};
@@ -45,8 +47,11 @@ pub fn rdma_tokens(routing: &Routing, s: usize, ranks_per_host: usize) -> usize 
     let idx = &routing.topk_idx[s];
     (0..sh.tokens)
         .map(|t| {
-            let mut hosts: Vec<usize> =
-                idx[t * sh.topk..(t + 1) * sh.topk].iter().filter(|&&e| e >= 0).map(|&e| e as usize / per_rank / ranks_per_host).collect();
+            let mut hosts: Vec<usize> = idx[t * sh.topk..(t + 1) * sh.topk]
+                .iter()
+                .filter(|&&e| e >= 0)
+                .map(|&e| e as usize / per_rank / ranks_per_host)
+                .collect();
             hosts.sort_unstable();
             hosts.dedup();
             hosts.len()
@@ -67,7 +72,11 @@ fn figure(stats: &[Stats], bytes: &[usize]) -> (f64, f64, usize) {
     let us = stats.iter().map(|s| s.median_us).fold(0.0, f64::max);
     let (mut slow, mut gbps) = (0, f64::INFINITY);
     for (r, s) in stats.iter().enumerate() {
-        let g = if s.median_us > 0.0 { bytes[r] as f64 / (s.median_us * 1e-6) / 1e9 } else { 0.0 };
+        let g = if s.median_us > 0.0 {
+            bytes[r] as f64 / (s.median_us * 1e-6) / 1e9
+        } else {
+            0.0
+        };
         if g < gbps {
             gbps = g;
             slow = r;
@@ -103,10 +112,17 @@ fn measure2(
         gbps,
         nccl_us: nccl.map(|n| n.0),
         nccl_gbps: nccl.map(|n| n.1),
-        ratio: if with_ratio { nccl.map(|n| gbps / n.1) } else { None },
+        ratio: if with_ratio {
+            nccl.map(|n| gbps / n.1)
+        } else {
+            None
+        },
         per_rank: stats.clone(),
     };
-    Ok(vec![row("rdma", rdma_bytes[rslow], rdma_gbps, false), row("nvl", nvl_bytes[nslow], nvl_gbps, true)])
+    Ok(vec![
+        row("rdma", rdma_bytes[rslow], rdma_gbps, false),
+        row("nvl", nvl_bytes[nslow], nvl_gbps, true),
+    ])
 }
 
 /// Run the internode mode over `shapes` (collective).
@@ -125,7 +141,13 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
         cfg.num_sms = num_sms;
         cfg.max_topk = k;
         cfg.max_local_experts = (shape.experts / w).max(1);
-        cfg.max_recv_tokens = Some((0..w).map(|r| routing.tokens_received(r)).max().unwrap_or(1).max(1));
+        cfg.max_recv_tokens = Some(
+            (0..w)
+                .map(|r| routing.tokens_received(r))
+                .max()
+                .unwrap_or(1)
+                .max(1),
+        );
         let mut buf = InternodeBuffer::new(gpu, comm, &rt, cfg)?;
         let stream = gpu.stream().clone();
         let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
@@ -149,22 +171,55 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
             let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
             let (send, recv) = routing.dispatch_bytes(me, tb);
-            rows.extend(measure2(ctx, op, shape, sms, &rdma, &nvl, &send, &recv, || {
-                let a = if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
-                buf.dispatch(a).map(|_| ())
-            })?);
+            rows.extend(measure2(
+                ctx,
+                op,
+                shape,
+                sms,
+                &rdma,
+                &nvl,
+                &send,
+                &recv,
+                || {
+                    let a = if fp8 {
+                        DispatchArgs::cached(&x8, &handle).scales(&sc)
+                    } else {
+                        DispatchArgs::cached(&x, &handle)
+                    };
+                    buf.dispatch(a).map(|_| ())
+                },
+            )?);
         }
         let tb = token_bytes(h, false);
         let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
         let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
         let (send, recv) = routing.dispatch_bytes(me, tb);
         // Combine moves the transpose of the dispatch counts.
-        rows.extend(measure2(ctx, "combine-bf16", shape, sms, &rdma, &nvl, &recv, &send, || {
-            buf.combine(CombineArgs::new(&y, &handle)).map(|_| ())
-        })?);
-        rows.extend(measure2(ctx, "dispatch-bf16-uncached", shape, sms, &rdma, &nvl, &send, &recv, || {
-            buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts)).map(|_| ())
-        })?);
+        rows.extend(measure2(
+            ctx,
+            "combine-bf16",
+            shape,
+            sms,
+            &rdma,
+            &nvl,
+            &recv,
+            &send,
+            || buf.combine(CombineArgs::new(&y, &handle)).map(|_| ()),
+        )?);
+        rows.extend(measure2(
+            ctx,
+            "dispatch-bf16-uncached",
+            shape,
+            sms,
+            &rdma,
+            &nvl,
+            &send,
+            &recv,
+            || {
+                buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))
+                    .map(|_| ())
+            },
+        )?);
         // Peers must be done with our buffer before it is freed (the free is collective).
         gpu.sync("internode bench shape done")?;
         comm.barrier()?;
@@ -179,10 +234,17 @@ mod tests {
 
     #[test]
     fn rdma_tokens_count_destination_hosts_once() {
-        let shape = Shape { tokens: 200, hidden: 128, topk: 8, experts: 64 };
+        let shape = Shape {
+            tokens: 200,
+            hidden: 128,
+            topk: 8,
+            experts: 64,
+        };
         let r = Routing::new(3, 8, shape);
         // One host: every token that goes anywhere counts once.
-        let any: usize = (0..200).filter(|&t| r.topk_idx[0][t * 8..t * 8 + 8].iter().any(|&e| e >= 0)).count();
+        let any: usize = (0..200)
+            .filter(|&t| r.topk_idx[0][t * 8..t * 8 + 8].iter().any(|&e| e >= 0))
+            .count();
         assert_eq!(rdma_tokens(&r, 0, 8), any);
         // One GPU per host: the RDMA count is the per-rank count.
         assert_eq!(rdma_tokens(&r, 0, 1), r.tokens_to[0].iter().sum::<usize>());

@@ -12,7 +12,9 @@
 //! `ranks_per_host = world` keeps everything in one host, exercising the NVLink hop (pull from
 //! the forwarder, gather in combine). Both are run.
 
-use super::internode::{nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig};
+use super::internode::{
+    nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
+};
 use super::NvshmemRuntime;
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::{self, random, Payload};
@@ -68,22 +70,110 @@ pub fn cases() -> Vec<Case> {
     let mut specs: Vec<(&str, Spec)> = vec![
         ("bf16 h7168 k8 e256", BASE),
         ("fp8 h7168 k8 e256", Spec { fp8: true, ..BASE }),
-        ("bf16 h2048 k1 e16 bias1", Spec { hidden: 2048, topk: 1, experts: 16, biases: 1, max_tokens: 64, ..BASE }),
-        ("fp8 h4096 k6 e64 masked", Spec { hidden: 4096, topk: 6, experts: 64, fp8: true, masked: 0.1, ..BASE }),
-        ("bf16 h4096 k6 e128 align4 bias2", Spec { hidden: 4096, topk: 6, experts: 128, alignment: 4, biases: 2, ..BASE }),
-        ("bf16 h7168 k8 e256 tokens<=1", Spec { max_tokens: 1, reps: 4, ..BASE }),
-        ("bf16 h2048 k8 e32 sms2", Spec { hidden: 2048, experts: 32, num_sms: 2, max_tokens: 200, ..BASE }),
-        ("bf16 h2048 k6 e64 sms64 no-weights", Spec { hidden: 2048, topk: 6, experts: 64, num_sms: 64, with_weights: false, ..BASE }),
-        ("bf16 h7168 k8 e256 4096 tokens", Spec { max_tokens: 4096, reps: 2, biases: 1, ..BASE }),
-        ("fp8 h7168 k8 e256 race x20", Spec { fp8: true, masked: 0.05, max_tokens: 512, reps: 20, ..BASE }),
+        (
+            "bf16 h2048 k1 e16 bias1",
+            Spec {
+                hidden: 2048,
+                topk: 1,
+                experts: 16,
+                biases: 1,
+                max_tokens: 64,
+                ..BASE
+            },
+        ),
+        (
+            "fp8 h4096 k6 e64 masked",
+            Spec {
+                hidden: 4096,
+                topk: 6,
+                experts: 64,
+                fp8: true,
+                masked: 0.1,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h4096 k6 e128 align4 bias2",
+            Spec {
+                hidden: 4096,
+                topk: 6,
+                experts: 128,
+                alignment: 4,
+                biases: 2,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h7168 k8 e256 tokens<=1",
+            Spec {
+                max_tokens: 1,
+                reps: 4,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h2048 k8 e32 sms2",
+            Spec {
+                hidden: 2048,
+                experts: 32,
+                num_sms: 2,
+                max_tokens: 200,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h2048 k6 e64 sms64 no-weights",
+            Spec {
+                hidden: 2048,
+                topk: 6,
+                experts: 64,
+                num_sms: 64,
+                with_weights: false,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h7168 k8 e256 4096 tokens",
+            Spec {
+                max_tokens: 4096,
+                reps: 2,
+                biases: 1,
+                ..BASE
+            },
+        ),
+        (
+            "fp8 h7168 k8 e256 race x20",
+            Spec {
+                fp8: true,
+                masked: 0.05,
+                max_tokens: 512,
+                reps: 20,
+                ..BASE
+            },
+        ),
     ];
     let one_host: Vec<(String, Spec)> = specs
         .iter()
         .filter(|(n, _)| !n.contains("4096 tokens"))
-        .map(|(n, s)| (format!("{n} one-host"), Spec { one_host: true, ..*s }))
+        .map(|(n, s)| {
+            (
+                format!("{n} one-host"),
+                Spec {
+                    one_host: true,
+                    ..*s
+                },
+            )
+        })
         .collect();
-    let mut out: Vec<Case> = specs.drain(..).map(|(n, s)| case(format!("internode {n} 2-hop"), s)).collect();
-    out.extend(one_host.into_iter().map(|(n, s)| case(format!("internode {n}"), s)));
+    let mut out: Vec<Case> = specs
+        .drain(..)
+        .map(|(n, s)| case(format!("internode {n} 2-hop"), s))
+        .collect();
+    out.extend(
+        one_host
+            .into_iter()
+            .map(|(n, s)| case(format!("internode {n}"), s)),
+    );
     out.push(Case::new("internode rejects bad arguments", bad_arguments).min_world(2));
     out
 }
@@ -92,12 +182,18 @@ fn case(name: String, spec: Spec) -> Case {
     Case::new(name, move |ctx| run(ctx, &spec)).min_world(2)
 }
 
-fn upload_payload(stream: &Arc<cudarc::driver::CudaStream>, p: &Payload, n: usize, h: usize) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+fn upload_payload(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    p: &Payload,
+    n: usize,
+    h: usize,
+) -> anyhow::Result<(Tensor, Option<Tensor>)> {
     Ok(match p {
         Payload::Bf16(v) => (Tensor::from_host(stream, v, &[n, h])?, None),
-        Payload::Fp8 { data, scales } => {
-            (Tensor::from_host_as(stream, DType::Fp8E4m3, data, &[n, h])?, Some(Tensor::from_host(stream, scales, &[n, h / 128])?))
-        }
+        Payload::Fp8 { data, scales } => (
+            Tensor::from_host_as(stream, DType::Fp8E4m3, data, &[n, h])?,
+            Some(Tensor::from_host(stream, scales, &[n, h / 128])?),
+        ),
     })
 }
 
@@ -107,26 +203,56 @@ fn check(what: &str, r: Result<(), String>) -> anyhow::Result<()> {
 
 fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
-    let Spec { hidden: h, topk: k, experts: e, .. } = *spec;
+    let Spec {
+        hidden: h,
+        topk: k,
+        experts: e,
+        ..
+    } = *spec;
     // One host: the largest divisor of the world that fits a host (all of it for <= 8 ranks).
     let rph = if spec.one_host {
-        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world)).rev().find(|p| world % p == 0).unwrap_or(1)
+        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+            .rev()
+            .find(|p| world % p == 0)
+            .unwrap_or(1)
     } else {
         1
     };
     let tokens = random::token_counts(ctx.seed, world, spec.max_tokens);
-    let ispec = random::InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: spec.fp8, masked_fraction: spec.masked };
+    let ispec = random::InputSpec {
+        num_tokens: 0,
+        hidden: h,
+        num_topk: k,
+        num_experts: e,
+        fp8: spec.fp8,
+        masked_fraction: spec.masked,
+    };
     let inputs = random::all_inputs(ctx.seed, &tokens, &ispec);
     let expected = reference::dispatch(&inputs, e, spec.alignment)?;
     // Combine inputs of every rank (for the reference) and this rank's tensors.
     let ys: Vec<Vec<bf16>> = (0..world)
-        .map(|d| random::combine_rows(ctx.seed, d, random::streams::COMBINE_Y, expected[d].num_recv_tokens, h))
+        .map(|d| {
+            random::combine_rows(
+                ctx.seed,
+                d,
+                random::streams::COMBINE_Y,
+                expected[d].num_recv_tokens,
+                h,
+            )
+        })
         .collect();
-    let ws: Vec<Vec<f32>> = expected.iter().map(|o| o.recv_topk_weights.clone()).collect();
-    let bias_of = |stream: u64| -> Vec<Vec<bf16>> { (0..world).map(|s| random::combine_rows(ctx.seed, s, stream, tokens[s], h)).collect() };
+    let ws: Vec<Vec<f32>> = expected
+        .iter()
+        .map(|o| o.recv_topk_weights.clone())
+        .collect();
+    let bias_of = |stream: u64| -> Vec<Vec<bf16>> {
+        (0..world)
+            .map(|s| random::combine_rows(ctx.seed, s, stream, tokens[s], h))
+            .collect()
+    };
     let b0 = (spec.biases >= 1).then(|| bias_of(random::streams::BIAS0));
     let b1 = (spec.biases >= 2).then(|| bias_of(random::streams::BIAS1));
-    let want_comb = reference::combine_internode(
+    let wc = reference::normal::combine_internode_rank(
         &expected,
         &inputs,
         reference::normal::CombineArgs {
@@ -136,6 +262,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
             bias1: b1.as_deref(),
         },
         rph,
+        rank,
     )?;
 
     let nv = nvshmem(ctx)?;
@@ -152,67 +279,139 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     let topk_idx = Tensor::from_host(&s, &me.topk_idx, &[n, k])?;
     let topk_w = Tensor::from_host(&s, &me.topk_weights, &[n, k])?;
     let y = Tensor::from_host(&s, &ys[rank], &[expected[rank].num_recv_tokens, h])?;
-    let bias0 = b0.as_ref().map(|b| Tensor::from_host(&s, &b[rank], &[n, h])).transpose()?;
-    let bias1 = b1.as_ref().map(|b| Tensor::from_host(&s, &b[rank], &[n, h])).transpose()?;
+    let bias0 = b0
+        .as_ref()
+        .map(|b| Tensor::from_host(&s, &b[rank], &[n, h]))
+        .transpose()?;
+    let bias1 = b1
+        .as_ref()
+        .map(|b| Tensor::from_host(&s, &b[rank], &[n, h]))
+        .transpose()?;
     let want = &expected[rank];
     let m = want.num_recv_tokens;
 
-    for rep in 0..spec.reps {
-        let at = |what: &str| format!("rep {rep}: {what}");
-        let mut args = DispatchArgs::fresh(&x, &topk_idx, &topk_w, e).expert_alignment(spec.alignment);
-        if let Some(sc) = &scales {
-            args = args.scales(sc);
-        }
-        let out = buf.dispatch(args).with_context(|| at("dispatch"))?;
-        ctx.gpu.sync("internode dispatch").with_context(|| at("dispatch"))?;
-        if out.handle.num_recv_tokens != m {
-            bail!("{}: received {} rows, reference {m}", at("dispatch"), out.handle.num_recv_tokens);
-        }
-        if out.num_recv_tokens_per_expert != want.num_recv_tokens_per_expert {
-            bail!("{}: per-expert counts {:?}, reference {:?}", at("dispatch"), out.num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
-        }
-        check_payload(&at("dispatch recv_x"), &out.recv_x, out.recv_scales.as_ref(), &want.recv_x)?;
-        let idx: Vec<i64> = out.recv_topk_idx.as_ref().ok_or_else(|| anyhow!("no recv_topk_idx"))?.to_host()?;
-        check(&at("recv_topk_idx"), reference::compare::bit_exact("recv_topk_idx", &idx, &want.recv_topk_idx, k))?;
-        let w: Vec<f32> = out.recv_topk_weights.as_ref().ok_or_else(|| anyhow!("no recv_topk_weights"))?.to_host()?;
-        check(&at("recv_topk_weights"), reference::compare::bit_exact("recv_topk_weights", &w, &want.recv_topk_weights, k))?;
-        let src: Vec<i32> = out.handle.recv_src_idx.to_host()?;
-        check(&at("recv_src_idx"), reference::compare::bit_exact("recv_src_idx", &src, &want.recv_src_idx, 1))?;
-
-        if spec.cached {
-            let mut args = DispatchArgs::cached(&x, &out.handle);
+    let result = (|| -> CaseResult {
+        for rep in 0..spec.reps {
+            let at = |what: &str| format!("rep {rep}: {what}");
+            let mut args =
+                DispatchArgs::fresh(&x, &topk_idx, &topk_w, e).expert_alignment(spec.alignment);
             if let Some(sc) = &scales {
                 args = args.scales(sc);
             }
-            let c = buf.dispatch(args).with_context(|| at("cached dispatch"))?;
-            ctx.gpu.sync("internode cached dispatch").with_context(|| at("cached dispatch"))?;
-            check_payload(&at("cached recv_x"), &c.recv_x, c.recv_scales.as_ref(), &want.recv_x)?;
-        }
-
-        let rw = out.recv_topk_weights.as_ref().unwrap();
-        let mut cargs = CombineArgs::new(&y, &out.handle).bias(bias0.as_ref(), bias1.as_ref());
-        if spec.with_weights {
-            cargs = cargs.weights(rw);
-        }
-        let comb = buf.combine(cargs).with_context(|| at("combine"))?;
-        ctx.gpu.sync("internode combine").with_context(|| at("combine"))?;
-        let got: Vec<bf16> = comb.combined_x.to_host()?;
-        let wc = &want_comb[rank];
-        check(&at("combined_x"), wc.combined_x.check("combined_x", &got))?;
-        check(&at("combined_x (contract order)"), wc.combined_x.check_bit_exact("combined_x", &got))?;
-        match (&wc.combined_topk_weights, &comb.combined_topk_weights) {
-            (Some(want_w), Some(got_w)) => {
-                let got_w: Vec<f32> = got_w.to_host()?;
-                check(&at("combined_topk_weights"), want_w.check("combined_topk_weights", &got_w))?;
+            let out = buf.dispatch(args).with_context(|| at("dispatch"))?;
+            ctx.gpu
+                .sync("internode dispatch")
+                .with_context(|| at("dispatch"))?;
+            if out.handle.num_recv_tokens != m {
+                bail!(
+                    "{}: received {} rows, reference {m}",
+                    at("dispatch"),
+                    out.handle.num_recv_tokens
+                );
             }
-            (None, None) => {}
-            (a, b) => bail!("{}: combined weights expected {} got {}", at("combine"), a.is_some(), b.is_some()),
+            if out.num_recv_tokens_per_expert != want.num_recv_tokens_per_expert {
+                bail!(
+                    "{}: per-expert counts {:?}, reference {:?}",
+                    at("dispatch"),
+                    out.num_recv_tokens_per_expert,
+                    want.num_recv_tokens_per_expert
+                );
+            }
+            check_payload(
+                &at("dispatch recv_x"),
+                &out.recv_x,
+                out.recv_scales.as_ref(),
+                &want.recv_x,
+            )?;
+            let idx: Vec<i64> = out
+                .recv_topk_idx
+                .as_ref()
+                .ok_or_else(|| anyhow!("no recv_topk_idx"))?
+                .to_host()?;
+            check(
+                &at("recv_topk_idx"),
+                reference::compare::bit_exact("recv_topk_idx", &idx, &want.recv_topk_idx, k),
+            )?;
+            let w: Vec<f32> = out
+                .recv_topk_weights
+                .as_ref()
+                .ok_or_else(|| anyhow!("no recv_topk_weights"))?
+                .to_host()?;
+            check(
+                &at("recv_topk_weights"),
+                reference::compare::bit_exact("recv_topk_weights", &w, &want.recv_topk_weights, k),
+            )?;
+            let src: Vec<i32> = out.handle.recv_src_idx.to_host()?;
+            check(
+                &at("recv_src_idx"),
+                reference::compare::bit_exact("recv_src_idx", &src, &want.recv_src_idx, 1),
+            )?;
+
+            if spec.cached {
+                let mut args = DispatchArgs::cached(&x, &out.handle);
+                if let Some(sc) = &scales {
+                    args = args.scales(sc);
+                }
+                let c = buf.dispatch(args).with_context(|| at("cached dispatch"))?;
+                ctx.gpu
+                    .sync("internode cached dispatch")
+                    .with_context(|| at("cached dispatch"))?;
+                check_payload(
+                    &at("cached recv_x"),
+                    &c.recv_x,
+                    c.recv_scales.as_ref(),
+                    &want.recv_x,
+                )?;
+            }
+
+            let rw = out.recv_topk_weights.as_ref().unwrap();
+            let mut cargs = CombineArgs::new(&y, &out.handle).bias(bias0.as_ref(), bias1.as_ref());
+            if spec.with_weights {
+                cargs = cargs.weights(rw);
+            }
+            let comb = buf.combine(cargs).with_context(|| at("combine"))?;
+            ctx.gpu
+                .sync("internode combine")
+                .with_context(|| at("combine"))?;
+            let got: Vec<bf16> = comb.combined_x.to_host()?;
+            check(&at("combined_x"), wc.combined_x.check("combined_x", &got))?;
+            check(
+                &at("combined_x (contract order)"),
+                wc.combined_x.check_bit_exact("combined_x", &got),
+            )?;
+            match (&wc.combined_topk_weights, &comb.combined_topk_weights) {
+                (Some(want_w), Some(got_w)) => {
+                    let got_w: Vec<f32> = got_w.to_host()?;
+                    check(
+                        &at("combined_topk_weights"),
+                        want_w.check("combined_topk_weights", &got_w),
+                    )?;
+                }
+                (None, None) => {}
+                (a, b) => bail!(
+                    "{}: combined weights expected {} got {}",
+                    at("combine"),
+                    a.is_some(),
+                    b.is_some()
+                ),
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })();
+    // Peers may still read this rank's symmetric memory until they finished their kernels:
+    // free the buffer only after everyone is idle.
+    let _ = ctx.gpu.sync("internode case end");
+    ctx.comm.barrier()?;
+    drop(buf);
+    result
 }
 
-fn check_payload(what: &str, got_x: &Tensor, got_scales: Option<&Tensor>, want: &Payload) -> anyhow::Result<()> {
+fn check_payload(
+    what: &str,
+    got_x: &Tensor,
+    got_scales: Option<&Tensor>,
+    want: &Payload,
+) -> anyhow::Result<()> {
     let h = got_x.shape().get(1).copied().unwrap_or(1).max(1);
     match want {
         Payload::Bf16(v) => {
@@ -221,9 +420,17 @@ fn check_payload(what: &str, got_x: &Tensor, got_scales: Option<&Tensor>, want: 
         }
         Payload::Fp8 { data, scales } => {
             let g: Vec<u8> = got_x.to_host()?;
-            check(what, reference::compare::bit_exact("recv_x (fp8)", &g, data, h))?;
-            let gs: Vec<f32> = got_scales.ok_or_else(|| anyhow!("{what}: no recv_scales for FP8"))?.to_host()?;
-            check(what, reference::compare::bit_exact("recv_scales", &gs, scales, h / 128))
+            check(
+                what,
+                reference::compare::bit_exact("recv_x (fp8)", &g, data, h),
+            )?;
+            let gs: Vec<f32> = got_scales
+                .ok_or_else(|| anyhow!("{what}: no recv_scales for FP8"))?
+                .to_host()?;
+            check(
+                what,
+                reference::compare::bit_exact("recv_scales", &gs, scales, h / 128),
+            )
         }
     }
 }
@@ -239,19 +446,28 @@ fn bad_arguments(ctx: &Ctx) -> CaseResult {
     let x = Tensor::zeros(&s, DType::Bf16, &[17, 2048])?;
     let idx = Tensor::zeros(&s, DType::I64, &[17, 2])?;
     let w = Tensor::zeros(&s, DType::F32, &[17, 2])?;
-    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world)).err().ok_or_else(|| anyhow!("17 tokens > capacity 16 accepted"))?;
+    let e = buf
+        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))
+        .err()
+        .ok_or_else(|| anyhow!("17 tokens > capacity 16 accepted"))?;
     if !e.to_string().contains("max_tokens_per_rank >= 17") {
         bail!("unexpected message: {e}");
     }
     let x = Tensor::zeros(&s, DType::Fp8E4m3, &[4, 2048])?;
     let idx = Tensor::zeros(&s, DType::I64, &[4, 2])?;
     let w = Tensor::zeros(&s, DType::F32, &[4, 2])?;
-    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world)).err().ok_or_else(|| anyhow!("fp8 without scales accepted"))?;
+    let e = buf
+        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))
+        .err()
+        .ok_or_else(|| anyhow!("fp8 without scales accepted"))?;
     if !e.to_string().contains("scales") {
         bail!("unexpected message: {e}");
     }
     let x = Tensor::zeros(&s, DType::Bf16, &[4, 2048])?;
-    let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world + 1)).err().ok_or_else(|| anyhow!("E % R != 0 accepted"))?;
+    let e = buf
+        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world + 1))
+        .err()
+        .ok_or_else(|| anyhow!("E % R != 0 accepted"))?;
     if e.to_string().is_empty() {
         bail!("empty message");
     }

@@ -94,7 +94,12 @@ impl Handle {
 #[derive(Debug, Clone, Copy)]
 pub enum Routing<'a> {
     /// From this batch's top-k (runs notify; blocks the host until the counts are known).
-    Fresh { topk_idx: &'a Tensor, topk_weights: Option<&'a Tensor>, num_experts: usize, expert_alignment: usize },
+    Fresh {
+        topk_idx: &'a Tensor,
+        topk_weights: Option<&'a Tensor>,
+        num_experts: usize,
+        expert_alignment: usize,
+    },
     /// Reuse an earlier dispatch's routing (same tokens, same destinations): no top-k, weights
     /// or counts in the output (DeepEP's cached mode), no CPU sync.
     Cached(&'a Handle),
@@ -114,24 +119,42 @@ pub struct DispatchArgs<'a> {
 
 impl<'a> DispatchArgs<'a> {
     /// Fresh dispatch of `x` with `expert_alignment` 1.
-    pub fn fresh(x: &'a Tensor, topk_idx: &'a Tensor, topk_weights: &'a Tensor, num_experts: usize) -> Self {
+    pub fn fresh(
+        x: &'a Tensor,
+        topk_idx: &'a Tensor,
+        topk_weights: &'a Tensor,
+        num_experts: usize,
+    ) -> Self {
         DispatchArgs {
             x,
             scales: None,
-            routing: Routing::Fresh { topk_idx, topk_weights: Some(topk_weights), num_experts, expert_alignment: 1 },
+            routing: Routing::Fresh {
+                topk_idx,
+                topk_weights: Some(topk_weights),
+                num_experts,
+                expert_alignment: 1,
+            },
             wait: None,
         }
     }
     /// Cached dispatch with `handle`.
     pub fn cached(x: &'a Tensor, handle: &'a Handle) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), wait: None }
+        DispatchArgs {
+            x,
+            scales: None,
+            routing: Routing::Cached(handle),
+            wait: None,
+        }
     }
     pub fn scales(mut self, scales: &'a Tensor) -> Self {
         self.scales = Some(scales);
         self
     }
     pub fn expert_alignment(mut self, a: usize) -> Self {
-        if let Routing::Fresh { expert_alignment, .. } = &mut self.routing {
+        if let Routing::Fresh {
+            expert_alignment, ..
+        } = &mut self.routing
+        {
             *expert_alignment = a;
         }
         self
@@ -176,7 +199,14 @@ pub struct CombineArgs<'a> {
 
 impl<'a> CombineArgs<'a> {
     pub fn new(y: &'a Tensor, handle: &'a Handle) -> Self {
-        CombineArgs { y, handle, topk_weights: None, bias0: None, bias1: None, wait: None }
+        CombineArgs {
+            y,
+            handle,
+            topk_weights: None,
+            bias0: None,
+            bias1: None,
+            wait: None,
+        }
     }
     pub fn weights(mut self, w: &'a Tensor) -> Self {
         self.topk_weights = Some(w);
@@ -238,12 +268,24 @@ impl<'g> std::fmt::Debug for InternodeBuffer<'g> {
         write!(
             f,
             "InternodeBuffer(rank {}/{}, {} hosts x {}, {} B symmetric, seq {})",
-            self.rank, self.world, self.sym_layout.num_hosts, self.cfg.ranks_per_host, self.sym_layout.total, self.seq
+            self.rank,
+            self.world,
+            self.sym_layout.num_hosts,
+            self.cfg.ranks_per_host,
+            self.sym_layout.total,
+            self.seq
         )
     }
 }
 
-fn expect_2d(what: &str, t: &TensorInfo, dtypes: &[DType], rows: usize, cols: Option<usize>, fix: &str) -> Result<usize> {
+fn expect_2d(
+    what: &str,
+    t: &TensorInfo,
+    dtypes: &[DType],
+    rows: usize,
+    cols: Option<usize>,
+    fix: &str,
+) -> Result<usize> {
     let ok_dtype = dtypes.contains(&t.dtype);
     let ok_shape = t.shape.len() == 2 && t.shape[0] == rows && cols.is_none_or(|c| t.shape[1] == c);
     if !ok_dtype || !ok_shape || !t.is_contiguous() {
@@ -263,7 +305,12 @@ fn expect_2d(what: &str, t: &TensorInfo, dtypes: &[DType], rows: usize, cols: Op
 impl<'g> InternodeBuffer<'g> {
     /// Allocate the symmetric buffer for `cfg` (validated first), check that the ranks of each
     /// host reach each other by loads/stores, and register the kernels with NVSHMEM.
-    pub fn new(gpu: &'g Gpu, comm: &Comm, rt: &Arc<NvshmemRuntime>, cfg: InternodeConfig) -> Result<InternodeBuffer<'g>> {
+    pub fn new(
+        gpu: &'g Gpu,
+        comm: &Comm,
+        rt: &Arc<NvshmemRuntime>,
+        cfg: InternodeConfig,
+    ) -> Result<InternodeBuffer<'g>> {
         let nv = rt.nv();
         let (rank, world) = (comm.rank(), comm.world());
         cfg.validate(world, Some(gpu.sm_count() as usize))?;
@@ -288,7 +335,11 @@ impl<'g> InternodeBuffer<'g> {
         let sym_layout = SymLayout::new(&cfg, world)?;
         let sym = nv.alloc(sym_layout.total, 128)?;
         // Zero the signals, then make sure every rank did before anyone signals.
-        gpu.memset_u8(sym.ptr() + sym_layout.bar_sig as u64, 0, sym_layout.signals_end)?;
+        gpu.memset_u8(
+            sym.ptr() + sym_layout.bar_sig as u64,
+            0,
+            sym_layout.signals_end,
+        )?;
         gpu.sync("zeroing the internode signals")?;
         nv.barrier_all();
         let p = cfg.ranks_per_host;
@@ -311,7 +362,13 @@ impl<'g> InternodeBuffer<'g> {
             dispatch: gpu.kernel("internode", "internode_dispatch")?,
             combine: gpu.kernel("internode", "internode_combine")?,
         };
-        tracing::debug!(rank, world, ?cfg, bytes = sym_layout.total, "internode buffer");
+        tracing::debug!(
+            rank,
+            world,
+            ?cfg,
+            bytes = sym_layout.total,
+            "internode buffer"
+        );
         Ok(InternodeBuffer {
             gpu,
             rank,
@@ -390,10 +447,10 @@ impl<'g> InternodeBuffer<'g> {
 
     fn wait_event(&self, ev: Option<&CudaEvent>) -> Result<()> {
         if let Some(ev) = ev {
-            self.gpu
-                .stream()
-                .wait(ev)
-                .map_err(|e| EpError::Cuda { context: "stream wait on the caller's event".into(), message: format!("{:?}", e.0) })?;
+            self.gpu.stream().wait(ev).map_err(|e| EpError::Cuda {
+                context: "stream wait on the caller's event".into(),
+                message: format!("{:?}", e.0),
+            })?;
         }
         Ok(())
     }
@@ -402,7 +459,10 @@ impl<'g> InternodeBuffer<'g> {
         self.gpu
             .stream()
             .record_event(None)
-            .map_err(|e| EpError::Cuda { context: "recording the completion event".into(), message: format!("{:?}", e.0) })
+            .map_err(|e| EpError::Cuda {
+                context: "recording the completion event".into(),
+                message: format!("{:?}", e.0),
+            })
     }
 
     fn grid(&self) -> LaunchCfg {
@@ -411,7 +471,11 @@ impl<'g> InternodeBuffer<'g> {
     }
 
     fn launch_barrier(&mut self, args: &InternodeArgs) -> Result<()> {
-        self.gpu.launch(&self.kernels.barrier, &LaunchCfg::new(1, BARRIER_THREADS), crate::args![*args])
+        self.gpu.launch(
+            &self.kernels.barrier,
+            &LaunchCfg::new(1, BARRIER_THREADS),
+            crate::args![*args],
+        )
     }
 
     /// Dispatch (see module docs). Validates everything before launching anything.
@@ -420,37 +484,99 @@ impl<'g> InternodeBuffer<'g> {
         a.x.check_valid()?;
         let (n, hidden) = match a.x.shape() {
             [n, h] => (*n, *h),
-            s => return bad(format!("internode: x has shape {s:?}, expected [N, H]; pass a 2-D tensor")),
+            s => {
+                return bad(format!(
+                    "internode: x has shape {s:?}, expected [N, H]; pass a 2-D tensor"
+                ))
+            }
         };
         let dtype = a.x.dtype();
         let (k, num_experts) = match a.routing {
-            Routing::Fresh { topk_idx, num_experts, .. } => {
+            Routing::Fresh {
+                topk_idx,
+                num_experts,
+                ..
+            } => {
                 let k = topk_idx.shape().get(1).copied().unwrap_or(0);
                 (k, num_experts)
             }
             Routing::Cached(h) => (0, h.num_experts),
         };
         // A cached dispatch moves no top-k; check the record size for one slot.
-        let k_check = if matches!(a.routing, Routing::Cached(_)) { 1 } else { k };
-        plan::check_dispatch(&self.sym_layout, n, hidden, k_check, num_experts, dtype, self.cfg.max_local_experts)?;
-        expect_2d("x", a.x.info(), &[DType::Bf16, DType::Fp8E4m3], n, Some(hidden), "pass bf16 or fp8-e4m3 rows")?;
+        let k_check = if matches!(a.routing, Routing::Cached(_)) {
+            1
+        } else {
+            k
+        };
+        plan::check_dispatch(
+            &self.sym_layout,
+            n,
+            hidden,
+            k_check,
+            num_experts,
+            dtype,
+            self.cfg.max_local_experts,
+        )?;
+        expect_2d(
+            "x",
+            a.x.info(),
+            &[DType::Bf16, DType::Fp8E4m3],
+            n,
+            Some(hidden),
+            "pass bf16 or fp8-e4m3 rows",
+        )?;
         let s_cols = plan::num_scales(dtype, hidden);
         match (dtype, a.scales) {
             (DType::Fp8E4m3, Some(s)) => {
                 s.check_valid()?;
-                expect_2d("scales", s.info(), &[DType::F32], n, Some(s_cols), "pass f32 scales [N, H/128] in row-major order")?;
+                expect_2d(
+                    "scales",
+                    s.info(),
+                    &[DType::F32],
+                    n,
+                    Some(s_cols),
+                    "pass f32 scales [N, H/128] in row-major order",
+                )?;
             }
-            (DType::Fp8E4m3, None) => return bad("internode: FP8 x needs scales f32 [N, H/128]; pass .scales(&scales)".into()),
-            (_, Some(_)) => return bad("internode: scales were given for bf16 x; pass scales only with fp8-e4m3 x".into()),
+            (DType::Fp8E4m3, None) => {
+                return bad(
+                    "internode: FP8 x needs scales f32 [N, H/128]; pass .scales(&scales)".into(),
+                )
+            }
+            (_, Some(_)) => {
+                return bad(
+                    "internode: scales were given for bf16 x; pass scales only with fp8-e4m3 x"
+                        .into(),
+                )
+            }
             _ => {}
         }
         match a.routing {
-            Routing::Fresh { topk_idx, topk_weights, expert_alignment, .. } => {
+            Routing::Fresh {
+                topk_idx,
+                topk_weights,
+                expert_alignment,
+                ..
+            } => {
                 topk_idx.check_valid()?;
-                expect_2d("topk_idx", topk_idx.info(), &[DType::I64], n, Some(k), "pass i64 [N, K] expert ids (-1 = unused)")?;
+                expect_2d(
+                    "topk_idx",
+                    topk_idx.info(),
+                    &[DType::I64],
+                    n,
+                    Some(k),
+                    "pass i64 [N, K] expert ids (-1 = unused)",
+                )?;
                 if let Some(w) = topk_weights {
                     w.check_valid()?;
-                    expect_2d("topk_weights", w.info(), &[DType::F32], n, Some(k), "pass f32 [N, K] weights")?;
+                    expect_2d(
+                        "topk_weights",
+                        w.info(),
+                        &[DType::F32],
+                        n,
+                        Some(k),
+                        "pass f32 [N, K] weights",
+                    )?;
                 }
                 crate::validate::expert_alignment(expert_alignment)?;
             }
@@ -474,9 +600,21 @@ impl<'g> InternodeBuffer<'g> {
         }
         self.wait_event(a.wait)?;
         let r = match a.routing {
-            Routing::Fresh { topk_idx, topk_weights, num_experts, expert_alignment } => {
-                self.dispatch_fresh(&a, n, hidden, k, topk_idx, topk_weights, num_experts, expert_alignment)
-            }
+            Routing::Fresh {
+                topk_idx,
+                topk_weights,
+                num_experts,
+                expert_alignment,
+            } => self.dispatch_fresh(
+                &a,
+                n,
+                hidden,
+                k,
+                topk_idx,
+                topk_weights,
+                num_experts,
+                expert_alignment,
+            ),
             Routing::Cached(h) => self.dispatch_cached(&a, n, hidden, h),
         };
         match r {
@@ -510,7 +648,11 @@ impl<'g> InternodeBuffer<'g> {
         args.topk_idx = topk_idx.ptr();
         args.host_counters = self.counters.dev_ptr();
         self.counters.set(0, -1);
-        self.gpu.launch(&self.kernels.notify, &LaunchCfg::new(1, NOTIFY_THREADS), crate::args![args])?;
+        self.gpu.launch(
+            &self.kernels.notify,
+            &LaunchCfg::new(1, NOTIFY_THREADS),
+            crate::args![args],
+        )?;
         self.gpu.sync("internode notify")?;
         if self.counters.get(0) != (seq & 0x7fff_ffff) as i32 {
             return Err(EpError::Cuda {
@@ -550,7 +692,13 @@ impl<'g> InternodeBuffer<'g> {
         })
     }
 
-    fn dispatch_cached(&mut self, a: &DispatchArgs<'_>, n: usize, hidden: usize, h: &Handle) -> Result<DispatchOutput> {
+    fn dispatch_cached(
+        &mut self,
+        a: &DispatchArgs<'_>,
+        n: usize,
+        hidden: usize,
+        h: &Handle,
+    ) -> Result<DispatchOutput> {
         let seq = self.next_seq();
         let mut args = self.base_args().with_handle(&h.layout, h.storage.ptr());
         args.seq = seq;
@@ -560,7 +708,8 @@ impl<'g> InternodeBuffer<'g> {
         // Buffer reuse: everyone must have finished the previous call (notify does this for a
         // fresh dispatch).
         self.launch_barrier(&args)?;
-        let (recv_x, recv_scales, _, _) = self.launch_dispatch(args, a, n, hidden, h.num_recv_tokens, None)?;
+        let (recv_x, recv_scales, _, _) =
+            self.launch_dispatch(args, a, n, hidden, h.num_recv_tokens, None)?;
         let event = self.record_event()?;
         Ok(DispatchOutput {
             recv_x,
@@ -586,10 +735,17 @@ impl<'g> InternodeBuffer<'g> {
         let dtype = a.x.dtype();
         let sc = plan::num_scales(dtype, hidden);
         let recv_x = self.new_output(dtype, &[m, hidden])?;
-        let recv_scales = if sc > 0 { Some(self.new_output(DType::F32, &[m, sc])?) } else { None };
+        let recv_scales = if sc > 0 {
+            Some(self.new_output(DType::F32, &[m, sc])?)
+        } else {
+            None
+        };
         let recv_src_idx = self.new_output(DType::I32, &[m])?;
         let recv_topk = match topk {
-            Some((_, _, k)) => Some((self.new_output(DType::I64, &[m, k])?, self.new_output(DType::F32, &[m, k])?)),
+            Some((_, _, k)) => Some((
+                self.new_output(DType::I64, &[m, k])?,
+                self.new_output(DType::F32, &[m, k])?,
+            )),
             None => None,
         };
         args.num_tokens = n as i32;
@@ -610,7 +766,8 @@ impl<'g> InternodeBuffer<'g> {
             args.recv_topk_idx = i.ptr();
             args.recv_topk_weights = w.ptr();
         }
-        self.gpu.launch(&self.kernels.dispatch, &self.grid(), crate::args![args])?;
+        self.gpu
+            .launch(&self.kernels.dispatch, &self.grid(), crate::args![args])?;
         Ok((recv_x, recv_scales, recv_topk, recv_src_idx))
     }
 
@@ -620,17 +777,34 @@ impl<'g> InternodeBuffer<'g> {
         self.check_usable()?;
         let h = a.handle;
         let hidden = h.hidden;
-        for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1].into_iter().flatten() {
+        for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1]
+            .into_iter()
+            .flatten()
+        {
             t.check_valid()?;
         }
         if h.buffer != self.id {
             return bad("internode combine: the handle comes from another InternodeBuffer; use the handle of a dispatch on this buffer".into());
         }
         let (m, n) = (h.num_recv_tokens, h.num_tokens);
-        expect_2d("y", a.y.info(), &[DType::Bf16], m, Some(hidden), "pass bf16 rows aligned with the dispatch's recv_x")?;
+        expect_2d(
+            "y",
+            a.y.info(),
+            &[DType::Bf16],
+            m,
+            Some(hidden),
+            "pass bf16 rows aligned with the dispatch's recv_x",
+        )?;
         let k = match a.topk_weights {
             Some(w) => {
-                let k = expect_2d("topk_weights", w.info(), &[DType::F32], m, None, "pass f32 [M, K] (e.g. recv_topk_weights)")?;
+                let k = expect_2d(
+                    "topk_weights",
+                    w.info(),
+                    &[DType::F32],
+                    m,
+                    None,
+                    "pass f32 [M, K] (e.g. recv_topk_weights)",
+                )?;
                 if k == 0 || k > self.cfg.max_topk {
                     return bad(format!(
                         "internode combine: topk_weights has {k} columns; the buffer supports 1..={}",
@@ -643,7 +817,14 @@ impl<'g> InternodeBuffer<'g> {
         };
         for (what, b) in [("bias0", a.bias0), ("bias1", a.bias1)] {
             if let Some(b) = b {
-                expect_2d(what, b.info(), &[DType::Bf16], n, Some(hidden), "pass bf16 [N, H] for this rank's tokens")?;
+                expect_2d(
+                    what,
+                    b.info(),
+                    &[DType::Bf16],
+                    n,
+                    Some(hidden),
+                    "pass bf16 [N, H] for this rank's tokens",
+                )?;
             }
         }
         if m > self.sym_layout.max_recv {
@@ -659,14 +840,26 @@ impl<'g> InternodeBuffer<'g> {
         }
     }
 
-    fn launch_combine(&mut self, a: &CombineArgs<'_>, m: usize, n: usize, k: usize) -> Result<CombineOutput> {
+    fn launch_combine(
+        &mut self,
+        a: &CombineArgs<'_>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<CombineOutput> {
         let hidden = a.handle.hidden;
         let out = self.new_output(DType::Bf16, &[n, hidden])?;
-        let out_w = if k > 0 { Some(self.new_output(DType::F32, &[n, k])?) } else { None };
+        let out_w = if k > 0 {
+            Some(self.new_output(DType::F32, &[n, k])?)
+        } else {
+            None
+        };
         let parity = (self.combines % 2) as usize;
         self.combines += 1;
         let seq = self.next_seq();
-        let mut args = self.base_args().with_handle(&a.handle.layout, a.handle.storage.ptr());
+        let mut args = self
+            .base_args()
+            .with_handle(&a.handle.layout, a.handle.storage.ptr());
         args.seq = seq;
         args.num_tokens = n as i32;
         args.num_recv = m as i32;
@@ -689,8 +882,13 @@ impl<'g> InternodeBuffer<'g> {
         args.combined_x = out.ptr();
         args.combined_w = out_w.as_ref().map_or(0, |t| t.ptr());
         self.launch_barrier(&args)?;
-        self.gpu.launch(&self.kernels.combine, &self.grid(), crate::args![args])?;
+        self.gpu
+            .launch(&self.kernels.combine, &self.grid(), crate::args![args])?;
         let event = self.record_event()?;
-        Ok(CombineOutput { combined_x: out, combined_topk_weights: out_w, event })
+        Ok(CombineOutput {
+            combined_x: out,
+            combined_topk_weights: out_w,
+            event,
+        })
     }
 }

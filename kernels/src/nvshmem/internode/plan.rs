@@ -89,13 +89,16 @@ impl InternodeConfig {
     }
 
     pub fn recv_capacity(&self, world: usize) -> usize {
-        self.max_recv_tokens.unwrap_or(world * self.max_tokens_per_rank)
+        self.max_recv_tokens
+            .unwrap_or(world * self.max_tokens_per_rank)
     }
 
     /// Check the configuration for `world` ranks (and `device_sms` when known).
     pub fn validate(&self, world: usize, device_sms: Option<usize>) -> Result<()> {
         if world == 0 || world > MAX_RANKS {
-            return bad(format!("internode mode supports 1..={MAX_RANKS} ranks, got {world}; run fewer ranks"));
+            return bad(format!(
+                "internode mode supports 1..={MAX_RANKS} ranks, got {world}; run fewer ranks"
+            ));
         }
         validate::internode_ranks(world, self.ranks_per_host)?;
         if self.ranks_per_host > MAX_RANKS_PER_HOST {
@@ -120,7 +123,10 @@ impl InternodeConfig {
         }
         if let Some(m) = device_sms {
             if self.num_sms > m {
-                return bad(format!("internode num_sms {} exceeds the {m} SMs of this GPU; use at most {m}", self.num_sms));
+                return bad(format!(
+                    "internode num_sms {} exceeds the {m} SMs of this GPU; use at most {m}",
+                    self.num_sms
+                ));
             }
         }
         if world * self.num_channels() > MAX_RANKS_X_CHANNELS {
@@ -144,7 +150,10 @@ impl InternodeConfig {
             ));
         }
         if self.max_topk == 0 || self.max_topk > MAX_TOPK {
-            return bad(format!("max_topk {} must be within 1..={MAX_TOPK}", self.max_topk));
+            return bad(format!(
+                "max_topk {} must be within 1..={MAX_TOPK}",
+                self.max_topk
+            ));
         }
         if self.max_local_experts == 0 || self.max_local_experts > MAX_EXPERTS {
             return bad(format!(
@@ -154,7 +163,10 @@ impl InternodeConfig {
         }
         let cap = self.recv_capacity(world);
         if cap == 0 || cap > i32::MAX as usize {
-            return bad(format!("max_recv_tokens {cap} must be within 1..={}", i32::MAX));
+            return bad(format!(
+                "max_recv_tokens {cap} must be within 1..={}",
+                i32::MAX
+            ));
         }
         Ok(())
     }
@@ -283,7 +295,12 @@ impl SymLayout {
 
     /// Named `(offset, bytes)` ranges, for overlap checks and logs.
     pub fn ranges(&self) -> Vec<(&'static str, usize, usize)> {
-        let (w, p, nh, c) = (self.world, self.ranks_per_host, self.num_hosts, self.num_channels);
+        let (w, p, nh, c) = (
+            self.world,
+            self.ranks_per_host,
+            self.num_hosts,
+            self.num_channels,
+        );
         let region = nh * self.max_tokens * self.rec_stride;
         vec![
             ("bar_sig", self.bar_sig, 8 * w),
@@ -318,7 +335,12 @@ pub struct HandleLayout {
 
 impl HandleLayout {
     pub fn new(sym: &SymLayout, num_tokens: usize) -> HandleLayout {
-        let (w, p, nh, c) = (sym.world, sym.ranks_per_host, sym.num_hosts, sym.num_channels);
+        let (w, p, nh, c) = (
+            sym.world,
+            sym.ranks_per_host,
+            sym.num_hosts,
+            sym.num_channels,
+        );
         let mut off = 0usize;
         let mut take = |bytes: usize| {
             let at = off;
@@ -333,7 +355,16 @@ impl HandleLayout {
         let fwd_base = take(4 * nh * c * p);
         let fwd_mask = take(nh * sym.max_tokens);
         let total = take(0);
-        HandleLayout { send_slot, send_lmask, send_off, recv_off, rdma_off, fwd_base, fwd_mask, total }
+        HandleLayout {
+            send_slot,
+            send_lmask,
+            send_off,
+            recv_off,
+            rdma_off,
+            fwd_base,
+            fwd_mask,
+            total,
+        }
     }
 }
 
@@ -362,7 +393,9 @@ pub fn check_dispatch(
     validate::num_topk(topk, sym.max_topk.min(MAX_TOPK))?;
     validate::experts(num_experts, sym.world)?;
     if num_experts > MAX_EXPERTS {
-        return bad(format!("{num_experts} experts exceed the internode limit of {MAX_EXPERTS}; use fewer experts"));
+        return bad(format!(
+            "{num_experts} experts exceed the internode limit of {MAX_EXPERTS}; use fewer experts"
+        ));
     }
     let local = num_experts / sym.world;
     if local > max_local_experts {
@@ -371,7 +404,10 @@ pub fn check_dispatch(
         ));
     }
     if !matches!(dtype, DType::Bf16 | DType::Fp8E4m3) {
-        return bad(format!("internode dispatch moves bf16 or fp8-e4m3 rows, got {}; convert x first", dtype.name()));
+        return bad(format!(
+            "internode dispatch moves bf16 or fp8-e4m3 rows, got {}; convert x first",
+            dtype.name()
+        ));
     }
     validate::hidden(hidden, dtype.size())?;
     if record_bytes(hidden, topk, dtype) > sym.rec_stride {
@@ -508,7 +544,13 @@ mod tests {
 
     #[test]
     fn record_stride_covers_every_record_kind() {
-        for &(h, k) in &[(2048usize, 1usize), (4096, 6), (7168, 8), (7168, 32), (128, 1)] {
+        for &(h, k) in &[
+            (2048usize, 1usize),
+            (4096, 6),
+            (7168, 8),
+            (7168, 32),
+            (128, 1),
+        ] {
             let s = record_stride(h, k);
             assert_eq!(s % 16, 0);
             assert!(s >= record_bytes(h, k, DType::Bf16));
