@@ -177,9 +177,9 @@ pub struct ReleasesArgs {
     /// Print JSON (every cell with its sources, gap and artifacts) instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Also list every artifact with its SRI hash, size and file name.
+    /// Only the table and the gaps, without the list of artifacts (SRI hash, size, file name).
     #[arg(long)]
-    pub hashes: bool,
+    pub brief: bool,
 }
 
 /// Which locked artifact: shared by `verify` and `install`.
@@ -399,7 +399,7 @@ pub fn releases(args: &ReleasesArgs) -> Result<i32> {
         );
     } else {
         outln!("lock: {origin}\n");
-        out!("{}", crate::releases::table(&rows, args.hashes));
+        out!("{}", crate::releases::table(&rows, !args.brief));
     }
     Ok(0)
 }
