@@ -1,7 +1,9 @@
 //! bf16 helpers and floating-point error bounds used by the combine references.
 //!
 //! bf16 conversions use `half::bf16::from_f32`, which rounds to nearest, ties to even (the same
-//! as `__float2bfloat16_rn` / `cvt.rn.bf16.f32` on the GPU) and keeps NaN a NaN.
+//! as `__float2bfloat16_rn` / `cvt.rn.bf16.f32` on the GPU) and keeps NaN a NaN. Checked
+//! exhaustively: for all 2^32 − NaN f32 inputs the results equal `__float2bfloat16_rn` compiled
+//! on the host from CUDA 13.0.88's `cuda_bf16.hpp` (identical FNV-1a hash of all outputs).
 
 use half::bf16;
 
