@@ -148,7 +148,9 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             }
         }
         __syncthreads();
-        // Broadcast counts to every other rank (the owner's packed layout needs them).
+        // Send each count to the ranks that come after us in the owner's packing order (they
+        // need it for their begin; the owner itself gets it with the done flag). Every such
+        // write is waited for by its recipient, so none is in flight when a call completes.
         for (int j = tid; j < epb * R; j += LL_THREADS) {
             const int ei = j / R, r = j % R, e = b + ei * G;
             if (e >= E) continue;
@@ -158,8 +160,10 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                 if (r == 0) ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_LL_DISPATCH_SEND, b, -1, c, 0);
                 c = NM;
             }
-            if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_count_sig + (static_cast<uint64_t>(e) * R + me) * 8,
-                                   ll_tag(seq, static_cast<uint32_t>(c)));
+            const int d = e / L;
+            if ((r - d + R) % R > (me - d + R) % R)
+                ll_signal<kPut>(a.buf, a.peer_base, r, a.off_count_sig + (static_cast<uint64_t>(e) * R + me) * 8,
+                                ll_tag(seq, static_cast<uint32_t>(c)));
         }
 
         const int nseg = (H + LL_DISPATCH_SEG - 1) / LL_DISPATCH_SEG;

@@ -577,6 +577,17 @@ impl LowLatencyBuffer<'_> {
     }
 }
 
+impl Drop for LowLatencyBuffer<'_> {
+    fn drop(&mut self) {
+        // Collective: our kernels must be done and every peer past its last call before the
+        // symmetric memory is freed (nvshmem_free is collective too).
+        if let Err(e) = self.gpu.sync("dropping the low-latency buffer") {
+            tracing::warn!("low-latency buffer drop: {e}");
+        }
+        self.shared.sym.nvshmem().barrier_all();
+    }
+}
+
 fn expect(what: &str, t: &Tensor, dtype: DType, shape: &[usize], meaning: &str) -> Result<()> {
     t.check_valid()?;
     if t.dtype() != dtype || t.shape() != shape || !t.is_contiguous() {
