@@ -50,6 +50,7 @@ pub fn layout(topk_idx: &[i64], n: usize, k: usize, num_experts: usize, num_rank
 /// Token range `[begin, end)` owned by channel `c` of `num_channels`:
 /// `[min(c·⌈N/C⌉, N), min((c+1)·⌈N/C⌉, N))`.
 pub fn channel_range(n: usize, num_channels: usize, c: usize) -> (usize, usize) {
+    assert!(num_channels > 0, "channel_range: num_channels must be positive (num_sms / 2)");
     let per = n.div_ceil(num_channels);
     ((c * per).min(n), ((c + 1) * per).min(n))
 }
