@@ -190,6 +190,7 @@ fn artifacts() -> &'static Artifacts {
         std::fs::create_dir_all(&stubs).unwrap();
         for soname in [
             "libc.so.6",
+            "libcuda.so.1",
             "libmlx5.so.1",
             "libibverbs.so.1",
             "libgdrapi.so.2",
@@ -287,6 +288,14 @@ impl TestHost {
         };
         std::fs::create_dir_all(h.path("/usr/lib64")).unwrap();
         std::fs::copy(a.stub("libc.so.6"), h.path("/usr/lib64/libc.so.6")).unwrap();
+        // The driver's libcuda, versioned like the kernel module of both fixtures.
+        std::fs::copy(
+            a.stub("libcuda.so.1"),
+            h.path("/usr/lib64/libcuda.so.580.159.04"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("libcuda.so.580.159.04", h.path("/usr/lib64/libcuda.so.1"))
+            .unwrap();
         h
     }
 
@@ -402,6 +411,7 @@ fn correctly_configured_ibgda_host_is_ready_for_everything() {
         ("driver", O),
         ("gpus", O),
         ("device-nodes", O),
+        ("cuda-library", O),
         ("nvlink", O),
         ("params.stream-memops", O),
         ("params.peer-mapping", O),
@@ -576,6 +586,18 @@ fn gdrdrv_missing_on_a_host_configured_for_it() {
         vec!["gdrcopy".to_string()]
     );
     assert_eq!(r.exit_code, 0);
+}
+
+#[test]
+fn libgdrapi_found_through_the_nvshmem_runpath() {
+    // NixOS-style: libgdrapi only where NVSHMEM's RUNPATH ($ORIGIN here) points, not on the
+    // system loader path. NVSHMEM dlopens it from there, so it counts.
+    let h = TestHost::ibgda();
+    h.remove("/usr/lib64/libgdrapi.so.2");
+    h.install_stub("/opt/nvshmem/lib", "libgdrapi.so.2");
+    let r = h.run();
+    assert_eq!(status(&r, "gdrcopy"), Status::Ok, "{}", r.render_text());
+    assert!(found(&r, "gdrcopy").ends_with("libgdrapi.so.2 at /opt/nvshmem/lib/libgdrapi.so.2"));
 }
 
 #[test]
@@ -1017,6 +1039,39 @@ fn nvlink_topology_matters_for_nvlink_capabilities() {
             v(InternodeCpuIbgda, true, &[])
         ]
     );
+}
+
+#[test]
+fn cuda_library_missing_or_from_another_driver() {
+    let h = TestHost::ibgda();
+    let r = h.run();
+    assert_eq!(
+        found(&r, "cuda-library"),
+        "/usr/lib64/libcuda.so.1 (driver 580.159.04)"
+    );
+    // Driver packages upgraded, kernel module not reloaded yet.
+    h.remove("/usr/lib64/libcuda.so.1");
+    std::fs::rename(
+        h.path("/usr/lib64/libcuda.so.580.159.04"),
+        h.path("/usr/lib64/libcuda.so.580.200.01"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("libcuda.so.580.200.01", h.path("/usr/lib64/libcuda.so.1")).unwrap();
+    let r = h.run();
+    assert_eq!(
+        found(&r, "cuda-library"),
+        "/usr/lib64/libcuda.so.1 is user-space driver 580.200.01, the loaded kernel module is \
+         580.159.04: CUDA fails with a driver/library version mismatch"
+    );
+    assert!(r
+        .verdicts
+        .iter()
+        .all(|v| v.blocked_by == vec!["cuda-library".to_string()]));
+    // No libcuda at all.
+    h.remove("/usr/lib64/libcuda.so.1");
+    let r = h.run();
+    assert!(found(&r, "cuda-library").starts_with("libcuda.so.1 is not on the loader path"));
+    assert_eq!(r.exit_code, 1);
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! and the driver options GPU-initiated IBGDA needs (`EnableStreamMemOPs`,
 //! `PeerMappingOverride`), including "configured but not active yet" (reboot pending).
 
+use super::elf::{self, DynInfo, Resolution};
 use super::host::{hp, Host, ReadError, ToolOutput};
+use super::rdma::native_ident;
 use super::report::{caps, Check};
 use super::HostKind;
 use std::collections::BTreeMap;
@@ -100,6 +102,7 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
     }
 
     check_device_nodes(host, &info, out);
+    check_cuda_library(host, kind, &info, out);
     check_nvlink(host, &info, out);
     info
 }
@@ -202,6 +205,51 @@ fn read_gpus(host: &Host) -> Vec<Gpu> {
         });
     }
     gpus
+}
+
+/// `libcuda.so.1` on the loader path, and of the same version as the kernel module (after a
+/// driver upgrade without reboot the two differ and CUDA fails with "driver/library version
+/// mismatch").
+fn check_cuda_library(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut Vec<Check>) {
+    let pseudo = DynInfo {
+        ident: native_ident(),
+        soname: None,
+        needed: vec![],
+        search_path: vec![],
+    };
+    let id = "cuda-library";
+    match elf::resolve(host, "libcuda.so.1", Path::new("/"), &pseudo) {
+        Resolution::Missing { skipped } => out.push(Check::fail(
+            id,
+            caps::ALL,
+            format!(
+                "libcuda.so.1 is not on the loader path (LD_LIBRARY_PATH, /etc/ld.so.conf, system directories){}",
+                if skipped.is_empty() { String::new() } else { format!("; skipped: {}", skipped.join("; ")) }
+            ),
+            if kind.nixos {
+                "enable the driver through hardware.nvidia (it provides /run/opengl-driver/lib)"
+            } else {
+                "install the driver's user-space libraries (libcuda.so.1 ships with the NVIDIA driver, e.g. libnvidia-compute-<version> on Ubuntu), or add their directory to LD_LIBRARY_PATH; in containers use the NVIDIA container toolkit (--gpus)"
+            },
+        )),
+        Resolution::Found(path) => {
+            // libcuda.so.1 -> libcuda.so.<driver version>
+            let target = std::fs::canonicalize(host.real(&path))
+                .ok()
+                .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+            let lib_version = target.as_deref().and_then(|t| t.strip_prefix("libcuda.so.")).filter(|v| v.contains('.'));
+            match (lib_version, info.version.as_deref()) {
+                (Some(lv), Some(kv)) if lv != kv => out.push(Check::fail(
+                    id,
+                    caps::ALL,
+                    format!("{} is user-space driver {lv}, the loaded kernel module is {kv}: CUDA fails with a driver/library version mismatch", path.display()),
+                    "reboot (or unload and reload the nvidia kernel modules) so the module matches the installed driver libraries",
+                )),
+                (Some(lv), _) => out.push(Check::ok(id, caps::ALL, format!("{} (driver {lv})", path.display()))),
+                (None, _) => out.push(Check::ok(id, caps::ALL, format!("{}", path.display()))),
+            }
+        }
+    }
 }
 
 fn check_device_nodes(host: &Host, info: &DriverInfo, out: &mut Vec<Check>) {

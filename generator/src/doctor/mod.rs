@@ -170,7 +170,7 @@ pub fn run_with(
     };
     let mut nvshmem_checks = Vec::new();
     let nvshmem_info = nvshmem::check(&host, &settings, &mut nvshmem_checks);
-    rdma::check_gdrcopy(&host, &kind, nvshmem_info.ident, &mut checks);
+    rdma::check_gdrcopy(&host, &kind, &nvshmem_info, &mut checks);
     checks.append(&mut nvshmem_checks);
     let ctx = knobs::Context {
         max_tokens: args.max_tokens,

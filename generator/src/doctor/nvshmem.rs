@@ -65,6 +65,8 @@ pub struct NvshmemInfo {
     pub plugins: Vec<PathBuf>,
     /// `NVSHMEM_*` environment variables this NVSHMEM does not read.
     pub unknown_env: Vec<String>,
+    /// Dynamic section of the host library (its RUNPATH is searched for what it `dlopen`s).
+    pub host_dyn: Option<DynInfo>,
 }
 
 const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";
@@ -302,6 +304,7 @@ fn host_library(
         }
     };
     info.ident = Some(dynamic.ident);
+    info.host_dyn = Some(dynamic.clone());
     if dynamic.ident != native_ident() {
         out.push(Check::fail(
             id,

@@ -4,9 +4,10 @@
 use super::driver::{module_configured, DriverInfo};
 use super::elf::{self, DynInfo, ElfIdent, Resolution};
 use super::host::{hp, FileKind, Host};
+use super::nvshmem::NvshmemInfo;
 use super::report::{caps, Check};
 use super::HostKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One RDMA port.
 #[derive(Debug, Clone)]
@@ -209,22 +210,24 @@ pub fn check_memory_registration(
 /// read-write by this user) and `libgdrapi.so.2`. Optional for CPU-assisted IBGDA (NVSHMEM falls
 /// back to a slower path), so missing entirely is a warning, but a host configured for it with a
 /// piece missing fails: that fallback is exactly the silent slowdown users do not notice.
-pub fn check_gdrcopy(
-    host: &Host,
-    kind: &HostKind,
-    lib_ident: Option<ElfIdent>,
-    out: &mut Vec<Check>,
-) {
+pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &mut Vec<Check>) {
     let loaded = host.is_dir(&hp("/sys/module/gdrdrv"));
     let intent = module_configured(host, "gdrdrv");
-    let ident = lib_ident.unwrap_or(native_ident());
-    let pseudo = DynInfo {
-        ident,
-        soname: None,
-        needed: Vec::new(),
-        search_path: Vec::new(),
+    // NVSHMEM dlopens libgdrapi.so.2 from the host library, so its RUNPATH counts ($ORIGIN
+    // included); without a host library, search like a program without RUNPATH.
+    let (from, origin) = match (&nvshmem.host_dyn, &nvshmem.lib_dir) {
+        (Some(d), Some(dir)) => (d.clone(), dir.clone()),
+        _ => (
+            DynInfo {
+                ident: native_ident(),
+                soname: None,
+                needed: Vec::new(),
+                search_path: Vec::new(),
+            },
+            PathBuf::from("/"),
+        ),
     };
-    let lib = elf::resolve(host, "libgdrapi.so.2", Path::new("/"), &pseudo);
+    let lib = elf::resolve(host, "libgdrapi.so.2", &origin, &from);
 
     let mut problems: Vec<(String, String)> = Vec::new(); // (what, fix)
     let nixos_fix =
