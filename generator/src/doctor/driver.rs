@@ -237,7 +237,9 @@ fn check_cuda_library(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut
             let target = std::fs::canonicalize(host.real(&path))
                 .ok()
                 .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
-            let lib_version = target.as_deref().and_then(|t| t.strip_prefix("libcuda.so.")).filter(|v| v.contains('.'));
+            let lib_version = target.as_deref().and_then(|t| t.strip_prefix("libcuda.so."))
+                // A driver version (branch number first, e.g. 580.159.04), not e.g. `1.1`.
+                .filter(|v| v.split('.').next().and_then(|b| b.parse::<u32>().ok()).is_some_and(|b| b >= 100));
             match (lib_version, info.version.as_deref()) {
                 (Some(lv), Some(kv)) if lv != kv => out.push(Check::fail(
                     id,
