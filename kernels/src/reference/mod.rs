@@ -87,17 +87,6 @@ impl Payload {
             _ => panic!("Payload::push_row_from: mixing bf16 and fp8 payloads"),
         }
     }
-
-    /// The row as f32 values (FP8 dequantized with its scales).
-    pub fn row_f32(&self, row: usize, hidden: usize) -> Vec<f32> {
-        match self {
-            Payload::Bf16(v) => v[row * hidden..(row + 1) * hidden].iter().map(|x| x.to_f32()).collect(),
-            Payload::Fp8 { data, scales } => {
-                let g = hidden / fp8::GROUP;
-                fp8::dequantize(&data[row * hidden..(row + 1) * hidden], &Scales::F32(scales[row * g..(row + 1) * g].to_vec()), 1, hidden)
-            }
-        }
-    }
 }
 
 /// The inputs of one rank: `n` tokens of `hidden` channels, each routed to `k` experts.
