@@ -112,11 +112,28 @@ __device__ __forceinline__ bool all_rank_barrier(const InternodeArgs& a, const E
     return *s_fail == 0;
 }
 
-// Bulk copy of `bytes` (multiple of 16) by one warp: src may be written by another GPU (volatile).
-__device__ __forceinline__ void warp_copy_volatile(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+// Bulk copy of `bytes` (multiple of 16) by one warp with 4 x 16 B loads in flight per lane.
+// kPeerSrc: the source may have been written by another GPU (volatile, L1-bypassing loads);
+// otherwise it is read-only input of this kernel (non-coherent path).
+template <bool kPeerSrc>
+__device__ __forceinline__ int4 load16(const int4* p) {
+    return kPeerSrc ? ld_volatile_v4(p) : ld_nc_v4(p);
+}
+template <bool kPeerSrc>
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+    const int n = bytes / 16;
     const int4* s = reinterpret_cast<const int4*>(src);
     int4* d = reinterpret_cast<int4*>(dst);
-    for (int i = lane; i < bytes / 16; i += 32) st_na_v4(d + i, ld_volatile_v4(s + i));
+    int i = lane;
+    for (; i + 96 < n; i += 128) {
+        const int4 v0 = load16<kPeerSrc>(s + i), v1 = load16<kPeerSrc>(s + i + 32);
+        const int4 v2 = load16<kPeerSrc>(s + i + 64), v3 = load16<kPeerSrc>(s + i + 96);
+        st_na_v4(d + i, v0);
+        st_na_v4(d + i + 32, v1);
+        st_na_v4(d + i + 64, v2);
+        st_na_v4(d + i + 96, v3);
+    }
+    for (; i < n; i += 32) st_na_v4(d + i, load16<kPeerSrc>(s + i));
 }
 
 // Round to nearest even (NaN kept quiet), same as __float2bfloat16_rn.
@@ -342,7 +359,6 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
     int t0, t1;
     channel_range(a.num_tokens, a.num_channels, c, t0, t1);
 
-    const int nvec = L.row_bytes / 16;
     for (int t = t0 + warp; t < t1; t += nw) {
         // Lane h < NH describes destination host h: its slot, local mask and record address.
         const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
@@ -369,18 +385,12 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
             for (int i = lane; i < S; i += 32)
                 reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
         }
-        // Payload: load each 16 B once, store it into every destination host's record.
-        const int4* src = reinterpret_cast<const int4*>(a.x + (size_t)t * L.row_bytes);
-        for (int ib = 0; ib < nvec; ib += 32) {
-            const int i = ib + lane;
-            int4 v = make_int4(0, 0, 0, 0);
-            if (i < nvec) v = ld_nc_v4(src + i);
-            for (uint32_t m = dests; m; m &= m - 1) {
-                const int h = __ffs(m) - 1;
-                uint8_t* rec = reinterpret_cast<uint8_t*>(
-                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
-                if (i < nvec) st_na_v4(reinterpret_cast<int4*>(rec + L.data_off) + i, v);
-            }
+        // Payload, once per destination host (the loop over `dests` is warp-uniform).
+        const uint8_t* src = a.x + (size_t)t * L.row_bytes;
+        for (uint32_t m = dests; m; m &= m - 1) {
+            uint8_t* rec = reinterpret_cast<uint8_t*>(
+                __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), __ffs(m) - 1));
+            warp_copy<false>(rec + L.data_off, src, L.row_bytes, lane);
         }
     }
 
@@ -471,7 +481,7 @@ __device__ __forceinline__ void dispatch_puller(const InternodeArgs& a, const Ep
                 for (int q = lane; q < S; q += 32)
                     a.recv_scales[(size_t)row * S + q] =
                         __int_as_float(ld_volatile(reinterpret_cast<const int*>(rec + RL.sc_off) + q));
-                warp_copy_volatile(a.recv_x + (size_t)row * RL.row_bytes, rec + RL.data_off, RL.row_bytes, lane);
+                warp_copy<true>(a.recv_x + (size_t)row * RL.row_bytes, rec + RL.data_off, RL.row_bytes, lane);
             }
             run += total;
             __syncthreads();
@@ -543,14 +553,22 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
             for (int i = warp; i < cnt; i += nw) {
                 const int* rows = s_rows + i * EP_INTERNODE_MAX_RANKS_PER_HOST;
                 uint8_t* rec = dst + (size_t)(jb + i) * a.rec_stride;
-                for (int q = lane; q < row_bytes / 16; q += 32) {
-                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    for (int ld = 0; ld < P; ++ld) {
+                // Two 16 B columns per lane and iteration: more loads in flight.
+                const int nvec = row_bytes / 16;
+                for (int q0 = lane; q0 < nvec; q0 += 64) {
+                    const int q1 = q0 + 32;
+                    const bool two = q1 < nvec;
+                    float acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (int ld = 0; ld < P; ++ld) {  // ascending local rank: the contract's order
                         const int r = rows[ld];
                         if (r < 0) continue;
-                        acc_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes) + q));
+                        const int4* src = reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes);
+                        const int4 v0 = ld_volatile_v4(src + q0);
+                        if (two) acc_bf16x8(acc1, ld_volatile_v4(src + q1));
+                        acc_bf16x8(acc0, v0);
                     }
-                    st_na_v4(reinterpret_cast<int4*>(rec + doff) + q, pack_bf16x8(acc));
+                    st_na_v4(reinterpret_cast<int4*>(rec + doff) + q0, pack_bf16x8(acc0));
+                    if (two) st_na_v4(reinterpret_cast<int4*>(rec + doff) + q1, pack_bf16x8(acc1));
                 }
                 if (a.combined_w) {
                     for (int k = lane; k < K; k += 32) {
@@ -608,19 +626,28 @@ __device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const E
         const int4* b0 = a.comb_bias0 ? reinterpret_cast<const int4*>(a.comb_bias0 + (size_t)t * H) : nullptr;
         const int4* b1 = a.comb_bias1 ? reinterpret_cast<const int4*>(a.comb_bias1 + (size_t)t * H) : nullptr;
         int4* out = reinterpret_cast<int4*>(a.combined_x + (size_t)t * H);
-        for (int qb = 0; qb < nvec; qb += 32) {
-            const int q = qb + lane;
-            const bool ok = q < nvec;
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (ok && b0) acc_bf16x8(acc, ld_nc_v4(b0 + q));
-            if (ok && b1) acc_bf16x8(acc, ld_nc_v4(b1 + q));
+        // Two 16 B columns per lane and iteration; the loop bounds are warp-uniform (shuffles).
+        for (int qb = 0; qb < nvec; qb += 64) {
+            const int q0 = qb + lane, q1 = qb + 32 + lane;
+            const bool ok0 = q0 < nvec, ok1 = q1 < nvec;
+            float acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (b0) {
+                if (ok0) acc_bf16x8(acc0, ld_nc_v4(b0 + q0));
+                if (ok1) acc_bf16x8(acc1, ld_nc_v4(b0 + q1));
+            }
+            if (b1) {
+                if (ok0) acc_bf16x8(acc0, ld_nc_v4(b1 + q0));
+                if (ok1) acc_bf16x8(acc1, ld_nc_v4(b1 + q1));
+            }
             for (uint32_t m = hosts; m; m &= m - 1) {  // ascending host order
                 const int h = __ffs(m) - 1;
-                const uint8_t* rec = reinterpret_cast<const uint8_t*>(
-                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
-                if (ok) acc_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const int4*>(rec + doff) + q));
+                const int4* rec = reinterpret_cast<const int4*>(reinterpret_cast<const uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h)) + doff);
+                if (ok0) acc_bf16x8(acc0, ld_volatile_v4(rec + q0));
+                if (ok1) acc_bf16x8(acc1, ld_volatile_v4(rec + q1));
             }
-            if (ok) st_na_v4(out + q, pack_bf16x8(acc));
+            if (ok0) st_na_v4(out + q0, pack_bf16x8(acc0));
+            if (ok1) st_na_v4(out + q1, pack_bf16x8(acc1));
         }
         if (a.combined_w) {
             float w = 0.0f;
