@@ -62,6 +62,12 @@ impl Cubin {
     pub fn symbols(&self) -> Result<Vec<elf::Symbol>> {
         elf::symbols(self.bytes).map_err(|e| EpError::InvalidArgument(format!("cubin '{}': {e}", self.name)))
     }
+    /// Parameter information of `kernel` as recorded in the cubin (what the driver checks
+    /// launches against); available without a GPU.
+    pub fn params(&self, kernel: &str) -> Result<elf::ParamInfo> {
+        let e = |m: String| EpError::InvalidArgument(format!("cubin '{}': {m}", self.name));
+        elf::kernel_params(self.bytes, kernel).map_err(e)?.ok_or_else(|| e(format!("no parameter info for kernel '{kernel}'")))
+    }
     /// Resources of kernel `name`.
     pub fn resources_of(&self, kernel: &str) -> Option<&'static KernelResources> {
         self.resources.iter().find(|r| r.name == kernel)

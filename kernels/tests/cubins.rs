@@ -75,6 +75,38 @@ fn selftest_cubin_has_the_runtime_kernels() {
 }
 
 #[test]
+fn parameter_sizes_come_from_the_cubin() {
+    let c = cubins::require("selftest").unwrap();
+    let p = c.params("ep_fill_u32").unwrap();
+    assert_eq!((p.sizes, p.total), (vec![8, 8, 4, 24], Some(48)));
+    assert_eq!(c.params("ep_selftest_wait_copy").unwrap().sizes, vec![8, 4, 8, 8, 8, 4, 4, 24]);
+    assert!(c.params("no_such_kernel").is_err());
+}
+
+#[test]
+fn every_kernel_takes_ep_diag_last() {
+    // The contract: `EpDiag diag` (24 bytes, 8-aligned) is the last parameter of every entry
+    // point, and `Gpu::launch` appends it. Cubins linked by nvlink keep only the total size: there
+    // the total must at least hold the diag at an 8-aligned end.
+    let diag = std::mem::size_of::<Diag>();
+    let mut bad = Vec::new();
+    for c in cubins::CUBINS {
+        for k in c.kernels {
+            let p = c.params(k).unwrap();
+            let ok = if p.sizes.is_empty() {
+                p.total.is_some_and(|t| t >= diag && t % 8 == 0)
+            } else {
+                p.sizes.last() == Some(&diag) && p.total.is_none_or(|t| t >= p.sizes.iter().sum::<usize>())
+            };
+            if !ok {
+                bad.push(format!("{}::{k} {p:?}", c.name));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "kernels whose last parameter is not the 24-byte EpDiag: {bad:?}");
+}
+
+#[test]
 fn nvshmem_cubins_contain_device_state() {
     for c in cubins::CUBINS.iter().filter(|c| c.nvshmem) {
         let syms = c.symbols().unwrap();

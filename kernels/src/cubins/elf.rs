@@ -120,3 +120,83 @@ pub fn entry_points(b: &[u8]) -> Result<Vec<String>, String> {
         .map(|s| s.name)
         .collect())
 }
+
+/// `EIATTR_KPARAM_INFO` in a `.nv.info.<kernel>` section.
+const EIATTR_KPARAM_INFO: u8 = 0x17;
+/// `EIATTR_CBANK_PARAM_SIZE`: total parameter bytes of a kernel.
+const EIATTR_CBANK_PARAM_SIZE: u8 = 0x19;
+/// `EIFMT_*` value formats of `.nv.info` entries.
+const EIFMT_NVAL: u8 = 1;
+const EIFMT_BVAL: u8 = 2;
+const EIFMT_HVAL: u8 = 3;
+const EIFMT_SVAL: u8 = 4;
+
+/// Sections by name: (name, file offset, size).
+fn sections(b: &[u8]) -> Result<Vec<(String, usize, usize)>, String> {
+    symbols(b)?; // validates the header
+    let shoff = u64_at(b, 0x28)? as usize;
+    let shentsize = u16_at(b, 0x3A)? as usize;
+    let shnum = u16_at(b, 0x3C)? as usize;
+    let shstrndx = u16_at(b, 0x3E)? as usize;
+    if shstrndx >= shnum {
+        return Err(format!("section name table index {shstrndx} >= {shnum}"));
+    }
+    let names = u64_at(b, shoff + shstrndx * shentsize + 0x18)? as usize;
+    (0..shnum)
+        .map(|i| {
+            let h = shoff + i * shentsize;
+            Ok((cstr(b, names + u32_at(b, h)? as usize)?, u64_at(b, h + 0x18)? as usize, u64_at(b, h + 0x20)? as usize))
+        })
+        .collect()
+}
+
+/// Parameter information of one kernel from its `.nv.info.<kernel>` section.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParamInfo {
+    /// Sizes in declaration order (`EIATTR_KPARAM_INFO`); empty when the cubin does not list them
+    /// (images linked by `nvlink -rdc` keep only the total).
+    pub sizes: Vec<usize>,
+    /// Total parameter bytes (`EIATTR_CBANK_PARAM_SIZE`), when recorded.
+    pub total: Option<usize>,
+}
+
+/// Parameter information of kernel `kernel`, as the driver sees it, available without a GPU;
+/// `None` when the cubin has no `.nv.info.<kernel>` section.
+pub fn kernel_params(b: &[u8], kernel: &str) -> Result<Option<ParamInfo>, String> {
+    let want = format!(".nv.info.{kernel}");
+    let Some((_, off, size)) = sections(b)?.into_iter().find(|s| s.0 == want) else { return Ok(None) };
+    let mut params: Vec<(u16, usize)> = Vec::new();
+    let mut total = None;
+    let mut p = off;
+    while p + 2 <= off + size {
+        let (fmt, attr) = (rd::<1>(b, p)?[0], rd::<1>(b, p + 1)?[0]);
+        match fmt {
+            EIFMT_NVAL => p += 2,
+            EIFMT_BVAL => p += 3,
+            EIFMT_HVAL => {
+                if attr == EIATTR_CBANK_PARAM_SIZE {
+                    total = Some(u16_at(b, p + 2)? as usize);
+                }
+                p += 4
+            }
+            EIFMT_SVAL => {
+                let len = u16_at(b, p + 2)? as usize;
+                if attr == EIATTR_KPARAM_INFO && len >= 12 {
+                    let ordinal = u16_at(b, p + 4 + 4)?;
+                    let packed = u32_at(b, p + 4 + 8)?;
+                    params.push((ordinal, ((packed >> 18) & 0x3fff) as usize));
+                }
+                p += 4 + len;
+            }
+            // Unknown format: stop (what we need comes first).
+            _ => break,
+        }
+    }
+    params.sort_by_key(|x| x.0);
+    for (i, (ord, _)) in params.iter().enumerate() {
+        if *ord as usize != i {
+            return Err(format!("{want}: parameter ordinals {:?} are not 0..{}", params.iter().map(|x| x.0).collect::<Vec<_>>(), params.len()));
+        }
+    }
+    Ok(Some(ParamInfo { sizes: params.into_iter().map(|x| x.1).collect(), total }))
+}

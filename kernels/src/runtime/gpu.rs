@@ -452,7 +452,10 @@ impl Module {
             params.push(size);
         }
         let params = if params.is_empty() { None } else { Some(params) };
-        Ok(Kernel { name: name.to_string(), func, params, module: self.clone(), dyn_smem: Arc::new(AtomicU32::new(48 * 1024)) })
+        // Images linked by nvlink (NVSHMEM) record only the total; the driver may then not know
+        // the sizes either, so keep the total for a coarser check.
+        let param_total = self.cubin.params(name).ok().and_then(|p| p.total);
+        Ok(Kernel { name: name.to_string(), func, params, param_total, module: self.clone(), dyn_smem: Arc::new(AtomicU32::new(48 * 1024)) })
     }
 }
 
@@ -472,6 +475,8 @@ pub struct Kernel {
     func: sys::CUfunction,
     /// Parameter sizes from `cuFuncGetParamInfo` (None when the driver cannot tell).
     params: Option<Vec<usize>>,
+    /// Total parameter bytes recorded in the cubin.
+    param_total: Option<usize>,
     module: Arc<Module>,
     dyn_smem: Arc<AtomicU32>,
 }
@@ -502,7 +507,18 @@ impl Kernel {
     }
 
     fn check_args(&self, args: &Args) -> Result<()> {
-        let Some(p) = &self.params else { return Ok(()) };
+        let Some(p) = &self.params else {
+            let end = args.packed_size();
+            return match self.param_total {
+                Some(t) if t != end => Err(EpError::InvalidArgument(format!(
+                    "kernel {}: takes {t} bytes of parameters but the launch passes {end} (sizes {:?}; the EpDiag is appended \
+                     automatically by Gpu::launch); fix the argument list or the #[repr(C)] mirror of the parameter struct",
+                    self.name,
+                    args.slots.iter().map(|s| s.1).collect::<Vec<_>>()
+                ))),
+                _ => Ok(()),
+            };
+        };
         let got: Vec<usize> = args.slots.iter().map(|s| s.1).collect();
         if got.len() != p.len() || got.iter().zip(p).any(|(a, b)| a != b) {
             return Err(EpError::InvalidArgument(format!(
@@ -612,7 +628,8 @@ impl LaunchCfg {
 /// Kernel arguments, each copied into its own 16-byte-aligned slot.
 #[derive(Default)]
 pub struct Args {
-    slots: Vec<(Box<[u128]>, usize)>,
+    /// (storage, size, alignment) per argument.
+    slots: Vec<(Box<[u128]>, usize, usize)>,
 }
 
 impl Args {
@@ -626,7 +643,7 @@ impl Args {
         let mut slot = vec![0u128; size.div_ceil(16).max(1)].into_boxed_slice();
         // SAFETY: slot has >= size bytes and T is Pod.
         unsafe { std::ptr::copy_nonoverlapping(&v as *const T as *const u8, slot.as_mut_ptr() as *mut u8, size) };
-        self.slots.push((slot, size));
+        self.slots.push((slot, size, std::mem::align_of::<T>()));
         self
     }
     /// Builder form of [`Args::push`].
@@ -639,6 +656,10 @@ impl Args {
     }
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+    /// Bytes the arguments occupy in the parameter buffer (each at its natural alignment).
+    fn packed_size(&self) -> usize {
+        self.slots.iter().fold(0, |off, s| off.next_multiple_of(s.2) + s.1)
     }
     fn pointers(&mut self) -> Vec<*mut std::ffi::c_void> {
         self.slots.iter_mut().map(|s| s.0.as_mut_ptr() as *mut std::ffi::c_void).collect()
@@ -664,6 +685,7 @@ mod tests {
         let d = Diag { err: 0x1000, timeout_ns: 5, rank: 3, pad_: 0 };
         let mut a = crate::args![7u64, 2i32, d];
         assert_eq!(a.slots.iter().map(|s| s.1).collect::<Vec<_>>(), vec![8, 4, 24]);
+        assert_eq!(a.packed_size(), 40); // 8 + 4 + pad 4 + 24, as ep_fill_u32's 48 = 8 + 8 + 4 + 4 + 24
         let p = a.pointers();
         // SAFETY: the slots hold exactly these values.
         unsafe {
