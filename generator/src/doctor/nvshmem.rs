@@ -80,6 +80,8 @@ pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemI
             "nvshmem.device-library",
             "nvshmem.kernels",
             "nvshmem.loader",
+            "nvshmem.plugin.bootstrap",
+            "nvshmem.plugin.ibgda",
             "nvshmem.plugins",
         ] {
             out.push(Check::skip(
@@ -135,12 +137,13 @@ fn unknown_variables(host: &Host, host_lib: &[u8], plugins: &[PathBuf]) -> Vec<S
     if names.is_empty() {
         return Vec::new();
     }
-    let mut blobs = vec![host_lib.to_vec()];
-    blobs.extend(
-        plugins
-            .iter()
-            .filter_map(|p| host.read_bytes(p, elf::LIB_CAP).ok()),
-    );
+    let plugin_bytes: Vec<Vec<u8>> = plugins
+        .iter()
+        .filter_map(|p| host.read_bytes(p, elf::LIB_CAP).ok())
+        .collect();
+    let blobs: Vec<&[u8]> = std::iter::once(host_lib)
+        .chain(plugin_bytes.iter().map(Vec::as_slice))
+        .collect();
     let mentioned = |needle: &str| {
         let pattern = [b"\0".as_slice(), needle.as_bytes(), b"\0"].concat();
         blobs.iter().any(|b| find(b, &pattern).is_some())

@@ -9,6 +9,10 @@ use super::report::{caps, Check};
 use super::HostKind;
 use std::path::{Path, PathBuf};
 
+/// Creates `/dev/gdrdrv` with the major gdrdrv registered (it creates no node itself).
+const MKNOD: &str =
+    "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
+
 /// One RDMA port.
 #[derive(Debug, Clone)]
 pub struct Port {
@@ -232,8 +236,6 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
     let mut problems: Vec<(String, String)> = Vec::new(); // (what, fix)
     let nixos_fix =
         "services.deepep.ibgda.method = \"gdrcopy\"; (or \"both\") builds, loads and creates it";
-    let mknod =
-        "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
     let mut found = Vec::new();
     if loaded {
         found.push("gdrdrv loaded".to_string());
@@ -256,7 +258,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
                 if kind.nixos {
                     nixos_fix.into()
                 } else {
-                    format!("after loading the module: {mknod}")
+                    format!("after loading the module: {MKNOD}")
                 },
             ));
         }
@@ -315,8 +317,6 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
 /// user can open read-write. Ok: a description; Err: (problem, fix).
 fn devnode(host: &Host) -> Result<String, (String, String)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mknod =
-        "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
     let path = hp("/dev/gdrdrv");
     let real = host.real(&path);
     let meta = match std::fs::metadata(&real) {
@@ -324,7 +324,7 @@ fn devnode(host: &Host) -> Result<String, (String, String)> {
         Err(_) => {
             return Err((
                 "/dev/gdrdrv missing (gdrdrv creates no device node itself)".into(),
-                mknod.into(),
+                MKNOD.into(),
             ))
         }
     };
@@ -332,7 +332,7 @@ fn devnode(host: &Host) -> Result<String, (String, String)> {
         let kind = host.kind(&path).unwrap_or(FileKind::Other);
         return Err((
             format!("/dev/gdrdrv is {}, not a character device", kind.describe()),
-            format!("sudo rm -rf /dev/gdrdrv && {mknod}"),
+            format!("sudo rm -rf /dev/gdrdrv && {MKNOD}"),
         ));
     }
     let (major, minor) = dev_numbers(meta.rdev());
@@ -347,7 +347,7 @@ fn devnode(host: &Host) -> Result<String, (String, String)> {
         Some(m) if m != major => {
             return Err((
                 format!("/dev/gdrdrv has major {major} but the loaded gdrdrv registered major {m} (/proc/devices): stale node from an earlier boot"),
-                format!("sudo rm /dev/gdrdrv && {mknod}"),
+                format!("sudo rm /dev/gdrdrv && {MKNOD}"),
             ))
         }
         None => {
