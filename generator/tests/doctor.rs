@@ -1067,6 +1067,29 @@ fn cuda_library_missing_or_from_another_driver() {
         .verdicts
         .iter()
         .all(|v| v.blocked_by == vec!["cuda-library".to_string()]));
+    // The same library as CUDA's forward-compatibility package: a warning, not a failure.
+    let compat = "/usr/local/cuda-13.0/compat";
+    std::fs::create_dir_all(h.path(compat)).unwrap();
+    std::fs::copy(
+        h.path("/usr/lib64/libcuda.so.580.200.01"),
+        h.path(&format!("{compat}/libcuda.so.580.200.01")),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        "libcuda.so.580.200.01",
+        h.path(&format!("{compat}/libcuda.so.1")),
+    )
+    .unwrap();
+    let h = h.env("LD_LIBRARY_PATH", &format!("{compat}:/opt/nvshmem/lib"));
+    let r = h.run();
+    assert_eq!(
+        status(&r, "cuda-library"),
+        Status::Warn,
+        "{}",
+        r.render_text()
+    );
+    assert_eq!(r.exit_code, 0);
+    h.remove(&format!("{compat}/libcuda.so.1"));
     // No libcuda at all.
     h.remove("/usr/lib64/libcuda.so.1");
     let r = h.run();

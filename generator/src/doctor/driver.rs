@@ -241,6 +241,13 @@ fn check_cuda_library(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut
                 // A driver version (branch number first, e.g. 580.159.04), not e.g. `1.1`.
                 .filter(|v| v.split('.').next().and_then(|b| b.parse::<u32>().ok()).is_some_and(|b| b >= 100));
             match (lib_version, info.version.as_deref()) {
+                // CUDA forward compatibility (cuda-compat in .../compat/) differs on purpose.
+                (Some(lv), Some(kv)) if lv != kv && path.to_string_lossy().contains("/compat") => out.push(Check::warn(
+                    id,
+                    caps::ALL,
+                    format!("{} is the CUDA forward-compatibility driver {lv} on kernel module {kv}", path.display()),
+                    "fine on data-center GPUs with a matching cuda-compat package; otherwise take the compat directory off LD_LIBRARY_PATH",
+                )),
                 (Some(lv), Some(kv)) if lv != kv => out.push(Check::fail(
                     id,
                     caps::ALL,
