@@ -383,8 +383,10 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
 }
 
 // ---- combine -------------------------------------------------------------------------------
+// Dynamic shared memory (int32): pre[L + 1] | warp sums[LL_WARPS]
 template <bool kPut>
 __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const EpDiag& diag) {
+    extern __shared__ int smem[];
     __shared__ int s_fail;
     const int b = blockIdx.x, G = gridDim.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -421,18 +423,55 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
                     s_fail = 1;
             }
         }
-        __syncthreads();
-        int total = 0;
-        if (!s_fail)
-            for (int le = b; le < L; le += G) total += recv_count[le] * nseg;
-        for (int u = warp; u < total; u += LL_WARPS) {
-            int rest = u, le = b;
-            for (;; le += G) {
-                const int n = recv_count[le] * nseg;
-                if (rest < n) break;
-                rest -= n;
+        // Rows from other ranks, spread over the whole grid (balanced whatever the expert
+        // counts): pre[le] = remote rows of local experts < le (block-wide exclusive scan).
+        int* pre = smem;  // [L + 1]
+        int* warp_sums = smem + L + 1;  // [LL_WARPS]
+        {
+            int v[2] = {0, 0};
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int le = 2 * tid + q;
+                if (le < L) v[q] = recv_count[le] - static_cast<int>(layout_range[le * R + me] & 0xffffffff);
             }
-            const int j = rest / nseg, seg = rest % nseg;
+            int x = v[0] + v[1];
+#pragma unroll
+            for (int m = 1; m < 32; m <<= 1) {
+                const int y2 = __shfl_up_sync(0xffffffffu, x, m);
+                if (lane >= m) x += y2;
+            }
+            if (lane == 31) warp_sums[warp] = x;
+            __syncthreads();
+            if (warp == 0) {
+                int w = lane < LL_WARPS ? warp_sums[lane] : 0;
+#pragma unroll
+                for (int m = 1; m < 32; m <<= 1) {
+                    const int y2 = __shfl_up_sync(0xffffffffu, w, m);
+                    if (lane >= m) w += y2;
+                }
+                if (lane < LL_WARPS) warp_sums[lane] = w;  // inclusive
+            }
+            __syncthreads();
+            const int excl = x - v[0] - v[1] + (warp > 0 ? warp_sums[warp - 1] : 0);
+            if (2 * tid < L) pre[2 * tid] = excl;
+            if (2 * tid + 1 < L) pre[2 * tid + 1] = excl + v[0];
+            if (tid == 0) pre[L] = warp_sums[LL_WARPS - 1];
+            __syncthreads();
+        }
+        const int total = s_fail ? 0 : pre[L] * nseg;
+        for (int u = b * LL_WARPS + warp; u < total; u += G * LL_WARPS) {
+            const int row = u / nseg, seg = u % nseg;
+            // local expert: the last le with pre[le] <= row
+            int lo = 0, hi = L - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (pre[mid] <= row) lo = mid; else hi = mid - 1;
+            }
+            const int le = lo;
+            const int64_t own = layout_range[le * R + me];
+            const int own_begin = static_cast<int>(own >> 32), own_cnt = static_cast<int>(own & 0xffffffff);
+            const int jr = row - pre[le];
+            const int j = jr < own_begin ? jr : jr + own_cnt;  // skip our own block
             int s = -1;
             for (int r = 0; r < R; ++r) {
                 const int64_t v = layout_range[le * R + r];

@@ -234,6 +234,10 @@ impl LlLayout {
     pub fn local_experts_per_block(&self) -> usize {
         self.num_local_experts().div_ceil(self.grid)
     }
+    /// Dynamic shared memory of the combine kernel: a prefix over local experts + warp sums.
+    pub fn combine_smem(&self) -> usize {
+        (self.num_local_experts() + 1 + LL_WARPS) * 4
+    }
     /// Dynamic shared memory of the dispatch kernel (see the kernel's smem comment).
     pub fn dispatch_smem(&self) -> usize {
         let (epb, lpb) = (self.experts_per_block(), self.local_experts_per_block());
@@ -562,7 +566,7 @@ impl LowLatencyBuffer<'_> {
             wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
         };
         self.combine_hooked = [self.combine_hooked[1], return_hook];
-        self.gpu.launch(&self.combine_kernel, &self.launch_cfg(0), Args::new().arg(args))?;
+        self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
         Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })) })
     }
 
@@ -572,7 +576,7 @@ impl LowLatencyBuffer<'_> {
             LlHook::Dispatch(a) => {
                 self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))
             }
-            LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(0), Args::new().arg(a)),
+            LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
     }
 }
