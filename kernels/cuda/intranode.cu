@@ -14,6 +14,8 @@
 #define kNotifyThreads 512
 #define kMaxThreads 768
 #define kFullMask 0xffffffffu
+// 16-byte loads in flight per lane of a combine pusher (one row of 7168 bf16 = 28 per lane).
+#define kPushUnroll 7
 
 // =========================================================================================
 // notify: count exchange + prefix sums
@@ -240,7 +242,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 // Entry points are spelled out (not macro-generated) so the build's source scan finds them.
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_dispatch_r2(IntranodeArgs a, DispatchParams p, EpDiag diag) {
-    dispatch_impl<2, 4>(a, p, diag);
+    dispatch_impl<2, 7>(a, p, diag);
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_dispatch_r4(IntranodeArgs a, DispatchParams p, EpDiag diag) {
@@ -318,13 +320,13 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
             int4* dst = reinterpret_cast<int4*>(a.peer_base[s] + a.off_stage_x +
                                                 slot * a.stage_x_slot_bytes) +
                         static_cast<int64_t>(j) * n16;
-            for (int i = lane; i < n16; i += 32 * 4) {
-                int4 v[4];
+            for (int i = lane; i < n16; i += 32 * kPushUnroll) {
+                int4 v[kPushUnroll];
 #pragma unroll
-                for (int k = 0; k < 4; ++k)
+                for (int k = 0; k < kPushUnroll; ++k)
                     if (i + 32 * k < n16) v[k] = ld_nc_v4(src + i + 32 * k);
 #pragma unroll
-                for (int k = 0; k < 4; ++k)
+                for (int k = 0; k < kPushUnroll; ++k)
                     if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
             }
             if (p.topk_w != nullptr && lane < K) {
@@ -381,13 +383,12 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
         int4* out = reinterpret_cast<int4*>(p.out + t * row_elems);
 
         for (int i = lane; i < n16; i += 32 * kU) {
+            // All rank loads in flight first; biases are loaded per group right before use
+            // (keeps registers low: kU*kR int4 + one accumulator group).
             int4 v[kR][kU];
-            int4 bv0[kU], bv1[kU];
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
                 if (i + 32 * u >= n16) continue;
-                if (b0) bv0[u] = ld_nc_v4(b0 + i + 32 * u);
-                if (b1) bv1[u] = ld_nc_v4(b1 + i + 32 * u);
 #pragma unroll
                 for (int d = 0; d < kR; ++d) {
                     if (srcs[d] == nullptr) continue;
@@ -401,8 +402,8 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
                 float acc[8];
 #pragma unroll
                 for (int x = 0; x < 8; ++x) acc[x] = 0.f;
-                if (b0) ep_accumulate_bf16x8(acc, bv0[u]);
-                if (b1) ep_accumulate_bf16x8(acc, bv1[u]);
+                if (b0) ep_accumulate_bf16x8(acc, ld_nc_v4(b0 + i + 32 * u));
+                if (b1) ep_accumulate_bf16x8(acc, ld_nc_v4(b1 + i + 32 * u));
 #pragma unroll
                 for (int d = 0; d < kR; ++d)
                     if (srcs[d] != nullptr) ep_accumulate_bf16x8(acc, v[d][u]);
@@ -429,11 +430,11 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
 
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_combine_r2(IntranodeArgs a, CombineParams p, EpDiag diag) {
-    combine_impl<2, 2>(a, p, diag);
+    combine_impl<2, 4>(a, p, diag);
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_combine_r4(IntranodeArgs a, CombineParams p, EpDiag diag) {
-    combine_impl<4, 1>(a, p, diag);
+    combine_impl<4, 2>(a, p, diag);
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_combine_r8(IntranodeArgs a, CombineParams p, EpDiag diag) {
