@@ -287,7 +287,7 @@ fn expect_2d(
     fix: &str,
 ) -> Result<usize> {
     let ok_dtype = dtypes.contains(&t.dtype);
-    let ok_shape = t.shape.len() == 2 && t.shape[0] == rows && cols.is_none_or(|c| t.shape[1] == c);
+    let ok_shape = t.shape.len() == 2 && t.shape[0] == rows && cols.map_or(true, |c| t.shape[1] == c);
     if !ok_dtype || !ok_shape || !t.is_contiguous() {
         let want_dt: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
         let want_cols = cols.map_or("*".to_string(), |c| c.to_string());
