@@ -98,6 +98,43 @@ __device__ __forceinline__ void ll_group_scale(float amax, bool round_scale, flo
     }
 }
 
+__device__ __forceinline__ uint64_t ld_relaxed_sys_u64(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Warp-wide wait until the flags [0, n) at `off` (u64, index j = rank * G + block) of every rank
+// other than `me` carry `seq`. Lanes poll up to 8 flags each with independent relaxed loads per
+// round (one round trip when they are already set), then an acquire fence. Warp-uniform result;
+// false on timeout (recorded).
+__device__ __forceinline__ bool ll_warp_wait_all(const uint8_t* buf, uint64_t off, int n, int G, int me, uint32_t seq,
+                                                 const EpDiag& diag, int lane) {
+    const uint64_t* f = reinterpret_cast<const uint64_t*>(buf + off);
+    for (int base = 0; base < n; base += 32 * 8) {
+        EpWait w(diag);
+        while (true) {
+            bool all = true;
+            int missing = -1;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int j = base + lane + 32 * i;
+                if (j < n && j / G != me) {
+                    const bool ok = static_cast<uint32_t>(ld_relaxed_sys_u64(f + j) >> 32) == seq;
+                    if (!ok && missing < 0) missing = j;
+                    all &= ok;
+                }
+            }
+            if (__all_sync(0xffffffffu, all)) break;
+            const bool timed_out = !w.tick(EP_PHASE_LL_COMBINE_RECV, missing >= 0 ? missing % G : -1, missing >= 0 ? missing / G : -1);
+            if (__any_sync(0xffffffffu, timed_out)) return false;
+        }
+    }
+    fence_acq_rel_sys();
+    __syncwarp();
+    return true;
+}
+
 // The NVSHMEM put path lives in non-inlined helpers so that the ABI call does not force the
 // hot loop's live values into local memory. Their only "spill" in ptxas -v is the call ABI
 // saving two registers around the NVSHMEM library call; like the library's own functions they
@@ -519,44 +556,50 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
 
     if (a.phases & LL_PHASE_RECV) {
         __syncthreads();
-        // Origin side: wait until every block of every other rank has sent its rows.
-        for (int j = tid; j < R * G; j += LL_THREADS) {
-            const int d = j / G;
-            if (d == me) continue;
-            uint32_t unused = 0;
-            if (!ll_wait_tag(a.buf, a.off_comb_done + static_cast<uint64_t>(j) * 8, seq, &unused, diag,
-                             EP_PHASE_LL_COMBINE_RECV, j % G, d))
-                s_fail = 1;
-        }
-        __syncthreads();
-        if (s_fail) return;
+        // Origin side. Each warp first sums the terms of experts we own (read in place from y,
+        // while the remote rows are still arriving), then waits once for every block of every
+        // other rank, then adds the remote terms. Any summation order is within the reference's
+        // bound; the result is rounded to bf16 once.
         const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
         const uint8_t* comb_recv = a.buf + a.off_comb_recv;
         const int nseg = (H + LL_REDUCE_SEG - 1) / LL_REDUCE_SEG;
+        bool ready = false;
         for (int u = b * LL_WARPS + warp; u < N * nseg; u += G * LL_WARPS) {
             const int t = u / nseg, c0 = (u % nseg) * LL_REDUCE_SEG + lane * 8;
-            if (c0 >= H) continue;
+            const bool active = c0 < H;
             float acc[8];
 #pragma unroll
             for (int q = 0; q < 8; ++q) acc[q] = 0.f;
-            for (int k = 0; k < K; ++k) {
-                const int64_t e = a.topk_idx[t * K + k];
-                if (e < 0) continue;
-                const float w = a.topk_weights[t * K + k];
-                const int d = static_cast<int>(e / L), le = static_cast<int>(e % L);
-                int4 v;
-                if (d == me) {
-                    const uint64_t row = static_cast<uint64_t>(le) * RNM + send_slot[t * LL_MAX_TOPK + k];
-                    v = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
-                } else {
-                    v = ld_volatile_v4(reinterpret_cast<const int4*>(
-                        comb_recv + ((static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * H + c0) * 2));
+            for (int pass = 0; pass < 2; ++pass) {
+                if (pass == 1 && !ready) {
+                    if (!ll_warp_wait_all(a.buf, a.off_comb_done, R * G, G, me, seq, diag, lane)) {
+                        s_fail = 1;
+                        return;
+                    }
+                    ready = true;
                 }
-                float f[8];
-                bf16x8_to_f32(v, f);
+                if (!active) continue;
+                for (int k = 0; k < K; ++k) {
+                    const int64_t e = a.topk_idx[t * K + k];
+                    if (e < 0) continue;
+                    const int d = static_cast<int>(e / L), le = static_cast<int>(e % L);
+                    if ((d == me) != (pass == 0)) continue;
+                    const float w = a.topk_weights[t * K + k];
+                    int4 v;
+                    if (d == me) {
+                        const uint64_t row = static_cast<uint64_t>(le) * RNM + send_slot[t * LL_MAX_TOPK + k];
+                        v = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                    } else {
+                        v = ld_volatile_v4(reinterpret_cast<const int4*>(
+                            comb_recv + ((static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * H + c0) * 2));
+                    }
+                    float f[8];
+                    bf16x8_to_f32(v, f);
 #pragma unroll
-                for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w, acc[q]);
+                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w, acc[q]);
+                }
             }
+            if (!active) continue;
             uint32_t o[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
