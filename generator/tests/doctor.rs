@@ -517,7 +517,7 @@ fn driver_options_missing_everywhere_give_the_modprobe_line_or_the_nixos_option(
     );
     let r = h.run();
     assert_eq!(status(&r, "params.stream-memops"), Status::Fail);
-    assert_eq!(status(&r, "params.peer-mapping"), Status::Ok);
+    assert_eq!(status(&r, "params.peer-mapping"), Status::Warn);
     assert_eq!(
         fix(&r, "params.stream-memops"),
         "add this line to /etc/modprobe.d/nvidia-ibgda.conf:\n  options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords=\"PeerMappingOverride=1;\"\nthen sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL), and reboot"
@@ -537,6 +537,29 @@ fn driver_options_missing_everywhere_give_the_modprobe_line_or_the_nixos_option(
     );
     let r = h.run();
     assert!(found(&r, "params.stream-memops").contains("but /proc/cmdline sets it: reboot pending"));
+}
+
+#[test]
+fn driver_options_active_but_not_persistent() {
+    // Someone loaded the module by hand with the options: works now, gone after a reboot.
+    let h = TestHost::ibgda();
+    h.remove("/etc/modprobe.d/nvidia-ibgda.conf");
+    let r = h.run();
+    assert_eq!(status(&r, "params.stream-memops"), Status::Warn);
+    assert_eq!(
+        found(&r, "params.peer-mapping"),
+        "RegistryDwords: \"PeerMappingOverride=1;\" (/proc/driver/nvidia/params), but nothing in \
+         modprobe.d or the kernel command line sets it: lost at the next boot"
+    );
+    assert_eq!(verdicts(&r), all_ready());
+    assert_eq!(
+        r.verdict(InternodeIbgda).warnings,
+        vec![
+            "params.stream-memops".to_string(),
+            "params.peer-mapping".to_string()
+        ]
+    );
+    assert_eq!(r.exit_code, 0);
 }
 
 #[test]

@@ -652,10 +652,11 @@ pub fn check_params(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut V
         .map(|(v, src)| (dword(v) == Some(1), src.clone()));
     let running = params.get("EnableStreamMemOPs");
     out.push(match running.map(|v| (v, dword(v))) {
-        Some((_, Some(1))) => Check::ok(
+        Some((_, Some(1))) => on(
+            kind,
             IDS[0],
-            caps::GPU_IBGDA,
-            "EnableStreamMemOPs: 1 (/proc/driver/nvidia/params)",
+            "EnableStreamMemOPs: 1 (/proc/driver/nvidia/params)".into(),
+            configured,
         ),
         Some((raw, Some(_))) => option_off(
             kind,
@@ -685,10 +686,11 @@ pub fn check_params(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut V
             format!("RegistryDwords has the value {raw:?}, not a quoted string"),
         ),
         Some(raw) => match registry_dword(raw, "PeerMappingOverride") {
-            Some(v) if dword(&v) == Some(1) => Check::ok(
+            Some(v) if dword(&v) == Some(1) => on(
+                kind,
                 IDS[1],
-                caps::GPU_IBGDA,
                 format!("RegistryDwords: {raw} (/proc/driver/nvidia/params)"),
+                configured,
             ),
             _ => option_off(
                 kind,
@@ -731,6 +733,29 @@ fn enable_hint(kind: &HostKind) -> String {
             .into()
     } else {
         format!("`{MODPROBE_LINE}` in /etc/modprobe.d/nvidia-ibgda.conf")
+    }
+}
+
+/// The running driver has the option on; warn when no configuration keeps it after a reboot.
+fn on(kind: &HostKind, id: &str, found: String, configured: Option<(bool, String)>) -> Check {
+    match configured {
+        Some((true, src)) => Check::ok(id, caps::GPU_IBGDA, format!("{found}, set by {src}")),
+        Some((false, src)) => Check::warn(
+            id,
+            caps::GPU_IBGDA,
+            format!("{found}, but {src} sets the nvidia options without it: lost at the next boot"),
+            format!("change the options in {src} to: {MODPROBE_LINE}"),
+        ),
+        None => Check::warn(
+            id,
+            caps::GPU_IBGDA,
+            format!("{found}, but nothing in modprobe.d or the kernel command line sets it: lost at the next boot"),
+            if kind.nixos {
+                "set services.deepep.enable = true; so the option survives reboots".to_string()
+            } else {
+                format!("persist it: add `{MODPROBE_LINE}` to /etc/modprobe.d/nvidia-ibgda.conf")
+            },
+        ),
     }
 }
 
