@@ -13,7 +13,8 @@ trap 'rm -rf "$log_dir"' EXIT
 step() { printf '\n==> %s\n' "$*"; }
 
 step "toolchain (pip wheels -> .toolchain/)"
-eval "$(bash scripts/install-toolchain.sh --quiet)"
+bash scripts/install-toolchain.sh >/dev/null
+eval "$(bash scripts/install-toolchain.sh --print-env)"
 export CUDA_HOME NVSHMEM_DIR DEEPEP_NVSHMEM_WHEEL
 echo "CUDA_HOME=$CUDA_HOME"; echo "NVSHMEM_DIR=$NVSHMEM_DIR"; echo "DEEPEP_NVSHMEM_WHEEL=$DEEPEP_NVSHMEM_WHEEL"
 
