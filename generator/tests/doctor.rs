@@ -1035,6 +1035,11 @@ fn nvlink_topology_matters_for_nvlink_capabilities() {
         found(&r, "nvlink"),
         "GPU pairs without NVLink (nvidia-smi topo -m): GPU0-GPU1 SYS"
     );
+    assert!(fix(&r, "nvlink").ends_with("sudo systemctl enable --now nvidia-fabricmanager"));
+    h.write("/etc/NIXOS", "");
+    let r = h.run();
+    assert!(fix(&r, "nvlink").ends_with("services.deepep.fabricManager.enable = true;"));
+    h.remove("/etc/NIXOS");
     assert!(r
         .verdicts
         .iter()

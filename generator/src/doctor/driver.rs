@@ -103,7 +103,7 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
 
     check_device_nodes(host, &info, out);
     check_cuda_library(host, kind, &info, out);
-    check_nvlink(host, &info, out);
+    check_nvlink(host, kind, &info, out);
     info
 }
 
@@ -391,7 +391,7 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
-fn check_nvlink(host: &Host, info: &DriverInfo, out: &mut Vec<Check>) {
+fn check_nvlink(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut Vec<Check>) {
     if info.gpus.len() < 2 {
         out.push(Check::skip(
             "nvlink",
@@ -400,7 +400,11 @@ fn check_nvlink(host: &Host, info: &DriverInfo, out: &mut Vec<Check>) {
         ));
         return;
     }
-    let fabric_fix = "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards start the fabric manager: NixOS hardware.nvidia.datacenter.enable = true;, elsewhere sudo systemctl enable --now nvidia-fabricmanager";
+    let fabric_fix = if kind.nixos {
+        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards run the fabric manager: services.deepep.fabricManager.enable = true;"
+    } else {
+        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards start the fabric manager: sudo systemctl enable --now nvidia-fabricmanager"
+    };
     match host.tools().nvidia_smi_topo() {
         ToolOutput::Output(text) => match parse_topo(&text) {
             Ok((n, links)) => {

@@ -202,7 +202,7 @@ pub fn check_memory_registration(
             caps::INTERNODE,
             format!("neither DMA-BUF ({modules}, {kernel_desc}; needs open modules and Linux >= 5.12) nor nvidia_peermem: NVSHMEM skips the IB transports"),
             if kind.nixos {
-                "hardware.nvidia.open = true; (DMA-BUF; nvidia_peermem needs MLNX_OFED, which nixpkgs does not ship)"
+                "hardware.nvidia.open = true; (DMA-BUF); services.deepep.peermem.enable = true; only on kernels with MLNX_OFED's peer-memory API"
             } else {
                 "switch to the open GPU kernel modules (DMA-BUF, Linux >= 5.12), or with MLNX_OFED: sudo modprobe nvidia_peermem"
             },
