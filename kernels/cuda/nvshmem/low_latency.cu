@@ -579,24 +579,33 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
                     ready = true;
                 }
                 if (!active) continue;
-                for (int k = 0; k < K; ++k) {
+                // All loads of this pass first (independent, in flight together), then the FMAs.
+                int4 v[LL_MAX_TOPK];
+                float w[LL_MAX_TOPK];
+#pragma unroll
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    w[k] = 0.f;
+                    if (k >= K) continue;
                     const int64_t e = a.topk_idx[t * K + k];
                     if (e < 0) continue;
                     const int d = static_cast<int>(e / L), le = static_cast<int>(e % L);
                     if ((d == me) != (pass == 0)) continue;
-                    const float w = a.topk_weights[t * K + k];
-                    int4 v;
+                    w[k] = a.topk_weights[t * K + k];
                     if (d == me) {
                         const uint64_t row = static_cast<uint64_t>(le) * RNM + send_slot[t * LL_MAX_TOPK + k];
-                        v = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                        v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
                     } else {
-                        v = ld_volatile_v4(reinterpret_cast<const int4*>(
+                        v[k] = ld_volatile_v4(reinterpret_cast<const int4*>(
                             comb_recv + ((static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * H + c0) * 2));
                     }
-                    float f[8];
-                    bf16x8_to_f32(v, f);
+                }
 #pragma unroll
-                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w, acc[q]);
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    if (w[k] == 0.f) continue;  // unused slot (a real weight of 0 adds nothing either)
+                    float f[8];
+                    bf16x8_to_f32(v[k], f);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
                 }
             }
             if (!active) continue;
