@@ -159,16 +159,28 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     for m in modes {
-        match run_mode(m, &mut ctx) {
-            Ok(r) => rows.extend(r),
-            Err(e) => {
+        let r = run_mode(m, &mut ctx);
+        // Drain this rank's GPU work and agree on the outcome (end_unit also releases ranks still
+        // blocked in one of the mode's collectives when another rank failed early).
+        let r = r.and_then(|rows| gpu.sync("end of mode").map(|_| rows));
+        let msg = match &r {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        let verdicts = comm.end_unit(msg.as_bytes())?;
+        match r {
+            Ok(rs) if verdicts.iter().all(|v| v.is_empty()) => rows.extend(rs),
+            _ => {
+                let why: Vec<String> = verdicts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(rank, v)| format!("rank {rank}: {}", String::from_utf8_lossy(v)))
+                    .collect();
                 if me == 0 {
-                    println!("mode {m:?}: {e}");
+                    println!("mode {m:?} failed: {}", why.join(" | "));
                 }
-                errors.push(format!("{m:?}: {e}"));
-                // A GPU-side failure may leave peers waiting; everyone resyncs before the next mode.
-                gpu.sync("after a failed mode").ok();
-                comm.barrier()?;
+                errors.push(format!("{m:?}: {}", why.join(" | ")));
             }
         }
     }

@@ -33,7 +33,11 @@ enum Op {
     AllGather = 1,
     Broadcast = 2,
     Barrier = 3,
+    EndUnit = 4,
 }
+
+/// Rank 0's answer to a frame whose collective was abandoned (payload: why).
+const OP_ABORT: u8 = 0xAB;
 
 impl Op {
     fn name(self) -> &'static str {
@@ -41,6 +45,7 @@ impl Op {
             Op::AllGather => "all_gather",
             Op::Broadcast => "broadcast",
             Op::Barrier => "barrier",
+            Op::EndUnit => "end_unit",
         }
     }
     fn from_u8(v: u8) -> Option<Op> {
@@ -48,6 +53,7 @@ impl Op {
             1 => Op::AllGather,
             2 => Op::Broadcast,
             3 => Op::Barrier,
+            4 => Op::EndUnit,
             _ => return None,
         })
     }
@@ -120,6 +126,8 @@ struct Links {
     /// Rank 0: one stream per rank (index = rank, `None` for itself). Others: only index 0.
     peers: Vec<Option<TcpStream>>,
     seq: u64,
+    /// Rank 0: `end_unit` contributions of ranks that left the current unit early.
+    early: Vec<Option<Vec<u8>>>,
 }
 
 /// The rendezvous of all ranks and the host collectives over it. All methods are collective:
@@ -154,7 +162,7 @@ impl Comm {
     /// A world of one (no network).
     pub fn single() -> Comm {
         let env = RankEnv { rank: 0, world: 1, local_rank: 0, local_world: 1, master_addr: "127.0.0.1".into(), master_port: 0 };
-        Comm { env, timeout: Duration::from_secs(1), links: Mutex::new(Links { peers: vec![None], seq: 0 }) }
+        Comm { env, timeout: Duration::from_secs(1), links: Mutex::new(Links { peers: vec![None], seq: 0, early: vec![None] }) }
     }
 
     /// Join explicitly: `join_timeout` bounds the whole rendezvous, `op_timeout` each collective.
@@ -171,7 +179,8 @@ impl Comm {
         for s in peers.iter().flatten() {
             s.set_nodelay(true).ok();
         }
-        Ok(Comm { env, timeout: op_timeout, links: Mutex::new(Links { peers, seq: 0 }) })
+        let early = vec![None; env.world];
+        Ok(Comm { env, timeout: op_timeout, links: Mutex::new(Links { peers, seq: 0, early }) })
     }
 
     fn where_(env: &RankEnv) -> String {
@@ -334,72 +343,138 @@ impl Comm {
         Ok(self.all_gather(&v.to_le_bytes())?.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap())).collect())
     }
 
-    /// The core of every collective. Rank 0 gathers (all ranks, or only `root` for a broadcast),
-    /// then answers everyone with the result.
+    /// End of one unit of collective work (a test case, a benchmark mode): every rank
+    /// contributes `data` (e.g. its verdict) and gets everyone's, like [`Comm::all_gather`], but
+    /// it also resolves ranks that left the unit early. A rank still blocked in one of the unit's
+    /// collectives gets an error from it ("abandoned") so it can reach `end_unit` too, instead of
+    /// waiting for a timeout. Afterwards all ranks are in step again.
+    pub fn end_unit(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.exchange(Op::EndUnit, 0, data)
+    }
+
+    /// The core of every collective: rank 0 is the hub. Every rank sends one frame per
+    /// collective; rank 0 answers every frame exactly once (the result, or an abort).
     fn exchange(&self, op: Op, root: usize, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut links = self.links.lock().unwrap();
         links.seq += 1;
         let seq = links.seq;
-        let world = self.env.world;
-        if world == 1 {
+        if self.env.world == 1 {
+            if op == Op::EndUnit {
+                links.seq = 0;
+            }
             return Ok(vec![data.to_vec()]);
         }
         let deadline = Instant::now() + self.timeout;
-        let me = self.env.rank;
-        if me == 0 {
-            let mut parts: Vec<Vec<u8>> = vec![Vec::new(); world];
-            parts[0] = data.to_vec();
-            let from: Vec<usize> = match op {
-                Op::Broadcast if root == 0 => vec![],
-                Op::Broadcast => vec![root],
-                _ => (1..world).collect(),
-            };
-            for r in from {
+        // Non-root ranks of a broadcast contribute nothing (but still send a frame).
+        let data = if op == Op::Broadcast && self.env.rank != root { &[][..] } else { data };
+        if self.env.rank == 0 {
+            self.hub(&mut links, op, seq, root, data, deadline)
+        } else {
+            self.spoke(&mut links, op, seq, data, deadline)
+        }
+    }
+
+    fn abandoned(&self, op: Op, seq: u64, why: &str) -> EpError {
+        EpError::Rendezvous(format!("rank {}: {} #{seq} abandoned: {why}", self.env.rank, op.name()))
+    }
+
+    fn hub(&self, links: &mut Links, op: Op, seq: u64, root: usize, data: &[u8], deadline: Instant) -> Result<Vec<Vec<u8>>> {
+        let world = self.env.world;
+        if op != Op::EndUnit {
+            if let Some(r) = links.early.iter().position(Option::is_some) {
+                // Some rank already left this unit: do not start another collective of it.
+                return Err(self.abandoned(op, seq, &format!("rank {r} already left this unit of work")));
+            }
+        }
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); world];
+        parts[0] = data.to_vec();
+        let mut answered: Vec<usize> = Vec::new();
+        let mut why: Option<String> = None;
+        for r in 1..world {
+            if op == Op::EndUnit {
+                if let Some(p) = links.early[r].take() {
+                    parts[r] = p;
+                    continue;
+                }
+            }
+            loop {
                 let s = links.peers[r].as_mut().unwrap();
                 let (rop, rseq, payload) = recv_frame(s, deadline).map_err(|e| self.peer_error(r, op, seq, e))?;
-                if rop != op as u8 || rseq != seq {
-                    let theirs = Op::from_u8(rop).map(Op::name).unwrap_or("?");
-                    return Err(EpError::Rendezvous(format!(
-                        "rank {r} called {theirs} #{rseq} while rank 0 called {} #{seq}; all ranks must run the same \
-                         collectives in the same order (same arguments on every rank?)",
-                        op.name()
-                    )));
+                let theirs = Op::from_u8(rop).map(Op::name).unwrap_or("?");
+                if op == Op::EndUnit {
+                    if rop == Op::EndUnit as u8 {
+                        parts[r] = payload;
+                        break;
+                    }
+                    // Rank r is still inside the unit, blocked in a collective: release it.
+                    send_frame(s, OP_ABORT, rseq, b"another rank left this unit of work").map_err(|e| self.peer_error(r, op, seq, e))?;
+                    continue;
                 }
-                parts[r] = payload;
+                if rop == Op::EndUnit as u8 {
+                    links.early[r] = Some(payload);
+                    why.get_or_insert(format!("rank {r} left this unit of work early"));
+                } else if rop != op as u8 || rseq != seq {
+                    why.get_or_insert(format!(
+                        "rank {r} called {theirs} #{rseq} while rank 0 called {} #{seq}; all ranks must run the same collectives \
+                         in the same order (same arguments on every rank?)",
+                        op.name()
+                    ));
+                    answered.push(r);
+                } else {
+                    parts[r] = payload;
+                    answered.push(r);
+                }
+                break;
             }
-            let reply: Vec<Vec<u8>> = if op == Op::Broadcast { vec![parts.swap_remove(root)] } else { parts };
-            let mut body = Vec::new();
-            for p in &reply {
-                body.extend_from_slice(&(p.len() as u64).to_le_bytes());
-                body.extend_from_slice(p);
-            }
-            for r in 1..world {
-                let s = links.peers[r].as_mut().unwrap();
-                send_frame(s, op as u8, seq, &body).map_err(|e| self.peer_error(r, op, seq, e))?;
-            }
-            Ok(reply)
-        } else {
-            let s = links.peers[0].as_mut().unwrap();
-            let sends = op != Op::Broadcast || root == me;
-            if sends {
-                send_frame(s, op as u8, seq, data).map_err(|e| self.peer_error(0, op, seq, e))?;
-            }
-            let (rop, rseq, body) = recv_frame(s, deadline).map_err(|e| self.peer_error(0, op, seq, e))?;
-            if rop != op as u8 || rseq != seq {
-                return Err(EpError::Rendezvous(format!(
-                    "rank {me}: rank 0 answered op {rop} #{rseq} to {} #{seq}; the ranks ran different collectives",
-                    op.name()
-                )));
-            }
-            let mut out = Vec::new();
-            let mut i = 0;
-            while i < body.len() {
-                let n = u64::from_le_bytes(body[i..i + 8].try_into().unwrap()) as usize;
-                out.push(body[i + 8..i + 8 + n].to_vec());
-                i += 8 + n;
-            }
-            Ok(out)
         }
+        if let Some(why) = why {
+            for &r in &answered {
+                let s = links.peers[r].as_mut().unwrap();
+                send_frame(s, OP_ABORT, seq, why.as_bytes()).map_err(|e| self.peer_error(r, op, seq, e))?;
+            }
+            return Err(self.abandoned(op, seq, &why));
+        }
+        let reply: Vec<Vec<u8>> = if op == Op::Broadcast { vec![std::mem::take(&mut parts[root])] } else { parts };
+        let mut body = Vec::new();
+        for p in &reply {
+            body.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            body.extend_from_slice(p);
+        }
+        for r in 1..world {
+            let s = links.peers[r].as_mut().unwrap();
+            send_frame(s, op as u8, seq, &body).map_err(|e| self.peer_error(r, op, seq, e))?;
+        }
+        if op == Op::EndUnit {
+            links.seq = 0;
+        }
+        Ok(reply)
+    }
+
+    fn spoke(&self, links: &mut Links, op: Op, seq: u64, data: &[u8], deadline: Instant) -> Result<Vec<Vec<u8>>> {
+        let me = self.env.rank;
+        let s = links.peers[0].as_mut().unwrap();
+        send_frame(s, op as u8, seq, data).map_err(|e| self.peer_error(0, op, seq, e))?;
+        let (rop, rseq, body) = recv_frame(s, deadline).map_err(|e| self.peer_error(0, op, seq, e))?;
+        if rop == OP_ABORT {
+            return Err(self.abandoned(op, seq, &String::from_utf8_lossy(&body)));
+        }
+        if op == Op::EndUnit {
+            links.seq = 0;
+        }
+        if rop != op as u8 || (op != Op::EndUnit && rseq != seq) {
+            return Err(EpError::Rendezvous(format!(
+                "rank {me}: rank 0 answered op {rop} #{rseq} to {} #{seq}; the ranks ran different collectives",
+                op.name()
+            )));
+        }
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + 8 <= body.len() {
+            let n = u64::from_le_bytes(body[i..i + 8].try_into().unwrap()) as usize;
+            out.push(body[i + 8..i + 8 + n].to_vec());
+            i += 8 + n;
+        }
+        Ok(out)
     }
 
     fn peer_error(&self, peer: usize, op: Op, seq: u64, e: std::io::Error) -> EpError {
@@ -538,10 +613,64 @@ mod tests {
     }
 
     #[test]
-    fn mismatched_collectives_are_detected() {
-        let res = run_world(2, |c| if c.rank() == 0 { c.barrier().map(|_| ()) } else { c.all_gather(b"x").map(|_| ()) });
-        let e0 = res[0].as_ref().unwrap().as_ref().unwrap_err().to_string();
+    fn mismatched_collectives_are_detected_and_the_ranks_resync() {
+        let res = run_world(2, |c| {
+            let r = if c.rank() == 0 { c.barrier().map(|_| ()) } else { c.all_gather(b"x").map(|_| ()) };
+            let v = c.end_unit(&[r.is_ok() as u8]).unwrap();
+            c.barrier().unwrap(); // in step again
+            (r.map_err(|e| e.to_string()), v)
+        });
+        let (r0, v0) = res[0].as_ref().unwrap();
+        let e0 = r0.as_ref().unwrap_err();
         assert!(e0.contains("rank 1 called all_gather") && e0.contains("rank 0 called barrier"), "{e0}");
+        let (r1, v1) = res[1].as_ref().unwrap();
+        assert!(r1.as_ref().unwrap_err().contains("abandoned"), "{r1:?}");
+        assert_eq!(v0, &vec![vec![0u8], vec![0u8]]);
+        assert_eq!(v0, v1);
+    }
+
+    /// A rank that leaves a unit early (here: skips its collectives) releases the ranks blocked in
+    /// them at once, whichever rank it is, and everyone agrees on the verdicts.
+    #[test]
+    fn early_leaver_releases_blocked_ranks() {
+        for leaver in [0usize, 1] {
+            let t = std::time::Instant::now();
+            let res = run_world(3, move |c| {
+                let r = if c.rank() == leaver {
+                    Err("left".to_string())
+                } else {
+                    c.barrier().and_then(|_| c.all_gather(b"data")).map(|_| ()).map_err(|e| e.to_string())
+                };
+                let verdicts = c.end_unit(&[r.is_ok() as u8]).unwrap();
+                let after = c.all_gather(&[c.rank() as u8]).unwrap();
+                (r, verdicts, after)
+            });
+            assert!(t.elapsed() < Duration::from_secs(3), "blocked ranks waited for a timeout");
+            // the leaver failed; the others' collectives were abandoned, so they fail too
+            let want = vec![vec![0u8]; 3];
+            for (rank, x) in res.iter().enumerate() {
+                let (r, verdicts, after) = x.as_ref().unwrap();
+                if rank != leaver {
+                    assert!(r.as_ref().unwrap_err().contains("abandoned"), "leaver {leaver}, rank {rank}: {r:?}");
+                }
+                assert_eq!(verdicts, &want, "leaver {leaver}");
+                assert_eq!(after, &vec![vec![0u8], vec![1u8], vec![2u8]]);
+            }
+        }
+    }
+
+    #[test]
+    fn units_that_succeed_everywhere_report_ok() {
+        let res = run_world(3, |c| {
+            c.barrier().unwrap();
+            let b = c.broadcast(1, if c.rank() == 1 { b"root" } else { b"ignored" }).unwrap();
+            (b, c.end_unit(&[1]).unwrap())
+        });
+        for x in res {
+            let (b, v) = x.unwrap();
+            assert_eq!(b, b"root");
+            assert_eq!(v, vec![vec![1u8]; 3]);
+        }
     }
 
     #[test]
