@@ -125,12 +125,12 @@ ep_intranode_notify(IntranodeArgs a, NotifyParams p, EpDiag diag) {
 // =========================================================================================
 // dispatch: direct stores into the destination's recv region
 // =========================================================================================
-// Warp w of block b handles tokens t = b*nwarps + w, += grid warps. For each token it reads the row
+// Units (token, chunk of its row) are grid-strided over all warps. For each unit a warp reads the chunk
 // once (16 B per lane, kUnroll loads in flight) and stores it to every destination rank at
-// row = (rows of lower source ranks at that destination) + send_pos[t][d]. Then per block: the rows
+// row = (rows of lower source ranks at that destination) + send_pos[t][d]. Then per block: the units
 // written to each peer are added to the peer's dispatch_rows[me] with a system-scope release
 // (after a block barrier and a system fence, so every warp's stores are covered). Block 0 then
-// waits until dispatch_rows[s] equals the exact count s sends here and resets it.
+// waits until dispatch_rows[s] equals the exact count s sends here times chunks, and resets it.
 template <int kR, int kUnroll>
 __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const DispatchParams& p,
                                               const EpDiag& diag) {
@@ -153,37 +153,44 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int n16 = static_cast<int>(row_bytes / 16);
     const int K = p.num_topk, S = p.num_scales;
     const int64_t L = p.num_local_experts;
-    int sent = 0;  // lane d: rows this warp wrote to rank d
+    // Work unit = (token, chunk of 32*kUnroll 16-byte words of its row): small, equal units keep
+    // the tail short (the last units finish at about the same time on every warp).
+    const int chunk16 = 32 * kUnroll;
+    const int nchunks = ceil_div(n16, chunk16);
+    const int64_t num_units = static_cast<int64_t>(p.num_tokens) * nchunks;
+    int sent = 0;  // lane d: units this warp wrote to rank d
 
-    for (int t = blockIdx.x * nwarps + warp; t < p.num_tokens; t += gridDim.x * nwarps) {
+    for (int64_t unit = blockIdx.x * nwarps + warp; unit < num_units;
+         unit += static_cast<int64_t>(gridDim.x) * nwarps) {
+        const int t = static_cast<int>(unit / nchunks);
+        const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
         const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
         sent += pos >= 0 ? 1 : 0;
         int row[kR];
-        int4* dst[kR];
 #pragma unroll
         for (int d = 0; d < kR; ++d) {
             const int pd = __shfl_sync(kFullMask, pos, d);
             row[d] = pd >= 0 ? dst_base[d] + pd : -1;
-            dst[d] = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                             static_cast<uint64_t>(row[d] < 0 ? 0 : row[d]) * row_bytes);
         }
 
-        // Row payload.
+        // Row payload: this unit's chunk, all kUnroll loads in flight, then the stores.
         const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(p.x) +
                                                         static_cast<int64_t>(t) * row_bytes);
-        for (int i = lane; i < n16; i += 32 * kUnroll) {
-            int4 v[kUnroll];
+        const int i0 = c * chunk16 + lane;
+        int4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+            if (i0 + 32 * u < n16) v[u] = ld_nc_v4(src + i0 + 32 * u);
+#pragma unroll
+        for (int d = 0; d < kR; ++d) {
+            if (row[d] < 0) continue;
+            int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                                static_cast<uint64_t>(row[d]) * row_bytes);
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u)
-                if (i + 32 * u < n16) v[u] = ld_nc_v4(src + i + 32 * u);
-#pragma unroll
-            for (int d = 0; d < kR; ++d) {
-                if (row[d] < 0) continue;
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u)
-                    if (i + 32 * u < n16) st_na_v4(dst[d] + i + 32 * u, v[u]);
-            }
+                if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
         }
+        if (c != 0) continue;
 
         // FP8 scales (row-major at the destination).
         for (int g = lane; g < S; g += 32) {
@@ -212,7 +219,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
         }
     }
 
-    // Publish this block's rows to every peer.
+    // Publish this block's units to every peer.
     if (lane < kR && sent > 0) atomicAdd(&s_rows[lane], sent);
     __syncthreads();
     if (tid < kR && tid != me && s_rows[tid] > 0) {
@@ -220,9 +227,9 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
         atomic_add_release_sys(ep_at<int>(a, tid, a.off_dispatch_rows) + me, s_rows[tid]);
     }
 
-    // Receive side: wait until every peer's rows have all landed, then reset the counter.
+    // Receive side: wait until every unit of every peer's rows has landed, then reset the counter.
     if (blockIdx.x == 0 && tid < kR && tid != me) {
-        const int expect = p.count_matrix[tid * kR + me];
+        const int expect = p.count_matrix[tid * kR + me] * nchunks;
         int* counter = ep_at<int>(a, me, a.off_dispatch_rows) + tid;
         EpWait w(diag);
         int seen;
@@ -278,9 +285,9 @@ __device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
 }
 
 // Warps [0, push_warps) of every block push; the rest reduce.
-//  push: unit u = j*(R-1) + q (q-th peer after me, j-th row that peer sent me), so rows go out in
-//        ascending j for all peers at once. Row -> origin's stage slot for me at row j, weights
-//        beside it, then (after __syncwarp) lane 0 stores flag = epoch with release at system scope.
+//  push: unit u = g*(R-1) + q (q-th peer after me, rows [g*G, g*G+G) that peer sent me), so rows go out in
+//        ascending j for all peers at once. Rows -> origin's stage slot for me at row j, weights
+//        beside them, then (after __syncwarp) lane 0: one fence.acq_rel.sys and flag = epoch per row.
 //  reduce: token t of this rank (grid-strided over reduce warps, ascending): lane d acquires the
 //        flag of the row rank d staged for t, then the warp sums in f32: bias0, bias1, then ranks
 //        ascending (own contribution read from y directly), rounds once to bf16.
@@ -307,39 +314,47 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
         int maxc = (lane < kR && lane != me) ? cnt : 0;
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1) maxc = max(maxc, __shfl_xor_sync(kFullMask, maxc, m));
-        const int num_units = (kR - 1) * maxc;
+        // Unit = G consecutive rows for one peer: G rows of stores, ONE system fence, G flags.
+        const int G = p.push_rows;
+        const int num_units = (kR - 1) * ceil_div(maxc, G);
         const int stride = gridDim.x * p.push_warps;
         for (int u = blockIdx.x * p.push_warps + warp; u < num_units; u += stride) {
-            const int q = u % (kR - 1), j = u / (kR - 1);
+            const int q = u % (kR - 1), j0 = (u / (kR - 1)) * G;
             const int s = (me + 1 + q) % kR;
             const int cnt_s = __shfl_sync(kFullMask, cnt, s);
             const int off_s = __shfl_sync(kFullMask, off, s);
-            if (j >= cnt_s) continue;
+            if (j0 >= cnt_s) continue;
+            const int j1 = min(j0 + G, cnt_s);
             const int slot = ep_stage_slot(me, s, kR);
-            const int4* src = reinterpret_cast<const int4*>(p.y + (off_s + j) * row_elems);
-            int4* dst = reinterpret_cast<int4*>(a.peer_base[s] + a.off_stage_x +
-                                                slot * a.stage_x_slot_bytes) +
-                        static_cast<int64_t>(j) * n16;
-            for (int i = lane; i < n16; i += 32 * kPushUnroll) {
-                int4 v[kPushUnroll];
+            for (int j = j0; j < j1; ++j) {
+                const int4* src = reinterpret_cast<const int4*>(p.y + (off_s + j) * row_elems);
+                int4* dst = reinterpret_cast<int4*>(a.peer_base[s] + a.off_stage_x +
+                                                    slot * a.stage_x_slot_bytes) +
+                            static_cast<int64_t>(j) * n16;
+                for (int i = lane; i < n16; i += 32 * kPushUnroll) {
+                    int4 v[kPushUnroll];
 #pragma unroll
-                for (int k = 0; k < kPushUnroll; ++k)
-                    if (i + 32 * k < n16) v[k] = ld_nc_v4(src + i + 32 * k);
+                    for (int k = 0; k < kPushUnroll; ++k)
+                        if (i + 32 * k < n16) v[k] = ld_nc_v4(src + i + 32 * k);
 #pragma unroll
-                for (int k = 0; k < kPushUnroll; ++k)
-                    if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
+                    for (int k = 0; k < kPushUnroll; ++k)
+                        if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
+                }
+                if (p.topk_w != nullptr && lane < K) {
+                    float* wdst = reinterpret_cast<float*>(a.peer_base[s] + a.off_stage_w +
+                                                           slot * a.stage_w_slot_bytes);
+                    st_na_f32(wdst + static_cast<int64_t>(j) * K + lane,
+                              __ldg(p.topk_w + static_cast<int64_t>(off_s + j) * K + lane));
+                }
             }
-            if (p.topk_w != nullptr && lane < K) {
-                float* wdst = reinterpret_cast<float*>(a.peer_base[s] + a.off_stage_w +
-                                                       slot * a.stage_w_slot_bytes);
-                st_na_f32(wdst + static_cast<int64_t>(j) * K + lane,
-                          __ldg(p.topk_w + static_cast<int64_t>(off_s + j) * K + lane));
-            }
+            // Every lane's stores of the G rows, then (lane 0) one fence at system scope and the
+            // G flags: a reducer that acquires any of them sees the whole row.
             __syncwarp();
-            if (lane == 0)
-                st_release_sys(ep_at<int>(a, s, a.off_stage_flag) +
-                                   static_cast<int64_t>(slot) * a.max_tokens + j,
-                               epoch);
+            if (lane == 0) {
+                int* flags = ep_at<int>(a, s, a.off_stage_flag) + static_cast<int64_t>(slot) * a.max_tokens;
+                fence_acq_rel_sys();
+                for (int j = j0; j < j1; ++j) st_relaxed_sys(flags + j, epoch);
+            }
         }
         return;
     }

@@ -10,11 +10,12 @@
 //     stage:  stage_x [R-1][max_tokens][hidden bf16] | stage_w [R-1][max_tokens][Kmax] f32
 // - Dispatch: senders store token rows DIRECTLY at their final row in the destination's recv
 //   region (row = rank prefix of the source + position of the token in the source->dest stream),
-//   then add the number of rows they wrote to `dispatch_rows[src]` on the destination with a
-//   system-scope release. The destination waits until that counter equals the exact expected count
-//   and resets it (no ring queue, no second copy).
+//   then add the number of (row, chunk) units they wrote to `dispatch_rows[src]` on the
+//   destination with a system-scope release. The destination waits until that counter equals the
+//   exact expected count (rows x chunks per row) and resets it (no ring queue, no second copy).
 // - Combine: every rank pushes the y rows it received from origin s back into s's staging slot,
-//   at the same position j the token had in the s->rank stream, and releases a per-row flag (epoch).
+//   at the same position j the token had in the s->rank stream, and (after one system fence per
+//   `push_rows` rows) stores a per-row flag (epoch).
 //   The origin reduces token by token (f32, biases first, then ranks ascending), waiting on the
 //   per-row flags, overlapped with the pushes of the same kernel.
 // - Reuse without host re-zeroing: each collective call carries an epoch (host counter, the same on
@@ -32,7 +33,7 @@
 struct IntranodeArgs {
     uint64_t peer_base[EP_INTRANODE_MAX_RANKS];  // every rank's buffer, as mapped in this process
     uint64_t off_ready;          // i32[R]: ready[s] = last epoch announced by rank s
-    uint64_t off_dispatch_rows;  // i32[R]: rows received from s in the running dispatch (reset by receiver)
+    uint64_t off_dispatch_rows;  // i32[R]: units received from s in the running dispatch (reset by receiver)
     uint64_t off_notify_rank;    // u64[R][R]: from source s: (epoch << 32) | tokens s sends to rank j
     uint64_t off_notify_expert;  // u64[R][max_local_experts]: from s: tagged count for my local expert
     uint64_t off_stage_flag;     // i32[R-1][max_tokens]: epoch when staged row j of slot q landed
@@ -84,7 +85,7 @@ struct DispatchParams {
     int32_t num_local_experts;          // L
 };
 
-// Mirrored by `CombineParams` (size 80 bytes).
+// Mirrored by `CombineParams` (size 88 bytes).
 struct CombineParams {
     const uint16_t* y;                  // bf16 [M][H], rows in dispatch-output order
     const float* topk_w;                // [M][K] or null
@@ -98,12 +99,14 @@ struct CombineParams {
     int32_t num_topk;                   // K
     int32_t num_tokens;                 // N (this rank's original token count)
     int32_t push_warps;                 // warps per block that push; the others reduce
+    int32_t push_rows;                  // rows a pusher writes per system fence (>= 1)
+    int32_t pad_;
 };
 
 static_assert(sizeof(IntranodeArgs) == 200, "IntranodeArgs layout");
 static_assert(sizeof(NotifyParams) == 64, "NotifyParams layout");
 static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
-static_assert(sizeof(CombineParams) == 80, "CombineParams layout");
+static_assert(sizeof(CombineParams) == 88, "CombineParams layout");
 
 // ---- address helpers ---------------------------------------------------------------------
 template <typename T>

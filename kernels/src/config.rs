@@ -30,11 +30,13 @@ pub struct Config {
     /// Of the combine warps, how many push rows to their origin rank (the rest reduce);
     /// 1..combine_warps.
     pub combine_push_warps: usize,
+    /// Rows a combine pusher writes per system-scope fence (then one flag per row), 1..=16.
+    pub combine_push_rows: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { num_sms: 24, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12 }
+        Config { num_sms: 24, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
     }
 }
 
@@ -71,6 +73,12 @@ impl Config {
             return bad(format!(
                 "config.combine_push_warps {} must be in 1..{} (combine_warps {}): combine needs both pushing and reducing warps; e.g. use half of combine_warps",
                 self.combine_push_warps, self.combine_warps, self.combine_warps
+            ));
+        }
+        if self.combine_push_rows == 0 || self.combine_push_rows > 16 {
+            return bad(format!(
+                "config.combine_push_rows {} is outside 1..=16 (rows a combine pusher writes per system fence); use e.g. 2",
+                self.combine_push_rows
             ));
         }
         Ok(())
@@ -246,6 +254,8 @@ mod tests {
         assert!(e.contains("combine_push_warps"), "{e}");
         let e = Config { dispatch_warps: 25, ..Config::default() }.validate(None).unwrap_err().to_string();
         assert!(e.contains("dispatch_warps"), "{e}");
+        let e = Config { combine_push_rows: 0, ..Config::default() }.validate(None).unwrap_err().to_string();
+        assert!(e.contains("combine_push_rows"), "{e}");
         // Odd SM counts are fine here (no sender/receiver pairs).
         assert!(Config::with_sms(7).validate(Some(132)).is_ok());
     }

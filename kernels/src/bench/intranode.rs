@@ -7,8 +7,8 @@
 //! all-to-all baseline for the same per-peer bytes (combine: the transposed counts).
 //!
 //! Configs: `--num-sms` (default 24 blocks) with the default warp split, or several configs via
-//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps,..."` (e.g.
-//! `24:24:24:12,16:24:24:12,24:16:24:8`), each measured in turn (tuning without rebuilding).
+//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows],..."` (e.g.
+//! `24:24:24:12,16:24:24:12:1,24:16:24:8:4`), each measured in turn (tuning without rebuilding).
 
 use super::{token_bytes, BenchCtx, Row, Shape};
 use crate::config::Config;
@@ -28,20 +28,21 @@ pub fn configs(num_sms: Option<u32>) -> Result<Vec<Config>> {
     Ok(vec![Config::with_sms(num_sms.map_or(Config::default().num_sms, |n| n as usize))])
 }
 
-/// `sms:dispatch_warps:combine_warps:push_warps`.
+/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows]`.
 pub fn parse_config(s: &str) -> Result<Config> {
     let v: Vec<usize> = s.split(':').map(|x| x.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().map_err(|_| bad_config(s))?;
-    if v.len() != 4 {
+    if v.len() != 4 && v.len() != 5 {
         return Err(bad_config(s));
     }
-    let c = Config { num_sms: v[0], dispatch_warps: v[1], combine_warps: v[2], combine_push_warps: v[3] };
+    let push_rows = v.get(4).copied().unwrap_or(Config::default().combine_push_rows);
+    let c = Config { num_sms: v[0], dispatch_warps: v[1], combine_warps: v[2], combine_push_warps: v[3], combine_push_rows: push_rows };
     c.validate(None)?;
     Ok(c)
 }
 
 fn bad_config(s: &str) -> EpError {
     EpError::InvalidArgument(format!(
-        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps (four integers, e.g. 24:24:24:12)"
+        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows] (four or five integers, e.g. 24:24:24:12 or 24:24:24:12:2)"
     ))
 }
 
@@ -56,7 +57,7 @@ fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Te
 
 fn op_name(base: &str, cfg: &Config, many: bool) -> String {
     if many {
-        format!("{base}[{}:{}:{}:{}]", cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps)
+        format!("{base}[{}:{}:{}:{}:{}]", cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps, cfg.combine_push_rows)
     } else {
         base.to_string()
     }
@@ -139,12 +140,13 @@ mod tests {
     use super::*;
     #[test]
     fn parses_configs_and_rejects_bad_ones() {
-        assert_eq!(parse_config("16:24:24:12").unwrap(), Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12 });
+        assert_eq!(parse_config("16:24:24:12").unwrap(), Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 });
+        assert_eq!(parse_config("16:24:24:12:4").unwrap().combine_push_rows, 4);
         let e = parse_config("16:24:24").unwrap_err().to_string();
         assert!(e.contains("sms:dispatch_warps:combine_warps:push_warps"), "{e}");
         let e = parse_config("16:24:24:24").unwrap_err().to_string();
         assert!(e.contains("combine_push_warps"), "{e}");
         let e = parse_config("a:b:c:d").unwrap_err().to_string();
-        assert!(e.contains("four integers"), "{e}");
+        assert!(e.contains("four or five integers"), "{e}");
     }
 }

@@ -66,7 +66,7 @@ pub struct DispatchParams {
     pub num_local_experts: i32,
 }
 
-/// Mirror of `CombineParams` (80 bytes).
+/// Mirror of `CombineParams` (88 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CombineParams {
@@ -82,12 +82,14 @@ pub struct CombineParams {
     pub num_topk: i32,
     pub num_tokens: i32,
     pub push_warps: i32,
+    pub push_rows: i32,
+    pub pad_: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 200);
 const _: () = assert!(std::mem::size_of::<NotifyParams>() == 64);
 const _: () = assert!(std::mem::size_of::<DispatchParams>() == 88);
-const _: () = assert!(std::mem::size_of::<CombineParams>() == 80);
+const _: () = assert!(std::mem::size_of::<CombineParams>() == 88);
 
 impl IntranodeArgs {
     /// Arguments for `rank` with every rank's buffer base address (as mapped in this process).

@@ -607,6 +607,8 @@ impl<'g> Buffer<'g> {
             num_topk: plan.num_topk as i32,
             num_tokens: plan.num_tokens as i32,
             push_warps: a.config.combine_push_warps as i32,
+            push_rows: a.config.combine_push_rows as i32,
+            pad_: 0,
         };
         let args = self.args();
         let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.combine_warps as u32 * 32);
