@@ -48,7 +48,10 @@ pub struct BenchOpts {
     pub tokens: Option<usize>,
     pub hidden: usize,
     pub topk: usize,
+    /// `--experts`, or 256 when not given (see [`BenchOpts::experts_or`]).
     pub experts: usize,
+    /// Whether `--experts` was given on the command line.
+    pub experts_explicit: bool,
     pub sweep: bool,
     /// SMs the kernels may use (`None`: each mode's default).
     pub num_sms: Option<u32>,
@@ -74,6 +77,16 @@ impl BenchOpts {
             v
         } else {
             vec![one(self.tokens.unwrap_or(default_tokens), self.hidden)]
+        }
+    }
+
+    /// The expert count: `--experts` when given, else the mode's own default (e.g. 288 for
+    /// low-latency, DeepEP's shape there).
+    pub fn experts_or(&self, mode_default: usize) -> usize {
+        if self.experts_explicit {
+            self.experts
+        } else {
+            mode_default
         }
     }
 
@@ -340,16 +353,18 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// The table printed by rank 0.
+/// The table printed by rank 0 (the `op` column as wide as its longest entry).
 pub fn format_table(rows: &[Row]) -> String {
+    let opw = rows.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
+    let modew = rows.iter().map(|r| r.mode.len()).chain([4]).max().unwrap_or(4);
     let mut s = format!(
-        "{:<12} {:<16} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
+        "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
         "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "us", "GB/s", "NCCL us", "NCCL GB/s", "ratio"
     );
     let opt = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
     for r in rows {
         s.push_str(&format!(
-            "{:<12} {:<16} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>6}\n",
+            "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>6}\n",
             r.mode,
             r.op,
             r.shape.tokens,
@@ -395,6 +410,29 @@ mod tests {
     }
 
     #[test]
+    fn table_columns_line_up() {
+        let shape = Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 };
+        let row = |op: &str| Row {
+            mode: "intranode".into(),
+            op: op.into(),
+            shape,
+            num_sms: 24,
+            recv_bytes: 1,
+            us: 213.04,
+            gbps: 549.93,
+            nccl_us: Some(222.9),
+            nccl_gbps: None,
+            ratio: None,
+            per_rank: vec![],
+        };
+        let t = format_table(&[row("dispatch-bf16"), row("dispatch-bf16-uncached rdma")]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{t}");
+        assert!(lines[1].contains(" 213.0 ") && lines[1].contains(" 549.9 ") && lines[1].ends_with("     -"), "{t}");
+    }
+
+    #[test]
     fn token_bytes_match_deepep() {
         assert_eq!(token_bytes(7168, false), 14336);
         assert_eq!(token_bytes(7168, true), 7168 + 56 * 4);
@@ -415,6 +453,7 @@ mod tests {
             hidden: 7168,
             topk: 8,
             experts: 256,
+            experts_explicit: false,
             sweep: false,
             num_sms: None,
             timing: TimingOpts::default(),
@@ -424,6 +463,8 @@ mod tests {
         assert_eq!(o.shapes(4096), vec![Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 }]);
         assert_eq!(BenchOpts { sweep: true, ..o.clone() }.shapes(1).len(), SWEEP_TOKENS.len() * SWEEP_HIDDEN.len());
         assert!(o.validate(2).is_ok());
+        assert_eq!(o.experts_or(288), 288);
+        assert_eq!(BenchOpts { experts_explicit: true, ..o.clone() }.experts_or(288), 256);
         let e = BenchOpts { experts: 255, ..o.clone() }.validate(2).unwrap_err().to_string();
         assert!(e.contains("--experts 255"), "{e}");
         let e = BenchOpts { hidden: 100, ..o }.validate(2).unwrap_err().to_string();

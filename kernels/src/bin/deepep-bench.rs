@@ -45,9 +45,9 @@ struct Cli {
     /// Experts per token.
     #[arg(long, default_value_t = 8)]
     topk: usize,
-    /// Total experts (a multiple of the rank count).
-    #[arg(long, default_value_t = 256)]
-    experts: usize,
+    /// Total experts, a multiple of the rank count (default: 256, unless a mode has its own default).
+    #[arg(long)]
+    experts: Option<usize>,
     /// Sweep tokens 128..8192 x hidden 2048/4096/7168 instead of one shape.
     #[arg(long)]
     sweep: bool,
@@ -138,7 +138,8 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
         tokens: cli.tokens,
         hidden: cli.hidden,
         topk: cli.topk,
-        experts: cli.experts,
+        experts: cli.experts.unwrap_or(256),
+        experts_explicit: cli.experts.is_some(),
         sweep: cli.sweep,
         num_sms: cli.num_sms,
         timing,
