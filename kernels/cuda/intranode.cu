@@ -139,7 +139,9 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const int me = a.rank;
     if (tid < kR) s_rows[tid] = 0;
+    if (tid == 0) ep_trace(a, EP_TRACE_START);
     if (!ep_ready_handshake(a, diag, EP_PHASE_DISPATCH_SEND, &s_abort)) return;
+    if (tid == 0) ep_trace(a, EP_TRACE_READY);
 
     // Lane d: first row of this rank's block inside destination d's recv region.
     int base = 0;
@@ -219,12 +221,14 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
         }
     }
 
+    if (lane == 0) ep_trace(a, EP_TRACE_SENT);
     // Publish this block's units to every peer.
     if (lane < kR && sent > 0) atomicAdd(&s_rows[lane], sent);
     __syncthreads();
     if (tid < kR && tid != me && s_rows[tid] > 0) {
         __threadfence_system();
         atomic_add_release_sys(ep_at<int>(a, tid, a.off_dispatch_rows) + me, s_rows[tid]);
+        ep_trace(a, EP_TRACE_PUBLISHED);
     }
 
     // Receive side: wait until every unit of every peer's rows has landed, then reset the counter.
@@ -243,6 +247,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
         // Nobody adds to this counter again before this rank announces its next epoch, which
         // happens in a later kernel (ordered after this store by kernel completion).
         st_relaxed_sys(counter, 0);
+        ep_trace(a, EP_TRACE_RECEIVED);
     }
 }
 
@@ -295,7 +300,9 @@ template <int kR, int kU>
 __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const CombineParams& p,
                                              const EpDiag& diag) {
     __shared__ int s_abort;
+    if (threadIdx.x == 0) ep_trace(a, EP_TRACE_START);
     if (!ep_ready_handshake(a, diag, EP_PHASE_COMBINE_SEND, &s_abort)) return;
+    if (threadIdx.x == 0) ep_trace(a, EP_TRACE_READY);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const int me = a.rank;
     const int H = p.hidden, K = p.num_topk;
@@ -356,6 +363,7 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
                 for (int j = j0; j < j1; ++j) st_relaxed_sys(flags + j, epoch);
             }
         }
+        if (lane == 0) ep_trace(a, EP_TRACE_SENT);
         return;
     }
 
@@ -441,6 +449,7 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
             p.out_w[static_cast<int64_t>(t) * K + lane] = sum;
         }
     }
+    if (lane == 0) ep_trace(a, EP_TRACE_RECEIVED);
 }
 
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)

@@ -29,7 +29,7 @@
 #define EP_INTRANODE_MAX_TOPK 32
 #define EP_INTRANODE_MAX_LOCAL_EXPERTS 1024
 
-// Mirrored by `IntranodeArgs` in kernels/src/intranode/ffi.rs (size 200 bytes).
+// Mirrored by `IntranodeArgs` in kernels/src/intranode/ffi.rs (size 208 bytes).
 struct IntranodeArgs {
     uint64_t peer_base[EP_INTRANODE_MAX_RANKS];  // every rank's buffer, as mapped in this process
     uint64_t off_ready;          // i32[R]: ready[s] = last epoch announced by rank s
@@ -46,6 +46,7 @@ struct IntranodeArgs {
     uint64_t off_stage_w;        // f32 [R-1][max_tokens][K], slot stride `stage_w_slot_bytes`
     uint64_t stage_x_slot_bytes;
     uint64_t stage_w_slot_bytes;
+    uint64_t trace;              // 0, or u64[EP_TRACE_SLOTS] of phase timestamps (bench diagnostics)
     int32_t rank;
     int32_t num_ranks;
     int32_t max_tokens;          // per rank (capacity the buffer was sized for)
@@ -103,7 +104,7 @@ struct CombineParams {
     int32_t pad_;
 };
 
-static_assert(sizeof(IntranodeArgs) == 200, "IntranodeArgs layout");
+static_assert(sizeof(IntranodeArgs) == 208, "IntranodeArgs layout");
 static_assert(sizeof(NotifyParams) == 64, "NotifyParams layout");
 static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
 static_assert(sizeof(CombineParams) == 88, "CombineParams layout");
@@ -142,6 +143,23 @@ __device__ __forceinline__ bool ep_ready_handshake(const IntranodeArgs& a, const
     }
     __syncthreads();
     return *s_abort == 0;
+}
+
+// Optional phase timestamps (%globaltimer ns) for diagnostics: slot EP_TRACE_START keeps the
+// minimum over callers, every other slot the maximum. The host presets the slots (min: all ones,
+// max: zero) before a traced call. Mirrored by `intranode::Trace`.
+#define EP_TRACE_START 0      // first block entered the kernel
+#define EP_TRACE_READY 1      // last block finished the ready handshake
+#define EP_TRACE_SENT 2       // last warp issued its last data store (dispatch) / pusher finished (combine)
+#define EP_TRACE_PUBLISHED 3  // last block published its unit counts (dispatch)
+#define EP_TRACE_RECEIVED 4   // all peers' data arrived (dispatch) / last reducer finished (combine)
+#define EP_TRACE_SLOTS 8
+__device__ __forceinline__ void ep_trace(const IntranodeArgs& a, int slot) {
+    if (a.trace == 0) return;
+    unsigned long long* p = reinterpret_cast<unsigned long long*>(a.trace) + slot;
+    const unsigned long long now = ep_globaltimer();
+    if (slot == EP_TRACE_START) atomicMin(p, now);
+    else atomicMax(p, now);
 }
 
 __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {

@@ -55,6 +55,32 @@ fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Te
     Ok(t)
 }
 
+/// Run `op` once more with phase tracing and print this rank's phase times (diagnostics for
+/// tuning: handshake, streaming, publish, receive). `remote_bytes`: bytes this rank sends to (or,
+/// for combine, pushes back to) one peer, for the streaming rate. Collective like `op`.
+fn traced(buf: &mut Buffer, name: &str, shape: Shape, remote_bytes: usize, op: &mut dyn FnMut(&mut Buffer) -> Result<()>) -> Result<()> {
+    buf.set_tracing(true)?;
+    let r = op(buf).and_then(|_| buf.last_trace());
+    buf.set_tracing(false)?;
+    if let Some(t) = r? {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        let rate = match (t.ready_us, t.sent_us) {
+            (Some(a), Some(b)) if b > a => format!("{:.1}", remote_bytes as f64 / ((b - a) * 1e-6) / 1e9),
+            _ => "-".into(),
+        };
+        println!(
+            "trace {name} {}x{}: ready {} us, sent {} us, published {} us, received/reduced {} us; one peer's bytes / (sent - ready) = {rate} GB/s",
+            shape.tokens,
+            shape.hidden,
+            f(t.ready_us),
+            f(t.sent_us),
+            f(t.published_us),
+            f(t.received_us)
+        );
+    }
+    Ok(())
+}
+
 fn op_name(base: &str, cfg: &Config, many: bool) -> String {
     if many {
         format!("{base}[{}:{}:{}:{}:{}]", cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps, cfg.combine_push_rows)
@@ -99,21 +125,25 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 let tb = token_bytes(h, fp8);
                 let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
                 let (send, recv) = routing.dispatch_bytes(me, tb);
-                let row = ctx.measure(MODE, &op_name(base, cfg, many), shape, sms, &recv_bytes, &send, &recv, || {
+                let mut op = |b: &mut Buffer| -> Result<()> {
                     let a = if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
-                    buf.dispatch(a.config(*cfg)).map(|_| ())
-                })?;
+                    b.dispatch(a.config(*cfg)).map(|_| ())
+                };
+                let name = op_name(base, cfg, many);
+                let row = ctx.measure(MODE, &name, shape, sms, &recv_bytes, &send, &recv, || op(&mut buf))?;
                 rows.push(row);
+                traced(&mut buf, &name, shape, send[1 - me.min(1)], &mut op)?;
             }
             // Combine: same byte count as the BF16 dispatch (DeepEP's convention); the NCCL
             // baseline moves the transpose of the dispatch counts.
             let tb = token_bytes(h, false);
             let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
             let (send, recv) = routing.dispatch_bytes(me, tb);
-            let row = ctx.measure(MODE, &op_name("combine-bf16", cfg, many), shape, sms, &recv_bytes, &recv, &send, || {
-                buf.combine_into(CombineArgs::new(&y, &handle).config(*cfg), &out, None).map(|_| ())
-            })?;
+            let mut op = |b: &mut Buffer| -> Result<()> { b.combine_into(CombineArgs::new(&y, &handle).config(*cfg), &out, None).map(|_| ()) };
+            let name = op_name("combine-bf16", cfg, many);
+            let row = ctx.measure(MODE, &name, shape, sms, &recv_bytes, &recv, &send, || op(&mut buf))?;
             rows.push(row);
+            traced(&mut buf, &name, shape, recv[1 - me.min(1)], &mut op)?;
         }
         // Uncached: layout + notify (count exchange, CPU sync) + dispatch, default-or-first config.
         let cfg = cfgs[0];

@@ -4,7 +4,7 @@
 
 use crate::config::BufferLayout;
 
-/// Mirror of `IntranodeArgs` (200 bytes).
+/// Mirror of `IntranodeArgs` (208 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntranodeArgs {
@@ -23,6 +23,8 @@ pub struct IntranodeArgs {
     pub off_stage_w: u64,
     pub stage_x_slot_bytes: u64,
     pub stage_w_slot_bytes: u64,
+    /// 0, or the device address of `u64[TRACE_SLOTS]` phase timestamps.
+    pub trace: u64,
     pub rank: i32,
     pub num_ranks: i32,
     pub max_tokens: i32,
@@ -86,14 +88,17 @@ pub struct CombineParams {
     pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 200);
+const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 208);
+
+/// `EP_TRACE_SLOTS` of `intranode.cuh`.
+pub const TRACE_SLOTS: usize = 8;
 const _: () = assert!(std::mem::size_of::<NotifyParams>() == 64);
 const _: () = assert!(std::mem::size_of::<DispatchParams>() == 88);
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 88);
 
 impl IntranodeArgs {
     /// Arguments for `rank` with every rank's buffer base address (as mapped in this process).
-    pub fn new(layout: &BufferLayout, rank: usize, peer_base: &[u64], epoch: u32) -> Self {
+    pub fn new(layout: &BufferLayout, rank: usize, peer_base: &[u64], epoch: u32, trace: u64) -> Self {
         let mut bases = [0u64; 8];
         bases[..peer_base.len()].copy_from_slice(peer_base);
         IntranodeArgs {
@@ -112,6 +117,7 @@ impl IntranodeArgs {
             off_stage_w: layout.off_stage_w as u64,
             stage_x_slot_bytes: layout.stage_x_slot_bytes as u64,
             stage_w_slot_bytes: layout.stage_w_slot_bytes as u64,
+            trace,
             rank: rank as i32,
             num_ranks: layout.num_ranks as i32,
             max_tokens: layout.max_tokens as i32,

@@ -28,7 +28,7 @@ pub mod gpu_tests;
 
 use crate::config::{BufferLayout, Config, MAX_LOCAL_EXPERTS};
 use crate::error::EpError;
-use crate::runtime::{Comm, Gpu, HostMapped, IpcBuffer, Kernel, LaunchCfg};
+use crate::runtime::{Comm, DeviceBuffer, Gpu, HostMapped, IpcBuffer, Kernel, LaunchCfg};
 use crate::tensor::{DType, Generation, Tensor, TensorInfo};
 use crate::Result;
 use checks::{CombinePlan, DispatchPlan, HandleInfo, RoutingInfo};
@@ -236,6 +236,23 @@ pub struct Buffer<'g> {
     poisoned: Option<String>,
     device_sms: usize,
     kernels: Kernels,
+    /// Phase timestamps of the last dispatch/combine kernel, when tracing is on.
+    trace: Option<DeviceBuffer>,
+}
+
+/// Phase times of the last traced dispatch or combine kernel on this rank, in microseconds
+/// after the first block started (`%globaltimer`, about 1 us resolution). `None` = phase not
+/// reached (e.g. nothing to publish).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Trace {
+    /// Last block finished the ready handshake.
+    pub ready_us: Option<f64>,
+    /// Dispatch: last warp issued its last data store. Combine: last pusher finished.
+    pub sent_us: Option<f64>,
+    /// Dispatch: last block published its unit counts to the peers.
+    pub published_us: Option<f64>,
+    /// Dispatch: every peer's data arrived. Combine: last reducer finished.
+    pub received_us: Option<f64>,
 }
 
 /// The loaded entry points (looked up once per buffer).
@@ -285,6 +302,7 @@ impl<'g> Buffer<'g> {
             poisoned: None,
             device_sms,
             kernels,
+            trace: None,
         })
     }
 
@@ -333,7 +351,33 @@ impl<'g> Buffer<'g> {
     }
 
     fn args(&self) -> ffi::IntranodeArgs {
-        ffi::IntranodeArgs::new(&self.layout, self.rank, self.ipc.ptrs(), self.epoch)
+        ffi::IntranodeArgs::new(&self.layout, self.rank, self.ipc.ptrs(), self.epoch, self.trace.as_ref().map_or(0, |t| t.ptr()))
+    }
+
+    /// Diagnostics: record phase timestamps of every dispatch/combine kernel (read the last one
+    /// with [`Buffer::last_trace`]). Adds two small memsets per call; off by default.
+    pub fn set_tracing(&mut self, on: bool) -> Result<()> {
+        self.trace = if on { Some(DeviceBuffer::zeroed(self.gpu, ffi::TRACE_SLOTS * 8)?) } else { None };
+        Ok(())
+    }
+
+    /// Preset the trace slots before a traced kernel (start: minimum, others: maximum).
+    fn reset_trace(&self) -> Result<()> {
+        if let Some(t) = &self.trace {
+            self.gpu.memset_u8(t.ptr(), 0xff, 8)?;
+            self.gpu.memset_u8(t.ptr() + 8, 0, (ffi::TRACE_SLOTS - 1) * 8)?;
+        }
+        Ok(())
+    }
+
+    /// Phase times of the last traced kernel (waits for the stream); `None` when tracing is off.
+    pub fn last_trace(&self) -> Result<Option<Trace>> {
+        let Some(t) = &self.trace else { return Ok(None) };
+        self.gpu.sync("reading the intranode trace")?;
+        let v = t.download::<u64>(self.gpu, ffi::TRACE_SLOTS)?;
+        let start = v[0];
+        let at = |i: usize| (start != u64::MAX && v[i] != 0 && v[i] >= start).then(|| (v[i] - start) as f64 / 1e3);
+        Ok(Some(Trace { ready_us: at(1), sent_us: at(2), published_us: at(3), received_us: at(4) }))
     }
 
     fn next_epoch(&mut self) {
@@ -517,6 +561,7 @@ impl<'g> Buffer<'g> {
             num_topk: if topk.is_some() { plan.num_topk as i32 } else { 0 },
             num_local_experts: topk.map_or(0, |t| t.2 as i32),
         };
+        self.reset_trace()?;
         let args = self.args();
         let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.dispatch_warps as u32 * 32);
         self.gpu.launch(&self.kernels.dispatch, &cfg, crate::args![args, p])
@@ -610,6 +655,7 @@ impl<'g> Buffer<'g> {
             push_rows: a.config.combine_push_rows as i32,
             pad_: 0,
         };
+        self.reset_trace()?;
         let args = self.args();
         let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.combine_warps as u32 * 32);
         self.gpu.launch(&self.kernels.combine, &cfg, crate::args![args, p])?;
