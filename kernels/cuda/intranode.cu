@@ -293,7 +293,7 @@ __device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
 //  push: unit u = g*(R-1) + q (q-th peer after me, rows [g*G, g*G+G) that peer sent me), so rows go out in
 //        ascending j for all peers at once. Rows -> origin's stage slot for me at row j, weights
 //        beside them, then (after __syncwarp) lane 0: one fence.acq_rel.sys and flag = epoch per row.
-//  reduce: token t of this rank (grid-strided over reduce warps, ascending): lane d acquires the
+//  reduce: unit (token t, chunk) of this rank (grid-strided over reduce warps, ascending): lane d acquires the
 //        flag of the row rank d staged for t, then the warp sums in f32: bias0, bias1, then ranks
 //        ascending (own contribution read from y directly), rounds once to bf16.
 template <int kR, int kU>
@@ -370,8 +370,15 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
     // Reduce role.
     const int reduce_warps = nwarps - p.push_warps;
     const int off_me = __shfl_sync(kFullMask, off, me);
-    for (int t = blockIdx.x * reduce_warps + (warp - p.push_warps); t < p.num_tokens;
-         t += gridDim.x * reduce_warps) {
+    // Unit = (token, chunk of 32*kU words of its row): equal small units keep the reduce tail
+    // short; the chunk-0 unit also sums the weights.
+    const int chunk16 = 32 * kU;
+    const int nchunks = ceil_div(n16, chunk16);
+    const int64_t num_units = static_cast<int64_t>(p.num_tokens) * nchunks;
+    for (int64_t unit = blockIdx.x * reduce_warps + (warp - p.push_warps); unit < num_units;
+         unit += static_cast<int64_t>(gridDim.x) * reduce_warps) {
+        const int t = static_cast<int>(unit / nchunks);
+        const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
         const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
         bool ok = true;
         if (lane < kR && lane != me && pos >= 0) {
@@ -405,7 +412,8 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
         const int4* b1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1 + t * row_elems) : nullptr;
         int4* out = reinterpret_cast<int4*>(p.out + t * row_elems);
 
-        for (int i = lane; i < n16; i += 32 * kU) {
+        {
+            const int i = c * chunk16 + lane;
             // All rank loads in flight first; biases are loaded per group right before use
             // (keeps registers low: kU*kR int4 + one accumulator group).
             int4 v[kR][kU];
@@ -434,7 +442,7 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
             }
         }
 
-        if (p.out_w != nullptr && lane < K) {
+        if (c == 0 && p.out_w != nullptr && lane < K) {
             float sum = 0.f;
 #pragma unroll
             for (int d = 0; d < kR; ++d) {
