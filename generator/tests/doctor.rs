@@ -259,12 +259,38 @@ impl TestHost {
     /// NVSHMEM from the pip wheel on LD_LIBRARY_PATH, NVSHMEM_DIR unset).
     fn gpu_machine() -> TestHost {
         let mut h = TestHost::bare("gpu-machine");
-        let wheel = "/venv/lib/python3.12/site-packages/nvidia/nvshmem";
-        h.install_nvshmem(wheel, "3.4.5", "3.4.5", 3);
-        h.env
-            .insert("LD_LIBRARY_PATH".into(), format!("{wheel}/lib"));
-        h.env.insert("NVSHMEM_DISABLE_NVLS".into(), "1".into());
-        h.env.insert("NCCL_NVLS_ENABLE".into(), "0".into());
+        // `nvidia-smi topo -m` as recorded on that machine (GPU run 1).
+        h.smi = ToolOutput::Output(
+            std::fs::read_to_string(Path::new(FIXTURES).join("gpu-machine.nvidia-smi-topo-m.txt"))
+                .unwrap(),
+        );
+        // Paths and environment as logged by GPU run 1 (env.log): the wheels in torch's venv,
+        // the driver libraries mounted at /usr/local/nvidia/lib64.
+        let site = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia";
+        h.install_nvshmem(&format!("{site}/nvshmem"), "3.4.5", "3.4.5", 3);
+        h.remove("/usr/lib64/libcuda.so.1");
+        std::fs::create_dir_all(h.path("/usr/local/nvidia/lib64")).unwrap();
+        std::fs::rename(
+            h.path("/usr/lib64/libcuda.so.580.159.04"),
+            h.path("/usr/local/nvidia/lib64/libcuda.so.580.159.04"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            "libcuda.so.580.159.04",
+            h.path("/usr/local/nvidia/lib64/libcuda.so.1"),
+        )
+        .unwrap();
+        for (k, v) in [
+            (
+                "LD_LIBRARY_PATH",
+                format!("{site}/nccl/lib:{site}/nvshmem/lib:/usr/local/nvidia/lib64:/usr/local/nvidia/lib"),
+            ),
+            ("NCCL_NVLS_ENABLE", "0".into()),
+            ("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo".into()),
+            ("NVSHMEM_DISABLE_NVLS", "1".into()),
+        ] {
+            h.env.insert(k.into(), v);
+        }
         h.args.kernels_nvshmem_version = deepep_nix::doctor::Version::parse("3.4.5");
         h
     }
@@ -1005,7 +1031,7 @@ fn gpu_machine_of_the_project() {
     );
     assert_eq!(status(&r, "gdrcopy"), Status::Warn);
     assert!(found(&r, "nvshmem.dir").starts_with(
-        "NVSHMEM_DIR not set; libnvshmem_host.so.3 found on the loader path in /venv/"
+        "NVSHMEM_DIR not set; libnvshmem_host.so.3 found on the loader path in /opt/torch/.venv/"
     ));
     assert_eq!(
         found(&r, "nvshmem.plugin.ibgda").split(": ").last(),

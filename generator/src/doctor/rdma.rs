@@ -266,7 +266,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
     match &lib {
         Resolution::Found(p) => found.push(format!("libgdrapi.so.2 at {}", p.display())),
         Resolution::Missing { .. } => problems.push((
-            "libgdrapi.so.2 not on the loader path".into(),
+            "libgdrapi.so.2 not found (NVSHMEM's RUNPATH, the loader path)".into(),
             if kind.nixos {
                 nixos_fix.into()
             } else {
