@@ -139,9 +139,15 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const int me = a.rank;
     if (tid < kR) s_rows[tid] = 0;
-    if (tid == 0) ep_trace(a, EP_TRACE_START);
-    if (!ep_ready_handshake(a, diag, EP_PHASE_DISPATCH_SEND, &s_abort)) return;
-    if (tid == 0) ep_trace(a, EP_TRACE_READY);
+    if (tid == 0) {
+        s_abort = 0;
+        ep_trace(a, EP_TRACE_START);
+    }
+    ep_announce_ready(a);
+    __syncthreads();
+    // Each warp waits for the peers' ready announcements lazily, right before its first store into
+    // a peer: the loads and the own-rank stores of its first unit overlap the handshake.
+    bool peers_ready = false;
 
     // Lane d: first row of this rank's block inside destination d's recv region.
     int base = 0;
@@ -150,6 +156,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     int dst_base[kR];
 #pragma unroll
     for (int d = 0; d < kR; ++d) dst_base[d] = __shfl_sync(kFullMask, base, d);
+    const int base_me = __shfl_sync(kFullMask, base, me);
 
     const int64_t row_bytes = p.row_bytes;
     const int n16 = static_cast<int>(row_bytes / 16);
@@ -183,9 +190,27 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
             if (i0 + 32 * u < n16) v[u] = ld_nc_v4(src + i0 + 32 * u);
+        // Own rank first (no handshake needed: this rank's earlier kernels are complete).
+        const int pos_me = __shfl_sync(kFullMask, pos, me);
+        const int row_me = pos_me >= 0 ? base_me + pos_me : -1;
+        if (row_me >= 0) {
+            int4* dst = reinterpret_cast<int4*>(a.peer_base[me] + a.off_recv_x +
+                                                static_cast<uint64_t>(row_me) * row_bytes);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+                if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
+        }
+        if (!peers_ready) {
+            if (!ep_warp_wait_ready(a, diag, EP_PHASE_DISPATCH_SEND)) {
+                if (lane == 0) s_abort = 1;
+                break;
+            }
+            peers_ready = true;
+            if (lane == 0) ep_trace(a, EP_TRACE_READY);
+        }
 #pragma unroll
         for (int d = 0; d < kR; ++d) {
-            if (row[d] < 0) continue;
+            if (d == me || row[d] < 0) continue;
             int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
                                                 static_cast<uint64_t>(row[d]) * row_bytes);
 #pragma unroll
@@ -225,6 +250,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     // Publish this block's units to every peer.
     if (lane < kR && sent > 0) atomicAdd(&s_rows[lane], sent);
     __syncthreads();
+    if (s_abort) return;
     if (tid < kR && tid != me && s_rows[tid] > 0) {
         __threadfence_system();
         atomic_add_release_sys(ep_at<int>(a, tid, a.off_dispatch_rows) + me, s_rows[tid]);
@@ -299,10 +325,8 @@ __device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
 template <int kR, int kU>
 __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const CombineParams& p,
                                              const EpDiag& diag) {
-    __shared__ int s_abort;
     if (threadIdx.x == 0) ep_trace(a, EP_TRACE_START);
-    if (!ep_ready_handshake(a, diag, EP_PHASE_COMBINE_SEND, &s_abort)) return;
-    if (threadIdx.x == 0) ep_trace(a, EP_TRACE_READY);
+    ep_announce_ready(a);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const int me = a.rank;
     const int H = p.hidden, K = p.num_topk;
@@ -318,6 +342,10 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
     }
 
     if (warp < p.push_warps) {
+        // Pushers write into the peers' staging slots: wait for their ready announcements first.
+        // (Reducers need no handshake: they only read this rank's memory, behind flags.)
+        if (!ep_warp_wait_ready(a, diag, EP_PHASE_COMBINE_SEND)) return;
+        if (lane == 0) ep_trace(a, EP_TRACE_READY);
         int maxc = (lane < kR && lane != me) ? cnt : 0;
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1) maxc = max(maxc, __shfl_xor_sync(kFullMask, maxc, m));
@@ -466,7 +494,7 @@ ep_intranode_combine_r2(IntranodeArgs a, CombineParams p, EpDiag diag) {
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_combine_r4(IntranodeArgs a, CombineParams p, EpDiag diag) {
-    combine_impl<4, 2>(a, p, diag);
+    combine_impl<4, 1>(a, p, diag);
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_combine_r8(IntranodeArgs a, CombineParams p, EpDiag diag) {

@@ -162,6 +162,29 @@ __device__ __forceinline__ void ep_trace(const IntranodeArgs& a, int slot) {
     else atomicMax(p, now);
 }
 
+// Block 0 announces that this rank entered call `a.epoch` (ready[me] = epoch in every peer).
+__device__ __forceinline__ void ep_announce_ready(const IntranodeArgs& a) {
+    if (blockIdx.x == 0 && threadIdx.x < a.num_ranks && threadIdx.x != a.rank)
+        st_release_sys(ep_at<int>(a, threadIdx.x, a.off_ready) + a.rank, static_cast<int>(a.epoch));
+}
+
+// Warp-level wait (all 32 lanes call it) until every peer announced `a.epoch`; afterwards this
+// warp may write into any peer's buffer for this call. False on timeout (error recorded).
+__device__ __forceinline__ bool ep_warp_wait_ready(const IntranodeArgs& a, const EpDiag& diag, int phase) {
+    const int lane = threadIdx.x & 31;
+    bool ok = true;
+    if (lane < a.num_ranks && lane != a.rank) {
+        const int* flag = ep_at<int>(a, a.rank, a.off_ready) + lane;
+        EpWait w(diag);
+        while (!ep_epoch_reached(static_cast<uint32_t>(ld_acquire_sys(flag)), a.epoch)) {
+            if (!w.tick(phase, blockIdx.x, lane, static_cast<int>(a.epoch))) { ok = false; break; }
+        }
+    }
+    const bool all = __all_sync(0xffffffffu, ok);
+    __syncwarp();
+    return all;
+}
+
 __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
     uint64_t v; asm volatile("ld.volatile.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
 }
