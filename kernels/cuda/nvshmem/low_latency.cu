@@ -621,6 +621,277 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
     }
 }
 
+// ---- dispatch v2 (see low_latency.cuh) ---------------------------------------------------------
+// Dynamic shared memory (int32): cnt[lpb*R] | begin[lpb*R] | totals[lpb] | ntok[R] | list[lpb*R*NM]
+template <bool kPut>
+__device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, const EpDiag& diag) {
+    extern __shared__ int smem[];
+    __shared__ int s_fail;
+    const int b = blockIdx.x, G = gridDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
+    const int N = a.num_tokens, RNM = R * NM, S = H / 128, me = a.rank;
+    const int lpb = (L + G - 1) / G;
+    const int row_bytes = a.use_fp8 ? H : 2 * H;
+    const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
+    const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
+                                                    : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
+    if (tid == 0) s_fail = 0;
+    __syncthreads();
+
+    if (a.phases & LL_PHASE_SEND) {
+        // Announce the call; when an earlier dispatch deferred its receive half, wait until each
+        // destination has started this call (so its deferred receive is done) before writing.
+        if (b == 0) {
+            for (int r = tid; r < R; r += LL_THREADS)
+                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
+        }
+        if (a.wait_ready) {
+            for (int r = tid; r < R; r += LL_THREADS) {
+                uint32_t unused = 0;
+                if (r != me && !ll_wait_tag(a.buf, a.off_ready + static_cast<uint64_t>(r) * 8, seq, &unused, diag,
+                                            EP_PHASE_LL_DISPATCH_SEND, b, r))
+                    s_fail = 1;
+            }
+            __syncthreads();
+        }
+        const int nseg = (H + LL_DISPATCH_SEG - 1) / LL_DISPATCH_SEG;
+        uint8_t* wstage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
+        bool did_put = false;
+        const int total = s_fail ? 0 : N * nseg;
+        for (int u = b * LL_WARPS + warp; u < total; u += G * LL_WARPS) {
+            const int t = u / nseg, seg = u % nseg;
+            // Destination ranks of this token (R <= 32, checked by the host).
+            int e_lane = -1;
+            if (lane < K) {
+                const int64_t e = a.topk_idx[t * K + lane];
+                e_lane = (e >= 0 && e < E) ? static_cast<int>(e) : -1;
+            }
+            const uint32_t dest = __reduce_or_sync(0xffffffffu, e_lane >= 0 ? (1u << (e_lane / L)) : 0u);
+            const uint64_t entry = a.off_tok_stage + (static_cast<uint64_t>(me) * NM + t) * stride;
+            if (seg == 0 && lane < K) {
+                // The token's top-k ids, for the receivers' binning: to every rank, so that no
+                // receiver ever bins a stale entry of a token that was not sent to it.
+                for (int r = 0; r < R; ++r) {
+                    const uint64_t off = entry + a.tk_off + lane * 4;
+                    if (!kPut || a.peer_base[r] != 0) *reinterpret_cast<int*>(a.peer_base[r] + off) = e_lane;
+                    else nvshmem_int_p(reinterpret_cast<int*>(a.buf + off), e_lane, r);
+                }
+            }
+            const uint8_t* xrow = static_cast<const uint8_t*>(a.x) + static_cast<uint64_t>(t) * H * 2;
+            const int c0 = seg * LL_DISPATCH_SEG;
+            const int nch = min(LL_DISPATCH_SEG, H - c0);
+            if (a.use_fp8) {
+                const int nit = nch / 256;
+                int4 v[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (j < nit) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
+                uint32_t lo[4], hi[4];
+                float my_scale = 0.f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    lo[j] = hi[j] = 0;
+                    if (j >= nit) continue;
+                    float f[8];
+                    bf16x8_to_f32(v[j], f);
+                    float amax = 0.f;
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) amax = fmaxf(amax, fabsf(f[q]));
+#pragma unroll
+                    for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                    amax = fmaxf(amax, 1e-4f);
+                    float scale, scale_inv;
+                    ll_group_scale(amax, a.round_scale != 0, scale, scale_inv);
+                    lo[j] = fp8x2(__fmul_rn(f[0], scale), __fmul_rn(f[1], scale)) |
+                            (fp8x2(__fmul_rn(f[2], scale), __fmul_rn(f[3], scale)) << 16);
+                    hi[j] = fp8x2(__fmul_rn(f[4], scale), __fmul_rn(f[5], scale)) |
+                            (fp8x2(__fmul_rn(f[6], scale), __fmul_rn(f[7], scale)) << 16);
+                    const float s_lo = __shfl_sync(0xffffffffu, scale_inv, 0);
+                    const float s_hi = __shfl_sync(0xffffffffu, scale_inv, 16);
+                    if (lane == 2 * j) my_scale = s_lo;
+                    if (lane == 2 * j + 1) my_scale = s_hi;
+                }
+                const uint64_t d_off = entry + c0;
+                const uint64_t s_off = entry + 2 * static_cast<uint64_t>(H) + (c0 / 128) * 4;
+                for (uint32_t m = dest; m != 0; m &= m - 1) {
+                    const int r = __ffs(m) - 1;
+                    const uint64_t peer = a.peer_base[r];
+                    const bool direct = !kPut || peer != 0;
+                    uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (j < nit) st_v2(dst + j * 256 + lane * 8, lo[j], hi[j]);
+                    float* sdst = direct ? reinterpret_cast<float*>(peer + s_off) : reinterpret_cast<float*>(wstage + LL_COMBINE_SEG_BYTES);
+                    if (lane < 2 * nit) sdst[lane] = my_scale;
+                    if (!direct) {
+                        __syncwarp();
+                        ll_nvshmem_put_warp(a.buf + d_off, wstage, nch, r);
+                        ll_nvshmem_put_warp(a.buf + s_off, wstage + LL_COMBINE_SEG_BYTES, 2 * nit * 4, r);
+                        did_put = true;
+                    }
+                }
+            } else {
+                const int nbytes = nch * 2;
+                int4 v[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int off = j * 512 + lane * 16;
+                    if (off < nbytes) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + c0 * 2 + off));
+                }
+                const uint64_t d_off = entry + c0 * 2;
+                for (uint32_t m = dest; m != 0; m &= m - 1) {
+                    const int r = __ffs(m) - 1;
+                    const uint64_t peer = a.peer_base[r];
+                    const bool direct = !kPut || peer != 0;
+                    uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int off = j * 512 + lane * 16;
+                        if (off < nbytes) st_na_v4(reinterpret_cast<int4*>(dst + off), v[j]);
+                    }
+                    if (!direct) {
+                        __syncwarp();
+                        ll_nvshmem_put_warp(a.buf + d_off, wstage, nbytes, r);
+                        did_put = true;
+                    }
+                }
+            }
+        }
+        if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
+        __threadfence_system();
+        __syncthreads();
+        if (!s_fail) {
+            // This block's tokens are staged everywhere they go: flag every rank (with N, so the
+            // receiver knows how many tokens to scan).
+            for (int r = tid; r < R; r += LL_THREADS) {
+                __threadfence_system();
+                ll_signal<kPut>(a.buf, a.peer_base, r, a.off_tok_flags + (static_cast<uint64_t>(me) * G + b) * 8,
+                                ll_tag(seq, static_cast<uint32_t>(N)));
+            }
+        }
+        if (tid == 0) epoch[b] = seq;
+    }
+
+    if (a.phases & LL_PHASE_RECV) {
+        __syncthreads();
+        if (s_fail) return;
+        int* cnt = smem;
+        int* begin = cnt + lpb * R;
+        int* totals = begin + lpb * R;
+        int* ntok = totals + lpb;
+        int* list = ntok + R;
+        for (int j = tid; j < lpb * R; j += LL_THREADS) cnt[j] = 0;
+        // Wait for every block of every source; the payload is the source's token count.
+        for (int j = tid; j < R * G; j += LL_THREADS) {
+            uint32_t n = 0;
+            if (!ll_wait_tag(a.buf, a.off_tok_flags + static_cast<uint64_t>(j) * 8, seq, &n, diag, EP_PHASE_LL_DISPATCH_RECV,
+                             j % G, j / G)) {
+                s_fail = 1;
+            }
+            if (j % G == 0) ntok[j / G] = static_cast<int>(n);
+        }
+        __syncthreads();
+        if (s_fail) return;
+        // Bin the staged selections of this block's local experts (le % G == b).
+        const uint8_t* stage_base = a.buf + a.off_tok_stage;
+        for (int s = 0; s < R; ++s) {
+            const int ns = min(ntok[s], NM);
+            for (int i = tid; i < ns * K; i += LL_THREADS) {
+                const int t = i / K, k = i % K;
+                const int e = __ldcg(reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off) + k);
+                const int le = e - me * L;
+                if (e >= 0 && le >= 0 && le < L && le % G == b) {
+                    const int li = le / G;
+                    const int p = atomicAdd(&cnt[li * R + s], 1);
+                    if (p < NM) list[(li * R + s) * NM + p] = t * K + k;
+                }
+            }
+        }
+        __syncthreads();
+        int64_t* layout_range = reinterpret_cast<int64_t*>(a.buf + a.off_layout_range);
+        int* recv_count = reinterpret_cast<int*>(a.buf + a.off_recv_count);
+        for (int li = tid; li < lpb; li += LL_THREADS) {
+            const int le = b + li * G;
+            if (le >= L) continue;
+            int total = 0;
+            for (int s = 0; s < R; ++s) {
+                int c = cnt[li * R + s];
+                if (c > NM) {
+                    ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_LL_DISPATCH_RECV, le, s, c, 0);
+                    c = NM;
+                    cnt[li * R + s] = NM;
+                }
+                begin[li * R + s] = total;
+                layout_range[le * R + s] = (static_cast<int64_t>(total) << 32) | static_cast<uint32_t>(c);
+                total += c;
+            }
+            recv_count[le] = total;
+            totals[li] = total;
+        }
+        __syncthreads();
+        // Copy rows from the staging area into their packed slots (local memory only).
+        const int nseg = (row_bytes + LL_COPY_SEG_BYTES - 1) / LL_COPY_SEG_BYTES;
+        int units = 0;
+        for (int li = 0; li < lpb; ++li)
+            if (b + li * G < L) units += totals[li] * nseg;
+        const int groups = a.use_ue8m0 ? S / 4 : S;
+        for (int u = warp; u < units; u += LL_WARPS) {
+            int rest = u, li = 0;
+            for (;; ++li) {
+                const int n = totals[li] * nseg;
+                if (rest < n) break;
+                rest -= n;
+            }
+            const int slot = rest / nseg, seg = rest % nseg;
+            const int le = b + li * G;
+            int s = 0;
+            while (s + 1 < R && begin[li * R + s + 1] <= slot) ++s;
+            const int sel = list[(li * R + s) * NM + (slot - begin[li * R + s])];
+            const int t = sel / K, k = sel % K;
+            const uint8_t* entry = stage_base + (static_cast<uint64_t>(s) * NM + t) * stride;
+            const int off0 = seg * LL_COPY_SEG_BYTES;
+            const int nbytes = min(LL_COPY_SEG_BYTES, row_bytes - off0);
+            uint8_t* dst = a.buf + a.off_x + (static_cast<uint64_t>(le) * RNM + slot) * row_bytes + off0;
+            int4 v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes) v[q] = ld_volatile_v4(reinterpret_cast<const int4*>(entry + off0 + off));
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes) *reinterpret_cast<int4*>(dst + off) = v[q];
+            }
+            if (seg == 0) {
+                const uint64_t idx = static_cast<uint64_t>(le) * RNM + slot;
+                if (lane == 0) {
+                    reinterpret_cast<int*>(a.buf + a.off_src_info)[idx] = t;
+                    reinterpret_cast<int*>(a.buf + a.off_src_k)[idx] = k;
+                    if (s == me) reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
+                }
+                if (a.use_fp8) {
+                    const float* sc = reinterpret_cast<const float*>(entry + 2 * static_cast<uint64_t>(H));
+                    for (int g = lane; g < groups; g += 32) {
+                        if (a.use_ue8m0) {
+                            uint32_t packed = 0;
+#pragma unroll
+                            for (int q = 0; q < 4; ++q)
+                                packed |= ((__float_as_uint(__ldcg(sc + 4 * g + q)) >> 23) & 0xffu) << (8 * q);
+                            reinterpret_cast<uint32_t*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + slot] = packed;
+                        } else {
+                            reinterpret_cast<float*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + slot] =
+                                __ldcg(sc + g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---- entry points ----------------------------------------------------------------------------
 // `_p2p`: every peer is load/store reachable (nvshmem_ptr != 0 for all ranks): no NVSHMEM device
 // call is compiled in. `_put`: generic, peers without a mapping get NVSHMEM puts (IBGDA & co).
@@ -635,4 +906,10 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine_p2p(const
 }
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine_put(const LlCombineArgs a, EpDiag diag) {
     ll_combine_impl<true>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_p2p(const LlDispatch2Args a, EpDiag diag) {
+    ll_dispatch2_impl<false>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_put(const LlDispatch2Args a, EpDiag diag) {
+    ll_dispatch2_impl<true>(a, diag);
 }

@@ -85,3 +85,31 @@ struct LlCombineArgs {
     int32_t wait_ready;          // 1: wait for each origin's ready flag before sending to it
                                  // (needed when a previous combine deferred its receive hook)
 };
+
+// ---- dispatch v2: one copy per (token, destination rank) ------------------------------------
+// The sender casts each token once and writes it (data, scales, its top-k ids) into the token
+// staging area `tok_stage[src][token]` of every rank that owns one of its experts (its own rank
+// included); a per-block flag per destination carries the token count. The receiver, once every
+// block of every source has flagged, bins the staged top-k ids of its experts, packs sources in
+// ascending rank order and copies rows locally into the packed output. Remote traffic: one row
+// per (token, remote rank) instead of one per (token, expert). No count exchange: every layout
+// decision is local to the receiver.
+#define LL_COPY_SEG_BYTES 2048
+
+struct LlDispatch2Args {
+    const void* x;             // bf16 [N][H]
+    const int64_t* topk_idx;   // [N][K]
+    uint8_t* buf;
+    const uint64_t* peer_base;
+    uint64_t off_x, off_scales, off_src_info, off_src_k, off_layout_range, off_recv_count;
+    uint64_t off_epoch, off_send_slot;
+    uint64_t off_tok_stage;    // [R][NM][stage_stride]: data @0, f32 scales @2H, i32 top-k @tk_off
+    uint64_t off_tok_flags;    // [R][G] u64 tagged (source rank, source block), payload = source's N
+    uint64_t off_ready;        // [R] u64 tagged: rank r has started this dispatch
+    uint64_t off_stage;        // per-warp put staging (not per half)
+    int32_t num_tokens, hidden, num_topk, num_experts;
+    int32_t num_ranks, rank, num_max, phases;
+    int32_t use_fp8, round_scale, use_ue8m0, wait_ready;
+    int32_t stage_stride, tk_off;
+};
+

@@ -4,7 +4,8 @@
 //! Per shape (DeepEP-like routing from `bench::Routing`, default 128 tokens x 7168, top-8 of the
 //! `--experts` experts; DeepEP's LL test uses 288):
 //! - `dispatch-fp8`: bytes = this rank's valid selections x (H + 4·H/128 + 16) (DeepEP's FP8
-//!   message), `dispatch-bf16`: selections x 2H;
+//!   message), `dispatch-bf16`: selections x 2H (the buffer's dispatch version, v2 by default;
+//!   `dispatch-fp8-v1`: the v1 kernel for comparison);
 //! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout);
 //! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
 //! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
@@ -13,7 +14,7 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Row, Shape};
-use crate::nvshmem::low_latency::{LlDispatchOpts, LowLatencyBuffer};
+use crate::nvshmem::low_latency::{DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -99,13 +100,23 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             drop(first);
             gpu.sync("low-latency bench setup")?;
 
-            for (op, fp8) in [("dispatch-fp8", true), ("dispatch-bf16", false)] {
+            let default_version = buf.dispatch_version();
+            for (op, fp8, version) in [
+                ("dispatch-fp8", true, default_version),
+                ("dispatch-bf16", false, default_version),
+                ("dispatch-fp8-v1", true, DispatchVersion::V1),
+            ] {
+                if op.ends_with("-v1") && default_version == DispatchVersion::V1 {
+                    continue;
+                }
+                buf.set_dispatch_version(version)?;
                 let mb = if fp8 { fp8_message_bytes(h) } else { 2 * h };
                 let bytes: Vec<usize> = sent.iter().map(|s| s * mb).collect();
                 let (send, recv) = per_peer(mb);
                 let opts = LlDispatchOpts { use_fp8: fp8, ..Default::default() };
                 rows.push(ctx.measure(MODE, op, shape, sms, &bytes, &send, &recv, || buf.dispatch(&x, &idx, opts).map(|_| ()))?);
             }
+            buf.set_dispatch_version(default_version)?;
             // The timing loop dispatched again: refresh the handle for combine.
             let d = buf.dispatch(&x, &idx, LlDispatchOpts { use_fp8: true, ..Default::default() })?;
             let handle2 = d.handle.clone();

@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::binding::{self, HostLib, Version};
-use super::low_latency::{LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
+use super::low_latency::{DispatchVersion, LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::low_latency::{LlPacked, LlScalesView};
 use crate::reference::random::{self, InputSpec};
@@ -243,8 +243,15 @@ fn overlap_round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, 
 }
 
 fn shape_case(name: &str, shape: Shape, modes: &'static [Mode], rounds: usize) -> Case {
-    Case::new(format!("ll/{name}"), move |c| {
+    version_case(name, DispatchVersion::V2, shape, modes, rounds)
+}
+
+/// A case on one buffer with the given dispatch kernel version (`ll/v1/...` for v1).
+fn version_case(name: &str, version: DispatchVersion, shape: Shape, modes: &'static [Mode], rounds: usize) -> Case {
+    let prefix = if version == DispatchVersion::V1 { "ll/v1" } else { "ll" };
+    Case::new(format!("{prefix}/{name}"), move |c| {
         let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        buf.set_dispatch_version(version)?;
         for i in 0..rounds {
             let mode = modes[i % modes.len()];
             round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x1000_0001), 0.1)?;
@@ -293,17 +300,28 @@ pub fn cases() -> Vec<Case> {
         shape_case("shapes/2048x6of32-nm2", Shape { num_max: 2, hidden: 2048, topk: 6, experts: 32 }, ALL_MODES, 6),
         shape_case("shapes/4096x3of128", Shape { num_max: 64, hidden: 4096, topk: 3, experts: 128 }, ALL_MODES, 6),
         shape_case("repeat/7168x8of288x40", deepep, ALL_MODES, 40),
-        Case::new("ll/overlap-hooks/4096x8of64", |c| {
-            let shape = Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 };
-            let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
-            for (i, mode) in [FP8, BF16, FP8_UE8M0, FP8, BF16].into_iter().enumerate() {
-                overlap_round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x2000_0003))?;
-                // A plain round in between: the next combine still waits (hooks in the last two).
-                round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x3000_0005), 0.1)?;
-            }
-            Ok(())
-        }),
+        overlap_case(DispatchVersion::V2),
+        overlap_case(DispatchVersion::V1),
+        version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
+        version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
+        version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ]
+}
+
+/// Two micro-batches overlapped through hooks, interleaved with plain rounds.
+fn overlap_case(version: DispatchVersion) -> Case {
+    let prefix = if version == DispatchVersion::V1 { "ll/v1" } else { "ll" };
+    Case::new(format!("{prefix}/overlap-hooks/4096x8of64"), move |c| {
+        let shape = Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 };
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        buf.set_dispatch_version(version)?;
+        for (i, mode) in [FP8, BF16, FP8_UE8M0, FP8, BF16].into_iter().enumerate() {
+            overlap_round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x2000_0003))?;
+            // A plain round in between: the next calls still wait (hooks in the last two).
+            round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x3000_0005), 0.1)?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

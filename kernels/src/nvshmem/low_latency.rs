@@ -104,7 +104,44 @@ pub struct LlCombineArgs {
     pub wait_ready: i32,
 }
 
+/// Mirror of `LlDispatch2Args` (`low_latency.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlDispatch2Args {
+    pub x: u64,
+    pub topk_idx: u64,
+    pub buf: u64,
+    pub peer_base: u64,
+    pub off_x: u64,
+    pub off_scales: u64,
+    pub off_src_info: u64,
+    pub off_src_k: u64,
+    pub off_layout_range: u64,
+    pub off_recv_count: u64,
+    pub off_epoch: u64,
+    pub off_send_slot: u64,
+    pub off_tok_stage: u64,
+    pub off_tok_flags: u64,
+    pub off_ready: u64,
+    pub off_stage: u64,
+    pub num_tokens: i32,
+    pub hidden: i32,
+    pub num_topk: i32,
+    pub num_experts: i32,
+    pub num_ranks: i32,
+    pub rank: i32,
+    pub num_max: i32,
+    pub phases: i32,
+    pub use_fp8: i32,
+    pub round_scale: i32,
+    pub use_ue8m0: i32,
+    pub wait_ready: i32,
+    pub stage_stride: i32,
+    pub tk_off: i32,
+}
+
 const _: () = {
+    assert!(std::mem::size_of::<LlDispatch2Args>() == 184);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
     assert!(std::mem::size_of::<LlCombineArgs>() == 168);
 };
@@ -112,6 +149,29 @@ const _: () = {
 // SAFETY: repr(C), integers only, no padding.
 unsafe impl Pod for LlDispatchArgs {}
 unsafe impl Pod for LlCombineArgs {}
+unsafe impl Pod for LlDispatch2Args {}
+
+/// Which dispatch kernel a buffer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchVersion {
+    /// One message per (token, expert), written straight into the owner's packed slot (needs a
+    /// count exchange).
+    V1,
+    /// One message per (token, destination rank) into a token staging area; the receiver packs
+    /// locally (default; needs at most 32 ranks).
+    V2,
+}
+
+impl DispatchVersion {
+    /// `DEEPEP_LL_DISPATCH=v1|v2` (default v2).
+    pub fn from_env() -> Result<DispatchVersion> {
+        match std::env::var("DEEPEP_LL_DISPATCH").ok().as_deref().map(str::trim) {
+            None | Some("") | Some("v2") | Some("V2") => Ok(DispatchVersion::V2),
+            Some("v1") | Some("V1") => Ok(DispatchVersion::V1),
+            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_DISPATCH={v:?}: use v1 or v2 (default v2)"))),
+        }
+    }
+}
 
 /// Byte offsets of one dispatch half inside the symmetric buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +187,12 @@ pub struct DispatchRegions {
     pub done_sig: usize,
     pub epoch: usize,
     pub send_slot: usize,
+    /// v2: `[R][num_max]` token entries of [`LlLayout::stage_stride`] bytes.
+    pub tok_stage: usize,
+    /// v2: `[R][grid]` u64 flags.
+    pub tok_flags: usize,
+    /// v2: `[R]` u64 "dispatch started" flags.
+    pub ready: usize,
 }
 
 /// Byte offsets of one combine half.
@@ -197,6 +263,9 @@ impl LlLayout {
             done_sig: c.take(l * r * 8),
             epoch: c.take(grid * 4),
             send_slot: c.take(num_max * LL_MAX_TOPK * 4),
+            tok_stage: c.take(r * num_max * Self::stride_for(h)),
+            tok_flags: c.take(r * grid * 8),
+            ready: c.take(r * 8),
         };
         let d0 = dispatch_half(&mut c);
         let d1 = dispatch_half(&mut c);
@@ -233,6 +302,25 @@ impl LlLayout {
     /// Local experts handled by one block in the receive / combine-send phases.
     pub fn local_experts_per_block(&self) -> usize {
         self.num_local_experts().div_ceil(self.grid)
+    }
+    /// Byte offset of the top-k ids inside a v2 token entry (data at 0, f32 scales at 2H).
+    pub fn tk_off(&self) -> usize {
+        Self::tk_off_for(self.hidden)
+    }
+    fn tk_off_for(h: usize) -> usize {
+        2 * h + (h / 128 * 4).next_multiple_of(16)
+    }
+    fn stride_for(h: usize) -> usize {
+        (Self::tk_off_for(h) + LL_MAX_TOPK * 4).next_multiple_of(ALIGN)
+    }
+    /// Bytes of one v2 token entry.
+    pub fn stage_stride(&self) -> usize {
+        Self::stride_for(self.hidden)
+    }
+    /// Dynamic shared memory of the v2 dispatch kernel.
+    pub fn dispatch2_smem(&self) -> usize {
+        let (lpb, r) = (self.local_experts_per_block(), self.num_ranks);
+        (2 * lpb * r + lpb + r + lpb * r * self.num_max) * 4
     }
     /// Dynamic shared memory of the combine kernel: a prefix over local experts + warp sums.
     pub fn combine_smem(&self) -> usize {
@@ -278,10 +366,11 @@ impl std::fmt::Debug for LlHandle {
     }
 }
 
-/// The receive half of a call made with `return_hook`: launch it with [`LlHook::recv`].
+/// The receive half of a call made with `return_hook`: launch it with [`LowLatencyBuffer::recv`].
 #[derive(Debug)]
 pub enum LlHook {
     Dispatch(LlDispatchArgs),
+    Dispatch2(LlDispatch2Args),
     Combine(LlCombineArgs),
 }
 
@@ -312,7 +401,12 @@ pub struct LowLatencyBuffer<'g> {
     peer_table: DeviceBuffer,
     all_p2p: bool,
     dispatch_kernel: Kernel,
+    dispatch2_kernel: Kernel,
     combine_kernel: Kernel,
+    version: DispatchVersion,
+    /// Whether one of the last two dispatches deferred its receive half (v2 then waits for every
+    /// destination to have started the next dispatch before writing into it).
+    dispatch_hooked: [bool; 2],
     dispatch_calls: u64,
     combine_calls: u64,
     /// Whether one of the last two combines deferred its receive half (hook): the next combine
@@ -355,7 +449,7 @@ impl LowLatencyBuffer<'_> {
         let layout = LlLayout::new(r, num_experts, num_max, hidden, grid)?;
         validate::capacity(
             "low-latency dispatch shared memory (bytes)",
-            layout.dispatch_smem(),
+            layout.dispatch_smem().max(layout.dispatch2_smem()),
             200 * 1024,
             "use fewer experts per SM (more SMs) or a smaller num_max",
         )?;
@@ -379,6 +473,11 @@ impl LowLatencyBuffer<'_> {
         let peer_table = DeviceBuffer::from_slice(gpu, &peers)?;
         let suffix = if all_p2p { "p2p" } else { "put" };
         let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
+        let dispatch2_kernel = module.kernel(&format!("ll_dispatch2_{suffix}"))?;
+        let mut version = DispatchVersion::from_env()?;
+        if r > 32 {
+            version = DispatchVersion::V1;
+        }
         let combine_kernel = module.kernel(&format!("ll_combine_{suffix}"))?;
         Ok(LowLatencyBuffer {
             gpu,
@@ -388,7 +487,10 @@ impl LowLatencyBuffer<'_> {
             peer_table,
             all_p2p,
             dispatch_kernel,
+            dispatch2_kernel,
             combine_kernel,
+            version,
+            dispatch_hooked: [false; 2],
             dispatch_calls: 0,
             combine_calls: 0,
             combine_hooked: [false; 2],
@@ -405,6 +507,21 @@ impl LowLatencyBuffer<'_> {
     }
     pub fn grid(&self) -> usize {
         self.layout.grid
+    }
+    pub fn dispatch_version(&self) -> DispatchVersion {
+        self.version
+    }
+    /// Choose the dispatch kernel (collective: every rank must choose the same). v2 needs at
+    /// most 32 ranks.
+    pub fn set_dispatch_version(&mut self, v: DispatchVersion) -> Result<()> {
+        if v == DispatchVersion::V2 && self.layout.num_ranks > 32 {
+            return Err(EpError::Unsupported(format!(
+                "low-latency dispatch v2 supports at most 32 ranks, this buffer has {}; use v1",
+                self.layout.num_ranks
+            )));
+        }
+        self.version = v;
+        Ok(())
     }
 
     fn base(&self) -> u64 {
@@ -478,7 +595,49 @@ impl LowLatencyBuffer<'_> {
             use_ue8m0: opts.use_ue8m0 as i32,
             experts_per_block: lay.experts_per_block() as i32,
         };
-        self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args))?;
+        let hook = match self.version {
+            DispatchVersion::V1 => {
+                self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args))?;
+                LlHook::Dispatch(LlDispatchArgs { phases: PHASE_RECV, ..args })
+            }
+            DispatchVersion::V2 => {
+                let a2 = LlDispatch2Args {
+                    x: args.x,
+                    topk_idx: args.topk_idx,
+                    buf: args.buf,
+                    peer_base: args.peer_base,
+                    off_x: args.off_x,
+                    off_scales: args.off_scales,
+                    off_src_info: args.off_src_info,
+                    off_src_k: args.off_src_k,
+                    off_layout_range: args.off_layout_range,
+                    off_recv_count: args.off_recv_count,
+                    off_epoch: args.off_epoch,
+                    off_send_slot: args.off_send_slot,
+                    off_tok_stage: d.tok_stage as u64,
+                    off_tok_flags: d.tok_flags as u64,
+                    off_ready: d.ready as u64,
+                    off_stage: args.off_stage,
+                    num_tokens: args.num_tokens,
+                    hidden: args.hidden,
+                    num_topk: args.num_topk,
+                    num_experts: args.num_experts,
+                    num_ranks: args.num_ranks,
+                    rank: args.rank,
+                    num_max: args.num_max,
+                    phases: args.phases,
+                    use_fp8: args.use_fp8,
+                    round_scale: args.round_scale,
+                    use_ue8m0: args.use_ue8m0,
+                    wait_ready: self.dispatch_hooked.iter().any(|&h| h) as i32,
+                    stage_stride: lay.stage_stride() as i32,
+                    tk_off: lay.tk_off() as i32,
+                };
+                self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(lay.dispatch2_smem()), Args::new().arg(a2))?;
+                LlHook::Dispatch2(LlDispatch2Args { phases: PHASE_RECV, ..a2 })
+            }
+        };
+        self.dispatch_hooked = [self.dispatch_hooked[1], opts.return_hook];
         let (l, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
         let packed_recv_x = if opts.use_fp8 {
             self.view(d.x, DType::Fp8E4m3, &[l, rnm, h], half, generation)
@@ -504,7 +663,7 @@ impl LowLatencyBuffer<'_> {
             packed_recv_x_scales,
             packed_recv_count: self.view(d.recv_count, DType::I32, &[l], half, generation),
             handle,
-            hook: opts.return_hook.then_some(LlHook::Dispatch(LlDispatchArgs { phases: PHASE_RECV, ..args })),
+            hook: opts.return_hook.then_some(hook),
         })
     }
 
@@ -575,6 +734,9 @@ impl LowLatencyBuffer<'_> {
         match hook {
             LlHook::Dispatch(a) => {
                 self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))
+            }
+            LlHook::Dispatch2(a) => {
+                self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
             }
             LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
@@ -660,6 +822,11 @@ mod tests {
         let d1 = lay.dispatch[1];
         offs.push((d1.x, 144 * 256 * 2 * 7168));
         offs.push((d1.epoch, 132 * 4));
+        for dh in lay.dispatch {
+            offs.push((dh.tok_stage, 2 * 128 * lay.stage_stride()));
+            offs.push((dh.tok_flags, 2 * 132 * 8));
+            offs.push((dh.ready, 2 * 8));
+        }
         for c in lay.combine {
             offs.push((c.recv, 128 * 11 * 2 * 7168));
             offs.push((c.done, 2 * 132 * 8));
@@ -687,6 +854,19 @@ mod tests {
         assert!(LlLayout::new(2, 288, 0, 7168, 132).is_err());
         assert!(LlLayout::new(2, 288, 128, 7000, 132).unwrap_err().to_string().contains("7040"));
         assert!(LlLayout::new(2, 288, 128, 7168, 0).is_err());
+    }
+
+    #[test]
+    fn v2_token_entry_holds_row_scales_and_topk() {
+        for h in [2048usize, 4096, 7040, 7168] {
+            let lay = LlLayout::new(2, 64, 8, h, 4).unwrap();
+            assert!(lay.tk_off() >= 2 * h + h / 128 * 4, "{h}");
+            assert_eq!(lay.tk_off() % 16, 0);
+            assert!(lay.stage_stride() >= lay.tk_off() + LL_MAX_TOPK * 4);
+            assert_eq!(lay.stage_stride() % ALIGN, 0);
+        }
+        let lay = LlLayout::new(2, 288, 128, 7168, 132).unwrap();
+        assert_eq!(lay.dispatch2_smem(), (2 * 2 * 2 + 2 + 2 + 2 * 2 * 128) * 4);
     }
 
     #[test]
