@@ -68,6 +68,13 @@ fn capacities_and_hidden() {
     let mut c = cfg(1);
     c.max_tokens_per_rank = 0;
     assert!(err(c.validate(2, None)).contains("max_tokens_per_rank"));
+    // At most 64 publication rounds of 512 records per channel chunk.
+    c.num_sms = 2;
+    c.max_tokens_per_rank = 32768;
+    c.validate(2, None).unwrap();
+    c.max_tokens_per_rank = 32769;
+    let m = err(c.validate(2, None));
+    assert!(m.contains("raise num_sms to at least 4"), "{m}");
     let mut c = InternodeConfig::new(1, 128, 7000);
     let m = err(c.validate(2, None));
     assert!(m.contains("7000"), "{m}");

@@ -19,13 +19,22 @@
 //   internode_combine  (2C blocks) blocks [0,C): forwarders (reduce + put back); [C,2C): receivers.
 //
 // Ordering rules used throughout:
-//   * signals are u64 tagged with `seq` (strictly increasing per call), waited for with `>= seq`:
-//     no reset, stale values from earlier calls never satisfy a wait;
+//   * control signals (barrier, notify messages) are u64 set to `seq` (strictly increasing per
+//     call) and waited for with `>= seq`: no reset, stale values never satisfy a wait;
+//   * data signals (`disp_sig`, `comb_sig`: one u64 per (host, channel) chunk) are round
+//     BITMASKS: a chunk's records are published in rounds of `round_size()` records (at most 64
+//     rounds), each with NVSHMEM_SIGNAL_ADD of its own bit(s) (or a release add on the
+//     producer's own memory), as soon as they are written; a consumer waits for the bit of the
+//     round it reads. Packing, the inter-host put and the NVLink pull overlap, and nothing
+//     assumes that separate puts are delivered in order (each signal covers only its own data,
+//     bits are disjoint so the adds commute). Each rank zeroes its own data signals at the start
+//     of every call, before it tells the others it arrived at the call's barrier: nobody adds for
+//     this call before that, and every add of the previous call was waited for (hence landed);
 //   * a producer makes its data visible with `__threadfence_system()` by every writing thread,
-//     `__syncthreads()`, then one release store (own memory) or an NVSHMEM put-with-signal /
+//     `__syncthreads()`, then one release operation (own memory) or an NVSHMEM put-with-signal /
 //     signal op (NVSHMEM orders the signal after the data);
-//   * a consumer acquires the signal (`ld.acquire.sys`) in one thread, `__syncthreads()`, then
-//     reads the data with volatile (L1-bypassing) loads;
+//   * a consumer acquires the signal (`ld.acquire.sys`) in one thread, `__syncthreads()` /
+//     `__syncwarp()`, then reads the data with volatile (L1-bypassing) loads;
 //   * buffer reuse across calls is protected by the barrier at the start of notify / the barrier
 //     kernel: when a rank passes it, every rank has finished all kernels of the previous call.
 #include <nvshmem.h>
@@ -68,6 +77,32 @@ __device__ __forceinline__ bool wait_signal(const EpDiag& diag, const uint64_t* 
     return true;
 }
 
+// Wait (one thread) until bit `bit` of a round bitmask is set. Returns false on timeout/abort.
+__device__ __forceinline__ bool wait_bit(const EpDiag& diag, const uint64_t* sig, int bit, int phase, int channel,
+                                         int peer) {
+    EpWait w(diag);
+    while (((ld_acquire_sys_u64(sig) >> bit) & 1ull) == 0ull) {
+        if (!w.tick(phase, channel, peer, bit)) return false;
+    }
+    return true;
+}
+
+// Records per publication round: a chunk holds at most ceil(max_tokens / C) records, so at most
+// 64 rounds (one bit each). Host validation keeps it <= the 512 threads of a block.
+__device__ __forceinline__ int round_size(const InternodeArgs& a) {
+    return max(32, ceil_div(ceil_div(a.max_tokens, a.num_channels), 64));
+}
+
+// Bits [r0, r1) of a round bitmask.
+__device__ __forceinline__ uint64_t round_bits(int r0, int r1) {
+    const uint64_t hi = r1 >= 64 ? ~0ull : ((1ull << r1) - 1ull);
+    return hi & ~((1ull << r0) - 1ull);
+}
+
+__device__ __forceinline__ void red_add_release_sys_u64(uint64_t* p, uint64_t v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Channel c owns tokens [min(c*ceil(N/C), N), min((c+1)*ceil(N/C), N)).
 __device__ __forceinline__ void channel_range(int n, int C, int c, int& t0, int& t1) {
     const int per = ceil_div(n, C);
@@ -96,12 +131,17 @@ __device__ __forceinline__ uint8_t* region(uint8_t* base, const InternodeArgs& a
     return base + ((size_t)host * a.max_tokens + slot) * (size_t)a.rec_stride;
 }
 
-// Seq-tagged barrier over all ranks, executed by threads [0, world) of one block; on return every
-// rank has at least entered the same call (so it finished all kernels of the previous one).
-// Returns false (all threads) on timeout.
+// Seq-tagged barrier over all ranks, executed by one block; on return every rank has at least
+// entered the same call (so it finished all kernels of the previous one) and has zeroed its data
+// counters for this call. Returns false (all threads) on timeout.
 __device__ __forceinline__ bool all_rank_barrier(const InternodeArgs& a, const EpDiag& diag, int* s_fail) {
     const int tid = threadIdx.x;
     if (tid == 0) *s_fail = 0;
+    // This call's data counters start at 0 (see the ordering rules at the top).
+    for (int i = tid; i < a.num_hosts * a.num_channels; i += blockDim.x) {
+        a.disp_sig[i] = 0;
+        a.comb_sig[i] = 0;
+    }
     __threadfence_system();
     __syncthreads();
     for (int p = tid; p < a.world; p += blockDim.x)
@@ -352,75 +392,98 @@ internode_barrier(InternodeArgs a, EpDiag diag) {
 // =================================================================================================
 #define EP_INTERNODE_THREADS 512
 
-__device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const int c) {
+// Tokens a sender block packs between two publication checks.
+#define EP_INTERNODE_SEND_BATCH 32
+
+__device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const int c, int* s_pub, int* s_end) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    const int NH = a.num_hosts, K = a.topk, S = a.num_scales;
+    const int NH = a.num_hosts, K = a.topk, S = a.num_scales, C = a.num_channels;
+    const int RS = round_size(a);
     const RecLayout L(a);
     int t0, t1;
-    channel_range(a.num_tokens, a.num_channels, c, t0, t1);
-
-    for (int t = t0 + warp; t < t1; t += nw) {
-        // Lane h < NH describes destination host h: its slot, local mask and record address.
-        const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
-        const uint32_t lm_l = lane < NH ? a.send_lmask[(size_t)t * NH + lane] : 0u;
-        uint8_t* rec_l = slot_l >= 0 ? region(lane == a.my_host ? a.rdma_recv : a.rdma_send, a, lane, slot_l)
-                                     : nullptr;
-        const uint32_t dests = __ballot_sync(FULL_MASK, slot_l >= 0);
-        if (dests == 0) continue;
-        // Metadata (the loop over `dests` is warp-uniform, so full-mask shuffles are safe).
-        for (uint32_t m = dests; m; m &= m - 1) {
-            const int h = __ffs(m) - 1;
-            const uint32_t lm = __shfl_sync(FULL_MASK, lm_l, h);
-            uint8_t* rec = reinterpret_cast<uint8_t*>(
-                __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
-            if (lane == 0) {
-                reinterpret_cast<int32_t*>(rec)[0] = t;
-                reinterpret_cast<uint32_t*>(rec)[1] = lm;
-            }
-            for (int k = lane; k < K; k += 32) {
-                reinterpret_cast<int32_t*>(rec + L.idx_off)[k] = (int32_t)a.topk_idx[(size_t)t * K + k];
-                reinterpret_cast<float*>(rec + L.w_off)[k] =
-                    a.topk_weights ? a.topk_weights[(size_t)t * K + k] : 0.0f;
-            }
-            for (int i = lane; i < S; i += 32)
-                reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
-        }
-        // Payload, once per destination host (the loop over `dests` is warp-uniform).
-        const uint8_t* src = a.x + (size_t)t * L.row_bytes;
-        for (uint32_t m = dests; m; m &= m - 1) {
-            uint8_t* rec = reinterpret_cast<uint8_t*>(
-                __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), __ffs(m) - 1));
-            warp_copy<false>(rec + L.data_off, src, L.row_bytes, lane);
-        }
-    }
-
-    // Publish: remote hosts through NVSHMEM put-with-signal, own host with a release store.
-    __threadfence_system();
+    channel_range(a.num_tokens, C, c, t0, t1);
+    // Per destination host, relative to the chunk start: records written / published.
+    if (tid < NH) s_pub[tid] = s_end[tid] = 0;
     __syncthreads();
-    const int C = a.num_channels;
-    for (int h = 0; h < NH; ++h) {
-        if (h == a.my_host) continue;
-        const int off = a.send_off[h * (C + 1) + c];
-        const int n = a.send_off[h * (C + 1) + c + 1] - off;
-        const int pe = h * a.ranks_per_host + a.my_local;
-        uint64_t* sig = a.disp_sig + a.my_host * C + c;
-        if (n > 0) {
-            nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off),
-                                             region(a.rdma_send, a, h, off), (size_t)n * a.rec_stride,
-                                             sig, a.seq, NVSHMEM_SIGNAL_SET, pe);
-        } else if (tid == 0) {
-            nvshmemx_signal_op(sig, a.seq, NVSHMEM_SIGNAL_SET, pe);
+
+    for (int b0 = t0; b0 < t1; b0 += EP_INTERNODE_SEND_BATCH) {
+        const int b1 = min(b0 + EP_INTERNODE_SEND_BATCH, t1);
+        for (int t = b0 + warp; t < b1; t += nw) {
+            // Lane h < NH describes destination host h: its slot, local mask and record address.
+            const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
+            const uint32_t lm_l = lane < NH ? a.send_lmask[(size_t)t * NH + lane] : 0u;
+            uint8_t* rec_l =
+                slot_l >= 0 ? region(lane == a.my_host ? a.rdma_recv : a.rdma_send, a, lane, slot_l) : nullptr;
+            const uint32_t dests = __ballot_sync(FULL_MASK, slot_l >= 0);
+            if (dests == 0) continue;
+            // Metadata (the loop over `dests` is warp-uniform, so full-mask shuffles are safe).
+            for (uint32_t m = dests; m; m &= m - 1) {
+                const int h = __ffs(m) - 1;
+                const uint32_t lm = __shfl_sync(FULL_MASK, lm_l, h);
+                uint8_t* rec = reinterpret_cast<uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h));
+                if (lane == 0) {
+                    reinterpret_cast<int32_t*>(rec)[0] = t;
+                    reinterpret_cast<uint32_t*>(rec)[1] = lm;
+                }
+                for (int k = lane; k < K; k += 32) {
+                    reinterpret_cast<int32_t*>(rec + L.idx_off)[k] = (int32_t)a.topk_idx[(size_t)t * K + k];
+                    reinterpret_cast<float*>(rec + L.w_off)[k] =
+                        a.topk_weights ? a.topk_weights[(size_t)t * K + k] : 0.0f;
+                }
+                for (int i = lane; i < S; i += 32)
+                    reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
+            }
+            // Payload, once per destination host.
+            const uint8_t* src = a.x + (size_t)t * L.row_bytes;
+            for (uint32_t m = dests; m; m &= m - 1) {
+                uint8_t* rec = reinterpret_cast<uint8_t*>(
+                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), __ffs(m) - 1));
+                warp_copy<false>(rec + L.data_off, src, L.row_bytes, lane);
+            }
         }
+        // Records written for host h so far: one past the last slot a token up to b1 has there.
+        if (tid < NH) {
+            for (int t = b1 - 1; t >= b0; --t) {
+                const int sl = a.send_slot[(size_t)t * NH + tid];
+                if (sl >= 0) {
+                    s_end[tid] = sl + 1 - a.send_off[tid * (C + 1) + c];
+                    break;
+                }
+            }
+        }
+        // Publish every complete round (all remaining records after the last batch): remote hosts
+        // through NVSHMEM put + round bits, own host with a release add on the own bitmask
+        // (local peers pull from it over NVLink).
+        __threadfence_system();
+        __syncthreads();
+        const bool last = b1 == t1;
+        for (int h = 0; h < NH; ++h) {
+            const int pub = s_pub[h], end = s_end[h];
+            const int hi = last ? end : end / RS * RS;
+            if (hi <= pub) continue;
+            const uint64_t bits = round_bits(pub / RS, ceil_div(hi, RS));
+            const int off = a.send_off[h * (C + 1) + c] + pub;
+            uint64_t* sig = a.disp_sig + a.my_host * C + c;
+            if (h == a.my_host) {
+                if (tid == 0) red_add_release_sys_u64(sig, bits);
+            } else {
+                nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off), region(a.rdma_send, a, h, off),
+                                                 (size_t)(hi - pub) * a.rec_stride, sig, bits, NVSHMEM_SIGNAL_ADD,
+                                                 h * a.ranks_per_host + a.my_local);
+            }
+        }
+        __syncthreads();
+        if (tid < NH) s_pub[tid] = last ? s_end[tid] : max(s_pub[tid], s_end[tid] / RS * RS);
     }
-    if (tid == 0) st_release_sys_u64(a.disp_sig + a.my_host * C + c, a.seq);
-    // Complete every put/signal of this call before the kernel ends: a zero-count signal nobody
-    // waits for must not land after (and overwrite) the same signal of the next call.
+    // Complete every put of this call before the kernel ends (the staging region is reused by
+    // the next call; the barrier already guarantees it, this keeps the transport's queue short).
     __syncthreads();
     if (tid == 0) nvshmem_quiet();
 }
 
 __device__ __forceinline__ void dispatch_puller(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan,
-                                int* s_pos, int* s_fail) {
+                                                int* s_pos, int* s_fail) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int R = a.world, P = a.ranks_per_host, C = a.num_channels, K = a.topk, S = a.num_scales;
     const int L = a.num_experts / R;
@@ -449,15 +512,17 @@ __device__ __forceinline__ void dispatch_puller(const InternodeArgs& a, const Ep
                 return;
             }
         }
-        if (tid == 0 && !wait_signal(diag, sig, a.seq, EP_PHASE_INTERNODE_DISPATCH, c, s)) *s_fail = 1;
-        __syncthreads();
-        if (*s_fail) return;
-
         int run = 0;
-        for (int jb = 0; jb < n_rec; jb += blockDim.x) {
+        const int RS = round_size(a);
+        for (int jb = 0; jb < n_rec; jb += RS) {
+            // Round jb / RS of the chunk: wait for its bit, then take its records.
+            if (tid == 0 && !wait_bit(diag, sig, jb / RS, EP_PHASE_INTERNODE_DISPATCH, c, s)) *s_fail = 1;
+            __syncthreads();
+            if (*s_fail) return;
+            const int cnt_round = min(RS, n_rec - jb);
             const int j = jb + tid;
             uint32_t m = 0;
-            if (j < n_rec) {
+            if (tid < cnt_round) {
                 m = (uint32_t)ld_volatile(reinterpret_cast<const int*>(rbase + (size_t)j * a.rec_stride) + 1);
                 if (self_fwd) a.fwd_mask[(size_t)hs * a.max_tokens + roff + j] = (uint8_t)m;
             }
@@ -495,11 +560,13 @@ extern "C" __global__ void __launch_bounds__(EP_INTERNODE_THREADS, 1)
 internode_dispatch(InternodeArgs a, EpDiag diag) {
     __shared__ int s_scan[32];
     __shared__ int s_pos[EP_INTERNODE_THREADS];
+    __shared__ int s_pub[EP_INTERNODE_MAX_HOSTS];
+    __shared__ int s_end[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_fail;
     if (threadIdx.x == 0) s_fail = 0;
     __syncthreads();
     const int C = a.num_channels;
-    if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x);
+    if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x, s_pub, s_end);
     else dispatch_puller(a, diag, blockIdx.x - C, s_scan, s_pos, &s_fail);
 }
 
@@ -511,7 +578,6 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
                                   int* s_run, const uint8_t** s_peer_in, const float** s_peer_w) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
-    const int NT = blockDim.x;
     const int row_bytes = H * 2;
     const int doff = comb_data_off(a);
 
@@ -534,11 +600,14 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
         const int n = a.rdma_off[s * (C + 1) + c + 1] - off;
         const bool own = hs == a.my_host;
         uint8_t* dst = region(own ? a.rdma_recv : a.rdma_send, a, own ? a.my_host : hs, off);
+        uint64_t* sig = a.comb_sig + a.my_host * C + c;
         if (tid < P) s_run[tid] = a.fwd_base[(hs * C + c) * P + tid];
         __syncthreads();
-        for (int jb = 0; jb < n; jb += NT) {
+        const int RS = round_size(a);
+        for (int jb = 0; jb < n; jb += RS) {
+            const int cnt = min(RS, n - jb);
             const int j = jb + tid;
-            const uint32_t m = j < n ? a.fwd_mask[(size_t)hs * a.max_tokens + off + j] : 0u;
+            const uint32_t m = tid < cnt ? a.fwd_mask[(size_t)hs * a.max_tokens + off + j] : 0u;
             for (int ld = 0; ld < P; ++ld) {
                 const bool flag = (m >> ld) & 1u;
                 int total;
@@ -549,7 +618,6 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
                 // next scan's first __syncthreads orders this update before any later read
             }
             __syncthreads();
-            const int cnt = min(NT, n - jb);
             for (int i = warp; i < cnt; i += nw) {
                 const int* rows = s_rows + i * EP_INTERNODE_MAX_RANKS_PER_HOST;
                 uint8_t* rec = dst + (size_t)(jb + i) * a.rec_stride;
@@ -582,25 +650,26 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
                     }
                 }
             }
+            // Publish this round's partials to the origin: a counting put (remote host) or a
+            // release add on the own counter (the origin is this rank).
+            __threadfence_system();
+            __syncthreads();
+            const uint64_t bit = 1ull << (jb / RS);
+            if (own) {
+                if (tid == 0) red_add_release_sys_u64(sig, bit);
+            } else {
+                nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off + jb),
+                                                 dst + (size_t)jb * a.rec_stride, (size_t)cnt * a.rec_stride, sig,
+                                                 bit, NVSHMEM_SIGNAL_ADD, s);
+            }
             __syncthreads();
         }
-        __threadfence_system();
-        __syncthreads();
-        uint64_t* sig = a.comb_sig + a.my_host * C + c;
-        if (own) {
-            if (tid == 0) st_release_sys_u64(sig, a.seq);
-        } else if (n > 0) {
-            nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off), dst,
-                                             (size_t)n * a.rec_stride, sig, a.seq, NVSHMEM_SIGNAL_SET, s);
-        } else if (tid == 0) {
-            nvshmemx_signal_op(sig, a.seq, NVSHMEM_SIGNAL_SET, s);
-        }
-        __syncthreads();
     }
+    __syncthreads();
     if (tid == 0) nvshmem_quiet();  // see dispatch_sender
 }
 
-__device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_fail) {
+__device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const EpDiag& diag, const int c) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
     const int row_bytes = H * 2;
@@ -608,21 +677,22 @@ __device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const E
     int t0, t1;
     channel_range(a.num_tokens, C, c, t0, t1);
 
-    for (int h = tid; h < NH; h += blockDim.x) {
-        const int n = a.send_off[h * (C + 1) + c + 1] - a.send_off[h * (C + 1) + c];
-        if (n > 0 && !wait_signal(diag, a.comb_sig + h * C + c, a.seq, EP_PHASE_INTERNODE_COMBINE, c,
-                                  h * a.ranks_per_host + a.my_local))
-            *s_fail = 1;
-    }
-    __syncthreads();
-    if (*s_fail) return;
-
     const int nvec = row_bytes / 16;
     for (int t = t0 + warp; t < t1; t += nw) {
         // Lane h < NH: the partial of host h for token t (slot in region h), if any.
         const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
         const uint8_t* rec_l = slot_l >= 0 ? region(a.rdma_recv, a, lane, slot_l) : nullptr;
         const uint32_t hosts = __ballot_sync(FULL_MASK, slot_l >= 0);
+        // Lane h waits until host h's forwarder published the round holding this token's partial;
+        // then the warp syncs and reads.
+        bool ok = true;
+        if (slot_l >= 0) {
+            const int rel = slot_l - a.send_off[lane * (C + 1) + c];
+            ok = wait_bit(diag, a.comb_sig + lane * C + c, rel / round_size(a), EP_PHASE_INTERNODE_COMBINE, c,
+                          lane * a.ranks_per_host + a.my_local);
+        }
+        if (!__all_sync(FULL_MASK, ok)) return;
+        __syncwarp();
         const int4* b0 = a.comb_bias0 ? reinterpret_cast<const int4*>(a.comb_bias0 + (size_t)t * H) : nullptr;
         const int4* b1 = a.comb_bias1 ? reinterpret_cast<const int4*>(a.comb_bias1 + (size_t)t * H) : nullptr;
         int4* out = reinterpret_cast<int4*>(a.combined_x + (size_t)t * H);
@@ -669,10 +739,7 @@ internode_combine(InternodeArgs a, EpDiag diag) {
     __shared__ int s_run[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ const uint8_t* s_peer_in[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ const float* s_peer_w[EP_INTERNODE_MAX_RANKS_PER_HOST];
-    __shared__ int s_fail;
-    if (threadIdx.x == 0) s_fail = 0;
-    __syncthreads();
     const int C = a.num_channels;
     if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w);
-    else combine_receiver(a, diag, blockIdx.x - C, &s_fail);
+    else combine_receiver(a, diag, blockIdx.x - C);
 }

@@ -59,6 +59,7 @@ pub struct InternodeConfig {
     /// block and one puller (receiver) block. Even, 2..=64.
     pub num_sms: usize,
     /// Largest token count any rank dispatches (slots per source-host region).
+    /// At most `32768 · num_sms / 2`.
     pub max_tokens_per_rank: usize,
     /// Largest hidden size.
     pub hidden: usize,
@@ -140,6 +141,18 @@ impl InternodeConfig {
             return bad(format!(
                 "max_tokens_per_rank {} must be within 1..=16777216; set it to the largest token count any rank dispatches",
                 self.max_tokens_per_rank
+            ));
+        }
+        // Records of one (host, channel) chunk are published in at most 64 rounds of at most
+        // THREADS records (`round_size` in internode.cu).
+        let per_channel = self.max_tokens_per_rank.div_ceil(self.num_channels());
+        if per_channel > 64 * THREADS as usize {
+            return bad(format!(
+                "max_tokens_per_rank {} over {} channels gives {per_channel} tokens per channel, more than {}; raise num_sms to at least {}",
+                self.max_tokens_per_rank,
+                self.num_channels(),
+                64 * THREADS,
+                2 * self.max_tokens_per_rank.div_ceil(64 * THREADS as usize)
             ));
         }
         validate::hidden(self.hidden, 1)?;
