@@ -211,12 +211,7 @@ fn read_gpus(host: &Host) -> Vec<Gpu> {
 /// driver upgrade without reboot the two differ and CUDA fails with "driver/library version
 /// mismatch").
 fn check_cuda_library(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut Vec<Check>) {
-    let pseudo = DynInfo {
-        ident: native_ident(),
-        soname: None,
-        needed: vec![],
-        search_path: vec![],
-    };
+    let pseudo = DynInfo::bare(native_ident());
     let id = "cuda-library";
     match elf::resolve(host, "libcuda.so.1", Path::new("/"), &pseudo) {
         Resolution::Missing { skipped } => out.push(Check::fail(

@@ -96,6 +96,22 @@ pub struct DynInfo {
     pub needed: Vec<String>,
     /// `DT_RUNPATH` entries, or `DT_RPATH` when there is no RUNPATH.
     pub search_path: Vec<String>,
+    /// Whether `search_path` is a RUNPATH (searched after `LD_LIBRARY_PATH`) or an RPATH
+    /// (searched before it).
+    pub runpath: bool,
+}
+
+impl DynInfo {
+    /// A program without RPATH/RUNPATH: what a bare-name `dlopen` from our binaries searches.
+    pub fn bare(ident: ElfIdent) -> DynInfo {
+        DynInfo {
+            ident,
+            soname: None,
+            needed: Vec::new(),
+            search_path: Vec::new(),
+            runpath: false,
+        }
+    }
 }
 
 /// Parses the dynamic section of an ELF shared object.
@@ -122,12 +138,7 @@ fn parse_dyn_as<H: FileHeader<Endian = Endianness>>(
     let sections = header
         .sections(endian, data)
         .map_err(|e| format!("bad section table: {e}"))?;
-    let mut info = DynInfo {
-        ident,
-        soname: None,
-        needed: Vec::new(),
-        search_path: Vec::new(),
-    };
+    let mut info = DynInfo::bare(ident);
     let Some(section) = sections
         .iter()
         .find(|s| s.sh_type(endian) == elf::SHT_DYNAMIC)
@@ -166,6 +177,7 @@ fn parse_dyn_as<H: FileHeader<Endian = Endianness>>(
             _ => {}
         }
     }
+    info.runpath = !runpath.is_empty();
     info.search_path = if runpath.is_empty() { rpath } else { runpath };
     info.search_path.retain(|p| !p.is_empty());
     Ok(info)
@@ -185,7 +197,7 @@ pub enum Resolution {
 /// default directories — all below the host root. Only ELF files of `info.ident` count.
 pub fn resolve(host: &Host, name: &str, origin_dir: &Path, info: &DynInfo) -> Resolution {
     let mut skipped = Vec::new();
-    for dir in search_dirs(host, origin_dir, &info.search_path, info.ident) {
+    for dir in search_dirs(host, origin_dir, info) {
         let candidate = dir.join(name);
         match read_ident(host, &candidate) {
             Err(ReadError::Missing) => {}
@@ -220,34 +232,26 @@ pub fn read_ident(host: &Host, path: &Path) -> Result<Option<ElfIdent>, ReadErro
 }
 
 /// The loader's search order for one object, as host paths, without duplicates.
-pub fn search_dirs(
-    host: &Host,
-    origin_dir: &Path,
-    own_path: &[String],
-    ident: ElfIdent,
-) -> Vec<PathBuf> {
+pub fn search_dirs(host: &Host, origin_dir: &Path, info: &DynInfo) -> Vec<PathBuf> {
+    let origin = origin_dir.to_string_lossy();
+    let own: Vec<PathBuf> = info
+        .search_path
+        .iter()
+        .map(|e| e.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin))
+        .filter(|e| e.starts_with('/'))
+        .map(PathBuf::from)
+        .collect();
+    let env = ld_library_path(host);
+    // RPATH is searched before LD_LIBRARY_PATH, RUNPATH after it.
+    let (first, second) = if info.runpath { (env, own) } else { (own, env) };
     let mut dirs: Vec<PathBuf> = Vec::new();
-    let mut push = |p: PathBuf| {
-        if !dirs.contains(&p) {
-            dirs.push(p);
+    let rest = ld_so_conf_dirs(host)
+        .into_iter()
+        .chain(info.ident.default_dirs().iter().map(PathBuf::from));
+    for dir in first.into_iter().chain(second).chain(rest) {
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
         }
-    };
-    for entry in own_path {
-        let expanded = entry
-            .replace("${ORIGIN}", &origin_dir.to_string_lossy())
-            .replace("$ORIGIN", &origin_dir.to_string_lossy());
-        if expanded.starts_with('/') {
-            push(PathBuf::from(expanded));
-        }
-    }
-    for dir in ld_library_path(host) {
-        push(dir);
-    }
-    for dir in ld_so_conf_dirs(host) {
-        push(dir);
-    }
-    for dir in ident.default_dirs() {
-        push(PathBuf::from(dir));
     }
     dirs
 }
@@ -320,6 +324,47 @@ fn expand_conf_glob(host: &Host, pattern: &str) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doctor::host::NoTools;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn rpath_before_and_runpath_after_ld_library_path() {
+        let env = BTreeMap::from([(
+            "LD_LIBRARY_PATH".to_string(),
+            "/env/lib:relative/lib".to_string(),
+        )]);
+        let tools = NoTools(String::new());
+        let empty = tempfile::tempdir().unwrap();
+        let host = Host::new(empty.path(), &env, &tools);
+        let ident = ElfIdent {
+            is_64: true,
+            little_endian: true,
+            machine: elf::EM_X86_64,
+        };
+        let mut info = DynInfo::bare(ident);
+        info.search_path = vec![
+            "${ORIGIN}".into(),
+            "$ORIGIN/../lib64".into(),
+            "/opt/x".into(),
+        ];
+        let dirs = search_dirs(&host, Path::new("/pkg/lib"), &info);
+        let head: Vec<&str> = dirs.iter().take(5).map(|d| d.to_str().unwrap()).collect();
+        assert_eq!(
+            head,
+            [
+                "/pkg/lib",
+                "/pkg/lib/../lib64",
+                "/opt/x",
+                "/env/lib",
+                "/lib/x86_64-linux-gnu"
+            ]
+        );
+        info.runpath = true;
+        let dirs = search_dirs(&host, Path::new("/pkg/lib"), &info);
+        assert_eq!(dirs[0], Path::new("/env/lib"));
+        assert_eq!(dirs[1], Path::new("/pkg/lib"));
+        assert!(dirs.contains(&PathBuf::from("/run/opengl-driver/lib")));
+    }
 
     #[test]
     fn ident_rejects_non_elf_and_reads_machine() {

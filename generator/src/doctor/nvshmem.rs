@@ -175,12 +175,7 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
             (PathBuf::from(e), "NVSHMEM_DIR".to_string())
         }
         (None, None) => {
-            let pseudo = DynInfo {
-                ident: native_ident(),
-                soname: None,
-                needed: vec![],
-                search_path: vec![],
-            };
+            let pseudo = DynInfo::bare(native_ident());
             return match elf::resolve(host, HOST_LIB, Path::new("/"), &pseudo) {
                 Resolution::Found(p) => {
                     let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -576,12 +571,7 @@ fn kernels(host: &Host, settings: &Settings, host_version: Option<Version>, out:
 /// else the loader's pick by bare name. Both must be the library checked above.
 fn loader(host: &Host, checked: &Path, checked_version: Option<Version>, out: &mut Vec<Check>) {
     let id = "nvshmem.loader";
-    let pseudo = DynInfo {
-        ident: native_ident(),
-        soname: None,
-        needed: vec![],
-        search_path: vec![],
-    };
+    let pseudo = DynInfo::bare(native_ident());
     let bare = match elf::resolve(host, HOST_LIB, Path::new("/"), &pseudo) {
         Resolution::Found(p) => Some(p),
         Resolution::Missing { .. } => None,

@@ -221,15 +221,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
     // included); without a host library, search like a program without RUNPATH.
     let (from, origin) = match (&nvshmem.host_dyn, &nvshmem.lib_dir) {
         (Some(d), Some(dir)) => (d.clone(), dir.clone()),
-        _ => (
-            DynInfo {
-                ident: native_ident(),
-                soname: None,
-                needed: Vec::new(),
-                search_path: Vec::new(),
-            },
-            PathBuf::from("/"),
-        ),
+        _ => (DynInfo::bare(native_ident()), PathBuf::from("/")),
     };
     let lib = elf::resolve(host, "libgdrapi.so.2", &origin, &from);
 
