@@ -2,8 +2,8 @@
 //! generates `$OUT_DIR/cubins.rs`, the table that `src/cubins.rs` embeds.
 //!
 //! - `cuda/*.cu`          -> plain cubins:   `nvcc -cubin`
-//! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`, then
-//!                           `nvlink ... -L$NVSHMEM_DIR/lib -lnvshmem_device`
+//! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`,
+//!   then `nvlink ... -L$NVSHMEM_DIR/lib -lnvshmem_device`
 //!
 //! Toolkit: `CUDA_HOME` (env), else `<workspace>/.toolchain/nvidia/cu13` (installed by
 //! `scripts/install-toolchain.sh`), else `/usr/local/cuda`.
@@ -330,7 +330,7 @@ fn parse_ptxas(log: &str) -> BTreeMap<String, Res> {
     let mut cur: Option<String> = None;
     let num_before = |l: &str, key: &str| -> Option<u32> {
         let i = l.find(key)?;
-        l[..i].split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).last()?.parse().ok()
+        l[..i].split(|c: char| !c.is_ascii_digit()).rfind(|s| !s.is_empty())?.parse().ok()
     };
     for line in log.lines() {
         let l = line.trim();

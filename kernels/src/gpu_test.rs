@@ -381,8 +381,8 @@ fn selftest_cases() -> Vec<Case> {
             let send_counts: Vec<usize> = (0..w).map(|r| count(me, r)).collect();
             let recv_counts: Vec<usize> = (0..w).map(|s| count(s, me)).collect();
             let mut send = Vec::new();
-            for r in 0..w {
-                send.extend((0..send_counts[r] / 4).map(|i| selftest_pattern(c.seed as u32, (me * 64 + r) as u32, i as u64)));
+            for (r, &bytes) in send_counts.iter().enumerate() {
+                send.extend((0..bytes / 4).map(|i| selftest_pattern(c.seed as u32, (me * 64 + r) as u32, i as u64)));
             }
             let sbuf = DeviceBuffer::from_slice(c.gpu, &send)?;
             let total: usize = recv_counts.iter().sum();
@@ -392,8 +392,8 @@ fn selftest_cases() -> Vec<Case> {
             c.gpu.sync("NCCL all-to-all")?;
             let got = rbuf.download::<u32>(c.gpu, total / 4)?;
             let mut off = 0;
-            for s in 0..w {
-                let n = recv_counts[s] / 4;
+            for (s, &bytes) in recv_counts.iter().enumerate() {
+                let n = bytes / 4;
                 if let Some((i, g, want)) = first_mismatch(&got[off..off + n], |i| selftest_pattern(c.seed as u32, (s * 64 + me) as u32, i as u64)) {
                     anyhow::bail!("bytes from rank {s}: word {i} is {g:#x}, expected {want:#x}");
                 }

@@ -378,6 +378,7 @@ impl Comm {
         EpError::Rendezvous(format!("rank {}: {} #{seq} abandoned: {why}", self.env.rank, op.name()))
     }
 
+    #[allow(clippy::needless_range_loop)] // `r` is a rank indexing several per-rank tables
     fn hub(&self, links: &mut Links, op: Op, seq: u64, root: usize, data: &[u8], deadline: Instant) -> Result<Vec<Vec<u8>>> {
         let world = self.env.world;
         if op != Op::EndUnit {

@@ -186,11 +186,15 @@ impl Gpu {
     /// `EpDiag` last). Argument count and sizes are checked against the kernel's parameters.
     pub fn launch(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args) -> Result<()> {
         args.push(self.diag());
-        self.launch_on(k, cfg, args, self.cu_stream())
+        self.launch_raw(k, cfg, args, self.cu_stream())
     }
 
-    /// [`Gpu::launch`] on another stream (of this GPU), with `args` used as given (no diag appended).
-    pub fn launch_on(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args, stream: sys::CUstream) -> Result<()> {
+    /// [`Gpu::launch`] on another stream of this GPU, with `args` used as given (no diag appended).
+    pub fn launch_on(&self, k: &Kernel, cfg: &LaunchCfg, args: Args, stream: &CudaStream) -> Result<()> {
+        self.launch_raw(k, cfg, args, stream.cu_stream())
+    }
+
+    fn launch_raw(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args, stream: sys::CUstream) -> Result<()> {
         self.bind()?;
         k.check_args(&args)?;
         cfg.validate(self, k)?;
@@ -237,11 +241,15 @@ impl Gpu {
     /// rank, phase and channel (the record is cleared so later work can run); no completion within
     /// the host bound without a record becomes [`EpError::HostTimeout`] naming `what`.
     pub fn sync(&self, what: &str) -> Result<()> {
-        self.sync_stream(self.cu_stream(), what)
+        self.sync_raw(self.cu_stream(), what)
     }
 
     /// [`Gpu::sync`] for another stream of this GPU.
-    pub fn sync_stream(&self, stream: sys::CUstream, what: &str) -> Result<()> {
+    pub fn sync_stream(&self, stream: &CudaStream, what: &str) -> Result<()> {
+        self.sync_raw(stream.cu_stream(), what)
+    }
+
+    fn sync_raw(&self, stream: sys::CUstream, what: &str) -> Result<()> {
         self.bind()?;
         // SAFETY: event and stream belong to this context.
         check(unsafe { sys::cuEventRecord(self.done, stream) }, || format!("rank {}: cuEventRecord ({what})", self.rank))?;
