@@ -24,7 +24,7 @@ use crate::error::{EpError, Result};
 use crate::reference::random;
 use crate::runtime::nccl::Nccl;
 use crate::runtime::timing::{time_op, L2Flush, Stats, TimingOpts};
-use crate::runtime::{Comm, DeviceBuffer, Gpu};
+use crate::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
 use std::collections::HashMap;
 
 /// One benchmark shape (per rank: `tokens` tokens of `hidden` channels, top-`topk` of `experts`).
@@ -202,6 +202,9 @@ pub struct BenchCtx<'a> {
     nccl_error: Option<String>,
     /// NCCL results per (send, recv) byte counts, so repeated layouts are measured once.
     nccl_cache: HashMap<(Vec<usize>, Vec<usize>), (f64, f64)>,
+    /// Median time of an empty kernel measured the same way (slowest rank): the floor that
+    /// event timing adds to every figure (DeepEP's profiler-based kernel times do not have it).
+    pub floor_us: f64,
 }
 
 impl<'a> BenchCtx<'a> {
@@ -216,7 +219,11 @@ impl<'a> BenchCtx<'a> {
         // All ranks must agree on whether NCCL is there (the baseline is collective).
         let ok = comm.all_gather(&[nccl.is_some() as u8])?.iter().all(|v| v[0] == 1);
         let (nccl, nccl_error) = if ok { (nccl, None) } else { (None, nccl_error.or(Some("NCCL failed on another rank".into()))) };
-        Ok(BenchCtx { comm, gpu, opts, flush, nccl, nccl_error, nccl_cache: HashMap::new() })
+        let empty = gpu.kernel("selftest", "ep_selftest_spin")?;
+        let floor = time_op(gpu, comm, opts.timing, Some(&flush), || gpu.launch(&empty, &LaunchCfg::new(1, 32), crate::args![0u64]))?
+            .gather(comm)?;
+        let floor_us = floor.iter().map(|s| s.median_us).fold(0.0, f64::max);
+        Ok(BenchCtx { comm, gpu, opts, flush, nccl, nccl_error, nccl_cache: HashMap::new(), floor_us })
     }
 
     /// Why the NCCL baseline is missing, if it is.

@@ -156,6 +156,9 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     if let (0, Some(e)) = (me, ctx.nccl_error()) {
         println!("NCCL baseline unavailable: {e}");
     }
+    if me == 0 {
+        println!("timing floor: an empty kernel measures {:.1} us the same way (included in every 'us' below)", ctx.floor_us);
+    }
     let modes: Vec<Mode> = if cli.mode == Mode::All { vec![Mode::Intranode, Mode::LowLatency, Mode::Internode, Mode::Nccl] } else { vec![cli.mode] };
     let mut rows = Vec::new();
     let mut errors = Vec::new();
@@ -185,6 +188,8 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
             }
         }
     }
+    let ctx_floor_us = ctx.floor_us;
+    drop(ctx);
     if me == 0 {
         print!("{}", bench::format_table(&rows));
         if let Some(path) = &cli.json {
@@ -196,6 +201,7 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
                 "seed": cli.seed,
                 "warmup": timing.warmup,
                 "reps": timing.reps,
+                "timing_floor_us": ctx_floor_us,
                 "rows": rows,
                 "errors": errors,
             });
@@ -205,7 +211,6 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
             println!("wrote {}", path.display());
         }
     }
-    drop(ctx);
     comm.barrier()?;
     // NVSHMEM (low-latency / internode) tears down once every buffer is gone.
     deepep_kernels::nvshmem::finalize();
