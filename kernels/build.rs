@@ -66,6 +66,13 @@ fn main() {
     let cuda_home = find_cuda_home(&workspace);
     let nvcc = cuda_home.join("bin/nvcc");
     let nvcc_version = nvcc_version(&nvcc, &cuda_home);
+    if !nvcc_version.starts_with("13.0.") {
+        println!(
+            "cargo:warning=nvcc {nvcc_version} from {}: the pinned toolchain is CUDA 13.0 (scripts/install-toolchain.sh); \
+             cubins from a newer nvcc may not load on a CUDA 13.0 driver (580)",
+            cuda_home.display()
+        );
+    }
     let nvshmem = find_nvshmem(&workspace);
     let nvshmem_version = nvshmem.as_ref().map(|d| nvshmem_version(d));
 

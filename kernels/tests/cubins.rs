@@ -42,7 +42,8 @@ fn every_source_has_a_cubin() {
 #[test]
 fn cubins_are_cuda_elf_for_sm90a() {
     assert_eq!(cubins::ARCH, "sm_90a");
-    assert!(cubins::NVCC_VERSION.starts_with("13.0."), "pinned nvcc is 13.0.x, got {}", cubins::NVCC_VERSION);
+    let v: Vec<u32> = cubins::NVCC_VERSION.split('.').map(|x| x.parse().unwrap()).collect();
+    assert!(v.len() == 3 && v[0] >= 12, "nvcc version {} (sm_90a needs CUDA >= 12)", cubins::NVCC_VERSION);
     for c in cubins::CUBINS {
         assert_eq!(elf::machine(c.bytes).unwrap(), elf::EM_CUDA, "{}", c.name);
     }
