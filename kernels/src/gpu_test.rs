@@ -84,6 +84,8 @@ pub struct RunOpts {
     pub seed: u64,
     pub filter: Option<String>,
     pub repeat: usize,
+    /// Host bound of one case; `None`: `DEEPEP_CASE_TIMEOUT_S` or [`DEFAULT_CASE_TIMEOUT`].
+    pub case_timeout: Option<Duration>,
 }
 
 /// Totals of a run (identical on every rank).
@@ -129,11 +131,62 @@ impl Verdict {
     }
 }
 
+/// Default bound of one case on the host (`DEEPEP_CASE_TIMEOUT_S` overrides).
+pub const DEFAULT_CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the watchdog knows about the run.
+struct Progress {
+    case: Option<(String, Instant)>,
+    passed: usize,
+    failed: usize,
+    /// Case runs not started yet (excluding the current one).
+    remaining: usize,
+}
+
+/// Exit code of a rank whose case exceeded the host bound.
+pub const EXIT_CASE_HUNG: i32 = 5;
+
+/// A thread that ends the process when one case runs longer than `limit` on the host (a hang
+/// that no GPU-side timeout catches, e.g. a host-side NVSHMEM barrier nobody else reaches). It
+/// names the case and, on rank 0, still emits the final `N passed, M failed` line (the hung case
+/// and the ones not run count as failed).
+fn spawn_watchdog(rank: usize, limit: Duration, progress: std::sync::Arc<std::sync::Mutex<Progress>>) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let p = progress.lock().unwrap();
+        if let Some((name, since)) = &p.case {
+            if since.elapsed() > limit {
+                eprintln!(
+                    "rank {rank}: case {name} still running after {:.0} s (DEEPEP_CASE_TIMEOUT_S); it hangs on the host, stopping",
+                    limit.as_secs_f64()
+                );
+                if rank == 0 {
+                    println!("FAIL {name}: hung for more than {:.0} s on the host", limit.as_secs_f64());
+                    let t = Totals { passed: p.passed, failed: p.failed + 1 + p.remaining, skipped: 0 };
+                    crate::runtime::launcher::final_line(0, &t.summary());
+                }
+                std::process::exit(EXIT_CASE_HUNG);
+            }
+        }
+    });
+}
+
 /// Run `cases` (filtered) `opts.repeat` times each. Collective. Rank 0 prints the per-case lines.
 pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crate::Result<Totals> {
     let mut t = Totals::default();
     let selected: Vec<&Case> = cases.iter().filter(|c| opts.filter.as_deref().map_or(true, |f| c.name.contains(f))).collect();
     let me = comm.rank();
+    let limit = match opts.case_timeout {
+        Some(d) => d,
+        None => crate::runtime::env_num::<f64>("DEEPEP_CASE_TIMEOUT_S")?.map(Duration::from_secs_f64).unwrap_or(DEFAULT_CASE_TIMEOUT),
+    };
+    let progress = std::sync::Arc::new(std::sync::Mutex::new(Progress {
+        case: None,
+        passed: 0,
+        failed: 0,
+        remaining: selected.len() * opts.repeat.max(1),
+    }));
+    spawn_watchdog(me, limit, progress.clone());
     let say = |s: String| {
         if me == 0 {
             println!("{s}");
@@ -146,16 +199,24 @@ pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crat
             if comm.world() < c.min_world {
                 say(format!("skip {label} (needs {} ranks)", c.min_world));
                 t.skipped += 1;
+                progress.lock().unwrap().remaining -= 1;
                 continue;
             }
             if dead {
                 say(format!("FAIL {label}: not run (a rank's GPU context failed earlier)"));
                 t.failed += 1;
+                progress.lock().unwrap().remaining -= 1;
                 continue;
             }
             gpu.clear_error();
             let ctx = Ctx { comm, gpu, seed: case_seed(opts.seed, &c.name, it), iteration: it };
             let start = Instant::now();
+            {
+                let mut p = progress.lock().unwrap();
+                p.case = Some((label.clone(), start));
+                p.remaining = p.remaining.saturating_sub(1);
+                (p.passed, p.failed) = (t.passed, t.failed);
+            }
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| (c.run)(&ctx)));
             let mut v = match r {
                 Ok(Ok(())) => Verdict { ok: true, fatal: false, msg: String::new() },
@@ -194,6 +255,7 @@ pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crat
                 say(format!("FAIL {label} ({ms:.1} ms, seed {}): {}", opts.seed, why.join(" | ")));
             }
             dead |= all.iter().any(|v| v.fatal);
+            progress.lock().unwrap().case = None;
         }
     }
     Ok(t)

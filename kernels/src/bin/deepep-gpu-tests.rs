@@ -43,6 +43,10 @@ struct Cli {
     /// Testing the launcher: this rank sleeps forever right after the rendezvous.
     #[arg(long, hide = true)]
     selftest_hang_rank: Option<usize>,
+    /// Bound of one test case on the host in seconds (default 120, or DEEPEP_CASE_TIMEOUT_S):
+    /// a case that hangs longer ends the run naming it.
+    #[arg(long)]
+    case_timeout_s: Option<f64>,
     /// Testing the rendezvous without a GPU: all-gather the ranks and print them.
     #[arg(long, hide = true)]
     selftest_comm: bool,
@@ -114,7 +118,12 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
         println!("{} ranks, GPU 0: {} ({} SMs); seed {seed} (rerun with --seed {seed})", comm.world(), gpu.name(), gpu.sm_count());
     }
     let cases = all_cases();
-    let totals = run_cases(&comm, &gpu, &cases, &RunOpts { seed, filter: cli.filter.clone(), repeat: cli.repeat })?;
+    let totals = run_cases(&comm, &gpu, &cases, &RunOpts {
+        seed,
+        filter: cli.filter.clone(),
+        repeat: cli.repeat,
+        case_timeout: cli.case_timeout_s.map(std::time::Duration::from_secs_f64),
+    })?;
     comm.barrier()?;
     drop(cases);
     deepep_kernels::nvshmem::finalize();
