@@ -46,6 +46,8 @@ struct Spec {
     num_sms: usize,
     /// false: every GPU is its own host (`ranks_per_host = 1`); true: one host of all ranks.
     one_host: bool,
+    /// Every rank dispatches exactly `max_tokens` (instead of ragged counts incl. 0 and 1).
+    full: bool,
     reps: usize,
 }
 
@@ -62,6 +64,7 @@ const BASE: Spec = Spec {
     alignment: 1,
     num_sms: 24,
     one_host: false,
+    full: false,
     reps: 3,
 };
 
@@ -218,7 +221,11 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     } else {
         1
     };
-    let tokens = random::token_counts(ctx.seed, world, spec.max_tokens);
+    let tokens = if spec.full {
+        vec![spec.max_tokens; world]
+    } else {
+        random::token_counts(ctx.seed, world, spec.max_tokens)
+    };
     let ispec = random::InputSpec {
         num_tokens: 0,
         hidden: h,

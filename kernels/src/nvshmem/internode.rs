@@ -287,7 +287,8 @@ fn expect_2d(
     fix: &str,
 ) -> Result<usize> {
     let ok_dtype = dtypes.contains(&t.dtype);
-    let ok_shape = t.shape.len() == 2 && t.shape[0] == rows && cols.map_or(true, |c| t.shape[1] == c);
+    let ok_shape =
+        t.shape.len() == 2 && t.shape[0] == rows && cols.map_or(true, |c| t.shape[1] == c);
     if !ok_dtype || !ok_shape || !t.is_contiguous() {
         let want_dt: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
         let want_cols = cols.map_or("*".to_string(), |c| c.to_string());
@@ -653,13 +654,7 @@ impl<'g> InternodeBuffer<'g> {
             &LaunchCfg::new(1, NOTIFY_THREADS),
             crate::args![args],
         )?;
-        self.gpu.sync("internode notify")?;
-        if self.counters.get(0) != (seq & 0x7fff_ffff) as i32 {
-            return Err(EpError::Cuda {
-                context: format!("rank {}: internode notify", self.rank),
-                message: "the notify kernel finished without publishing its counts (no device error recorded); rerun with RUST_LOG=debug".into(),
-            });
-        }
+        self.wait_counts(seq)?;
         let m = self.counters.get(1) as usize;
         let l = num_experts / self.world;
         let per_expert: Vec<usize> = (0..l).map(|e| self.counters.get(2 + e) as usize).collect();
@@ -720,6 +715,38 @@ impl<'g> InternodeBuffer<'g> {
             handle: h.clone(),
             event,
         })
+    }
+
+    /// Spin on the host-mapped counters until notify published this call's counts (DeepEP's CPU
+    /// handoff: no stream sync, the dispatch launch follows at once; notify's intra-host stage
+    /// may still run, the dispatch kernel is ordered after it on the stream). A device-side error
+    /// or the host timeout ends the wait with the error of a full stream sync.
+    fn wait_counts(&self, seq: u64) -> Result<()> {
+        let want = (seq & 0x7fff_ffff) as i32;
+        let start = std::time::Instant::now();
+        let limit = self.gpu.host_timeout();
+        let mut spins = 0u32;
+        while self.counters.get(0) != want {
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if self.gpu.error_record().code != crate::error::ERR_NONE || start.elapsed() > limit
+                {
+                    self.gpu.sync("internode notify")?;
+                    if self.counters.get(0) == want {
+                        break;
+                    }
+                    return Err(EpError::Cuda {
+                        context: format!("rank {}: internode notify", self.rank),
+                        message: "the notify kernel finished without publishing its counts (no device error recorded); rerun with RUST_LOG=debug".into(),
+                    });
+                }
+                if start.elapsed() > std::time::Duration::from_millis(1) {
+                    std::thread::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 
     #[allow(clippy::type_complexity)]
