@@ -790,7 +790,10 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                              j % G, j / G)) {
                 s_fail = 1;
             }
-            if (j % G == 0) ntok[j / G] = static_cast<int>(n);
+            if (j % G == 0) {
+                ntok[j / G] = static_cast<int>(n);
+                if (b == 0) reinterpret_cast<int*>(a.buf + a.off_ntok)[j / G] = static_cast<int>(n);
+            }
         }
         __syncthreads();
         if (s_fail) return;
@@ -871,6 +874,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                     reinterpret_cast<int*>(a.buf + a.off_src_info)[idx] = t;
                     reinterpret_cast<int*>(a.buf + a.off_src_k)[idx] = k;
                     if (s == me) reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
+                    reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = slot;
                 }
                 if (a.use_fp8) {
                     const float* sc = reinterpret_cast<const float*>(entry + 2 * static_cast<uint64_t>(H));
@@ -888,6 +892,196 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                     }
                 }
             }
+        }
+    }
+}
+
+// ---- combine v2 (see low_latency.cuh) ----------------------------------------------------------
+template <bool kPut>
+__device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const EpDiag& diag) {
+    __shared__ int s_fail;
+    __shared__ int s_ntok[32];
+    const int b = blockIdx.x, G = gridDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
+    const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
+    const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
+                                                    : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
+    if (tid == 0) s_fail = 0;
+    __syncthreads();
+    const uint8_t* y = static_cast<const uint8_t*>(a.y);
+    const int nseg = (H + LL_REDUCE_SEG - 1) / LL_REDUCE_SEG;
+
+    if (a.phases & LL_PHASE_SEND) {
+        // Origin role: ship our weights to every other rank, then flag (payload N).
+        if (b == 0) {
+            for (int i = tid; i < N * K; i += LL_THREADS) {
+                const int t = i / K, k = i % K;
+                const float w = a.topk_weights[i];
+                const uint64_t off = a.off_wts + ((static_cast<uint64_t>(me) * NM + t) * LL_MAX_TOPK + k) * 4;
+                for (int r = 0; r < R; ++r) {
+                    if (r == me) continue;
+                    if (!kPut || a.peer_base[r] != 0) *reinterpret_cast<float*>(a.peer_base[r] + off) = w;
+                    else nvshmem_float_p(reinterpret_cast<float*>(a.buf + off), w, r);
+                }
+            }
+            if (kPut) ll_nvshmem_quiet();
+            __threadfence_system();
+            __syncthreads();
+            for (int r = tid; r < R; r += LL_THREADS)
+                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_wts_flag + static_cast<uint64_t>(me) * 8,
+                                             ll_tag(seq, static_cast<uint32_t>(N)));
+        }
+        // Owner role: wait for every origin's weights (it has also started this call, so its
+        // partial buffer is free).
+        const int* ntok_d = reinterpret_cast<const int*>(a.buf + a.off_ntok);
+        for (int r = tid; r < R; r += LL_THREADS) {
+            uint32_t n = 0;
+            if (r != me && !ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(r) * 8, seq, &n, diag,
+                                        EP_PHASE_LL_COMBINE_SEND, b, r))
+                s_fail = 1;
+            if (r < 32) s_ntok[r] = (r == me) ? 0 : min(ntok_d[r], NM);
+        }
+        __syncthreads();
+        const uint8_t* stage_base = a.buf + a.off_tok_stage;
+        const int* tok_slot = reinterpret_cast<const int*>(a.buf + a.off_tok_slot);
+        const float* wts = reinterpret_cast<const float*>(a.buf + a.off_wts);
+        uint8_t* wstage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
+        bool did_put = false;
+        int total = 0;
+        if (!s_fail)
+            for (int r = 0; r < R; ++r) total += s_ntok[r] * nseg;
+        for (int u = b * LL_WARPS + warp; u < total; u += G * LL_WARPS) {
+            int rest = u, s = 0;
+            for (;; ++s) {
+                const int n = s_ntok[s] * nseg;
+                if (rest < n) break;
+                rest -= n;
+            }
+            const int t = rest / nseg, c0 = (rest % nseg) * LL_REDUCE_SEG + lane * 8;
+            const int* tk = reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off);
+            int4 v[LL_MAX_TOPK];
+            float w[LL_MAX_TOPK];
+            int nlocal = 0;
+#pragma unroll
+            for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                w[k] = 0.f;
+                if (k >= K) continue;
+                const int e = __ldcg(tk + k);
+                if (e < 0 || e / L != me) continue;
+                ++nlocal;
+                w[k] = __ldcg(wts + (static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k);
+                const uint64_t row = static_cast<uint64_t>(e % L) * RNM + tok_slot[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k];
+                if (c0 < H) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+            }
+            if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
+            float acc[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[q] = 0.f;
+#pragma unroll
+            for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                if (w[k] == 0.f) continue;
+                float f[8];
+                bf16x8_to_f32(v[k], f);
+#pragma unroll
+                for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
+            }
+            const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + (rest % nseg) * LL_REDUCE_SEG) * 4;
+            const uint64_t peer = a.peer_base[s];
+            const bool direct = !kPut || peer != 0;
+            uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
+            if (c0 < H) {
+                const int4 p0 = make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3]));
+                const int4 p1 = make_int4(__float_as_int(acc[4]), __float_as_int(acc[5]), __float_as_int(acc[6]), __float_as_int(acc[7]));
+                st_na_v4(reinterpret_cast<int4*>(dst + lane * 32), p0);
+                st_na_v4(reinterpret_cast<int4*>(dst + lane * 32 + 16), p1);
+            }
+            if (!direct) {
+                __syncwarp();
+                ll_nvshmem_put_warp(a.buf + d_off, wstage, min(LL_REDUCE_SEG, H - (rest % nseg) * LL_REDUCE_SEG) * 4, s);
+                did_put = true;
+            }
+        }
+        if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
+        __threadfence_system();
+        __syncthreads();
+        for (int r = tid; r < R; r += LL_THREADS) {
+            if (r == me) continue;
+            __threadfence_system();
+            ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
+        }
+        if (tid == 0) epoch[b] = seq;
+    }
+
+    if (a.phases & LL_PHASE_RECV) {
+        __syncthreads();
+        if (s_fail) return;
+        // Origin: own experts' terms (in place), then wait once, then each owner's partial.
+        const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
+        const float* part = reinterpret_cast<const float*>(a.buf + a.off_part);
+        bool ready = false;
+        for (int u = b * LL_WARPS + warp; u < N * nseg; u += G * LL_WARPS) {
+            const int t = u / nseg, c0 = (u % nseg) * LL_REDUCE_SEG + lane * 8;
+            const bool active = c0 < H;
+            float acc[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[q] = 0.f;
+            uint32_t owners = 0;  // other ranks holding an expert of t (R <= 32)
+            {
+                int4 v[LL_MAX_TOPK];
+                float w[LL_MAX_TOPK];
+#pragma unroll
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    w[k] = 0.f;
+                    if (k >= K) continue;
+                    const int64_t e = a.topk_idx[t * K + k];
+                    if (e < 0) continue;
+                    const int d = static_cast<int>(e / L);
+                    if (d != me) {
+                        owners |= 1u << d;
+                        continue;
+                    }
+                    w[k] = a.topk_weights[t * K + k];
+                    const uint64_t row = static_cast<uint64_t>(e % L) * RNM + send_slot[t * LL_MAX_TOPK + k];
+                    if (active) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                }
+#pragma unroll
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    if (w[k] == 0.f || !active) continue;
+                    float f[8];
+                    bf16x8_to_f32(v[k], f);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
+                }
+            }
+            if (owners != 0 && !ready) {
+                if (!ll_warp_wait_all(a.buf, a.off_comb_done, R * G, G, me, seq, diag, lane)) {
+                    s_fail = 1;
+                    return;
+                }
+                ready = true;
+            }
+            if (!active) continue;
+            for (uint32_t m = owners; m != 0; m &= m - 1) {
+                const int d = __ffs(m) - 1;
+                const float* pp = part + (static_cast<uint64_t>(t) * R + d) * H + c0;
+                const int4 p0 = ld_volatile_v4(reinterpret_cast<const int4*>(pp));
+                const int4 p1 = ld_volatile_v4(reinterpret_cast<const int4*>(pp + 4));
+                acc[0] += __int_as_float(p0.x); acc[1] += __int_as_float(p0.y);
+                acc[2] += __int_as_float(p0.z); acc[3] += __int_as_float(p0.w);
+                acc[4] += __int_as_float(p1.x); acc[5] += __int_as_float(p1.y);
+                acc[6] += __int_as_float(p1.z); acc[7] += __int_as_float(p1.w);
+            }
+            uint32_t o[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const __nv_bfloat162 p = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+                o[q] = *reinterpret_cast<const uint32_t*>(&p);
+            }
+            *reinterpret_cast<int4*>(static_cast<uint8_t*>(a.out) + (static_cast<uint64_t>(t) * H + c0) * 2) =
+                make_int4(static_cast<int>(o[0]), static_cast<int>(o[1]), static_cast<int>(o[2]), static_cast<int>(o[3]));
         }
     }
 }
@@ -912,4 +1106,10 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_p2p(con
 }
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_put(const LlDispatch2Args a, EpDiag diag) {
     ll_dispatch2_impl<true>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_p2p(const LlCombine2Args a, EpDiag diag) {
+    ll_combine2_impl<false>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_put(const LlCombine2Args a, EpDiag diag) {
+    ll_combine2_impl<true>(a, diag);
 }

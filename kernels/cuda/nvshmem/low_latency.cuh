@@ -106,10 +106,38 @@ struct LlDispatch2Args {
     uint64_t off_tok_stage;    // [R][NM][stage_stride]: data @0, f32 scales @2H, i32 top-k @tk_off
     uint64_t off_tok_flags;    // [R][G] u64 tagged (source rank, source block), payload = source's N
     uint64_t off_ready;        // [R] u64 tagged: rank r has started this dispatch
+    uint64_t off_tok_slot;     // [R][NM][LL_MAX_TOPK] i32 packed slot of (source, token, k) for local experts
+    uint64_t off_ntok;         // [R] i32 tokens of each source
     uint64_t off_stage;        // per-warp put staging (not per half)
     int32_t num_tokens, hidden, num_topk, num_experts;
     int32_t num_ranks, rank, num_max, phases;
     int32_t use_fp8, round_scale, use_ue8m0, wait_ready;
+    int32_t stage_stride, tk_off;
+};
+
+// ---- combine v2: owners pre-reduce -------------------------------------------------------------
+// Every origin first ships its top-k weights to every other rank (block 0) with a flag (which
+// also says "this origin has started the call"). Each owner then sums, per (origin token), the
+// weighted rows of the experts it holds in f32 and writes one f32 partial row per (token, owner)
+// into the origin's `part[token][owner]`; the origin adds its own experts' terms (read in place)
+// and the partials, and rounds to bf16 once. Needs a v2 dispatch handle (token staging with the
+// top-k ids, tok_slot, ntok).
+struct LlCombine2Args {
+    const void* y;
+    const int64_t* topk_idx;
+    const float* topk_weights;
+    void* out;
+    uint8_t* buf;
+    const uint64_t* peer_base;
+    uint64_t off_send_slot, off_tok_stage, off_tok_slot, off_ntok;  // dispatch half (handle)
+    uint64_t off_part;      // [NM][R][H] f32 partials by owner
+    uint64_t off_comb_done; // [R][G] u64 tagged
+    uint64_t off_wts;       // [R][NM][LL_MAX_TOPK] f32 weights of each origin
+    uint64_t off_wts_flag;  // [R] u64 tagged, payload = origin's N
+    uint64_t off_epoch;
+    uint64_t off_stage;
+    int32_t num_tokens, hidden, num_topk, num_experts;
+    int32_t num_ranks, rank, num_max, phases;
     int32_t stage_stride, tk_off;
 };
 

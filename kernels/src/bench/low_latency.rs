@@ -6,7 +6,8 @@
 //! - `dispatch-fp8`: bytes = this rank's valid selections x (H + 4·H/128 + 16) (DeepEP's FP8
 //!   message), `dispatch-bf16`: selections x 2H (the buffer's dispatch version, v2 by default;
 //!   `dispatch-fp8-v1`: the v1 kernel for comparison);
-//! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout);
+//! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout; the
+//!   buffer's combine version, v2 by default; `combine-bf16-v1`: the v1 kernel);
 //! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
 //! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
 //! selections x message bytes to the owner of each selected expert (combine: the transpose).
@@ -14,7 +15,7 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Row, Shape};
-use crate::nvshmem::low_latency::{DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
+use crate::nvshmem::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -127,6 +128,14 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             rows.push(ctx.measure(MODE, "combine-bf16", shape, sms, &bytes, &recv, &send, || {
                 buf.combine(&y, &idx, &wts, &handle2, false).map(|_| ())
             })?);
+            let default_combine = buf.combine_version();
+            if default_combine != CombineVersion::V1 {
+                buf.set_combine_version(CombineVersion::V1)?;
+                rows.push(ctx.measure(MODE, "combine-bf16-v1", shape, sms, &bytes, &recv, &send, || {
+                    buf.combine(&y, &idx, &wts, &handle2, false).map(|_| ())
+                })?);
+                buf.set_combine_version(default_combine)?;
+            }
             let both = fp8_message_bytes(h) + cb;
             let bytes: Vec<usize> = sent.iter().map(|s| s * both).collect();
             let (send, recv) = per_peer(both);

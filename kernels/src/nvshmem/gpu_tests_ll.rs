@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::binding::{self, HostLib, Version};
-use super::low_latency::{DispatchVersion, LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
+use super::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::low_latency::{LlPacked, LlScalesView};
 use crate::reference::random::{self, InputSpec};
@@ -303,6 +303,14 @@ pub fn cases() -> Vec<Case> {
         overlap_case(DispatchVersion::V2),
         overlap_case(DispatchVersion::V1),
         version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
+        Case::new("ll/combine-v1/7168x8of288", move |c| {
+            let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, deepep.num_max, deepep.hidden, deepep.experts, None)?;
+            buf.set_combine_version(CombineVersion::V1)?;
+            for (i, mode) in ALL_MODES.iter().enumerate() {
+                round(c, &mut buf, deepep, *mode, c.seed.wrapping_add(i as u64 * 0x4000_0007), 0.1)?;
+            }
+            Ok(())
+        }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ]

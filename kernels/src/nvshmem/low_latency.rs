@@ -123,6 +123,8 @@ pub struct LlDispatch2Args {
     pub off_tok_stage: u64,
     pub off_tok_flags: u64,
     pub off_ready: u64,
+    pub off_tok_slot: u64,
+    pub off_ntok: u64,
     pub off_stage: u64,
     pub num_tokens: i32,
     pub hidden: i32,
@@ -140,8 +142,41 @@ pub struct LlDispatch2Args {
     pub tk_off: i32,
 }
 
+/// Mirror of `LlCombine2Args` (`low_latency.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlCombine2Args {
+    pub y: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub out: u64,
+    pub buf: u64,
+    pub peer_base: u64,
+    pub off_send_slot: u64,
+    pub off_tok_stage: u64,
+    pub off_tok_slot: u64,
+    pub off_ntok: u64,
+    pub off_part: u64,
+    pub off_comb_done: u64,
+    pub off_wts: u64,
+    pub off_wts_flag: u64,
+    pub off_epoch: u64,
+    pub off_stage: u64,
+    pub num_tokens: i32,
+    pub hidden: i32,
+    pub num_topk: i32,
+    pub num_experts: i32,
+    pub num_ranks: i32,
+    pub rank: i32,
+    pub num_max: i32,
+    pub phases: i32,
+    pub stage_stride: i32,
+    pub tk_off: i32,
+}
+
 const _: () = {
-    assert!(std::mem::size_of::<LlDispatch2Args>() == 184);
+    assert!(std::mem::size_of::<LlCombine2Args>() == 168);
+    assert!(std::mem::size_of::<LlDispatch2Args>() == 200);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
     assert!(std::mem::size_of::<LlCombineArgs>() == 168);
 };
@@ -150,6 +185,28 @@ const _: () = {
 unsafe impl Pod for LlDispatchArgs {}
 unsafe impl Pod for LlCombineArgs {}
 unsafe impl Pod for LlDispatch2Args {}
+unsafe impl Pod for LlCombine2Args {}
+
+/// Which combine kernel a buffer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CombineVersion {
+    /// Every remote (token, expert) row goes back to its origin as bf16.
+    V1,
+    /// Owners pre-reduce each origin token's rows with its weights (shipped first) into one f32
+    /// partial per (token, owner) (default; needs a v2 dispatch handle and at most 32 ranks).
+    V2,
+}
+
+impl CombineVersion {
+    /// `DEEPEP_LL_COMBINE=v1|v2` (default v2).
+    pub fn from_env() -> Result<CombineVersion> {
+        match std::env::var("DEEPEP_LL_COMBINE").ok().as_deref().map(str::trim) {
+            None | Some("") | Some("v2") | Some("V2") => Ok(CombineVersion::V2),
+            Some("v1") | Some("V1") => Ok(CombineVersion::V1),
+            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1 or v2 (default v2)"))),
+        }
+    }
+}
 
 /// Which dispatch kernel a buffer uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +250,10 @@ pub struct DispatchRegions {
     pub tok_flags: usize,
     /// v2: `[R]` u64 "dispatch started" flags.
     pub ready: usize,
+    /// v2: `[R][num_max][LL_MAX_TOPK]` i32 packed slot of each (source, token, k) held here.
+    pub tok_slot: usize,
+    /// v2: `[R]` i32 token count of each source.
+    pub ntok: usize,
 }
 
 /// Byte offsets of one combine half.
@@ -202,6 +263,12 @@ pub struct CombineRegions {
     pub done: usize,
     pub ready: usize,
     pub epoch: usize,
+    /// v2: `[num_max][R][H]` f32 partial rows by owner.
+    pub part: usize,
+    /// v2: `[R][num_max][LL_MAX_TOPK]` f32 weights of each origin.
+    pub wts: usize,
+    /// v2: `[R]` u64 weights-arrived flags.
+    pub wts_flag: usize,
 }
 
 /// The symmetric buffer layout for (ranks, experts, num_max, hidden, grid). Identical on every
@@ -266,6 +333,8 @@ impl LlLayout {
             tok_stage: c.take(r * num_max * Self::stride_for(h)),
             tok_flags: c.take(r * grid * 8),
             ready: c.take(r * 8),
+            tok_slot: c.take(r * num_max * LL_MAX_TOPK * 4),
+            ntok: c.take(r * 4),
         };
         let d0 = dispatch_half(&mut c);
         let d1 = dispatch_half(&mut c);
@@ -275,6 +344,9 @@ impl LlLayout {
             done: c.take(r * grid * 8),
             ready: c.take(r * 8),
             epoch: c.take(grid * 4),
+            part: c.take(num_max * r * h * 4),
+            wts: c.take(r * num_max * LL_MAX_TOPK * 4),
+            wts_flag: c.take(r * 8),
         };
         let c0 = combine_half(&mut c);
         let c1 = combine_half(&mut c);
@@ -351,6 +423,7 @@ pub struct LlDispatchOpts {
 pub struct LlHandle {
     half: usize,
     generation: u64,
+    version: DispatchVersion,
     pub num_tokens: usize,
     pub num_topk: usize,
     pub hidden: usize,
@@ -372,6 +445,7 @@ pub enum LlHook {
     Dispatch(LlDispatchArgs),
     Dispatch2(LlDispatch2Args),
     Combine(LlCombineArgs),
+    Combine2(LlCombine2Args),
 }
 
 /// Result of [`LowLatencyBuffer::dispatch`].
@@ -403,7 +477,9 @@ pub struct LowLatencyBuffer<'g> {
     dispatch_kernel: Kernel,
     dispatch2_kernel: Kernel,
     combine_kernel: Kernel,
+    combine2_kernel: Kernel,
     version: DispatchVersion,
+    combine_version: CombineVersion,
     /// Whether one of the last two dispatches deferred its receive half (v2 then waits for every
     /// destination to have started the next dispatch before writing into it).
     dispatch_hooked: [bool; 2],
@@ -474,6 +550,8 @@ impl LowLatencyBuffer<'_> {
         let suffix = if all_p2p { "p2p" } else { "put" };
         let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
         let dispatch2_kernel = module.kernel(&format!("ll_dispatch2_{suffix}"))?;
+        let combine2_kernel = module.kernel(&format!("ll_combine2_{suffix}"))?;
+        let combine_version = if r > 32 { CombineVersion::V1 } else { CombineVersion::from_env()? };
         let mut version = DispatchVersion::from_env()?;
         if r > 32 {
             version = DispatchVersion::V1;
@@ -489,7 +567,9 @@ impl LowLatencyBuffer<'_> {
             dispatch_kernel,
             dispatch2_kernel,
             combine_kernel,
+            combine2_kernel,
             version,
+            combine_version,
             dispatch_hooked: [false; 2],
             dispatch_calls: 0,
             combine_calls: 0,
@@ -510,6 +590,21 @@ impl LowLatencyBuffer<'_> {
     }
     pub fn dispatch_version(&self) -> DispatchVersion {
         self.version
+    }
+    pub fn combine_version(&self) -> CombineVersion {
+        self.combine_version
+    }
+    /// Choose the combine kernel (collective). v2 is used only with handles of v2 dispatches
+    /// (v1 otherwise) and needs at most 32 ranks.
+    pub fn set_combine_version(&mut self, v: CombineVersion) -> Result<()> {
+        if v == CombineVersion::V2 && self.layout.num_ranks > 32 {
+            return Err(EpError::Unsupported(format!(
+                "low-latency combine v2 supports at most 32 ranks, this buffer has {}; use v1",
+                self.layout.num_ranks
+            )));
+        }
+        self.combine_version = v;
+        Ok(())
     }
     /// Choose the dispatch kernel (collective: every rank must choose the same). v2 needs at
     /// most 32 ranks.
@@ -617,6 +712,8 @@ impl LowLatencyBuffer<'_> {
                     off_tok_stage: d.tok_stage as u64,
                     off_tok_flags: d.tok_flags as u64,
                     off_ready: d.ready as u64,
+                    off_tok_slot: d.tok_slot as u64,
+                    off_ntok: d.ntok as u64,
                     off_stage: args.off_stage,
                     num_tokens: args.num_tokens,
                     hidden: args.hidden,
@@ -652,6 +749,7 @@ impl LowLatencyBuffer<'_> {
         let handle = LlHandle {
             half,
             generation,
+            version: self.version,
             num_tokens: n,
             num_topk: k,
             hidden: h,
@@ -725,8 +823,43 @@ impl LowLatencyBuffer<'_> {
             wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
         };
         self.combine_hooked = [self.combine_hooked[1], return_hook];
-        self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
-        Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })) })
+        let use_v2 = self.combine_version == CombineVersion::V2 && handle.version == DispatchVersion::V2;
+        let hook = if use_v2 {
+            let a2 = LlCombine2Args {
+                y: args.y,
+                topk_idx: args.topk_idx,
+                topk_weights: args.topk_weights,
+                out: args.out,
+                buf: args.buf,
+                peer_base: args.peer_base,
+                off_send_slot: d.send_slot as u64,
+                off_tok_stage: d.tok_stage as u64,
+                off_tok_slot: d.tok_slot as u64,
+                off_ntok: d.ntok as u64,
+                off_part: c.part as u64,
+                off_comb_done: c.done as u64,
+                off_wts: c.wts as u64,
+                off_wts_flag: c.wts_flag as u64,
+                off_epoch: c.epoch as u64,
+                off_stage: lay.stage as u64,
+                num_tokens: args.num_tokens,
+                hidden: args.hidden,
+                num_topk: args.num_topk,
+                num_experts: args.num_experts,
+                num_ranks: args.num_ranks,
+                rank: args.rank,
+                num_max: args.num_max,
+                phases: args.phases,
+                stage_stride: lay.stage_stride() as i32,
+                tk_off: lay.tk_off() as i32,
+            };
+            self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
+            LlHook::Combine2(LlCombine2Args { phases: PHASE_RECV, ..a2 })
+        } else {
+            self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
+            LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
+        };
+        Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(hook) })
     }
 
     /// Launch the receive half of a call made with a hook (in call order per kind).
@@ -738,6 +871,7 @@ impl LowLatencyBuffer<'_> {
             LlHook::Dispatch2(a) => {
                 self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
             }
+            LlHook::Combine2(a) => self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a)),
             LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
     }
@@ -827,7 +961,14 @@ mod tests {
             offs.push((dh.tok_flags, 2 * 132 * 8));
             offs.push((dh.ready, 2 * 8));
         }
+        for dh in lay.dispatch {
+            offs.push((dh.tok_slot, 2 * 128 * 11 * 4));
+            offs.push((dh.ntok, 2 * 4));
+        }
         for c in lay.combine {
+            offs.push((c.part, 128 * 2 * 7168 * 4));
+            offs.push((c.wts, 2 * 128 * 11 * 4));
+            offs.push((c.wts_flag, 2 * 8));
             offs.push((c.recv, 128 * 11 * 2 * 7168));
             offs.push((c.done, 2 * 132 * 8));
             offs.push((c.ready, 2 * 8));
