@@ -1037,7 +1037,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                     w[k] = 0.f;
                     if (k >= K) continue;
                     const int64_t e = a.topk_idx[t * K + k];
-                    if (e < 0) continue;
+                    if (e < 0 || e >= E) continue;
                     const int d = static_cast<int>(e / L);
                     if (d != me) {
                         owners |= 1u << d;
