@@ -178,6 +178,13 @@ pub fn cases() -> Vec<Case> {
             .map(|(n, s)| case(format!("internode {n}"), s)),
     );
     out.push(Case::new("internode rejects bad arguments", bad_arguments).min_world(2));
+    out.push(
+        Case::new(
+            "internode timeout names rank and phase",
+            timeout_names_phase,
+        )
+        .min_world(2),
+    );
     out
 }
 
@@ -485,4 +492,55 @@ fn bad_arguments(ctx: &Ctx) -> CaseResult {
     ctx.gpu.sync("internode dispatch after argument errors")?;
     let _ = out;
     Ok(())
+}
+
+/// A rank that skips a collective call makes the others time out (not hang) with an error that
+/// names the rank, the phase and the peer that did not arrive.
+fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
+    let (rank, world) = (ctx.rank(), ctx.world());
+    let rt = nvshmem(ctx)?;
+    let mut cfg = InternodeConfig::new(1, 8, 2048);
+    cfg.max_local_experts = 8;
+    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &rt, cfg)?;
+    let s = ctx.gpu.stream().clone();
+    let x = Tensor::zeros(&s, DType::Bf16, &[8, 2048])?;
+    let ids: Vec<i64> = (0..8 * 2).map(|i| (i % (8 * world)) as i64).collect();
+    let idx = Tensor::from_host(&s, &ids, &[8, 2])?;
+    let w = Tensor::zeros(&s, DType::F32, &[8, 2])?;
+    let out = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))?;
+    ctx.gpu.sync("internode dispatch before the timeout test")?;
+    let result = if rank == 0 {
+        // Rank 0 alone issues a cached dispatch; every other rank skips it.
+        let saved = ctx.gpu.device_timeout();
+        ctx.gpu
+            .set_device_timeout(std::time::Duration::from_millis(300));
+        let r = buf
+            .dispatch(DispatchArgs::cached(&x, &out.handle))
+            .map(|_| ())
+            .and_then(|_| ctx.gpu.sync("lonely cached dispatch"));
+        ctx.gpu.set_device_timeout(saved);
+        match r {
+            Ok(()) => Err(anyhow!(
+                "a dispatch without its peers completed instead of timing out"
+            )),
+            Err(e) => {
+                let m = e.to_string();
+                if m.contains("rank 0") && m.contains("'barrier'") && m.contains("waiting for rank")
+                {
+                    Ok(())
+                } else {
+                    Err(anyhow!(
+                        "timeout error does not name rank 0, the barrier phase and rank 1: {m}"
+                    ))
+                }
+            }
+        }
+    } else {
+        Ok(())
+    };
+    // Everyone idle before the collective free.
+    let _ = ctx.gpu.sync("internode timeout case end");
+    ctx.comm.barrier()?;
+    drop(buf);
+    result
 }
