@@ -110,6 +110,53 @@ fn every_kernel_takes_ep_diag_last() {
     assert!(bad.is_empty(), "kernels whose last parameter is not the 24-byte EpDiag: {bad:?}");
 }
 
+/// (size, alignment) of a Rust type.
+fn sa<T>() -> (usize, usize) {
+    (std::mem::size_of::<T>(), std::mem::align_of::<T>())
+}
+
+/// The `#[repr(C)]` parameter structs of the families match what the CUDA compiler laid out for
+/// each kernel: exact per-parameter sizes where the cubin lists them, the total for nvlinked
+/// (NVSHMEM) cubins. A mismatch here is a launch that would read garbage on the GPU.
+#[test]
+fn family_parameter_structs_match_the_kernels() {
+    use deepep_kernels::intranode::ffi::{CombineParams, DispatchParams, IntranodeArgs, NotifyParams};
+    use deepep_kernels::nvshmem::internode::plan::InternodeArgs;
+    use deepep_kernels::nvshmem::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
+    let diag = sa::<Diag>();
+    // kernel name prefix -> parameter types in order (longest prefixes first)
+    let table: Vec<(&str, &str, Vec<(usize, usize)>)> = vec![
+        ("intranode", "ep_intranode_notify", vec![sa::<IntranodeArgs>(), sa::<NotifyParams>(), diag]),
+        ("intranode", "ep_intranode_dispatch_", vec![sa::<IntranodeArgs>(), sa::<DispatchParams>(), diag]),
+        ("intranode", "ep_intranode_combine_", vec![sa::<IntranodeArgs>(), sa::<CombineParams>(), diag]),
+        ("low_latency", "ll_dispatch2_", vec![sa::<LlDispatch2Args>(), diag]),
+        ("low_latency", "ll_combine2_", vec![sa::<LlCombine2Args>(), diag]),
+        ("low_latency", "ll_dispatch_", vec![sa::<LlDispatchArgs>(), diag]),
+        ("low_latency", "ll_combine_", vec![sa::<LlCombineArgs>(), diag]),
+        ("internode", "internode_", vec![sa::<InternodeArgs>(), diag]),
+    ];
+    let mut checked = 0;
+    for (cubin, prefix, types) in &table {
+        let Some(c) = cubins::get(cubin) else {
+            assert!(!cubins::NVSHMEM_ENABLED || !["low_latency", "internode"].contains(cubin), "cubin {cubin} missing");
+            continue;
+        };
+        let total = types.iter().fold(0usize, |off, (size, align)| off.next_multiple_of(*align) + size);
+        let sizes: Vec<usize> = types.iter().map(|t| t.0).collect();
+        let kernels: Vec<&&str> = c.kernels.iter().filter(|k| k.starts_with(prefix)).collect();
+        assert!(!kernels.is_empty(), "{cubin}: no kernel named {prefix}*");
+        for k in kernels {
+            let p = c.params(k).unwrap();
+            if !p.sizes.is_empty() {
+                assert_eq!(p.sizes, sizes, "{cubin}::{k}: parameter sizes (cubin) vs the Rust mirrors");
+            }
+            assert_eq!(p.total, Some(total), "{cubin}::{k}: parameter bytes (cubin) vs the Rust mirrors {sizes:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 7, "only {checked} kernels checked");
+}
+
 #[test]
 fn nvshmem_cubins_contain_device_state() {
     for c in cubins::CUBINS.iter().filter(|c| c.nvshmem) {

@@ -171,8 +171,8 @@ pub fn kernel_params(b: &[u8], kernel: &str) -> Result<Option<ParamInfo>, String
     while p + 2 <= off + size {
         let (fmt, attr) = (rd::<1>(b, p)?[0], rd::<1>(b, p + 1)?[0]);
         match fmt {
-            EIFMT_NVAL => p += 2,
-            EIFMT_BVAL => p += 3,
+            // Every entry has a 4-byte header: format, attribute, 16-bit value (or size).
+            EIFMT_NVAL | EIFMT_BVAL => p += 4,
             EIFMT_HVAL => {
                 if attr == EIATTR_CBANK_PARAM_SIZE {
                     total = Some(u16_at(b, p + 2)? as usize);
