@@ -198,7 +198,16 @@ fn symmetric_layout_is_aligned_and_disjoint() {
         assert_eq!(sym.num_hosts * rph, world);
         assert_eq!(sym.max_recv, world * tokens);
         assert_eq!(sym.rec_stride % 16, 0);
-        assert!(sym.comb_in_half >= sym.max_recv * hidden * 2);
+        if rph > 1 {
+            assert!(sym.comb_in_half >= sym.max_recv * hidden * 2);
+            assert!(sym.comb_w_half >= sym.max_recv * k);
+        } else {
+            assert_eq!(
+                (sym.comb_in_half, sym.comb_w_half),
+                (0, 0),
+                "no staging with one GPU per host"
+            );
+        }
         // A handle for the largest token count fits its arrays in order.
         let h = HandleLayout::new(&sym, tokens);
         let offs = [

@@ -392,6 +392,9 @@ internode_barrier(InternodeArgs a, EpDiag diag) {
 // =================================================================================================
 #define EP_INTERNODE_THREADS 512
 
+// 16 B columns a combine lane reduces per iteration (loads in flight per lane and source).
+#define EP_COMB_COLS 4
+
 // Tokens a sender block packs between two publication checks.
 #define EP_INTERNODE_SEND_BATCH 32
 
@@ -581,14 +584,21 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
     const int row_bytes = H * 2;
     const int doff = comb_data_off(a);
 
+    // Rows of the local peers: their staged copies over NVLink; this rank's own rows straight
+    // from its combine input.
     if (tid < P) {
         const int pe = a.my_host * P + tid;
         const uint8_t* in = a.comb_in + (size_t)a.comb_parity * a.comb_in_half;
         const float* w = a.comb_w + (size_t)a.comb_parity * a.comb_w_half;
-        s_peer_in[tid] = pe == a.rank ? in : reinterpret_cast<const uint8_t*>(nvshmem_ptr(in, pe));
-        s_peer_w[tid] = pe == a.rank ? w : reinterpret_cast<const float*>(nvshmem_ptr(w, pe));
-        if (s_peer_in[tid] == nullptr || s_peer_w[tid] == nullptr)  // not NVLink-reachable
-            ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_FORWARD, c, pe, -1, 0);
+        if (pe == a.rank) {
+            s_peer_in[tid] = a.comb_y;
+            s_peer_w[tid] = a.comb_yw;
+        } else {
+            s_peer_in[tid] = reinterpret_cast<const uint8_t*>(nvshmem_ptr(in, pe));
+            s_peer_w[tid] = reinterpret_cast<const float*>(nvshmem_ptr(w, pe));
+            if (s_peer_in[tid] == nullptr || s_peer_w[tid] == nullptr)  // not NVLink-reachable
+                ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_FORWARD, c, pe, -1, 0);
+        }
     }
     __syncthreads();
     if (ep_aborted(diag)) return;  // nobody waits on this block's signals any more than the timeout
@@ -621,22 +631,33 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
             for (int i = warp; i < cnt; i += nw) {
                 const int* rows = s_rows + i * EP_INTERNODE_MAX_RANKS_PER_HOST;
                 uint8_t* rec = dst + (size_t)(jb + i) * a.rec_stride;
-                // Two 16 B columns per lane and iteration: more loads in flight.
+                // EP_COMB_COLS 16 B columns per lane and iteration: that many loads in flight.
                 const int nvec = row_bytes / 16;
-                for (int q0 = lane; q0 < nvec; q0 += 64) {
-                    const int q1 = q0 + 32;
-                    const bool two = q1 < nvec;
-                    float acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int4* out = reinterpret_cast<int4*>(rec + doff);
+                for (int qb = 0; qb < nvec; qb += 32 * EP_COMB_COLS) {
+                    float acc[EP_COMB_COLS][8];
+#pragma unroll
+                    for (int u = 0; u < EP_COMB_COLS; ++u)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
                     for (int ld = 0; ld < P; ++ld) {  // ascending local rank: the contract's order
                         const int r = rows[ld];
                         if (r < 0) continue;
                         const int4* src = reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes);
-                        const int4 v0 = ld_volatile_v4(src + q0);
-                        if (two) acc_bf16x8(acc1, ld_volatile_v4(src + q1));
-                        acc_bf16x8(acc0, v0);
+                        int4 v[EP_COMB_COLS];
+#pragma unroll
+                        for (int u = 0; u < EP_COMB_COLS; ++u) {
+                            const int q = qb + u * 32 + lane;
+                            v[u] = q < nvec ? ld_volatile_v4(src + q) : make_int4(0, 0, 0, 0);
+                        }
+#pragma unroll
+                        for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
                     }
-                    st_na_v4(reinterpret_cast<int4*>(rec + doff) + q0, pack_bf16x8(acc0));
-                    if (two) st_na_v4(reinterpret_cast<int4*>(rec + doff) + q1, pack_bf16x8(acc1));
+#pragma unroll
+                    for (int u = 0; u < EP_COMB_COLS; ++u) {
+                        const int q = qb + u * 32 + lane;
+                        if (q < nvec) st_na_v4(out + q, pack_bf16x8(acc[u]));
+                    }
                 }
                 if (a.combined_w) {
                     for (int k = lane; k < K; k += 32) {
@@ -696,28 +717,43 @@ __device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const E
         const int4* b0 = a.comb_bias0 ? reinterpret_cast<const int4*>(a.comb_bias0 + (size_t)t * H) : nullptr;
         const int4* b1 = a.comb_bias1 ? reinterpret_cast<const int4*>(a.comb_bias1 + (size_t)t * H) : nullptr;
         int4* out = reinterpret_cast<int4*>(a.combined_x + (size_t)t * H);
-        // Two 16 B columns per lane and iteration; the loop bounds are warp-uniform (shuffles).
-        for (int qb = 0; qb < nvec; qb += 64) {
-            const int q0 = qb + lane, q1 = qb + 32 + lane;
-            const bool ok0 = q0 < nvec, ok1 = q1 < nvec;
-            float acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (b0) {
-                if (ok0) acc_bf16x8(acc0, ld_nc_v4(b0 + q0));
-                if (ok1) acc_bf16x8(acc1, ld_nc_v4(b0 + q1));
+        // EP_COMB_COLS 16 B columns per lane and iteration; the loop bounds are warp-uniform
+        // (shuffles inside). Order: biases, then hosts ascending (the contract's order).
+        for (int qb = 0; qb < nvec; qb += 32 * EP_COMB_COLS) {
+            float acc[EP_COMB_COLS][8];
+#pragma unroll
+            for (int u = 0; u < EP_COMB_COLS; ++u)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+            int4 v[EP_COMB_COLS];
+            for (int bi = 0; bi < 2; ++bi) {
+                const int4* b = bi == 0 ? b0 : b1;
+                if (b == nullptr) continue;
+#pragma unroll
+                for (int u = 0; u < EP_COMB_COLS; ++u) {
+                    const int q = qb + u * 32 + lane;
+                    v[u] = q < nvec ? ld_nc_v4(b + q) : make_int4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
             }
-            if (b1) {
-                if (ok0) acc_bf16x8(acc0, ld_nc_v4(b1 + q0));
-                if (ok1) acc_bf16x8(acc1, ld_nc_v4(b1 + q1));
-            }
-            for (uint32_t m = hosts; m; m &= m - 1) {  // ascending host order
+            for (uint32_t m = hosts; m; m &= m - 1) {
                 const int h = __ffs(m) - 1;
                 const int4* rec = reinterpret_cast<const int4*>(reinterpret_cast<const uint8_t*>(
                     __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h)) + doff);
-                if (ok0) acc_bf16x8(acc0, ld_volatile_v4(rec + q0));
-                if (ok1) acc_bf16x8(acc1, ld_volatile_v4(rec + q1));
+#pragma unroll
+                for (int u = 0; u < EP_COMB_COLS; ++u) {
+                    const int q = qb + u * 32 + lane;
+                    v[u] = q < nvec ? ld_volatile_v4(rec + q) : make_int4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
             }
-            if (ok0) st_na_v4(out + q0, pack_bf16x8(acc0));
-            if (ok1) st_na_v4(out + q1, pack_bf16x8(acc1));
+#pragma unroll
+            for (int u = 0; u < EP_COMB_COLS; ++u) {
+                const int q = qb + u * 32 + lane;
+                if (q < nvec) st_na_v4(out + q, pack_bf16x8(acc[u]));
+            }
         }
         if (a.combined_w) {
             float w = 0.0f;

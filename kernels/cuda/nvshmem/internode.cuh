@@ -87,7 +87,9 @@ struct InternodeArgs {
     const uint16_t* comb_bias1;  // [N][H] bf16 or null
     uint16_t* combined_x;      // [N][H] bf16
     float* combined_w;         // [N][K] or null (then comb_w is not read)
+    const uint8_t* comb_y;     // [M][H] bf16 combine input of this rank (read directly for own rows)
+    const float* comb_yw;      // [M][K] combine weights of this rank (null when combined_w is null)
 };
 
 // Keep in sync with the Rust mirror (asserted there too).
-static_assert(sizeof(InternodeArgs) == 376, "InternodeArgs layout changed: update internode.rs");
+static_assert(sizeof(InternodeArgs) == 392, "InternodeArgs layout changed: update internode.rs");

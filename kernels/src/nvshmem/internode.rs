@@ -854,7 +854,7 @@ impl<'g> InternodeBuffer<'g> {
                 )?;
             }
         }
-        if m > self.sym_layout.max_recv {
+        if self.cfg.ranks_per_host > 1 && m > self.sym_layout.max_recv {
             return bad(format!(
                 "internode combine of {m} received rows exceeds the buffer's max_recv_tokens {}; create the buffer with max_recv_tokens >= {m}",
                 self.sym_layout.max_recv
@@ -894,16 +894,20 @@ impl<'g> InternodeBuffer<'g> {
         args.topk = k as i32;
         args.num_experts = a.handle.num_experts as i32;
         args.comb_parity = parity as i32;
-        // Stage this rank's rows (and weights) where the forwarders of its host read them. The
-        // half alternates per combine; the barrier below orders the copy before any peer read.
-        let stage_x = args.comb_in + (parity * self.sym_layout.comb_in_half) as u64;
-        if m > 0 {
+        // Stage this rank's rows (and weights) where the other forwarders of its host read them
+        // (this rank's own forwarder reads `y` directly; with one GPU per host nobody else
+        // does). The half alternates per combine; the barrier below orders the copy before any
+        // peer read.
+        if self.cfg.ranks_per_host > 1 && m > 0 {
+            let stage_x = args.comb_in + (parity * self.sym_layout.comb_in_half) as u64;
             self.gpu.copy_dtod(stage_x, a.y.ptr(), m * hidden * 2)?;
+            if let Some(w) = a.topk_weights {
+                let stage_w = args.comb_w + (parity * self.sym_layout.comb_w_half * 4) as u64;
+                self.gpu.copy_dtod(stage_w, w.ptr(), m * k * 4)?;
+            }
         }
-        if let Some(w) = a.topk_weights.filter(|_| m > 0) {
-            let stage_w = args.comb_w + (parity * self.sym_layout.comb_w_half * 4) as u64;
-            self.gpu.copy_dtod(stage_w, w.ptr(), m * k * 4)?;
-        }
+        args.comb_y = a.y.ptr();
+        args.comb_yw = a.topk_weights.map_or(0, |t| t.ptr());
         args.comb_bias0 = a.bias0.map_or(0, |t| t.ptr());
         args.comb_bias1 = a.bias1.map_or(0, |t| t.ptr());
         args.combined_x = out.ptr();

@@ -67,7 +67,8 @@ pub struct InternodeConfig {
     pub max_topk: usize,
     /// Largest number of experts per rank.
     pub max_local_experts: usize,
-    /// Largest number of rows a rank may receive (combine staging). `None`: the worst case
+    /// Largest number of rows a rank may receive and combine when `ranks_per_host > 1` (combine
+    /// staging; no limit with one GPU per host). `None`: the worst case
     /// `world * max_tokens_per_rank`.
     pub max_recv_tokens: Option<usize>,
 }
@@ -270,9 +271,12 @@ impl SymLayout {
             .ok_or_else(|| EpError::InvalidArgument("internode buffer size overflows".into()))?;
         let rdma_send = take(region);
         let rdma_recv = take(region);
-        let comb_in_half = align(max_recv * cfg.hidden * 2, 128);
+        // Combine staging: only read by the other GPUs of a host (a rank's own forwarder reads
+        // its combine input directly), so none with one GPU per host.
+        let staged_rows = if p > 1 { max_recv } else { 0 };
+        let comb_in_half = align(staged_rows * cfg.hidden * 2, 128);
         let comb_in = take(2 * comb_in_half);
-        let comb_w_half = align(max_recv * cfg.max_topk, 32);
+        let comb_w_half = align(staged_rows * cfg.max_topk, 32);
         let comb_w = take(2 * comb_w_half * 4);
         let total = take(0);
         Ok(SymLayout {
@@ -494,10 +498,12 @@ pub struct InternodeArgs {
     pub comb_bias1: u64,
     pub combined_x: u64,
     pub combined_w: u64,
+    pub comb_y: u64,
+    pub comb_yw: u64,
 }
 
 /// `sizeof(InternodeArgs)` asserted by `internode.cuh`.
-pub const ARGS_SIZE: usize = 376;
+pub const ARGS_SIZE: usize = 392;
 const _: () = assert!(std::mem::size_of::<InternodeArgs>() == ARGS_SIZE);
 
 impl InternodeArgs {
