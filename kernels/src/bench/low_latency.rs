@@ -11,6 +11,9 @@
 //! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
 //! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
 //! selections x message bytes to the owner of each selected expert (combine: the transpose).
+//! - `dispatch-fp8 x10` / `combine-bf16 x10`: ten calls back to back per timed repetition (no L2
+//!   flush in between), so launch and measurement overhead are amortized: time / 10 is the
+//!   steady-state cost of one call.
 //! `--sweep` runs 32, 128 and 256 tokens. The SM count shown is the LL grid (all SMs unless
 //! `--num-sms`).
 
@@ -24,6 +27,8 @@ const MODE: &str = "low-latency";
 pub const SWEEP_TOKENS: &[usize] = &[32, 128, 256];
 /// Default tokens per rank (DeepEP's LL test).
 pub const DEFAULT_TOKENS: usize = 128;
+/// Calls per timed repetition of the `x10` rows.
+const REPEAT: usize = 10;
 
 /// DeepEP's LL FP8 message bytes per selection.
 pub fn fp8_message_bytes(hidden: usize) -> usize {
@@ -125,23 +130,47 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             let cb = 2 * h;
             let bytes: Vec<usize> = sent.iter().map(|s| s * cb).collect();
             let (send, recv) = per_peer(cb);
+            let out = Tensor::empty(&stream, DType::Bf16, &[n, h])?;
             rows.push(ctx.measure(MODE, "combine-bf16", shape, sms, &bytes, &recv, &send, || {
-                buf.combine(&y, &idx, &wts, &handle2, false).map(|_| ())
+                buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
             })?);
             let default_combine = buf.combine_version();
             if default_combine != CombineVersion::V1 {
                 buf.set_combine_version(CombineVersion::V1)?;
                 rows.push(ctx.measure(MODE, "combine-bf16-v1", shape, sms, &bytes, &recv, &send, || {
-                    buf.combine(&y, &idx, &wts, &handle2, false).map(|_| ())
+                    buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
                 })?);
                 buf.set_combine_version(default_combine)?;
             }
+            // Ten calls back to back per timed repetition: launch and measurement overhead
+            // amortized (the figure is for all ten calls; divide the time by 10).
+            let fb = fp8_message_bytes(h);
+            let bytes10: Vec<usize> = sent.iter().map(|s| s * fb * REPEAT).collect();
+            let (send10, recv10) = per_peer(fb * REPEAT);
+            let opts = LlDispatchOpts { use_fp8: true, ..Default::default() };
+            rows.push(ctx.measure(MODE, "dispatch-fp8 x10", shape, sms, &bytes10, &send10, &recv10, || {
+                for _ in 0..REPEAT {
+                    buf.dispatch(&x, &idx, opts)?;
+                }
+                Ok(())
+            })?);
+            let d = buf.dispatch(&x, &idx, opts)?;
+            let handle3 = d.handle.clone();
+            drop(d);
+            let bytes10: Vec<usize> = sent.iter().map(|s| s * cb * REPEAT).collect();
+            let (send10, recv10) = per_peer(cb * REPEAT);
+            rows.push(ctx.measure(MODE, "combine-bf16 x10", shape, sms, &bytes10, &recv10, &send10, || {
+                for _ in 0..REPEAT {
+                    buf.combine_into(&y, &idx, &wts, &handle3, &out, false)?;
+                }
+                Ok(())
+            })?);
             let both = fp8_message_bytes(h) + cb;
             let bytes: Vec<usize> = sent.iter().map(|s| s * both).collect();
             let (send, recv) = per_peer(both);
             rows.push(ctx.measure(MODE, "dispatch+combine", shape, sms, &bytes, &send, &recv, || {
                 let d = buf.dispatch(&x, &idx, LlDispatchOpts { use_fp8: true, ..Default::default() })?;
-                buf.combine(&y, &idx, &wts, &d.handle, false).map(|_| ())
+                buf.combine_into(&y, &idx, &wts, &d.handle, &out, false).map(|_| ())
             })?);
             gpu.sync("low-latency bench shape done")?;
             comm.barrier()?;

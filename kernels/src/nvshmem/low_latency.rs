@@ -776,6 +776,21 @@ impl LowLatencyBuffer<'_> {
         handle: &LlHandle,
         return_hook: bool,
     ) -> Result<LlCombineOut> {
+        let out = Tensor::empty(self.gpu.stream(), DType::Bf16, &[handle.num_tokens, self.layout.hidden])?;
+        self.combine_into(y, topk_idx, topk_weights, handle, &out, return_hook)
+    }
+
+    /// [`LowLatencyBuffer::combine`] into a caller-provided bf16 `[N, H]` tensor (no allocation
+    /// per call, e.g. inside a captured CUDA graph).
+    pub fn combine_into(
+        &mut self,
+        y: &Tensor,
+        topk_idx: &Tensor,
+        topk_weights: &Tensor,
+        handle: &LlHandle,
+        out: &Tensor,
+        return_hook: bool,
+    ) -> Result<LlCombineOut> {
         let lay = &self.layout;
         if self.generations[handle.half].load(Ordering::Acquire) != handle.generation {
             return Err(EpError::InvalidArgument(
@@ -789,7 +804,7 @@ impl LowLatencyBuffer<'_> {
         let (n, k) = (handle.num_tokens, handle.num_topk);
         expect("topk_idx", topk_idx, DType::I64, &[n, k], "the same top-k ids as passed to the dispatch")?;
         expect("topk_weights", topk_weights, DType::F32, &[n, k], "one gate weight per top-k slot")?;
-        let out = Tensor::empty(self.gpu.stream(), DType::Bf16, &[n, h])?;
+        expect("out", out, DType::Bf16, &[n, h], "the combined tokens of this rank")?;
         let half = (self.combine_calls % 2) as usize;
         self.combine_calls += 1;
         let d = lay.dispatch[handle.half];
@@ -859,7 +874,7 @@ impl LowLatencyBuffer<'_> {
             self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
             LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
         };
-        Ok(LlCombineOut { combined_x: out, hook: return_hook.then_some(hook) })
+        Ok(LlCombineOut { combined_x: out.clone(), hook: return_hook.then_some(hook) })
     }
 
     /// Launch the receive half of a call made with a hook (in call order per kind).
