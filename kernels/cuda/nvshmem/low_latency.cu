@@ -662,6 +662,14 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
         const int total = s_fail ? 0 : N * nseg;
         for (int u = b * LL_WARPS + warp; u < total; u += G * LL_WARPS) {
             const int t = u / nseg, seg = u % nseg;
+            const uint8_t* xrow = static_cast<const uint8_t*>(a.x) + static_cast<uint64_t>(t) * H * 2;
+            const int c0 = seg * LL_DISPATCH_SEG;
+            const int nch = min(LL_DISPATCH_SEG, H - c0);
+            // The token's channels first (independent of the routing, so both loads overlap).
+            int4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j * 256 + lane * 8 < nch) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
             // Destination ranks of this token (R <= 32, checked by the host).
             int e_lane = -1;
             if (lane < K) {
@@ -679,15 +687,8 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                     else nvshmem_int_p(reinterpret_cast<int*>(a.buf + off), e_lane, r);
                 }
             }
-            const uint8_t* xrow = static_cast<const uint8_t*>(a.x) + static_cast<uint64_t>(t) * H * 2;
-            const int c0 = seg * LL_DISPATCH_SEG;
-            const int nch = min(LL_DISPATCH_SEG, H - c0);
             if (a.use_fp8) {
                 const int nit = nch / 256;
-                int4 v[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (j < nit) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + (c0 + j * 256 + lane * 8) * 2));
                 uint32_t lo[4], hi[4];
                 float my_scale = 0.f;
 #pragma unroll
@@ -734,12 +735,6 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 }
             } else {
                 const int nbytes = nch * 2;
-                int4 v[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int off = j * 512 + lane * 16;
-                    if (off < nbytes) v[j] = ld_nc_v4(reinterpret_cast<const int4*>(xrow + c0 * 2 + off));
-                }
                 const uint64_t d_off = entry + c0 * 2;
                 for (uint32_t m = dest; m != 0; m &= m - 1) {
                     const int r = __ffs(m) - 1;
