@@ -792,15 +792,29 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
         }
         __syncthreads();
         if (s_fail) return;
-        // Bin the staged selections of this block's local experts (le % G == b).
+        // Bin the staged selections of this block's local experts (le % G == b). Entries are
+        // indexed i = (s * NM + t) * K + k over every source; each thread loads 8 of them at once
+        // (independent loads in flight), then bins them.
         const uint8_t* stage_base = a.buf + a.off_tok_stage;
-        for (int s = 0; s < R; ++s) {
-            const int ns = min(ntok[s], NM);
-            for (int i = tid; i < ns * K; i += LL_THREADS) {
-                const int t = i / K, k = i % K;
-                const int e = __ldcg(reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off) + k);
+        const int nentries = R * NM * K;
+        for (int i0 = tid; i0 < nentries; i0 += 8 * LL_THREADS) {
+            int ev[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int i = i0 + q * LL_THREADS;
+                ev[q] = -1;
+                if (i >= nentries) continue;
+                const int s = i / (NM * K), t = (i / K) % NM, k = i % K;
+                if (t >= min(ntok[s], NM)) continue;
+                ev[q] = __ldcg(reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off) + k);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int i = i0 + q * LL_THREADS;
+                const int e = ev[q];
                 const int le = e - me * L;
                 if (e >= 0 && le >= 0 && le < L && le % G == b) {
+                    const int s = i / (NM * K), t = (i / K) % NM, k = i % K;
                     const int li = le / G;
                     const int p = atomicAdd(&cnt[li * R + s], 1);
                     if (p < NM) list[(li * R + s) * NM + p] = t * K + k;
