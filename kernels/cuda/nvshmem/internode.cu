@@ -152,6 +152,28 @@ __device__ __forceinline__ bool all_rank_barrier(const InternodeArgs& a, const E
     return *s_fail == 0;
 }
 
+// Base of `rdma_recv` on the rank with this rank's local index on host h, when records may be
+// written there directly (p2p_direct and load/store-reachable), else null (stage + put).
+// Executed by threads [0, NH) of the block into s_remote.
+__device__ __forceinline__ void remote_bases(const InternodeArgs& a, uint8_t** s_remote) {
+    const int h = threadIdx.x;
+    if (h < a.num_hosts) {
+        uint8_t* p = nullptr;
+        if (a.p2p_direct && h != a.my_host)
+            p = reinterpret_cast<uint8_t*>(nvshmem_ptr(a.rdma_recv, h * a.ranks_per_host + a.my_local));
+        s_remote[h] = p;
+    }
+}
+
+// Publish `bits` of a data signal on `pe` after this block's direct (NVLink) stores: every
+// writer fenced and the block synced before; thread 0 fences again (release) and adds.
+__device__ __forceinline__ void signal_after_stores(uint64_t* sig, uint64_t bits, int pe) {
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        nvshmemx_signal_op(sig, bits, NVSHMEM_SIGNAL_ADD, pe);
+    }
+}
+
 // Bulk copy of `bytes` (multiple of 16) by one warp with 4 x 16 B loads in flight per lane.
 // kPeerSrc: the source may have been written by another GPU (volatile, L1-bypassing loads);
 // otherwise it is read-only input of this kernel (non-coherent path).
@@ -398,7 +420,8 @@ internode_barrier(InternodeArgs a, EpDiag diag) {
 // Tokens a sender block packs between two publication checks.
 #define EP_INTERNODE_SEND_BATCH 32
 
-__device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const int c, int* s_pub, int* s_end) {
+__device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const int c, int* s_pub, int* s_end,
+                                                uint8_t** s_remote) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int NH = a.num_hosts, K = a.topk, S = a.num_scales, C = a.num_channels;
     const int RS = round_size(a);
@@ -407,6 +430,7 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
     channel_range(a.num_tokens, C, c, t0, t1);
     // Per destination host, relative to the chunk start: records written / published.
     if (tid < NH) s_pub[tid] = s_end[tid] = 0;
+    remote_bases(a, s_remote);
     __syncthreads();
 
     for (int b0 = t0; b0 < t1; b0 += EP_INTERNODE_SEND_BATCH) {
@@ -415,8 +439,14 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
             // Lane h < NH describes destination host h: its slot, local mask and record address.
             const int slot_l = lane < NH ? a.send_slot[(size_t)t * NH + lane] : -1;
             const uint32_t lm_l = lane < NH ? a.send_lmask[(size_t)t * NH + lane] : 0u;
-            uint8_t* rec_l =
-                slot_l >= 0 ? region(lane == a.my_host ? a.rdma_recv : a.rdma_send, a, lane, slot_l) : nullptr;
+            // Own host: straight into the own receive region; a reachable remote host (p2p_direct):
+            // straight into its receive region; otherwise the staging region for the put.
+            uint8_t* rec_l = nullptr;
+            if (slot_l >= 0) {
+                uint8_t* remote = s_remote[lane];  // null for the own host
+                uint8_t* base = lane == a.my_host ? a.rdma_recv : (remote != nullptr ? remote : a.rdma_send);
+                rec_l = region(base, a, remote != nullptr ? a.my_host : lane, slot_l);
+            }
             const uint32_t dests = __ballot_sync(FULL_MASK, slot_l >= 0);
             if (dests == 0) continue;
             // Metadata (the loop over `dests` is warp-uniform, so full-mask shuffles are safe).
@@ -437,12 +467,28 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
                 for (int i = lane; i < S; i += 32)
                     reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
             }
-            // Payload, once per destination host.
-            const uint8_t* src = a.x + (size_t)t * L.row_bytes;
-            for (uint32_t m = dests; m; m &= m - 1) {
-                uint8_t* rec = reinterpret_cast<uint8_t*>(
-                    __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), __ffs(m) - 1));
-                warp_copy<false>(rec + L.data_off, src, L.row_bytes, lane);
+            // Payload: each 16 B loaded once (4 per lane in flight), stored to every destination
+            // host's record. Loop bounds are warp-uniform (shuffles inside).
+            const int4* src = reinterpret_cast<const int4*>(a.x + (size_t)t * L.row_bytes);
+            const int nvec = L.row_bytes / 16;
+            for (int ib = 0; ib < nvec; ib += 128) {
+                int4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int q = ib + u * 32 + lane;
+                    v[u] = q < nvec ? ld_nc_v4(src + q) : make_int4(0, 0, 0, 0);
+                }
+                for (uint32_t m = dests; m; m &= m - 1) {
+                    int4* dst = reinterpret_cast<int4*>(
+                        reinterpret_cast<uint8_t*>(__shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l),
+                                                               __ffs(m) - 1)) +
+                        L.data_off);
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const int q = ib + u * 32 + lane;
+                        if (q < nvec) st_na_v4(dst + q, v[u]);
+                    }
+                }
             }
         }
         // Records written for host h so far: one past the last slot a token up to b1 has there.
@@ -470,6 +516,8 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
             uint64_t* sig = a.disp_sig + a.my_host * C + c;
             if (h == a.my_host) {
                 if (tid == 0) red_add_release_sys_u64(sig, bits);
+            } else if (s_remote[h] != nullptr) {
+                signal_after_stores(sig, bits, h * a.ranks_per_host + a.my_local);
             } else {
                 nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off), region(a.rdma_send, a, h, off),
                                                  (size_t)(hi - pub) * a.rec_stride, sig, bits, NVSHMEM_SIGNAL_ADD,
@@ -565,11 +613,12 @@ internode_dispatch(InternodeArgs a, EpDiag diag) {
     __shared__ int s_pos[EP_INTERNODE_THREADS];
     __shared__ int s_pub[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_end[EP_INTERNODE_MAX_HOSTS];
+    __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_fail;
     if (threadIdx.x == 0) s_fail = 0;
     __syncthreads();
     const int C = a.num_channels;
-    if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x, s_pub, s_end);
+    if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x, s_pub, s_end, s_remote);
     else dispatch_puller(a, diag, blockIdx.x - C, s_scan, s_pos, &s_fail);
 }
 
@@ -578,7 +627,7 @@ internode_dispatch(InternodeArgs a, EpDiag diag) {
 // into comb_w[comb_parity]) by the host before the barrier kernel that precedes this one.
 // =================================================================================================
 __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const EpDiag& diag, const int c, int* s_scan, int* s_rows,
-                                  int* s_run, const uint8_t** s_peer_in, const float** s_peer_w) {
+                                  int* s_run, const uint8_t** s_peer_in, const float** s_peer_w, uint8_t** s_remote) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels, K = a.topk, H = a.hidden;
     const int row_bytes = H * 2;
@@ -600,6 +649,7 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
                 ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_FORWARD, c, pe, -1, 0);
         }
     }
+    remote_bases(a, s_remote);
     __syncthreads();
     if (ep_aborted(diag)) return;  // nobody waits on this block's signals any more than the timeout
 
@@ -609,7 +659,11 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
         const int off = a.rdma_off[s * (C + 1) + c];
         const int n = a.rdma_off[s * (C + 1) + c + 1] - off;
         const bool own = hs == a.my_host;
-        uint8_t* dst = region(own ? a.rdma_recv : a.rdma_send, a, own ? a.my_host : hs, off);
+        // Partials go straight into the origin's receive region when it is this rank (own host)
+        // or reachable with p2p_direct; otherwise into the staging region for the put.
+        uint8_t* dst = own                       ? region(a.rdma_recv, a, a.my_host, off)
+                       : s_remote[hs] != nullptr ? region(s_remote[hs], a, a.my_host, off)
+                                                 : region(a.rdma_send, a, hs, off);
         uint64_t* sig = a.comb_sig + a.my_host * C + c;
         if (tid < P) s_run[tid] = a.fwd_base[(hs * C + c) * P + tid];
         __syncthreads();
@@ -678,6 +732,8 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
             const uint64_t bit = 1ull << (jb / RS);
             if (own) {
                 if (tid == 0) red_add_release_sys_u64(sig, bit);
+            } else if (s_remote[hs] != nullptr) {
+                signal_after_stores(sig, bit, s);
             } else {
                 nvshmemx_putmem_signal_nbi_block(region(a.rdma_recv, a, a.my_host, off + jb),
                                                  dst + (size_t)jb * a.rec_stride, (size_t)cnt * a.rec_stride, sig,
@@ -775,7 +831,8 @@ internode_combine(InternodeArgs a, EpDiag diag) {
     __shared__ int s_run[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ const uint8_t* s_peer_in[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ const float* s_peer_w[EP_INTERNODE_MAX_RANKS_PER_HOST];
+    __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
     const int C = a.num_channels;
-    if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w);
+    if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w, s_remote);
     else combine_receiver(a, diag, blockIdx.x - C);
 }

@@ -38,6 +38,9 @@ struct InternodeArgs {
     int32_t expert_alignment;
     int32_t num_recv;          // M (dispatch, combine)
     int32_t comb_parity;       // which combine staging half this combine uses (0/1)
+    int32_t p2p_direct;        // 1: write records straight into a remote host's region when it is
+                               //    load/store-reachable (nvshmem_ptr), instead of staging + put
+    int32_t pad0_;
     uint64_t seq;              // strictly increasing per collective call, same on every rank
 
     // ---- [sym] signals (u64, zeroed once at allocation; compared with >= seq)
@@ -92,4 +95,4 @@ struct InternodeArgs {
 };
 
 // Keep in sync with the Rust mirror (asserted there too).
-static_assert(sizeof(InternodeArgs) == 392, "InternodeArgs layout changed: update internode.rs");
+static_assert(sizeof(InternodeArgs) == 400, "InternodeArgs layout changed: update internode.rs");

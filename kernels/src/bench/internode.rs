@@ -13,6 +13,10 @@
 //! (no weights, no bias; same bytes as the BF16 dispatch, DeepEP's convention) and
 //! `dispatch-bf16-uncached` (notify with the CPU sync + dispatch).
 //!
+//! Every op runs twice: through staging + NVSHMEM put (the inter-host path), and with
+//! `p2p_direct` (op suffix ` p2p`: NVLink stores straight into a remote host's region, possible
+//! only when NVSHMEM reports it load/store-reachable, as on one machine).
+//!
 //! `DEEPEP_INTERNODE_RANKS_PER_HOST` (default 1) groups the ranks into hosts: with the default,
 //! 2 GPUs of one machine act as 2 hosts and every remote token takes the NVSHMEM put path (served
 //! over NVLink P2P there: these figures measure the two-hop machinery, not a network). SMs:
@@ -134,46 +138,84 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
     let rt = nvshmem_runtime(gpu, comm)?;
     let mut rows = Vec::new();
     for &shape in shapes {
-        let routing = ctx.routing(shape);
-        let (n, h, k) = (shape.tokens, shape.hidden, shape.topk);
-        // One buffer per shape, sized for it (the symmetric heap is finite).
-        let mut cfg = InternodeConfig::new(rph, n.max(1), h);
-        cfg.num_sms = num_sms;
-        cfg.max_topk = k;
-        cfg.max_local_experts = (shape.experts / w).max(1);
-        cfg.max_recv_tokens = Some(
-            (0..w)
-                .map(|r| routing.tokens_received(r))
-                .max()
-                .unwrap_or(1)
-                .max(1),
-        );
-        let mut buf = InternodeBuffer::new(gpu, comm, &rt, cfg)?;
-        let stream = gpu.stream().clone();
-        let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
-        let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
-        let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
-        let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
-        let sc = filled(ctx, DType::F32, &[n, h / 128], 0x3f80_0000)?;
-        comm.barrier()?;
-        let first = buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))?;
-        let handle = first.handle.clone();
-        drop(first);
-        let m = handle.num_recv_tokens;
-        let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
-        gpu.sync("internode bench setup")?;
+        for p2p in [false, true] {
+            let routing = ctx.routing(shape);
+            let (n, h, k) = (shape.tokens, shape.hidden, shape.topk);
+            // One buffer per shape, sized for it (the symmetric heap is finite).
+            let mut cfg = InternodeConfig::new(rph, n.max(1), h);
+            cfg.num_sms = num_sms;
+            cfg.max_topk = k;
+            cfg.max_local_experts = (shape.experts / w).max(1);
+            cfg.p2p_direct = p2p;
+            let variant = if p2p { " p2p" } else { "" };
+            cfg.max_recv_tokens = Some(
+                (0..w)
+                    .map(|r| routing.tokens_received(r))
+                    .max()
+                    .unwrap_or(1)
+                    .max(1),
+            );
+            let mut buf = InternodeBuffer::new(gpu, comm, &rt, cfg)?;
+            let stream = gpu.stream().clone();
+            let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
+            let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+            let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
+            let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
+            let sc = filled(ctx, DType::F32, &[n, h / 128], 0x3f80_0000)?;
+            comm.barrier()?;
+            let first = buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))?;
+            let handle = first.handle.clone();
+            drop(first);
+            let m = handle.num_recv_tokens;
+            let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
+            gpu.sync("internode bench setup")?;
 
-        let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
-        let rdma_rows: Vec<usize> = (0..w).map(|r| rdma_tokens(&routing, r, rph)).collect();
-        let sms = num_sms as u32;
-        for (op, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
-            let tb = token_bytes(h, fp8);
+            let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
+            let rdma_rows: Vec<usize> = (0..w).map(|r| rdma_tokens(&routing, r, rph)).collect();
+            let sms = num_sms as u32;
+            for (op, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
+                let tb = token_bytes(h, fp8);
+                let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
+                let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
+                let (send, recv) = routing.dispatch_bytes(me, tb);
+                rows.extend(measure2(
+                    ctx,
+                    &format!("{op}{variant}"),
+                    shape,
+                    sms,
+                    &rdma,
+                    &nvl,
+                    &send,
+                    &recv,
+                    || {
+                        let a = if fp8 {
+                            DispatchArgs::cached(&x8, &handle).scales(&sc)
+                        } else {
+                            DispatchArgs::cached(&x, &handle)
+                        };
+                        buf.dispatch(a).map(|_| ())
+                    },
+                )?);
+            }
+            let tb = token_bytes(h, false);
             let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
             let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
             let (send, recv) = routing.dispatch_bytes(me, tb);
+            // Combine moves the transpose of the dispatch counts.
             rows.extend(measure2(
                 ctx,
-                op,
+                &format!("combine-bf16{variant}"),
+                shape,
+                sms,
+                &rdma,
+                &nvl,
+                &recv,
+                &send,
+                || buf.combine(CombineArgs::new(&y, &handle)).map(|_| ()),
+            )?);
+            rows.extend(measure2(
+                ctx,
+                &format!("dispatch-bf16-uncached{variant}"),
                 shape,
                 sms,
                 &rdma,
@@ -181,49 +223,15 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 &send,
                 &recv,
                 || {
-                    let a = if fp8 {
-                        DispatchArgs::cached(&x8, &handle).scales(&sc)
-                    } else {
-                        DispatchArgs::cached(&x, &handle)
-                    };
-                    buf.dispatch(a).map(|_| ())
+                    buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))
+                        .map(|_| ())
                 },
             )?);
+            // Peers must be done with our buffer before it is freed (the free is collective).
+            gpu.sync("internode bench shape done")?;
+            comm.barrier()?;
+            drop(buf);
         }
-        let tb = token_bytes(h, false);
-        let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
-        let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
-        let (send, recv) = routing.dispatch_bytes(me, tb);
-        // Combine moves the transpose of the dispatch counts.
-        rows.extend(measure2(
-            ctx,
-            "combine-bf16",
-            shape,
-            sms,
-            &rdma,
-            &nvl,
-            &recv,
-            &send,
-            || buf.combine(CombineArgs::new(&y, &handle)).map(|_| ()),
-        )?);
-        rows.extend(measure2(
-            ctx,
-            "dispatch-bf16-uncached",
-            shape,
-            sms,
-            &rdma,
-            &nvl,
-            &send,
-            &recv,
-            || {
-                buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))
-                    .map(|_| ())
-            },
-        )?);
-        // Peers must be done with our buffer before it is freed (the free is collective).
-        gpu.sync("internode bench shape done")?;
-        comm.barrier()?;
-        drop(buf);
     }
     Ok(rows)
 }

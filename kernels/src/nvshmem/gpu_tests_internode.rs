@@ -48,6 +48,8 @@ struct Spec {
     one_host: bool,
     /// Every rank dispatches exactly `max_tokens` (instead of ragged counts incl. 0 and 1).
     full: bool,
+    /// `InternodeConfig::p2p_direct`: NVLink stores into reachable remote hosts instead of puts.
+    p2p: bool,
     reps: usize,
 }
 
@@ -65,6 +67,7 @@ const BASE: Spec = Spec {
     num_sms: 24,
     one_host: false,
     full: false,
+    p2p: false,
     reps: 3,
 };
 
@@ -141,6 +144,16 @@ pub fn cases() -> Vec<Case> {
                 max_tokens: 4096,
                 reps: 2,
                 biases: 1,
+                full: true,
+                ..BASE
+            },
+        ),
+        (
+            "fp8 h7168 k8 e256 1024 tokens",
+            Spec {
+                fp8: true,
+                max_tokens: 1024,
+                full: true,
                 ..BASE
             },
         ),
@@ -154,10 +167,42 @@ pub fn cases() -> Vec<Case> {
                 ..BASE
             },
         ),
+        (
+            "bf16 h7168 k8 e256 bias2 p2p-direct",
+            Spec {
+                p2p: true,
+                biases: 2,
+                ..BASE
+            },
+        ),
+        (
+            "fp8 h4096 k6 e64 masked race x10 p2p-direct",
+            Spec {
+                p2p: true,
+                fp8: true,
+                hidden: 4096,
+                topk: 6,
+                experts: 64,
+                masked: 0.1,
+                max_tokens: 512,
+                reps: 10,
+                ..BASE
+            },
+        ),
+        (
+            "bf16 h7168 k8 e256 1024 tokens p2p-direct",
+            Spec {
+                p2p: true,
+                max_tokens: 1024,
+                full: true,
+                ..BASE
+            },
+        ),
     ];
     let one_host: Vec<(String, Spec)> = specs
         .iter()
-        .filter(|(n, _)| !n.contains("4096 tokens"))
+        // One host has no remote host: skip the big case and the p2p-direct ones (no effect).
+        .filter(|(n, s)| !n.contains("4096 tokens") && !s.p2p)
         .map(|(n, s)| {
             (
                 format!("{n} one-host"),
@@ -284,6 +329,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     cfg.num_sms = spec.num_sms;
     cfg.max_topk = k;
     cfg.max_local_experts = e / world;
+    cfg.p2p_direct = spec.p2p;
     let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?;
     buf.set_output_poison(Some(POISON_BYTE));
     let s = ctx.gpu.stream().clone();

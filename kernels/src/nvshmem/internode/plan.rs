@@ -67,6 +67,12 @@ pub struct InternodeConfig {
     pub max_topk: usize,
     /// Largest number of experts per rank.
     pub max_local_experts: usize,
+    /// Write records straight into a remote host's region with NVLink stores when NVSHMEM
+    /// reports it load/store-reachable (`nvshmem_ptr`), instead of staging them and issuing an
+    /// NVSHMEM put. Only matters when "hosts" share an NVLink domain (e.g. several hosts
+    /// emulated on one machine, or multi-node NVLink); across a network it has no effect. Off by
+    /// default so that the inter-host path is always the NVSHMEM put.
+    pub p2p_direct: bool,
     /// Largest number of rows a rank may receive and combine when `ranks_per_host > 1` (combine
     /// staging; no limit with one GPU per host). `None`: the worst case
     /// `world * max_tokens_per_rank`.
@@ -82,6 +88,7 @@ impl InternodeConfig {
             hidden,
             max_topk: 8,
             max_local_experts: 128,
+            p2p_direct: false,
             max_recv_tokens: None,
         }
     }
@@ -219,6 +226,8 @@ pub struct SymLayout {
     pub max_topk: usize,
     pub rec_stride: usize,
     pub meta_stride: usize,
+    /// [`InternodeConfig::p2p_direct`].
+    pub p2p_direct: bool,
     pub bar_sig: usize,
     pub meta_sig: usize,
     pub fwd_sig: usize,
@@ -290,6 +299,7 @@ impl SymLayout {
             max_topk: cfg.max_topk,
             rec_stride,
             meta_stride: ms,
+            p2p_direct: cfg.p2p_direct,
             bar_sig,
             meta_sig,
             fwd_sig,
@@ -461,6 +471,8 @@ pub struct InternodeArgs {
     pub expert_alignment: i32,
     pub num_recv: i32,
     pub comb_parity: i32,
+    pub p2p_direct: i32,
+    pub pad0_: i32,
     pub seq: u64,
     pub bar_sig: u64,
     pub meta_sig: u64,
@@ -503,7 +515,7 @@ pub struct InternodeArgs {
 }
 
 /// `sizeof(InternodeArgs)` asserted by `internode.cuh`.
-pub const ARGS_SIZE: usize = 392;
+pub const ARGS_SIZE: usize = 400;
 const _: () = assert!(std::mem::size_of::<InternodeArgs>() == ARGS_SIZE);
 
 impl InternodeArgs {
@@ -539,6 +551,7 @@ impl InternodeArgs {
             comb_w: at(sym.comb_w),
             comb_in_half: sym.comb_in_half as i64,
             comb_w_half: sym.comb_w_half as i64,
+            p2p_direct: sym.p2p_direct as i32,
             ..Default::default()
         }
     }
