@@ -973,16 +973,34 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             const int* tk = reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off);
             int4 v[LL_MAX_TOPK];
             float w[LL_MAX_TOPK];
+            int ev[LL_MAX_TOPK], sl[LL_MAX_TOPK];
             int nlocal = 0;
+            const uint64_t base = (static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK;
+            // Routing, weights and slots are independent loads: all in flight together (slots of
+            // experts held elsewhere are never written and never used).
 #pragma unroll
             for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                w[k] = 0.f;
+                ev[k] = -1;
                 if (k >= K) continue;
-                const int e = __ldcg(tk + k);
-                if (e < 0 || e / L != me) continue;
+                ev[k] = __ldcg(tk + k);
+                if (!kPut) {  // the put kernel has no registers to spare (its library calls)
+                    w[k] = __ldcg(wts + base + k);
+                    sl[k] = tok_slot[base + k];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                const int e = ev[k];
+                if (e < 0 || e / L != me) {
+                    w[k] = 0.f;
+                    continue;
+                }
                 ++nlocal;
-                w[k] = __ldcg(wts + (static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k);
-                const uint64_t row = static_cast<uint64_t>(e % L) * RNM + tok_slot[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k];
+                if (kPut) {
+                    w[k] = __ldcg(wts + base + k);
+                    sl[k] = tok_slot[base + k];
+                }
+                const uint64_t row = static_cast<uint64_t>(e % L) * RNM + sl[k];
                 if (c0 < H) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
             }
             if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
