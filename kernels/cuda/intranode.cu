@@ -156,7 +156,6 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     int dst_base[kR];
 #pragma unroll
     for (int d = 0; d < kR; ++d) dst_base[d] = __shfl_sync(kFullMask, base, d);
-    const int base_me = __shfl_sync(kFullMask, base, me);
 
     const int64_t row_bytes = p.row_bytes;
     const int n16 = static_cast<int>(row_bytes / 16);
@@ -168,81 +167,99 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int nchunks = ceil_div(n16, chunk16);
     const int64_t num_units = static_cast<int64_t>(p.num_tokens) * nchunks;
     int sent = 0;  // lane d: units this warp wrote to rank d
+    const int64_t gstride = static_cast<int64_t>(gridDim.x) * nwarps;
+    bool aborted = false;
 
-    for (int64_t unit = blockIdx.x * nwarps + warp; unit < num_units;
-         unit += static_cast<int64_t>(gridDim.x) * nwarps) {
-        const int t = static_cast<int>(unit / nchunks);
-        const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
-        const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
-        sent += pos >= 0 ? 1 : 0;
-        int row[kR];
+    // Batches of 32 units per warp: lane k first loads the stream positions of the token of unit
+    // k (one round trip for 32 units), then the warp walks the units, broadcasting positions.
+    for (int64_t batch = blockIdx.x * nwarps + warp; batch < num_units && !aborted; batch += 32 * gstride) {
+        int posk[kR];
+        {
+            const int64_t uk = batch + lane * gstride;
+            const long tk = uk < num_units ? static_cast<long>(uk / nchunks) : -1;
 #pragma unroll
-        for (int d = 0; d < kR; ++d) {
-            const int pd = __shfl_sync(kFullMask, pos, d);
-            row[d] = pd >= 0 ? dst_base[d] + pd : -1;
+            for (int d = 0; d < kR; ++d) posk[d] = tk >= 0 ? __ldg(p.send_pos + tk * kR + d) : -1;
         }
+        for (int k = 0; k < 32; ++k) {
+            const int64_t unit = batch + k * gstride;
+            if (unit >= num_units) break;
+            const int t = static_cast<int>(unit / nchunks);
+            const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
 
-        // Row payload: this unit's chunk, all kUnroll loads in flight, then the stores.
-        const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(p.x) +
-                                                        static_cast<int64_t>(t) * row_bytes);
-        const int i0 = c * chunk16 + lane;
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-            if (i0 + 32 * u < n16) v[u] = ld_nc_v4(src + i0 + 32 * u);
-        // Own rank first (no handshake needed: this rank's earlier kernels are complete).
-        const int pos_me = __shfl_sync(kFullMask, pos, me);
-        const int row_me = pos_me >= 0 ? base_me + pos_me : -1;
-        if (row_me >= 0) {
-            int4* dst = reinterpret_cast<int4*>(a.peer_base[me] + a.off_recv_x +
-                                                static_cast<uint64_t>(row_me) * row_bytes);
+            // Row payload: this unit's chunk, all kUnroll loads in flight, then the stores.
+            const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(p.x) +
+                                                            static_cast<int64_t>(t) * row_bytes);
+            const int i0 = c * chunk16 + lane;
+            int4 v[kUnroll];
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u)
-                if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
-        }
-        if (!peers_ready) {
-            if (!ep_warp_wait_ready(a, diag, EP_PHASE_DISPATCH_SEND)) {
-                if (lane == 0) s_abort = 1;
-                break;
-            }
-            peers_ready = true;
-            if (lane == 0) ep_trace(a, EP_TRACE_READY);
-        }
-#pragma unroll
-        for (int d = 0; d < kR; ++d) {
-            if (d == me || row[d] < 0) continue;
-            int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                                static_cast<uint64_t>(row[d]) * row_bytes);
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-                if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
-        }
-        if (c != 0) continue;
+                if (i0 + 32 * u < n16) v[u] = ld_nc_v4(src + i0 + 32 * u);
 
-        // FP8 scales (row-major at the destination).
-        for (int g = lane; g < S; g += 32) {
-            const float sc = __ldg(p.scales + t * p.scale_row_stride + g * p.scale_col_stride);
-#pragma unroll
-            for (int d = 0; d < kR; ++d)
-                if (row[d] >= 0)
-                    st_na_f32(ep_at<float>(a, d, a.off_recv_scales) + static_cast<int64_t>(row[d]) * S + g, sc);
-        }
-
-        // Routing metadata (fresh dispatch only): local expert ids, weights, source index.
-        if (K > 0) {
-            const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<long>(t) * K + lane) : -1;
-            const float wv = lane < K ? __ldg(p.topk_w + static_cast<long>(t) * K + lane) : 0.f;
+            int row[kR];
+            int pos = -1;  // lane d < kR: the token's position in the stream to rank d
 #pragma unroll
             for (int d = 0; d < kR; ++d) {
-                if (row[d] < 0 || lane >= K) continue;
-                const int64_t lo = d * L;
-                const bool local = e >= lo && e < lo + L;
-                const int64_t idx = static_cast<int64_t>(row[d]) * K + lane;
-                st_na_s64(ep_at<int64_t>(a, d, a.off_recv_topk_idx) + idx, local ? e - lo : -1);
-                st_na_f32(ep_at<float>(a, d, a.off_recv_topk_w) + idx, local ? wv : 0.f);
+                const int pd = __shfl_sync(kFullMask, posk[d], k);
+                row[d] = pd >= 0 ? dst_base[d] + pd : -1;
+                if (lane == d) pos = pd;
             }
-            if (lane < kR && pos >= 0)
-                st_na_s32(ep_at<int>(a, lane, a.off_recv_src_idx) + base + pos, t);
+            sent += pos >= 0 ? 1 : 0;
+
+            // Own rank first (no handshake needed: this rank's earlier kernels are complete).
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                if (d != me || row[d] < 0) continue;
+                int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                                    static_cast<uint64_t>(row[d]) * row_bytes);
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u)
+                    if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
+            }
+            if (!peers_ready) {
+                if (!ep_warp_wait_ready(a, diag, EP_PHASE_DISPATCH_SEND)) {
+                    if (lane == 0) s_abort = 1;
+                    aborted = true;
+                    break;
+                }
+                peers_ready = true;
+                if (lane == 0) ep_trace(a, EP_TRACE_READY);
+            }
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                if (d == me || row[d] < 0) continue;
+                int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                                    static_cast<uint64_t>(row[d]) * row_bytes);
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u)
+                    if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
+            }
+            if (c != 0) continue;
+
+            // FP8 scales (row-major at the destination).
+            for (int g = lane; g < S; g += 32) {
+                const float sc = __ldg(p.scales + t * p.scale_row_stride + g * p.scale_col_stride);
+#pragma unroll
+                for (int d = 0; d < kR; ++d)
+                    if (row[d] >= 0)
+                        st_na_f32(ep_at<float>(a, d, a.off_recv_scales) + static_cast<int64_t>(row[d]) * S + g, sc);
+            }
+
+            // Routing metadata (fresh dispatch only): local expert ids, weights, source index.
+            if (K > 0) {
+                const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<long>(t) * K + lane) : -1;
+                const float wv = lane < K ? __ldg(p.topk_w + static_cast<long>(t) * K + lane) : 0.f;
+#pragma unroll
+                for (int d = 0; d < kR; ++d) {
+                    if (row[d] < 0 || lane >= K) continue;
+                    const int64_t lo = d * L;
+                    const bool local = e >= lo && e < lo + L;
+                    const int64_t idx = static_cast<int64_t>(row[d]) * K + lane;
+                    st_na_s64(ep_at<int64_t>(a, d, a.off_recv_topk_idx) + idx, local ? e - lo : -1);
+                    st_na_f32(ep_at<float>(a, d, a.off_recv_topk_w) + idx, local ? wv : 0.f);
+                }
+                if (lane < kR && pos >= 0)
+                    st_na_s32(ep_at<int>(a, lane, a.off_recv_src_idx) + base + pos, t);
+            }
         }
     }
 
@@ -403,86 +420,129 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
     const int chunk16 = 32 * kU;
     const int nchunks = ceil_div(n16, chunk16);
     const int64_t num_units = static_cast<int64_t>(p.num_tokens) * nchunks;
-    for (int64_t unit = blockIdx.x * reduce_warps + (warp - p.push_warps); unit < num_units;
-         unit += static_cast<int64_t>(gridDim.x) * reduce_warps) {
-        const int t = static_cast<int>(unit / nchunks);
-        const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
-        const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
-        bool ok = true;
-        if (lane < kR && lane != me && pos >= 0) {
-            const int* flag = ep_at<int>(a, me, a.off_stage_flag) +
-                              static_cast<int64_t>(ep_stage_slot(lane, me, kR)) * a.max_tokens + pos;
-            EpWait w(diag);
-            while (ld_acquire_sys(flag) != epoch) {
-                if (!w.tick(EP_PHASE_COMBINE_RECV, blockIdx.x, lane, t)) { ok = false; break; }
-            }
-        }
-        if (__any_sync(kFullMask, !ok)) return;
-        __syncwarp();
-
-        int pds[kR];
-        const int4* srcs[kR];
-#pragma unroll
-        for (int d = 0; d < kR; ++d) {
-            const int pd = __shfl_sync(kFullMask, pos, d);
-            pds[d] = pd;
-            if (pd < 0) {
-                srcs[d] = nullptr;
-            } else if (d == me) {
-                srcs[d] = reinterpret_cast<const int4*>(p.y + (off_me + pd) * row_elems);
-            } else {
-                srcs[d] = reinterpret_cast<const int4*>(a.peer_base[me] + a.off_stage_x +
-                                                        ep_stage_slot(d, me, kR) * a.stage_x_slot_bytes) +
-                          static_cast<int64_t>(pd) * n16;
-            }
-        }
-        const int4* b0 = p.bias0 ? reinterpret_cast<const int4*>(p.bias0 + t * row_elems) : nullptr;
-        const int4* b1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1 + t * row_elems) : nullptr;
-        int4* out = reinterpret_cast<int4*>(p.out + t * row_elems);
-
+    const int64_t rstride = static_cast<int64_t>(gridDim.x) * reduce_warps;
+    const int* my_flags = ep_at<int>(a, me, a.off_stage_flag);
+    // Batches of 32 units per warp: lane k checks (acquire) whether the staged rows of unit k
+    // already landed, all lanes in one round trip; the warp then walks the units, spinning only
+    // on those that were not ready in that snapshot (per-unit cost: one data round trip).
+    for (int64_t batch = blockIdx.x * reduce_warps + (warp - p.push_warps); batch < num_units;
+         batch += 32 * rstride) {
+        bool ready = true;
         {
-            const int i = c * chunk16 + lane;
-            // All rank loads in flight first; biases are loaded per group right before use
-            // (keeps registers low: kU*kR int4 + one accumulator group).
-            int4 v[kR][kU];
-#pragma unroll
-            for (int u = 0; u < kU; ++u) {
-                if (i + 32 * u >= n16) continue;
+            const int64_t uk = batch + lane * rstride;
+            if (uk < num_units) {
+                const long tk = static_cast<long>(uk / nchunks);
 #pragma unroll
                 for (int d = 0; d < kR; ++d) {
-                    if (srcs[d] == nullptr) continue;
-                    v[d][u] = d == me ? ld_nc_v4(srcs[d] + i + 32 * u)
-                                      : ld_volatile_v4(srcs[d] + i + 32 * u);
+                    if (d == me) continue;
+                    const int pd = __ldg(p.send_pos + tk * kR + d);
+                    if (pd < 0) continue;
+                    const int* flag = my_flags + static_cast<int64_t>(ep_stage_slot(d, me, kR)) * a.max_tokens + pd;
+                    ready = ready && ld_acquire_sys(flag) == epoch;
                 }
             }
-#pragma unroll
-            for (int u = 0; u < kU; ++u) {
-                if (i + 32 * u >= n16) continue;
-                float acc[8];
-#pragma unroll
-                for (int x = 0; x < 8; ++x) acc[x] = 0.f;
-                if (b0) ep_accumulate_bf16x8(acc, ld_nc_v4(b0 + i + 32 * u));
-                if (b1) ep_accumulate_bf16x8(acc, ld_nc_v4(b1 + i + 32 * u));
-#pragma unroll
-                for (int d = 0; d < kR; ++d)
-                    if (srcs[d] != nullptr) ep_accumulate_bf16x8(acc, v[d][u]);
-                out[i + 32 * u] = ep_pack_bf16x8(acc);
-            }
         }
-
-        if (c == 0 && p.out_w != nullptr && lane < K) {
-            float sum = 0.f;
+        const unsigned ready_mask = __ballot_sync(kFullMask, ready);
+        __syncwarp();
+        for (int k = 0; k < 32; ++k) {
+            const int64_t unit = batch + k * rstride;
+            if (unit >= num_units) break;
+            const int t = static_cast<int>(unit / nchunks);
+            const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
+            // Lane d < kR: the token's position in the stream to rank d (an L1 hit: the snapshot
+            // just loaded it); pds = all of them.
+            const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
+            int pds[kR];
 #pragma unroll
-            for (int d = 0; d < kR; ++d) {
-                const int pd = pds[d];
-                if (pd < 0) continue;
-                sum += d == me ? __ldg(p.topk_w + static_cast<int64_t>(off_me + pd) * K + lane)
-                               : ld_volatile_f32(reinterpret_cast<const float*>(
-                                                     a.peer_base[me] + a.off_stage_w +
-                                                     ep_stage_slot(d, me, kR) * a.stage_w_slot_bytes) +
-                                                 static_cast<int64_t>(pd) * K + lane);
+            for (int d = 0; d < kR; ++d) pds[d] = __shfl_sync(kFullMask, pos, d);
+            if (((ready_mask >> k) & 1u) == 0u) {
+                bool ok = true;
+                if (lane < kR && lane != me && pos >= 0) {
+                    const int* flag = my_flags + static_cast<int64_t>(ep_stage_slot(lane, me, kR)) * a.max_tokens + pos;
+                    EpWait w(diag);
+                    while (ld_acquire_sys(flag) != epoch) {
+                        if (!w.tick(EP_PHASE_COMBINE_RECV, blockIdx.x, lane, t)) { ok = false; break; }
+                    }
+                }
+                if (__any_sync(kFullMask, !ok)) return;
+                __syncwarp();
             }
-            p.out_w[static_cast<int64_t>(t) * K + lane] = sum;
+
+            const int4* b0 = p.bias0 ? reinterpret_cast<const int4*>(p.bias0 + t * row_elems) : nullptr;
+            const int4* b1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1 + t * row_elems) : nullptr;
+            int4* out = reinterpret_cast<int4*>(p.out + t * row_elems);
+            {
+                const int i = c * chunk16 + lane;
+                auto load = [&](int d, int u) -> int4 {
+                    if (d == me)
+                        return ld_nc_v4(reinterpret_cast<const int4*>(p.y) +
+                                        static_cast<int64_t>(off_me + pds[d]) * n16 + i + 32 * u);
+                    return ld_volatile_v4(reinterpret_cast<const int4*>(a.peer_base[me] + a.off_stage_x +
+                                                                        ep_stage_slot(d, me, kR) * a.stage_x_slot_bytes) +
+                                          static_cast<int64_t>(pds[d]) * n16 + i + 32 * u);
+                };
+                if constexpr (kR <= 4) {
+                    // All rank loads in flight first; biases are loaded per group right before use
+                    // (registers: kU*kR int4 + one accumulator group).
+                    int4 v[kR][kU];
+#pragma unroll
+                    for (int u = 0; u < kU; ++u) {
+                        if (i + 32 * u >= n16) continue;
+#pragma unroll
+                        for (int d = 0; d < kR; ++d)
+                            if (pds[d] >= 0) v[d][u] = load(d, u);
+                    }
+#pragma unroll
+                    for (int u = 0; u < kU; ++u) {
+                        if (i + 32 * u >= n16) continue;
+                        float acc[8];
+#pragma unroll
+                        for (int x = 0; x < 8; ++x) acc[x] = 0.f;
+                        if (b0) ep_accumulate_bf16x8(acc, ld_nc_v4(b0 + i + 32 * u));
+                        if (b1) ep_accumulate_bf16x8(acc, ld_nc_v4(b1 + i + 32 * u));
+#pragma unroll
+                        for (int d = 0; d < kR; ++d)
+                            if (pds[d] >= 0) ep_accumulate_bf16x8(acc, v[d][u]);
+                        out[i + 32 * u] = ep_pack_bf16x8(acc);
+                    }
+                } else {
+                    // Many ranks (kU == 1): loads of 4 ranks at a time, summed in rank order.
+                    static_assert(kU == 1, "the many-rank path handles one group per lane");
+                    if (i < n16) {
+                        float acc[8];
+#pragma unroll
+                        for (int x = 0; x < 8; ++x) acc[x] = 0.f;
+                        if (b0) ep_accumulate_bf16x8(acc, ld_nc_v4(b0 + i));
+                        if (b1) ep_accumulate_bf16x8(acc, ld_nc_v4(b1 + i));
+#pragma unroll
+                        for (int g = 0; g < kR; g += 4) {
+                            int4 v[4];
+#pragma unroll
+                            for (int d = g; d < g + 4; ++d)
+                                if (pds[d] >= 0) v[d - g] = load(d, 0);
+#pragma unroll
+                            for (int d = g; d < g + 4; ++d)
+                                if (pds[d] >= 0) ep_accumulate_bf16x8(acc, v[d - g]);
+                        }
+                        out[i] = ep_pack_bf16x8(acc);
+                    }
+                }
+            }
+
+            if (c == 0 && p.out_w != nullptr && lane < K) {
+                float sum = 0.f;
+#pragma unroll
+                for (int d = 0; d < kR; ++d) {
+                    const int pd = pds[d];
+                    if (pd < 0) continue;
+                    sum += d == me ? __ldg(p.topk_w + static_cast<int64_t>(off_me + pd) * K + lane)
+                                   : ld_volatile_f32(reinterpret_cast<const float*>(
+                                                         a.peer_base[me] + a.off_stage_w +
+                                                         ep_stage_slot(d, me, kR) * a.stage_w_slot_bytes) +
+                                                     static_cast<int64_t>(pd) * K + lane);
+                }
+                p.out_w[static_cast<int64_t>(t) * K + lane] = sum;
+            }
         }
     }
     if (lane == 0) ep_trace(a, EP_TRACE_RECEIVED);
