@@ -9,8 +9,9 @@
 //   * every flag is a u64 `(seq << 32) | payload` written once per call (st.release.sys, or
 //     nvshmemx_signal_op after nvshmem_quiet on the put path) and polled with ld.acquire.sys
 //     until its tag equals this call's `seq` (no resets, stale values never match);
-//   * a producer block: every warp stores its rows, `__threadfence_system()`, `__syncthreads()`,
-//     then one thread per flag: fence + release store;
+//   * a producer block: every warp stores its rows, `__syncthreads()`, then one thread per flag
+//     does a release store (st.release.sys is cumulative over the block's writes ordered before
+//     it by the barrier; the put path adds nvshmem_quiet per warp and a system fence);
 //   * a consumer: one thread acquires a flag, `__syncthreads()`, then the block reads the data
 //     with L1-bypassing loads (ld.volatile / ld.global.cg).
 #include <cuda_bf16.h>
@@ -133,6 +134,15 @@ __device__ __forceinline__ bool ll_warp_wait_all(const uint8_t* buf, uint64_t of
     fence_acq_rel_sys();
     __syncwarp();
     return true;
+}
+
+// Producer-side fence before the barrier that precedes a flag. NVLink path: none needed — the
+// flag is a st.release.sys by one thread after __syncthreads(), and release is cumulative over
+// the writes of the block that the barrier ordered before it (the CUTLASS / DeepEP publication
+// pattern). Put path: a system fence after nvshmem_quiet, to be conservative.
+template <bool kPut>
+__device__ __forceinline__ void ll_publish_fence() {
+    if (kPut) __threadfence_system();
 }
 
 // The NVSHMEM put path lives in non-inlined helpers so that the ABI call does not force the
@@ -342,7 +352,7 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             }
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
-        __threadfence_system();
+        ll_publish_fence<kPut>();
         __syncthreads();
         if (!s_fail) {
             // Rows of (expert, this source) are complete: tell the owner.
@@ -350,7 +360,7 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                 const int e = b + ei * G;
                 if (e >= E) continue;
                 const int d = e / L, le = e % L;
-                __threadfence_system();
+                ll_publish_fence<kPut>();
                 ll_signal<kPut>(a.buf, a.peer_base, d, a.off_done_sig + (static_cast<uint64_t>(le) * R + me) * 8,
                           ll_tag(seq, static_cast<uint32_t>(min(cnt[ei], NM))));
             }
@@ -544,11 +554,11 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
             }
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
-        __threadfence_system();
+        ll_publish_fence<kPut>();
         __syncthreads();
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
-            __threadfence_system();
+            ll_publish_fence<kPut>();
             ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
         }
         if (tid == 0) epoch[b] = seq;
@@ -755,13 +765,13 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
             }
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
-        __threadfence_system();
+        ll_publish_fence<kPut>();
         __syncthreads();
         if (!s_fail) {
             // This block's tokens are staged everywhere they go: flag every rank (with N, so the
             // receiver knows how many tokens to scan).
             for (int r = tid; r < R; r += LL_THREADS) {
-                __threadfence_system();
+                ll_publish_fence<kPut>();
                 ll_signal<kPut>(a.buf, a.peer_base, r, a.off_tok_flags + (static_cast<uint64_t>(me) * G + b) * 8,
                                 ll_tag(seq, static_cast<uint32_t>(N)));
             }
@@ -937,7 +947,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 }
             }
             if (kPut) ll_nvshmem_quiet();
-            __threadfence_system();
+            ll_publish_fence<kPut>();
             __syncthreads();
             for (int r = tid; r < R; r += LL_THREADS)
                 if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_wts_flag + static_cast<uint64_t>(me) * 8,
@@ -1032,11 +1042,11 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             }
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
-        __threadfence_system();
+        ll_publish_fence<kPut>();
         __syncthreads();
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
-            __threadfence_system();
+            ll_publish_fence<kPut>();
             ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
         }
         if (tid == 0) epoch[b] = seq;
