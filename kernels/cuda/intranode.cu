@@ -167,12 +167,21 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int nchunks = ceil_div(n16, chunk16);
     const int64_t num_units = static_cast<int64_t>(p.num_tokens) * nchunks;
     int sent = 0;  // lane d: units this warp wrote to rank d
-    const int64_t gstride = static_cast<int64_t>(gridDim.x) * nwarps;
+    // Roles: with local_warps > 0, warps [0, local_warps) copy only to this rank and the others
+    // only to the peers (two pure streams); otherwise every warp copies each unit everywhere.
+    const bool split = p.local_warps > 0;
+    const bool role_local = split && warp < p.local_warps;
+    const bool do_own = !split || role_local;
+    const bool do_peers = !split || !role_local;
+    const int role_warps = split ? (role_local ? p.local_warps : nwarps - p.local_warps) : nwarps;
+    const int role_warp = split && !role_local ? warp - p.local_warps : warp;
+    const int64_t gstride = static_cast<int64_t>(gridDim.x) * role_warps;
     bool aborted = false;
 
     // Batches of 32 units per warp: lane k first loads the stream positions of the token of unit
     // k (one round trip for 32 units), then the warp walks the units, broadcasting positions.
-    for (int64_t batch = blockIdx.x * nwarps + warp; batch < num_units && !aborted; batch += 32 * gstride) {
+    for (int64_t batch = blockIdx.x * role_warps + role_warp; batch < num_units && !aborted;
+         batch += 32 * gstride) {
         int posk[kR];
         {
             const int64_t uk = batch + lane * gstride;
@@ -203,7 +212,12 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                 row[d] = pd >= 0 ? dst_base[d] + pd : -1;
                 if (lane == d) pos = pd;
             }
-            sent += pos >= 0 ? 1 : 0;
+            sent += pos >= 0 && do_peers ? 1 : 0;
+            // Which destinations this warp serves.
+#pragma unroll
+            for (int d = 0; d < kR; ++d)
+                if (!(d == me ? do_own : do_peers)) row[d] = -1;
+            if (!(lane == me ? do_own : do_peers)) pos = -1;
 
             // Own rank first (no handshake needed: this rank's earlier kernels are complete).
 #pragma unroll
@@ -215,7 +229,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                 for (int u = 0; u < kUnroll; ++u)
                     if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
             }
-            if (!peers_ready) {
+            if (!peers_ready && do_peers) {
                 if (!ep_warp_wait_ready(a, diag, EP_PHASE_DISPATCH_SEND)) {
                     if (lane == 0) s_abort = 1;
                     aborted = true;
@@ -305,7 +319,7 @@ ep_intranode_dispatch_r4(IntranodeArgs a, DispatchParams p, EpDiag diag) {
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_dispatch_r8(IntranodeArgs a, DispatchParams p, EpDiag diag) {
-    dispatch_impl<8, 4>(a, p, diag);
+    dispatch_impl<8, 3>(a, p, diag);
 }
 
 // =========================================================================================

@@ -69,7 +69,7 @@ struct NotifyParams {
     int32_t pad_;
 };
 
-// Mirrored by `DispatchParams` (size 88 bytes).
+// Mirrored by `DispatchParams` (size 96 bytes).
 struct DispatchParams {
     const void* x;                      // [N][row_bytes] (bf16 or e4m3 bytes)
     const float* scales;                // FP8 only: element (t, g) at scales[t*scale_row_stride + g*scale_col_stride]; null for BF16
@@ -84,6 +84,8 @@ struct DispatchParams {
     int32_t num_scales;                 // S (0 for BF16)
     int32_t num_topk;                   // K (0 in cached mode: no top-k / src_idx written)
     int32_t num_local_experts;          // L
+    int32_t local_warps;                // 0: every warp copies everywhere; k: k warps per block copy to this rank only
+    int32_t pad_;
 };
 
 // Mirrored by `CombineParams` (size 88 bytes).
@@ -106,7 +108,7 @@ struct CombineParams {
 
 static_assert(sizeof(IntranodeArgs) == 208, "IntranodeArgs layout");
 static_assert(sizeof(NotifyParams) == 64, "NotifyParams layout");
-static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
+static_assert(sizeof(DispatchParams) == 96, "DispatchParams layout");
 static_assert(sizeof(CombineParams) == 88, "CombineParams layout");
 
 // ---- address helpers ---------------------------------------------------------------------

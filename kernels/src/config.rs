@@ -25,6 +25,9 @@ pub struct Config {
     pub num_sms: usize,
     /// Warps per dispatch block, 1..=24.
     pub dispatch_warps: usize,
+    /// 0: every dispatch warp copies each unit to all its destinations. k > 0: k warps per block
+    /// copy only to this rank and the other `dispatch_warps - k` only to the peers.
+    pub dispatch_local_warps: usize,
     /// Warps per combine block, 2..=24.
     pub combine_warps: usize,
     /// Of the combine warps, how many push rows to their origin rank (the rest reduce);
@@ -36,7 +39,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { num_sms: 24, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
+        Config { num_sms: 24, dispatch_warps: 24, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
     }
 }
 
@@ -61,6 +64,12 @@ impl Config {
                 "config.dispatch_warps {} is outside 1..={MAX_WARPS_PER_BLOCK} (the kernels are compiled for at most {} threads per block); pick a value in that range",
                 self.dispatch_warps,
                 MAX_WARPS_PER_BLOCK * 32
+            ));
+        }
+        if self.dispatch_local_warps >= self.dispatch_warps {
+            return bad(format!(
+                "config.dispatch_local_warps {} must be below dispatch_warps {} (some warps must copy to the peers); use 0 to let every warp copy everywhere",
+                self.dispatch_local_warps, self.dispatch_warps
             ));
         }
         if self.combine_warps < 2 || self.combine_warps > MAX_WARPS_PER_BLOCK {
@@ -256,6 +265,8 @@ mod tests {
         assert!(e.contains("dispatch_warps"), "{e}");
         let e = Config { combine_push_rows: 0, ..Config::default() }.validate(None).unwrap_err().to_string();
         assert!(e.contains("combine_push_rows"), "{e}");
+        let e = Config { dispatch_local_warps: 24, ..Config::default() }.validate(None).unwrap_err().to_string();
+        assert!(e.contains("dispatch_local_warps"), "{e}");
         // Odd SM counts are fine here (no sender/receiver pairs).
         assert!(Config::with_sms(7).validate(Some(132)).is_ok());
     }

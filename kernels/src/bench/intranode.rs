@@ -7,8 +7,8 @@
 //! all-to-all baseline for the same per-peer bytes (combine: the transposed counts).
 //!
 //! Configs: `--num-sms` (default 24 blocks) with the default warp split, or several configs via
-//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows],..."` (e.g.
-//! `24:24:24:12,16:24:24:12:1,24:16:24:8:4`), each measured in turn (tuning without rebuilding).
+//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]],..."`
+//! (e.g. `24:24:24:12,16:24:24:12:1,24:24:24:8:4:8`), each measured in turn (tuning without rebuilding).
 
 use super::{token_bytes, BenchCtx, Row, Shape};
 use crate::config::Config;
@@ -28,21 +28,28 @@ pub fn configs(num_sms: Option<u32>) -> Result<Vec<Config>> {
     Ok(vec![Config::with_sms(num_sms.map_or(Config::default().num_sms, |n| n as usize))])
 }
 
-/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows]`.
+/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]]`.
 pub fn parse_config(s: &str) -> Result<Config> {
     let v: Vec<usize> = s.split(':').map(|x| x.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().map_err(|_| bad_config(s))?;
-    if v.len() != 4 && v.len() != 5 {
+    if !(4..=6).contains(&v.len()) {
         return Err(bad_config(s));
     }
-    let push_rows = v.get(4).copied().unwrap_or(Config::default().combine_push_rows);
-    let c = Config { num_sms: v[0], dispatch_warps: v[1], combine_warps: v[2], combine_push_warps: v[3], combine_push_rows: push_rows };
+    let d = Config::default();
+    let c = Config {
+        num_sms: v[0],
+        dispatch_warps: v[1],
+        combine_warps: v[2],
+        combine_push_warps: v[3],
+        combine_push_rows: v.get(4).copied().unwrap_or(d.combine_push_rows),
+        dispatch_local_warps: v.get(5).copied().unwrap_or(d.dispatch_local_warps),
+    };
     c.validate(None)?;
     Ok(c)
 }
 
 fn bad_config(s: &str) -> EpError {
     EpError::InvalidArgument(format!(
-        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows] (four or five integers, e.g. 24:24:24:12 or 24:24:24:12:2)"
+        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]] (four to six integers, e.g. 24:24:24:12 or 24:24:24:12:2:8)"
     ))
 }
 
@@ -83,7 +90,10 @@ fn traced(buf: &mut Buffer, name: &str, shape: Shape, remote_bytes: usize, op: &
 
 fn op_name(base: &str, cfg: &Config, many: bool) -> String {
     if many {
-        format!("{base}[{}:{}:{}:{}:{}]", cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps, cfg.combine_push_rows)
+        format!(
+            "{base}[{}:{}:{}:{}:{}:{}]",
+            cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps, cfg.combine_push_rows, cfg.dispatch_local_warps
+        )
     } else {
         base.to_string()
     }
@@ -170,13 +180,17 @@ mod tests {
     use super::*;
     #[test]
     fn parses_configs_and_rejects_bad_ones() {
-        assert_eq!(parse_config("16:24:24:12").unwrap(), Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 });
+        assert_eq!(
+            parse_config("16:24:24:12").unwrap(),
+            Config { num_sms: 16, dispatch_warps: 24, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
+        );
         assert_eq!(parse_config("16:24:24:12:4").unwrap().combine_push_rows, 4);
+        assert_eq!(parse_config("16:24:24:12:4:8").unwrap().dispatch_local_warps, 8);
         let e = parse_config("16:24:24").unwrap_err().to_string();
         assert!(e.contains("sms:dispatch_warps:combine_warps:push_warps"), "{e}");
         let e = parse_config("16:24:24:24").unwrap_err().to_string();
         assert!(e.contains("combine_push_warps"), "{e}");
         let e = parse_config("a:b:c:d").unwrap_err().to_string();
-        assert!(e.contains("four or five integers"), "{e}");
+        assert!(e.contains("four to six integers"), "{e}");
     }
 }

@@ -49,7 +49,7 @@ pub struct NotifyParams {
     pub pad_: i32,
 }
 
-/// Mirror of `DispatchParams` (88 bytes).
+/// Mirror of `DispatchParams` (96 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DispatchParams {
@@ -66,6 +66,8 @@ pub struct DispatchParams {
     pub num_scales: i32,
     pub num_topk: i32,
     pub num_local_experts: i32,
+    pub local_warps: i32,
+    pub pad_: i32,
 }
 
 /// Mirror of `CombineParams` (88 bytes).
@@ -93,7 +95,7 @@ const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 208);
 /// `EP_TRACE_SLOTS` of `intranode.cuh`.
 pub const TRACE_SLOTS: usize = 8;
 const _: () = assert!(std::mem::size_of::<NotifyParams>() == 64);
-const _: () = assert!(std::mem::size_of::<DispatchParams>() == 88);
+const _: () = assert!(std::mem::size_of::<DispatchParams>() == 96);
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 88);
 
 impl IntranodeArgs {

@@ -357,9 +357,10 @@ fn layout_bad_expert_id(c: &Ctx) -> CaseResult {
 
 /// The intranode cases, in a fixed order.
 pub fn cases() -> Vec<Case> {
-    let odd = Config { num_sms: 5, dispatch_warps: 7, combine_warps: 7, combine_push_warps: 3, combine_push_rows: 3 };
-    let tiny = Config { num_sms: 1, dispatch_warps: 1, combine_warps: 2, combine_push_warps: 1, combine_push_rows: 1 };
-    let wide = Config { num_sms: 32, dispatch_warps: 16, combine_warps: 24, combine_push_warps: 16, combine_push_rows: 4 };
+    let odd = Config { num_sms: 5, dispatch_warps: 7, dispatch_local_warps: 0, combine_warps: 7, combine_push_warps: 3, combine_push_rows: 3 };
+    let tiny = Config { num_sms: 1, dispatch_warps: 1, dispatch_local_warps: 0, combine_warps: 2, combine_push_warps: 1, combine_push_rows: 1 };
+    let wide = Config { num_sms: 32, dispatch_warps: 16, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 16, combine_push_rows: 4 };
+    let split = Config { num_sms: 12, dispatch_warps: 20, dispatch_local_warps: 6, ..Config::default() };
     vec![
         case("deepep_shape_bf16_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).cached()),
         case("deepep_shape_fp8_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).fp8().cached()),
@@ -375,6 +376,7 @@ pub fn cases() -> Vec<Case> {
         case("single_block_single_warp", Spec::new(Tokens::Ragged(150), 2048, 4, 32).biases(1).cached().config(tiny)),
         case("reuse_six_rounds", Spec::new(Tokens::Ragged(256), 4096, 8, 64).masked(0.05).cached().rounds(6)),
         case("wide_config_32sms_push4", Spec::new(Tokens::Ragged(2048), 7168, 8, 256).biases(1).cached().rounds(2).config(wide)),
+        case("split_dispatch_roles_fp8", Spec::new(Tokens::Ragged(1500), 4096, 8, 64).fp8().masked(0.1).cached().rounds(2).config(split)),
         Case::new("intranode/layout_bad_expert_id_reported", layout_bad_expert_id).min_world(2),
         Case::new("intranode/peer_missing_times_out", peer_missing_times_out).min_world(2),
     ]

@@ -560,6 +560,8 @@ impl<'g> Buffer<'g> {
             num_scales: plan.num_scales as i32,
             num_topk: if topk.is_some() { plan.num_topk as i32 } else { 0 },
             num_local_experts: topk.map_or(0, |t| t.2 as i32),
+            local_warps: a.config.dispatch_local_warps as i32,
+            pad_: 0,
         };
         self.reset_trace()?;
         let args = self.args();
