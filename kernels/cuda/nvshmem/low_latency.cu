@@ -166,6 +166,13 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, S = H / 128, me = a.rank;
+    // Peer table in shared memory (loaded while the first global loads are in flight).
+    __shared__ uint64_t s_peer_buf[32];
+    const uint64_t* peers = a.peer_base;
+    if (R <= 32) {
+        if (tid < R) s_peer_buf[tid] = a.peer_base[tid];
+        peers = s_peer_buf;
+    }
     const int epb = a.experts_per_block, lpb = (L + G - 1) / G;
     const int row_bytes = a.use_fp8 ? H : 2 * H;
     int* cnt = smem;
@@ -209,7 +216,7 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
             }
             const int d = e / L;
             if ((r - d + R) % R > (me - d + R) % R)
-                ll_signal<kPut>(a.buf, a.peer_base, r, a.off_count_sig + (static_cast<uint64_t>(e) * R + me) * 8,
+                ll_signal<kPut>(a.buf, peers, r, a.off_count_sig + (static_cast<uint64_t>(e) * R + me) * 8,
                                 ll_tag(seq, static_cast<uint32_t>(c)));
         }
 
@@ -269,13 +276,13 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                 const int sel = list[ei * NM + i];
                 const int t = sel / K, k = sel % K;
                 const int slot = begin[ei] + i;
-                const uint64_t peer = a.peer_base[d];
+                const uint64_t peer = peers[d];
                 const bool direct = !kPut || peer != 0;  // !kPut: the host checked every peer is reachable
                 const uint64_t row_off = a.off_x + (static_cast<uint64_t>(le) * RNM + slot) * row_bytes;
                 if (seg == 0 && lane == 0) {
                     const uint64_t idx = (static_cast<uint64_t>(le) * RNM + slot) * 4;
-                    ll_put_int<kPut>(a.buf, a.peer_base, d, a.off_src_info + idx, t);
-                    ll_put_int<kPut>(a.buf, a.peer_base, d, a.off_src_k + idx, k);
+                    ll_put_int<kPut>(a.buf, peers, d, a.off_src_info + idx, t);
+                    ll_put_int<kPut>(a.buf, peers, d, a.off_src_k + idx, k);
                     reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
                 }
                 const uint8_t* xrow = static_cast<const uint8_t*>(a.x) + static_cast<uint64_t>(t) * H * 2;
@@ -361,7 +368,7 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                 if (e >= E) continue;
                 const int d = e / L, le = e % L;
                 ll_publish_fence<kPut>();
-                ll_signal<kPut>(a.buf, a.peer_base, d, a.off_done_sig + (static_cast<uint64_t>(le) * R + me) * 8,
+                ll_signal<kPut>(a.buf, peers, d, a.off_done_sig + (static_cast<uint64_t>(le) * R + me) * 8,
                           ll_tag(seq, static_cast<uint32_t>(min(cnt[ei], NM))));
             }
         }
@@ -439,6 +446,13 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    // Peer table in shared memory (loaded while the first global loads are in flight).
+    __shared__ uint64_t s_peer_buf[32];
+    const uint64_t* peers = a.peer_base;
+    if (R <= 32) {
+        if (tid < R) s_peer_buf[tid] = a.peer_base[tid];
+        peers = s_peer_buf;
+    }
     uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
     const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
                                                     : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
@@ -460,7 +474,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
         // Announce that this rank (as an origin) has started the call.
         if (b == 0) {
             for (int r = tid; r < R; r += LL_THREADS)
-                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
+                if (r != me) ll_signal<kPut>(a.buf, peers, r, a.off_comb_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
         }
         if (a.wait_ready) {
             for (int r = tid; r < R; r += LL_THREADS) {
@@ -533,7 +547,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
             const uint8_t* src = y + slot * row_bytes + off0;
             const uint64_t dst_off =
                 a.off_comb_recv + (static_cast<uint64_t>(t) * LL_MAX_TOPK + k) * row_bytes + off0;
-            const uint64_t peer = a.peer_base[s];
+            const uint64_t peer = peers[s];
             const bool direct = !kPut || peer != 0;
             uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + dst_off) : stage;
             int4 v[4];
@@ -559,7 +573,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
             ll_publish_fence<kPut>();
-            ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
+            ll_signal<kPut>(a.buf, peers, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
         }
         if (tid == 0) epoch[b] = seq;
     }
@@ -641,6 +655,13 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, S = H / 128, me = a.rank;
+    // Peer table in shared memory (loaded while the first global loads are in flight).
+    __shared__ uint64_t s_peer_buf[32];
+    const uint64_t* peers = a.peer_base;
+    if (R <= 32) {
+        if (tid < R) s_peer_buf[tid] = a.peer_base[tid];
+        peers = s_peer_buf;
+    }
     const int lpb = (L + G - 1) / G;
     const int row_bytes = a.use_fp8 ? H : 2 * H;
     const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
@@ -655,7 +676,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
         // destination has started this call (so its deferred receive is done) before writing.
         if (b == 0) {
             for (int r = tid; r < R; r += LL_THREADS)
-                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
+                if (r != me) ll_signal<kPut>(a.buf, peers, r, a.off_ready + static_cast<uint64_t>(me) * 8, ll_tag(seq, 0));
         }
         if (a.wait_ready) {
             for (int r = tid; r < R; r += LL_THREADS) {
@@ -693,7 +714,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 // receiver ever bins a stale entry of a token that was not sent to it.
                 for (int r = 0; r < R; ++r) {
                     const uint64_t off = entry + a.tk_off + lane * 4;
-                    if (!kPut || a.peer_base[r] != 0) *reinterpret_cast<int*>(a.peer_base[r] + off) = e_lane;
+                    if (!kPut || peers[r] != 0) *reinterpret_cast<int*>(peers[r] + off) = e_lane;
                     else nvshmem_int_p(reinterpret_cast<int*>(a.buf + off), e_lane, r);
                 }
             }
@@ -728,7 +749,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 const uint64_t s_off = entry + 2 * static_cast<uint64_t>(H) + (c0 / 128) * 4;
                 for (uint32_t m = dest; m != 0; m &= m - 1) {
                     const int r = __ffs(m) - 1;
-                    const uint64_t peer = a.peer_base[r];
+                    const uint64_t peer = peers[r];
                     const bool direct = !kPut || peer != 0;
                     uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
 #pragma unroll
@@ -748,7 +769,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 const uint64_t d_off = entry + c0 * 2;
                 for (uint32_t m = dest; m != 0; m &= m - 1) {
                     const int r = __ffs(m) - 1;
-                    const uint64_t peer = a.peer_base[r];
+                    const uint64_t peer = peers[r];
                     const bool direct = !kPut || peer != 0;
                     uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
 #pragma unroll
@@ -772,7 +793,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
             // receiver knows how many tokens to scan).
             for (int r = tid; r < R; r += LL_THREADS) {
                 ll_publish_fence<kPut>();
-                ll_signal<kPut>(a.buf, a.peer_base, r, a.off_tok_flags + (static_cast<uint64_t>(me) * G + b) * 8,
+                ll_signal<kPut>(a.buf, peers, r, a.off_tok_flags + (static_cast<uint64_t>(me) * G + b) * 8,
                                 ll_tag(seq, static_cast<uint32_t>(N)));
             }
         }
@@ -924,6 +945,13 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    // Peer table in shared memory (loaded while the first global loads are in flight).
+    __shared__ uint64_t s_peer_buf[32];
+    const uint64_t* peers = a.peer_base;
+    if (R <= 32) {
+        if (tid < R) s_peer_buf[tid] = a.peer_base[tid];
+        peers = s_peer_buf;
+    }
     const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
     uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
     const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
@@ -942,7 +970,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 const uint64_t off = a.off_wts + ((static_cast<uint64_t>(me) * NM + t) * LL_MAX_TOPK + k) * 4;
                 for (int r = 0; r < R; ++r) {
                     if (r == me) continue;
-                    if (!kPut || a.peer_base[r] != 0) *reinterpret_cast<float*>(a.peer_base[r] + off) = w;
+                    if (!kPut || peers[r] != 0) *reinterpret_cast<float*>(peers[r] + off) = w;
                     else nvshmem_float_p(reinterpret_cast<float*>(a.buf + off), w, r);
                 }
             }
@@ -950,7 +978,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             ll_publish_fence<kPut>();
             __syncthreads();
             for (int r = tid; r < R; r += LL_THREADS)
-                if (r != me) ll_signal<kPut>(a.buf, a.peer_base, r, a.off_wts_flag + static_cast<uint64_t>(me) * 8,
+                if (r != me) ll_signal<kPut>(a.buf, peers, r, a.off_wts_flag + static_cast<uint64_t>(me) * 8,
                                              ll_tag(seq, static_cast<uint32_t>(N)));
         }
         // Owner role: wait for every origin's weights (it has also started this call, so its
@@ -1026,7 +1054,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
             }
             const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + (rest % nseg) * LL_REDUCE_SEG) * 4;
-            const uint64_t peer = a.peer_base[s];
+            const uint64_t peer = peers[s];
             const bool direct = !kPut || peer != 0;
             uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
             if (c0 < H) {
@@ -1047,7 +1075,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
             ll_publish_fence<kPut>();
-            ll_signal<kPut>(a.buf, a.peer_base, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
+            ll_signal<kPut>(a.buf, peers, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
         }
         if (tid == 0) epoch[b] = seq;
     }
