@@ -52,6 +52,24 @@ PY
 }
 NVS_LIB="$(wheel_lib nvidia.nvshmem)"
 NCCL_LIB="$(wheel_lib nvidia.nccl)"
+# CUPTI (kernel timestamps for the bench's 'kernel us' column, DeepEP's method): any
+# nvidia/*/lib/libcupti.so* of the venv (nvidia-cuda-cupti ships nvidia/cu13/lib/libcupti.so.13).
+if [[ -z "${DEEPEP_CUPTI_LIB:-}" ]]; then
+  DEEPEP_CUPTI_LIB="$("$PYTHON" - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+except Exception:
+    raise SystemExit
+for p in list(nvidia.__path__):
+    hits = sorted(glob.glob(os.path.join(p, "*", "lib", "libcupti.so*")))
+    if hits:
+        print(hits[0])
+        break
+PY
+)"
+fi
+if [[ -n "$DEEPEP_CUPTI_LIB" ]]; then export DEEPEP_CUPTI_LIB; else unset DEEPEP_CUPTI_LIB; fi
 [[ -n "$NVS_LIB" ]] || echo "gpu-sweep: warning: nvidia-nvshmem-cu13 not found by $PYTHON; NVSHMEM modes will fail to start" >&2
 [[ -n "$NCCL_LIB" ]] || echo "gpu-sweep: warning: nvidia-nccl-cu13 not found by $PYTHON; the NCCL baseline will be missing" >&2
 
@@ -75,6 +93,7 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE   # the binaries launch their 
   echo "git: $(git rev-parse HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) changed files"
   echo "NVSHMEM lib: ${NVS_LIB:-missing}"
   echo "NCCL lib: ${NCCL_LIB:-missing}"
+  echo "CUPTI lib: ${DEEPEP_CUPTI_LIB:-missing}"
   "$PYTHON" -m pip show nvidia-nvshmem-cu13 nvidia-nccl-cu13 2>/dev/null | grep -E '^(Name|Version):'
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   env | grep -E '^(NVSHMEM|NCCL)_' | sort

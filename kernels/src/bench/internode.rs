@@ -122,6 +122,8 @@ fn measure2(
             None
         },
         per_rank: stats.clone(),
+        kernel_us: None,
+        kernel_gbps: None,
     };
     Ok(vec![
         row("rdma", rdma_bytes[rslow], rdma_gbps, false),

@@ -23,6 +23,7 @@ pub mod low_latency;
 use crate::error::{EpError, Result};
 use crate::reference::random;
 use crate::runtime::nccl::Nccl;
+use crate::runtime::cupti;
 use crate::runtime::timing::{time_op, L2Flush, Stats, TimingOpts};
 use crate::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
 use std::collections::HashMap;
@@ -190,6 +191,11 @@ pub struct Row {
     pub ratio: Option<f64>,
     /// Every rank's timing.
     pub per_rank: Vec<Stats>,
+    /// Kernel time (CUPTI: first kernel start to last kernel end per repetition, median, slowest
+    /// rank), as DeepEP's profiler-based figures; `None` without CUPTI.
+    pub kernel_us: Option<f64>,
+    /// GB/s over `kernel_us` (smallest over ranks).
+    pub kernel_gbps: Option<f64>,
 }
 
 /// What a mode gets: the rank's communicator and GPU, an L2 flush buffer, the NCCL baseline.
@@ -205,6 +211,8 @@ pub struct BenchCtx<'a> {
     /// Median time of an empty kernel measured the same way (slowest rank): the floor that
     /// event timing adds to every figure (DeepEP's profiler-based kernel times do not have it).
     pub floor_us: f64,
+    /// Why kernel times (CUPTI) are not measured, if they are not (same on every rank).
+    pub kernel_timer_error: Option<String>,
 }
 
 impl<'a> BenchCtx<'a> {
@@ -223,7 +231,14 @@ impl<'a> BenchCtx<'a> {
         let floor = time_op(gpu, comm, opts.timing, Some(&flush), || gpu.launch(&empty, &LaunchCfg::new(1, 32), crate::args![0u64]))?
             .gather(comm)?;
         let floor_us = floor.iter().map(|s| s.median_us).fold(0.0, f64::max);
-        Ok(BenchCtx { comm, gpu, opts, flush, nccl, nccl_error, nccl_cache: HashMap::new(), floor_us })
+        let local = cupti::kernel_timer().err().map(String::from);
+        let all = comm.all_gather(local.as_deref().unwrap_or("").as_bytes())?;
+        let kernel_timer_error = all
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !m.is_empty())
+            .map(|(r, m)| format!("rank {r}: {}", String::from_utf8_lossy(m)));
+        Ok(BenchCtx { comm, gpu, opts, flush, nccl, nccl_error, nccl_cache: HashMap::new(), floor_us, kernel_timer_error })
     }
 
     /// Why the NCCL baseline is missing, if it is.
@@ -242,6 +257,35 @@ impl<'a> BenchCtx<'a> {
         time_op(self.gpu, self.comm, self.opts.timing, Some(&self.flush), op)?.gather(self.comm)
     }
 
+    /// Kernel times of `op` (collective): `reps` repetitions, each after an L2 flush, recorded
+    /// with CUPTI; every rank's stats, or `None` when CUPTI is off or a rank could not split its
+    /// records into repetitions.
+    pub fn kernel_time(&self, mut op: impl FnMut() -> Result<()>) -> Result<Option<Vec<Stats>>> {
+        if self.kernel_timer_error.is_some() {
+            return Ok(None);
+        }
+        let timer = cupti::kernel_timer().map_err(|e| EpError::Unsupported(e.to_string()))?;
+        let (gpu, reps) = (self.gpu, self.opts.timing.reps);
+        self.gpu.sync("before kernel timing")?;
+        self.comm.barrier()?;
+        let acts = timer.record(|| {
+            for _ in 0..reps {
+                self.flush.flush(gpu)?;
+                op()?;
+            }
+            gpu.sync("kernel-timed repetitions")
+        })?;
+        let spans = cupti::spans_per_rep(&acts, self.flush.bytes() as u64, reps);
+        if spans.is_none() {
+            tracing::warn!("kernel timing: {} activity records could not be split into {reps} repetitions", acts.len());
+        }
+        let ok = self.comm.all_gather(&[spans.is_some() as u8])?.iter().all(|v| v[0] == 1);
+        if !ok {
+            return Ok(None);
+        }
+        Ok(Some(Stats::from_samples(spans.unwrap()).gather(self.comm)?))
+    }
+
     /// Measure one operation and its NCCL baseline. `recv_bytes[r]` is what rank `r` receives
     /// (the figure's numerator); `send_to` / `recv_from` are this rank's per-peer byte counts
     /// for the NCCL all-to-all moving the same bytes (pass the transposed counts for a combine).
@@ -257,8 +301,10 @@ impl<'a> BenchCtx<'a> {
         recv_from: &[usize],
         op: impl FnMut() -> Result<()>,
     ) -> Result<Row> {
-        let per_rank = self.time(op)?;
+        let mut op = op;
+        let per_rank = self.time(&mut op)?;
         let (us, gbps, slow) = figures(&per_rank, recv_bytes);
+        let kernel = self.kernel_time(&mut op)?.map(|k| figures(&k, recv_bytes));
         let nccl = self.nccl_baseline(send_to, recv_from)?;
         Ok(Row {
             mode: mode.into(),
@@ -272,6 +318,8 @@ impl<'a> BenchCtx<'a> {
             nccl_gbps: nccl.map(|n| n.1),
             ratio: nccl.map(|n| gbps / n.1),
             per_rank,
+            kernel_us: kernel.map(|k| k.0),
+            kernel_gbps: kernel.map(|k| k.1),
         })
     }
 
@@ -354,6 +402,8 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 nccl_gbps: Some(gbps),
                 ratio: Some(1.0),
                 per_rank: Vec::new(),
+                kernel_us: None,
+                kernel_gbps: None,
             });
         }
     }
@@ -365,13 +415,13 @@ pub fn format_table(rows: &[Row]) -> String {
     let opw = rows.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
     let modew = rows.iter().map(|r| r.mode.len()).chain([4]).max().unwrap_or(4);
     let mut s = format!(
-        "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
-        "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "us", "GB/s", "NCCL us", "NCCL GB/s", "ratio"
+        "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
+        "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "us", "GB/s", "kernel us", "kern GB/s", "NCCL us", "NCCL GB/s", "ratio"
     );
     let opt = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
     for r in rows {
         s.push_str(&format!(
-            "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>6}\n",
+            "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
             r.mode,
             r.op,
             r.shape.tokens,
@@ -381,6 +431,8 @@ pub fn format_table(rows: &[Row]) -> String {
             if r.num_sms == 0 { "-".to_string() } else { r.num_sms.to_string() },
             r.us,
             r.gbps,
+            opt(r.kernel_us, 1),
+            opt(r.kernel_gbps, 1),
             opt(r.nccl_us, 1),
             opt(r.nccl_gbps, 1),
             opt(r.ratio, 2)
@@ -431,12 +483,14 @@ mod tests {
             nccl_gbps: None,
             ratio: None,
             per_rank: vec![],
+            kernel_us: Some(180.04),
+            kernel_gbps: None,
         };
         let t = format_table(&[row("dispatch-bf16"), row("dispatch-bf16-uncached rdma")]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{t}");
-        assert!(lines[1].contains(" 213.0 ") && lines[1].contains(" 549.9 ") && lines[1].ends_with("     -"), "{t}");
+        assert!(lines[1].contains(" 213.0 ") && lines[1].contains(" 549.9 ") && lines[1].contains(" 180.0 ") && lines[1].ends_with("     -"), "{t}");
     }
 
     #[test]

@@ -158,6 +158,10 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     }
     if me == 0 {
         println!("timing floor: an empty kernel measures {:.1} us the same way (included in every 'us' below)", ctx.floor_us);
+        match &ctx.kernel_timer_error {
+            None => println!("kernel us: CUPTI kernel timestamps, first kernel start to last kernel end per repetition (DeepEP's method)"),
+            Some(e) => println!("kernel us: not measured ({e})"),
+        }
     }
     let modes: Vec<Mode> = if cli.mode == Mode::All { vec![Mode::Intranode, Mode::LowLatency, Mode::Internode, Mode::Nccl] } else { vec![cli.mode] };
     let mut rows = Vec::new();
@@ -189,6 +193,7 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
         }
     }
     let ctx_floor_us = ctx.floor_us;
+    let kernel_timer = ctx.kernel_timer_error.clone().unwrap_or_else(|| "cupti".into());
     drop(ctx);
     if me == 0 {
         print!("{}", bench::format_table(&rows));
@@ -202,6 +207,7 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
                 "warmup": timing.warmup,
                 "reps": timing.reps,
                 "timing_floor_us": ctx_floor_us,
+                "kernel_timer": kernel_timer,
                 "rows": rows,
                 "errors": errors,
             });

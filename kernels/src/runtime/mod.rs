@@ -14,6 +14,7 @@
 //! driver is missing.
 
 pub mod comm;
+pub mod cupti;
 pub mod gpu;
 pub mod launcher;
 pub mod memory;

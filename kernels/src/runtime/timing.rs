@@ -50,6 +50,10 @@ impl L2Flush {
         let bytes = (2 * gpu.l2_bytes()).max(64 << 20).next_multiple_of(4);
         Ok(L2Flush { buf: DeviceBuffer::new(gpu, bytes)? })
     }
+    /// Size of the scratch buffer (each flush is one memset of this many bytes).
+    pub fn bytes(&self) -> usize {
+        self.buf.bytes()
+    }
     /// Enqueue the flush on `gpu`'s stream.
     pub fn flush(&self, gpu: &Gpu) -> Result<()> {
         self.buf.fill_u32(gpu, 0)
