@@ -11,6 +11,8 @@ let
   n = import ../pkgs/nvshmem/lib.nix;
   releases = import ../pkgs/nvshmem/releases.nix;
   license = import ../pkgs/nvshmem/license.nix;
+  # Real `deepep-nix doctor --json` output (the project's GPU machine, all four capabilities).
+  doctorReport = builtins.fromJSON (builtins.readFile ../generator/tests/data/hosts/gpu-machine.doctor.json);
 
   inherit (builtins) all any attrNames concatMap concatStringsSep elem filter length match tryEval;
 
@@ -113,6 +115,38 @@ let
       expected = true;
     };
     granularityFloorIs256MiB = { expr = m.minCumemGranularity; expected = 256 * 1024 * 1024; };
+
+    # ---- modules/lib.nix: boot-time readiness check (deepep-nix doctor)
+    doctorCapabilitiesAreDoctorsOwn = {
+      expr = map (v: v.capability) doctorReport.verdicts;
+      expected = m.doctorCapabilities;
+    };
+    doctorDefaultsFollowTheMethod = {
+      expr = map m.doctorDefaultCapabilities [ "driver" "gdrcopy" "both" "none" ];
+      expected = [
+        [ "intranode" "low-latency" "internode-ibgda" ]
+        [ "intranode" "low-latency" "internode-cpu-ibgda" ]
+        [ "intranode" "low-latency" "internode-ibgda" "internode-cpu-ibgda" ]
+        [ "intranode" "low-latency" ]
+      ];
+    };
+    doctorCommandOnceEachInDoctorsOrder = {
+      expr = m.doctorCommand "/nix/store/x-deepep-nix/bin/deepep-nix" [ "internode-cpu-ibgda" "low-latency" "intranode" "low-latency" ];
+      expected = "/nix/store/x-deepep-nix/bin/deepep-nix doctor --capability intranode --capability low-latency --capability internode-cpu-ibgda";
+    };
+    doctorCommandOneCapability = {
+      expr = m.doctorCommand "deepep-nix" [ "internode-ibgda" ];
+      expected = "deepep-nix doctor --capability internode-ibgda";
+    };
+    doctorNoProblemWithValidCapabilities = { expr = map m.doctorCapabilitiesProblem [ m.doctorCapabilities [ "low-latency" ] ]; expected = [ null null ]; };
+    doctorEmptyCapabilitiesRefused = {
+      expr = [ (fails (m.doctorCommand "deepep-nix" [ ])) (match ".*is empty.*doctor.enable = false.*" (m.doctorCapabilitiesProblem [ ]) != null) ];
+      expected = [ true true ];
+    };
+    doctorUnknownCapabilityRefused = {
+      expr = [ (fails (m.doctorCommand "deepep-nix" [ "intranode" "nvlink" ])) (m.doctorCapabilitiesProblem [ "intranode" "nvlink" ]) ];
+      expected = [ true ''services.deepep.doctor.capabilities: unknown "nvlink"; use some of: "intranode", "low-latency", "internode-ibgda", "internode-cpu-ibgda".'' ];
+    };
 
     # ---- release data
     dataIsNotEmpty = { expr = length artifacts > 20; expected = true; };

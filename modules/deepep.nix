@@ -5,7 +5,9 @@
 #   when nvidia loads there;
 # - GDRCopy's gdrdrv kernel module, /dev/gdrdrv (udev), libgdrapi on the system;
 # - NVSHMEM on the system and its runtime knobs exported (only those that are set);
-# - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards.
+# - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards;
+# - a boot-time readiness check (deepep-doctor.service: `deepep-nix doctor`, verdict in the
+#   journal; a host that is not ready does not fail the boot).
 #
 # The text this module writes is rendered by ./lib.nix (plain Nix, tested in CI without nixpkgs).
 { config
@@ -48,6 +50,8 @@ let
   dwordsSettings = pure.registryDwordsSettings config.boot.extraModprobeConfig + lib.length dwordsInKernelParams;
 
   nvshmemVersion = cfg.nvshmem.package.version or "unknown";
+
+  doctorProblem = pure.doctorCapabilitiesProblem cfg.doctor.capabilities;
 
   knobOption = { type, default ? null, description, example ? null }:
     mkOption ({
@@ -190,6 +194,44 @@ in
       '';
     };
 
+    doctor = {
+      enable = mkOption {
+        type = types.bool;
+        default = true;
+        description = ''
+          Check at boot whether the host is ready for the capabilities below: a oneshot unit,
+          deepep-doctor.service, runs `deepep-nix doctor` with the environment of
+          services.deepep.environment. Its table and verdict go to the journal
+          (`journalctl -u deepep-doctor`); a host that is not ready (doctor exits 1) still
+          boots and the unit counts as successful. Only with services.deepep.enable.
+        '';
+      };
+
+      capabilities = mkOption {
+        type = types.listOf (types.enum pure.doctorCapabilities);
+        default = pure.doctorDefaultCapabilities cfg.ibgda.method;
+        defaultText = literalExpression ''
+          [ "intranode" "low-latency" ]
+          ++ lib.optional (elem ibgda.method [ "driver" "both" ]) "internode-ibgda"
+          ++ lib.optional (elem ibgda.method [ "gdrcopy" "both" ]) "internode-cpu-ibgda"'';
+        example = [ "intranode" "low-latency" ];
+        description = ''
+          The capabilities (`deepep-nix doctor --capability`) whose readiness the boot-time check
+          reports as its verdict: "intranode", "low-latency" (NVLink), "internode-ibgda"
+          (GPU-initiated IBGDA, needs the driver options), "internode-cpu-ibgda" (CPU-assisted
+          IBGDA). The default follows ibgda.method; a single-node host with the default method
+          "driver" should list only the NVLink ones (or use method "none").
+        '';
+      };
+
+      package = mkOption {
+        type = types.package;
+        default = deepepPkgs.packages.deepep-nix;
+        defaultText = literalExpression "deepep-nix's deepep-nix package (the CLI)";
+        description = "The package whose bin/deepep-nix runs the check.";
+      };
+    };
+
     persistenced.enable = mkOption {
       type = types.bool;
       default = true;
@@ -270,6 +312,10 @@ in
             modules. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
             services.deepep.peermem.enable = true), or services.deepep.ibgda.method = "none".'';
         }
+        {
+          assertion = cfg.doctor.enable -> doctorProblem == null;
+          message = toString doctorProblem;
+        }
       ];
 
       warnings =
@@ -288,6 +334,31 @@ in
 
       environment.systemPackages = [ cfg.nvshmem.package ] ++ optional features.gdrcopy cfg.gdrcopy.package;
       environment.variables = cfg.environment;
+
+      # The readiness check. doctor only reads /proc, /sys, /dev, /etc and the NVSHMEM files and
+      # runs `nvidia-smi topo -m`; exit 1 (a capability not ready) is a verdict, not a failure of
+      # the unit, so it never holds up or fails the boot. Exit 2 (usage error) still fails it.
+      systemd.services.deepep-doctor = mkIf cfg.doctor.enable {
+        description = "DeepEP readiness check (deepep-nix doctor)";
+        wantedBy = [ "multi-user.target" ];
+        # gdrdrv and nvidia are loaded by systemd-modules-load; nvidia-persistenced initialises
+        # the GPUs and the fabric manager brings up NVSwitch NVLink (when they run).
+        after = [ "systemd-modules-load.service" ]
+          ++ optional config.hardware.nvidia.nvidiaPersistenced "nvidia-persistenced.service"
+          ++ optional config.hardware.nvidia.datacenter.enable "nvidia-fabricmanager.service";
+        environment = cfg.environment;
+        # nvidia-smi (the driver's bin output), for doctor's NVLink check.
+        path = [ (lib.getBin config.hardware.nvidia.package) ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = pure.doctorCommand "${cfg.doctor.package}/bin/deepep-nix" cfg.doctor.capabilities;
+          SuccessExitStatus = "0 1";
+          # multi-user.target waits for a oneshot it wants; doctor's slowest step is nvidia-smi
+          # (15 s limit), so this only bounds the unexpected (oneshots have no limit by default).
+          TimeoutStartSec = "2min";
+        };
+      };
 
       hardware.nvidia.nvidiaPersistenced = mkIf cfg.persistenced.enable (mkDefault true);
       hardware.nvidia.datacenter.enable = mkIf cfg.fabricManager.enable (mkDefault true);

@@ -7,6 +7,7 @@
 let
   inherit (builtins)
     attrNames
+    concatMap
     concatStringsSep
     elem
     filter
@@ -152,6 +153,48 @@ rec {
   # The udev rule that runs the script above when the gdrdrv module appears.
   gdrdrvUdevRule = script:
     ''ACTION=="add", SUBSYSTEM=="module", KERNEL=="gdrdrv", RUN+="${script}"'';
+
+  # ---------------------------------------------------------------- readiness check (doctor)
+
+  # The values of `deepep-nix doctor --capability`, in the order doctor reports them.
+  doctorCapabilities = [ "intranode" "low-latency" "internode-ibgda" "internode-cpu-ibgda" ];
+
+  # What a host configured with `ibgda.method` is for: NVLink within the node always, plus the
+  # internode path(s) the method prepares. The driver options ("driver", "both") are what
+  # GPU-initiated IBGDA needs; gdrdrv ("gdrcopy", "both") is the backend of CPU-assisted IBGDA.
+  # "none" prepares neither, so nothing internode is expected of the host (NVSHMEM >= 3.4.5 can
+  # still run CPU-assisted IBGDA there; list "internode-cpu-ibgda" explicitly for that).
+  doctorDefaultCapabilities = method:
+    let features = methodFeatures method;
+    in
+    [ "intranode" "low-latency" ]
+    ++ (if features.driverOptions then [ "internode-ibgda" ] else [ ])
+    ++ (if features.gdrcopy then [ "internode-cpu-ibgda" ] else [ ]);
+
+  # null when `capabilities` can be passed to doctor, else the message that says why not and
+  # what to do. An empty list is refused: doctor would read it as "all four".
+  doctorCapabilitiesProblem = capabilities:
+    let unknown = filter (c: !(elem c doctorCapabilities)) capabilities;
+    in
+    if capabilities == [ ] then
+      ''services.deepep.doctor.capabilities is empty (deepep-nix doctor would then require all four); list what this host is for, e.g. [ "intranode" "low-latency" ], or set services.deepep.doctor.enable = false.''
+    else if unknown != [ ] then
+      "services.deepep.doctor.capabilities: unknown ${concatStringsSep ", " (map (c: "\"${c}\"") unknown)}; use some of: ${concatStringsSep ", " (map (c: "\"${c}\"") doctorCapabilities)}."
+    else null;
+
+  # The doctor command line for `exe` (the deepep-nix binary): one `--capability` per
+  # capability, each once, in doctorCapabilities order (so the unit does not change with the
+  # order in which modules define the list). Every argument is a fixed word, so the line needs
+  # no quoting for systemd's ExecStart.
+  #   doctorCommand "/bin/deepep-nix" [ "low-latency" "intranode" ]
+  #   -> "/bin/deepep-nix doctor --capability intranode --capability low-latency"
+  doctorCommand = exe: capabilities:
+    let problem = doctorCapabilitiesProblem capabilities;
+    in
+    if problem != null then throw problem
+    else
+      concatStringsSep " " ([ exe "doctor" ]
+        ++ concatMap (c: [ "--capability" c ]) (filter (c: elem c capabilities) doctorCapabilities));
 
   # ---------------------------------------------------------------- environment
 

@@ -14,11 +14,21 @@
 #   udevGdrdrv      whether the udev rules contain the gdrdrv rule
 #   persistenced    hardware.nvidia.nvidiaPersistenced
 #   datacenter      hardware.nvidia.datacenter.enable
+#   doctorArgs      the arguments of deepep-doctor.service's ExecStart after the deepep-nix
+#                   binary (null: the unit must not exist); a unit that exists is also checked
+#                   for its fixed shape (see expect.nix)
+#   doctorAfter     deepep-doctor.service's `after`
 #   failed          substrings that must each appear in some failed assertion's message
 #                   ([] = no assertion may fail)
+#
+# `nvidia` (default true) is how the driver is enabled: true = services.xserver.videoDrivers
+# (also right on headless hosts), "datacenter" = through services.deepep.fabricManager (NixOS
+# refuses both at once), false = not at all.
 let
   nvidiaOn = { hardware.nvidia.open = true; };
   driverLine = ''options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;"'';
+  cap = c: "--capability ${c}";
+  nvlinkCaps = "doctor ${cap "intranode"} ${cap "low-latency"}";
 in
 [
   {
@@ -33,11 +43,14 @@ in
       udevGdrdrv = false;
       persistenced = true;
       datacenter = false;
+      doctorArgs = "${nvlinkCaps} ${cap "internode-ibgda"}";
+      doctorAfter = [ "systemd-modules-load.service" "nvidia-persistenced.service" ];
       failed = [ ];
     };
   }
   {
     name = "both-merged-dwords-initrd";
+    nvidia = "datacenter";
     module = {
       imports = [
         # Another module adding its own dword: merged, never a second line.
@@ -84,6 +97,8 @@ in
       udevGdrdrv = true;
       persistenced = false;
       datacenter = true;
+      doctorArgs = "${nvlinkCaps} ${cap "internode-ibgda"} ${cap "internode-cpu-ibgda"}";
+      doctorAfter = [ "systemd-modules-load.service" "nvidia-fabricmanager.service" ];
       failed = [ ];
     };
   }
@@ -103,6 +118,7 @@ in
       gdrdrvPackage = true;
       env = { };
       udevGdrdrv = true;
+      doctorArgs = "${nvlinkCaps} ${cap "internode-cpu-ibgda"}";
       failed = [ ];
     };
   }
@@ -115,6 +131,7 @@ in
       kernelModules = [ ];
       gdrdrvPackage = false;
       udevGdrdrv = false;
+      doctorArgs = nvlinkCaps;
       failed = [ ];
     };
   }
@@ -128,8 +145,37 @@ in
       gdrdrvPackage = false;
       udevGdrdrv = false;
       persistenced = false;
+      doctorArgs = null;
       failed = [ ];
     };
+  }
+  {
+    # Capabilities from two modules, out of order and repeated: each once, in doctor's order;
+    # the ordering follows persistenced (off here).
+    name = "doctor-capabilities-merged";
+    module = nvidiaOn // {
+      imports = [{ services.deepep.doctor.capabilities = [ "low-latency" ]; }];
+      services.deepep = {
+        enable = true;
+        persistenced.enable = false;
+        doctor.capabilities = [ "internode-cpu-ibgda" "intranode" "low-latency" ];
+      };
+    };
+    expect = {
+      doctorArgs = "${nvlinkCaps} ${cap "internode-cpu-ibgda"}";
+      doctorAfter = [ "systemd-modules-load.service" ];
+      failed = [ ];
+    };
+  }
+  {
+    name = "doctor-disabled";
+    module = nvidiaOn // { services.deepep = { enable = true; doctor.enable = false; }; };
+    expect = { doctorArgs = null; failed = [ ]; };
+  }
+  {
+    name = "doctor-no-capabilities";
+    module = nvidiaOn // { services.deepep = { enable = true; doctor.capabilities = [ ]; }; };
+    expect.failed = [ "services.deepep.doctor.capabilities is empty" "services.deepep.doctor.enable = false" ];
   }
   {
     name = "conflicting-dwords";

@@ -1,11 +1,11 @@
 # Compares one evaluated configuration with a case of cases.nix; used by lib-eval.nix and
 # nixos-eval.nix so both check exactly the same things.
-#   check case config { nvshmemDir; gdrdrvPackage; }  ->  "ok" or throw
+#   check case config { nvshmemDir; gdrdrvPackage; doctorPackage; }  ->  "ok" or throw
 # The module's own contribution is isolated where NixOS adds text of its own:
 # boot.extraModprobeConfig is compared exactly (the cases set it only where they test the
 # conflict), nixos.conf is checked in nixos-eval.nix.
 { lib }:
-c: config: { nvshmemDir, gdrdrvPackage, exactModprobe ? true }:
+c: config: { nvshmemDir, gdrdrvPackage, doctorPackage, exactModprobe ? true }:
 let
   e = c.expect;
   enabled = config.services.deepep.enable;
@@ -22,6 +22,30 @@ let
     if !(e ? ${field}) then true
     else if exactModprobe then same field e.${field} got
     else same field (ours e.${field}) (ours got);
+
+  # The boot-time check (deepep-doctor.service). Whatever the case, a unit that exists has the
+  # fixed shape: started by multi-user.target, oneshot, remains active, exit 1 (not ready) is
+  # success, bounded start time, the module's environment (NixOS adds PATH from `path`), nvidia-smi on its path,
+  # and runs our package's deepep-nix. The case gives the arguments and the ordering.
+  doctorUnit = config.systemd.services.deepep-doctor or null;
+  doctorExe = "${doctorPackage}/bin/deepep-nix";
+  doctorShapeOk = u: lib.all (x: x) [
+    (same "deepep-doctor wantedBy" [ "multi-user.target" ] u.wantedBy)
+    (same "deepep-doctor Type" "oneshot" u.serviceConfig.Type)
+    (same "deepep-doctor RemainAfterExit" true u.serviceConfig.RemainAfterExit)
+    (same "deepep-doctor SuccessExitStatus" "0 1" u.serviceConfig.SuccessExitStatus)
+    (same "deepep-doctor TimeoutStartSec" "2min" u.serviceConfig.TimeoutStartSec)
+    (same "deepep-doctor environment" config.services.deepep.environment (builtins.removeAttrs u.environment [ "PATH" ]))
+    (same "deepep-doctor has the driver's bin output (nvidia-smi) on its path" true
+      (lib.elem (lib.getBin config.hardware.nvidia.package) u.path))
+  ];
+  doctorOk =
+    if !(e ? doctorArgs) then true
+    else if e.doctorArgs == null then same "deepep-doctor unit" null doctorUnit
+    else if doctorUnit == null then fail "deepep-doctor unit" "a unit" null
+    else doctorShapeOk doctorUnit
+      && same "deepep-doctor ExecStart" "${doctorExe} ${e.doctorArgs}" doctorUnit.serviceConfig.ExecStart
+      && opt "doctorAfter" doctorUnit.after;
 
   failedMessages = map (a: a.message) (lib.filter (a: !a.assertion) config.assertions);
   failedOk =
@@ -43,6 +67,7 @@ let
     (opt "udevGdrdrv" (lib.hasInfix ''KERNEL=="gdrdrv"'' config.services.udev.extraRules))
     (opt "persistenced" config.hardware.nvidia.nvidiaPersistenced)
     (opt "datacenter" config.hardware.nvidia.datacenter.enable)
+    doctorOk
   ];
 in
 if failedOk && (e.failed or [ ] != [ ] || valuesOk) then "ok" else throw "module case '${c.name}': unreachable"

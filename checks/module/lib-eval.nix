@@ -15,6 +15,7 @@ let
     services.deepep.nvshmem.package = stubDrv "libnvshmem-3.4.5" { version = "3.4.5"; };
     services.deepep.gdrcopy.package = stubDrv "gdrcopy-2.6" { };
     services.deepep.gdrcopy.kernelModule = stubDrv "gdrdrv-2.6" { };
+    services.deepep.doctor.package = stubDrv "deepep-nix-0.1.0" { };
   };
 
   pkgs = {
@@ -27,7 +28,7 @@ let
   evalCase = c: lib.evalModules {
     modules = [
       ../../modules/deepep.nix
-      (import ./stub-nixos.nix { nvidiaEnabled = c.nvidia or true; })
+      (import ./stub-nixos.nix { nvidiaEnabled = (c.nvidia or true) != false; })
       packages
       c.module
       { _module.args.pkgs = pkgs; }
@@ -40,5 +41,6 @@ lib.listToAttrs (map
   (c: lib.nameValuePair c.name (check c (evalCase c).config {
     nvshmemDir = "${packages.services.deepep.nvshmem.package}";
     gdrdrvPackage = packages.services.deepep.gdrcopy.kernelModule;
+    doctorPackage = packages.services.deepep.doctor.package;
   }))
   cases)

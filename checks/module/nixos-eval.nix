@@ -22,7 +22,7 @@ let
       deepepModule
       base
       c.module
-    ] ++ lib.optional (c.nvidia or true) { services.xserver.videoDrivers = [ "nvidia" ]; };
+    ] ++ lib.optional ((c.nvidia or true) == true) { services.xserver.videoDrivers = [ "nvidia" ]; };
   }).config;
 
   nixosConf = config: config.environment.etc."modprobe.d/nixos.conf".text;
@@ -49,6 +49,7 @@ lib.listToAttrs (map
       {
         nvshmemDir = "${config.services.deepep.nvshmem.package}";
         gdrdrvPackage = config.services.deepep.gdrcopy.kernelModule;
+        doctorPackage = config.services.deepep.doctor.package;
         exactModprobe = false;
       }
     else "unreachable"

@@ -6,6 +6,27 @@
 let
   inherit (lib) mkOption types;
   opt = type: default: mkOption { inherit type default; };
+
+  # The part of NixOS' systemd.services.<name> the module sets, with NixOS' types.
+  service = types.submodule {
+    options = {
+      description = opt types.str "";
+      wantedBy = opt (types.listOf types.str) [ ];
+      after = opt (types.listOf types.str) [ ];
+      environment = opt (types.attrsOf (types.nullOr (types.oneOf [ types.str types.path types.package ]))) { };
+      path = opt (types.listOf (types.oneOf [ types.package types.str ])) [ ];
+      serviceConfig = opt (types.attrsOf (types.oneOf [ types.bool types.int types.str (types.listOf types.str) ])) { };
+    };
+  };
+
+  # The driver package: nixpkgs' nvidia_x11 has nvidia-smi in its `bin` output.
+  nvidiaPackage = derivation {
+    name = "nvidia-x11-580.95.05";
+    version = "580.95.05";
+    system = "x86_64-linux";
+    builder = "/bin/sh";
+    outputs = [ "out" "bin" ];
+  };
 in
 {
   options = {
@@ -21,6 +42,7 @@ in
       kernelPackages = opt types.raw { };
     };
     services.udev.extraRules = opt types.lines "";
+    systemd.services = opt (types.attrsOf service) { };
     environment = {
       systemPackages = opt (types.listOf types.package) [ ];
       variables = opt (types.attrsOf types.str) { };
@@ -28,7 +50,7 @@ in
     hardware.nvidia = {
       enabled = mkOption { type = types.bool; default = nvidiaEnabled; readOnly = true; };
       open = opt types.bool false;
-      package = opt types.raw { version = "580.95.05"; };
+      package = opt types.raw nvidiaPackage;
       nvidiaPersistenced = opt types.bool false;
       datacenter.enable = opt types.bool false;
     };
