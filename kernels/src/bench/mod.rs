@@ -268,17 +268,28 @@ impl<'a> BenchCtx<'a> {
         let (gpu, reps) = (self.gpu, self.opts.timing.reps);
         self.gpu.sync("before kernel timing")?;
         self.comm.barrier()?;
-        let acts = timer.record(|| {
+        let recorded = timer.record(|| {
             for _ in 0..reps {
                 self.flush.flush(gpu)?;
                 op()?;
             }
             gpu.sync("kernel-timed repetitions")
-        })?;
-        let spans = cupti::spans_per_rep(&acts, self.flush.bytes() as u64, reps);
-        if spans.is_none() {
-            tracing::warn!("kernel timing: {} activity records could not be split into {reps} repetitions", acts.len());
-        }
+        });
+        // A failure here only costs the kernel-time column; the ranks agree below.
+        let spans = match recorded {
+            Ok(acts) => {
+                let s = cupti::spans_per_rep(&acts, self.flush.bytes() as u64, reps);
+                if s.is_none() {
+                    tracing::warn!("kernel timing: {} activity records could not be split into {reps} repetitions", acts.len());
+                }
+                s
+            }
+            Err(e) => {
+                tracing::warn!("kernel timing failed: {e}");
+                self.gpu.sync("after failed kernel timing").ok();
+                None
+            }
+        };
         let ok = self.comm.all_gather(&[spans.is_some() as u8])?.iter().all(|v| v[0] == 1);
         if !ok {
             return Ok(None);
