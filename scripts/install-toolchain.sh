@@ -41,7 +41,7 @@ print_env() {
 
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
-  -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
   "") ;;
   *) die "unknown argument '$1' (use --print-env or --help)" ;;
 esac
