@@ -19,6 +19,19 @@ use std::time::{Duration, Instant};
 /// The result type of a case: any error (its message is reported).
 pub type CaseResult = anyhow::Result<()>;
 
+/// Return `Err(Skip(..).into())` from a case that cannot run here (e.g. an optional library is
+/// missing). It counts as skipped when every rank skips it, as failed otherwise.
+#[derive(Debug)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "skipped: {}", self.0)
+    }
+}
+
+impl std::error::Error for Skip {}
+
 /// Poison written into outputs before a kernel runs: a NaN as bf16 (0x7FC1) and as f32, an
 /// implausible value as i32/i64, so an element the kernel should have written but did not is
 /// caught by an exact comparison.
@@ -117,17 +130,18 @@ fn case_seed(seed: u64, name: &str, iteration: usize) -> u64 {
 struct Verdict {
     ok: bool,
     fatal: bool,
+    skipped: bool,
     msg: String,
 }
 
 impl Verdict {
     fn encode(&self) -> Vec<u8> {
-        let mut v = vec![self.ok as u8, self.fatal as u8];
+        let mut v = vec![self.ok as u8, self.fatal as u8, self.skipped as u8];
         v.extend_from_slice(self.msg.as_bytes());
         v
     }
     fn decode(b: &[u8]) -> Verdict {
-        Verdict { ok: b[0] != 0, fatal: b[1] != 0, msg: String::from_utf8_lossy(&b[2..]).into_owned() }
+        Verdict { ok: b[0] != 0, fatal: b[1] != 0, skipped: b[2] != 0, msg: String::from_utf8_lossy(&b[3..]).into_owned() }
     }
 }
 
@@ -219,11 +233,14 @@ pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crat
             }
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| (c.run)(&ctx)));
             let mut v = match r {
-                Ok(Ok(())) => Verdict { ok: true, fatal: false, msg: String::new() },
-                Ok(Err(e)) => Verdict { ok: false, fatal: false, msg: format!("{e:#}") },
+                Ok(Ok(())) => Verdict { ok: true, fatal: false, skipped: false, msg: String::new() },
+                Ok(Err(e)) => match e.downcast_ref::<Skip>() {
+                    Some(s) => Verdict { ok: false, fatal: false, skipped: true, msg: s.0.clone() },
+                    None => Verdict { ok: false, fatal: false, skipped: false, msg: format!("{e:#}") },
+                },
                 Err(p) => {
                     let m = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                    Verdict { ok: false, fatal: false, msg: format!("panicked: {}", m.unwrap_or_default()) }
+                    Verdict { ok: false, fatal: false, skipped: false, msg: format!("panicked: {}", m.unwrap_or_default()) }
                 }
             };
             // Drain this rank's GPU work; a broken context makes the rest pointless.
@@ -249,6 +266,9 @@ pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crat
             if all.iter().all(|v| v.ok) {
                 t.passed += 1;
                 say(format!("ok   {label} ({ms:.1} ms)"));
+            } else if all.iter().all(|v| v.skipped) {
+                t.skipped += 1;
+                say(format!("skip {label} ({})", all[0].msg));
             } else {
                 t.failed += 1;
                 let why: Vec<String> = all.iter().enumerate().filter(|(_, v)| !v.ok).map(|(r, v)| format!("rank {r}: {}", v.msg)).collect();
@@ -436,6 +456,30 @@ fn selftest_cases() -> Vec<Case> {
             })?;
             ensure(s.reps == 11 && s.median_us >= 195.0 && s.median_us < 400.0, || format!("200 us spin measured {s:?}"))
         }),
+        Case::new("selftest/cupti_kernel_timestamps", |c| {
+            // The bench's 'kernel us' path: CUPTI records of two spin kernels per repetition,
+            // split at the L2-flush memsets, give spans of about 100 + 50 us.
+            let timer = match crate::runtime::cupti::kernel_timer() {
+                Ok(t) => t,
+                Err(e) => return Err(Skip(format!("CUPTI unavailable: {e}")).into()),
+            };
+            let flush = crate::runtime::timing::L2Flush::new(c.gpu)?;
+            let k = c.gpu.kernel("selftest", "ep_selftest_spin")?;
+            let reps = 5;
+            let acts = timer.record(|| {
+                for _ in 0..reps {
+                    flush.flush(c.gpu)?;
+                    c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![100_000u64])?;
+                    c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![50_000u64])?;
+                }
+                c.gpu.sync("spin kernels under CUPTI")
+            })?;
+            let kernels = acts.iter().filter(|a| a.kind == crate::runtime::cupti::ActivityKind::Kernel).count();
+            ensure(kernels == 2 * reps, || format!("{kernels} kernel records for {} launches", 2 * reps))?;
+            let spans = crate::runtime::cupti::spans_per_rep(&acts, flush.bytes() as u64, reps)
+                .ok_or_else(|| anyhow::anyhow!("records not split into {reps} repetitions: {acts:?}"))?;
+            ensure(spans.iter().all(|&s| (149.0..400.0).contains(&s)), || format!("spans {spans:?} us, expected ~150"))
+        }),
         Case::new("selftest/nccl_all_to_all", |c| {
             // Per-peer byte counts differ per (sender, receiver); contents are checked exactly.
             let (w, me) = (c.world(), c.rank());
@@ -483,8 +527,8 @@ mod tests {
     }
     #[test]
     fn verdicts_round_trip() {
-        let v = Verdict::decode(&Verdict { ok: false, fatal: true, msg: "boom".into() }.encode());
-        assert!(!v.ok && v.fatal && v.msg == "boom");
+        let v = Verdict::decode(&Verdict { ok: false, fatal: true, skipped: true, msg: "boom".into() }.encode());
+        assert!(!v.ok && v.fatal && v.skipped && v.msg == "boom");
     }
     #[test]
     fn case_names_are_unique() {
