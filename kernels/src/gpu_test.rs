@@ -88,6 +88,8 @@ pub fn all_cases() -> Vec<Case> {
     v.extend(crate::intranode::gpu_tests::cases());
     v.extend(crate::nvshmem::gpu_tests_ll::cases());
     v.extend(crate::nvshmem::gpu_tests_internode::cases());
+    // Last: it loads CUPTI into the process, which nothing before it should see.
+    v.push(cupti_case());
     v
 }
 
@@ -456,30 +458,6 @@ fn selftest_cases() -> Vec<Case> {
             })?;
             ensure(s.reps == 11 && s.median_us >= 195.0 && s.median_us < 400.0, || format!("200 us spin measured {s:?}"))
         }),
-        Case::new("selftest/cupti_kernel_timestamps", |c| {
-            // The bench's 'kernel us' path: CUPTI records of two spin kernels per repetition,
-            // split at the L2-flush memsets, give spans of about 100 + 50 us.
-            let timer = match crate::runtime::cupti::kernel_timer() {
-                Ok(t) => t,
-                Err(e) => return Err(Skip(format!("CUPTI unavailable: {e}")).into()),
-            };
-            let flush = crate::runtime::timing::L2Flush::new(c.gpu)?;
-            let k = c.gpu.kernel("selftest", "ep_selftest_spin")?;
-            let reps = 5;
-            let acts = timer.record(|| {
-                for _ in 0..reps {
-                    flush.flush(c.gpu)?;
-                    c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![100_000u64])?;
-                    c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![50_000u64])?;
-                }
-                c.gpu.sync("spin kernels under CUPTI")
-            })?;
-            let kernels = acts.iter().filter(|a| a.kind == crate::runtime::cupti::ActivityKind::Kernel).count();
-            ensure(kernels == 2 * reps, || format!("{kernels} kernel records for {} launches", 2 * reps))?;
-            let spans = crate::runtime::cupti::spans_per_rep(&acts, flush.bytes() as u64, reps)
-                .ok_or_else(|| anyhow::anyhow!("records not split into {reps} repetitions: {acts:?}"))?;
-            ensure(spans.iter().all(|&s| (149.0..400.0).contains(&s)), || format!("spans {spans:?} us, expected ~150"))
-        }),
         Case::new("selftest/nccl_all_to_all", |c| {
             // Per-peer byte counts differ per (sender, receiver); contents are checked exactly.
             let (w, me) = (c.world(), c.rank());
@@ -508,6 +486,33 @@ fn selftest_cases() -> Vec<Case> {
             Ok(())
         }),
     ]
+}
+
+fn cupti_case() -> Case {
+    Case::new("selftest/cupti_kernel_timestamps", |c| {
+        // The bench's 'kernel us' path: CUPTI records of two spin kernels per repetition,
+        // split at the L2-flush memsets, give spans of about 100 + 50 us.
+        let timer = match crate::runtime::cupti::kernel_timer() {
+            Ok(t) => t,
+            Err(e) => return Err(Skip(format!("CUPTI unavailable: {e}")).into()),
+        };
+        let flush = crate::runtime::timing::L2Flush::new(c.gpu)?;
+        let k = c.gpu.kernel("selftest", "ep_selftest_spin")?;
+        let reps = 5;
+        let acts = timer.record(|| {
+            for _ in 0..reps {
+                flush.flush(c.gpu)?;
+                c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![100_000u64])?;
+                c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![50_000u64])?;
+            }
+            c.gpu.sync("spin kernels under CUPTI")
+        })?;
+        let kernels = acts.iter().filter(|a| a.kind == crate::runtime::cupti::ActivityKind::Kernel).count();
+        ensure(kernels == 2 * reps, || format!("{kernels} kernel records for {} launches", 2 * reps))?;
+        let spans = crate::runtime::cupti::spans_per_rep(&acts, flush.bytes() as u64, reps)
+            .ok_or_else(|| anyhow::anyhow!("records not split into {reps} repetitions: {acts:?}"))?;
+        ensure(spans.iter().all(|&s| (149.0..400.0).contains(&s)), || format!("spans {spans:?} us, expected ~150"))
+    })
 }
 
 #[cfg(test)]
