@@ -177,6 +177,10 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
     const int role_warp = split && !role_local ? warp - p.local_warps : warp;
     const int64_t gstride = static_cast<int64_t>(gridDim.x) * role_warps;
     bool aborted = false;
+    // Bulk-copy staging (use_tma): two chunk buffers per warp in dynamic shared memory.
+    extern __shared__ __align__(128) int4 ep_dyn_smem[];
+    int4* smem_warp = ep_dyn_smem + static_cast<int64_t>(warp) * 2 * chunk16;
+    int tma_buf = 0;
 
     // Batches of 32 units per warp: lane k first loads the stream positions of the token of unit
     // k (one round trip for 32 units), then the warp walks the units, broadcasting positions.
@@ -238,14 +242,39 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                 peers_ready = true;
                 if (lane == 0) ep_trace(a, EP_TRACE_READY);
             }
-#pragma unroll
-            for (int d = 0; d < kR; ++d) {
-                if (d == me || row[d] < 0) continue;
-                int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                                    static_cast<uint64_t>(row[d]) * row_bytes);
+            if (do_peers && p.use_tma) {
+                // Stage the chunk in this warp's shared buffer (two, alternating) and let one bulk
+                // copy per peer carry it: large NVLink writes instead of 16-byte stores.
+                if (lane == 0) ep_bulk_wait_read_1();  // the copy that used this buffer is done reading
+                __syncwarp();
+                int4* sbuf = smem_warp + tma_buf * chunk16;
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u)
-                    if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
+                    if (i0 + 32 * u < n16) sbuf[lane + 32 * u] = v[u];
+                ep_fence_proxy_async_smem();
+                __syncwarp();
+                if (lane == 0) {
+                    const uint32_t bytes = static_cast<uint32_t>(min(chunk16, n16 - c * chunk16)) * 16u;
+#pragma unroll
+                    for (int d = 0; d < kR; ++d) {
+                        if (d == me || row[d] < 0) continue;
+                        int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                                            static_cast<uint64_t>(row[d]) * row_bytes);
+                        ep_bulk_store(dst + c * chunk16, sbuf, bytes);
+                    }
+                    ep_bulk_commit();
+                }
+                tma_buf ^= 1;
+            } else {
+#pragma unroll
+                for (int d = 0; d < kR; ++d) {
+                    if (d == me || row[d] < 0) continue;
+                    int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
+                                                        static_cast<uint64_t>(row[d]) * row_bytes);
+#pragma unroll
+                    for (int u = 0; u < kUnroll; ++u)
+                        if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
+                }
             }
             if (c != 0) continue;
 
@@ -277,6 +306,9 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
         }
     }
 
+    // Bulk copies must have completed (writes performed) before the counts are published.
+    if (p.use_tma && do_peers && lane == 0) ep_bulk_wait_all();
+    __syncwarp();
     if (lane == 0) ep_trace(a, EP_TRACE_SENT);
     // Publish this block's units to every peer.
     if (lane < kR && sent > 0) atomicAdd(&s_rows[lane], sent);
@@ -319,7 +351,7 @@ ep_intranode_dispatch_r4(IntranodeArgs a, DispatchParams p, EpDiag diag) {
 }
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)
 ep_intranode_dispatch_r8(IntranodeArgs a, DispatchParams p, EpDiag diag) {
-    dispatch_impl<8, 3>(a, p, diag);
+    dispatch_impl<8, 2>(a, p, diag);
 }
 
 // =========================================================================================

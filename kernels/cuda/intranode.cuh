@@ -85,7 +85,7 @@ struct DispatchParams {
     int32_t num_topk;                   // K (0 in cached mode: no top-k / src_idx written)
     int32_t num_local_experts;          // L
     int32_t local_warps;                // 0: every warp copies everywhere; k: k warps per block copy to this rank only
-    int32_t pad_;
+    int32_t use_tma;                    // 1: peer copies via smem + cp.async.bulk (dynamic smem: 2 chunks per warp)
 };
 
 // Mirrored by `CombineParams` (size 88 bytes).
@@ -186,6 +186,22 @@ __device__ __forceinline__ bool ep_warp_wait_ready(const IntranodeArgs& a, const
     __syncwarp();
     return all;
 }
+
+// ---- bulk (TMA) stores from shared memory ---------------------------------------------------
+__device__ __forceinline__ void ep_bulk_store(void* gdst, const void* smem, uint32_t bytes) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" :: "l"(gdst), "r"(s), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ep_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// At most one committed group may still be reading its shared-memory source.
+__device__ __forceinline__ void ep_bulk_wait_read_1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
+// Every committed group complete (its writes performed), then order them before later generic accesses.
+__device__ __forceinline__ void ep_bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async;" ::: "memory");
+}
+// Make this thread's generic shared-memory writes visible to the async (bulk copy) proxy.
+__device__ __forceinline__ void ep_fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
     uint64_t v; asm volatile("ld.volatile.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;

@@ -28,6 +28,9 @@ pub struct Config {
     /// 0: every dispatch warp copies each unit to all its destinations. k > 0: k warps per block
     /// copy only to this rank and the other `dispatch_warps - k` only to the peers.
     pub dispatch_local_warps: usize,
+    /// Experimental: peer copies of dispatch go through shared memory and bulk copies
+    /// (`cp.async.bulk`, one per chunk and peer) instead of 16-byte stores. Off by default.
+    pub dispatch_tma: bool,
     /// Warps per combine block, 2..=24.
     pub combine_warps: usize,
     /// Of the combine warps, how many push rows to their origin rank (the rest reduce);
@@ -39,7 +42,15 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { num_sms: 24, dispatch_warps: 24, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
+        Config {
+            num_sms: 24,
+            dispatch_warps: 24,
+            dispatch_local_warps: 0,
+            dispatch_tma: false,
+            combine_warps: 24,
+            combine_push_warps: 12,
+            combine_push_rows: 2,
+        }
     }
 }
 

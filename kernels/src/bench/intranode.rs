@@ -7,7 +7,7 @@
 //! all-to-all baseline for the same per-peer bytes (combine: the transposed counts).
 //!
 //! Configs: `--num-sms` (default 24 blocks) with the default warp split, or several configs via
-//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]],..."`
+//! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]],..."`
 //! (e.g. `24:24:24:12,16:24:24:12:1,24:24:24:8:4:8`), each measured in turn (tuning without rebuilding).
 
 use super::{token_bytes, BenchCtx, Row, Shape};
@@ -28,10 +28,10 @@ pub fn configs(num_sms: Option<u32>) -> Result<Vec<Config>> {
     Ok(vec![Config::with_sms(num_sms.map_or(Config::default().num_sms, |n| n as usize))])
 }
 
-/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]]`.
+/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma 0|1]]]`.
 pub fn parse_config(s: &str) -> Result<Config> {
     let v: Vec<usize> = s.split(':').map(|x| x.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().map_err(|_| bad_config(s))?;
-    if !(4..=6).contains(&v.len()) {
+    if !(4..=7).contains(&v.len()) || v.get(6).is_some_and(|&t| t > 1) {
         return Err(bad_config(s));
     }
     let d = Config::default();
@@ -42,6 +42,7 @@ pub fn parse_config(s: &str) -> Result<Config> {
         combine_push_warps: v[3],
         combine_push_rows: v.get(4).copied().unwrap_or(d.combine_push_rows),
         dispatch_local_warps: v.get(5).copied().unwrap_or(d.dispatch_local_warps),
+        dispatch_tma: v.get(6).map_or(d.dispatch_tma, |&t| t == 1),
     };
     c.validate(None)?;
     Ok(c)
@@ -49,7 +50,7 @@ pub fn parse_config(s: &str) -> Result<Config> {
 
 fn bad_config(s: &str) -> EpError {
     EpError::InvalidArgument(format!(
-        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps]] (four to six integers, e.g. 24:24:24:12 or 24:24:24:12:2:8)"
+        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]] (four to seven integers, tma 0 or 1, e.g. 24:24:24:12 or 24:24:24:12:2:8:1)"
     ))
 }
 
@@ -91,8 +92,14 @@ fn traced(buf: &mut Buffer, name: &str, shape: Shape, remote_bytes: usize, op: &
 fn op_name(base: &str, cfg: &Config, many: bool) -> String {
     if many {
         format!(
-            "{base}[{}:{}:{}:{}:{}:{}]",
-            cfg.num_sms, cfg.dispatch_warps, cfg.combine_warps, cfg.combine_push_warps, cfg.combine_push_rows, cfg.dispatch_local_warps
+            "{base}[{}:{}:{}:{}:{}:{}:{}]",
+            cfg.num_sms,
+            cfg.dispatch_warps,
+            cfg.combine_warps,
+            cfg.combine_push_warps,
+            cfg.combine_push_rows,
+            cfg.dispatch_local_warps,
+            cfg.dispatch_tma as u8
         )
     } else {
         base.to_string()
@@ -182,15 +189,17 @@ mod tests {
     fn parses_configs_and_rejects_bad_ones() {
         assert_eq!(
             parse_config("16:24:24:12").unwrap(),
-            Config { num_sms: 16, dispatch_warps: 24, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2 }
+            Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2, ..Config::default() }
         );
         assert_eq!(parse_config("16:24:24:12:4").unwrap().combine_push_rows, 4);
         assert_eq!(parse_config("16:24:24:12:4:8").unwrap().dispatch_local_warps, 8);
+        assert!(parse_config("16:24:24:12:4:8:1").unwrap().dispatch_tma);
+        assert!(parse_config("16:24:24:12:4:8:2").is_err());
         let e = parse_config("16:24:24").unwrap_err().to_string();
         assert!(e.contains("sms:dispatch_warps:combine_warps:push_warps"), "{e}");
         let e = parse_config("16:24:24:24").unwrap_err().to_string();
         assert!(e.contains("combine_push_warps"), "{e}");
         let e = parse_config("a:b:c:d").unwrap_err().to_string();
-        assert!(e.contains("four to six integers"), "{e}");
+        assert!(e.contains("four to seven integers"), "{e}");
     }
 }

@@ -67,7 +67,7 @@ pub struct DispatchParams {
     pub num_topk: i32,
     pub num_local_experts: i32,
     pub local_warps: i32,
-    pub pad_: i32,
+    pub use_tma: i32,
 }
 
 /// Mirror of `CombineParams` (88 bytes).
@@ -91,6 +91,22 @@ pub struct CombineParams {
 }
 
 const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 208);
+
+/// 16-byte words per lane in one dispatch unit, per rank count: the `kUnroll` template argument of
+/// `ep_intranode_dispatch_r{2,4,8}` in `intranode.cu` (keep in sync). A unit (chunk) is
+/// `32 * unroll * 16` bytes; with `use_tma` each warp stages two chunks in shared memory.
+pub fn dispatch_unroll(num_ranks: usize) -> usize {
+    match num_ranks {
+        2 => 7,
+        4 => 4,
+        _ => 2,
+    }
+}
+
+/// Dynamic shared memory of a dispatch launch with `use_tma` (two chunk buffers per warp).
+pub fn dispatch_tma_smem(num_ranks: usize, warps: usize) -> usize {
+    warps * 2 * 32 * dispatch_unroll(num_ranks) * 16
+}
 
 /// `EP_TRACE_SLOTS` of `intranode.cuh`.
 pub const TRACE_SLOTS: usize = 8;

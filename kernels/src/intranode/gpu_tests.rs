@@ -357,11 +357,11 @@ fn layout_bad_expert_id(c: &Ctx) -> CaseResult {
 
 /// The intranode cases, in a fixed order.
 pub fn cases() -> Vec<Case> {
-    let odd = Config { num_sms: 5, dispatch_warps: 7, dispatch_local_warps: 0, combine_warps: 7, combine_push_warps: 3, combine_push_rows: 3 };
-    let tiny = Config { num_sms: 1, dispatch_warps: 1, dispatch_local_warps: 0, combine_warps: 2, combine_push_warps: 1, combine_push_rows: 1 };
-    let wide = Config { num_sms: 32, dispatch_warps: 16, dispatch_local_warps: 0, combine_warps: 24, combine_push_warps: 16, combine_push_rows: 4 };
+    let odd = Config { num_sms: 5, dispatch_warps: 7, combine_warps: 7, combine_push_warps: 3, combine_push_rows: 3, ..Config::default() };
+    let tiny = Config { num_sms: 1, dispatch_warps: 1, combine_warps: 2, combine_push_warps: 1, combine_push_rows: 1, ..Config::default() };
+    let wide = Config { num_sms: 32, dispatch_warps: 16, combine_warps: 24, combine_push_warps: 16, combine_push_rows: 4, ..Config::default() };
     let split = Config { num_sms: 12, dispatch_warps: 20, dispatch_local_warps: 6, ..Config::default() };
-    vec![
+    let mut v = vec![
         case("deepep_shape_bf16_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).cached()),
         case("deepep_shape_fp8_cached", Spec::new(Tokens::Fixed(4096), 7168, 8, 256).fp8().cached()),
         case("ragged_bf16_h2048_k1_e16_masked", Spec::new(Tokens::Ragged(300), 2048, 1, 16).masked(0.3).biases(1).rounds(2)),
@@ -379,5 +379,14 @@ pub fn cases() -> Vec<Case> {
         case("split_dispatch_roles_fp8", Spec::new(Tokens::Ragged(1500), 4096, 8, 64).fp8().masked(0.1).cached().rounds(2).config(split)),
         Case::new("intranode/layout_bad_expert_id_reported", layout_bad_expert_id).min_world(2),
         Case::new("intranode/peer_missing_times_out", peer_missing_times_out).min_world(2),
-    ]
+    ];
+    // The experimental bulk-copy dispatch is only registered on request: a fault in it would be a
+    // sticky CUDA error that ends every later case of the run.
+    if std::env::var("DEEPEP_TEST_INTRANODE_TMA").is_ok_and(|v| v == "1") {
+        let tma = Config { dispatch_tma: true, ..Config::default() };
+        let tma_split = Config { dispatch_tma: true, dispatch_local_warps: 8, num_sms: 7, ..Config::default() };
+        v.push(case("tma_dispatch_bf16_ragged", Spec::new(Tokens::Ragged(3000), 7168, 8, 256).masked(0.05).cached().rounds(2).config(tma)));
+        v.push(case("tma_dispatch_fp8_h2176_split", Spec::new(Tokens::Ragged(900), 2176, 6, 64).fp8().cached().rounds(2).config(tma_split)));
+    }
+    v
 }

@@ -561,11 +561,14 @@ impl<'g> Buffer<'g> {
             num_topk: if topk.is_some() { plan.num_topk as i32 } else { 0 },
             num_local_experts: topk.map_or(0, |t| t.2 as i32),
             local_warps: a.config.dispatch_local_warps as i32,
-            pad_: 0,
+            use_tma: a.config.dispatch_tma as i32,
         };
         self.reset_trace()?;
         let args = self.args();
-        let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.dispatch_warps as u32 * 32);
+        let mut cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.dispatch_warps as u32 * 32);
+        if a.config.dispatch_tma {
+            cfg = cfg.smem(ffi::dispatch_tma_smem(self.num_ranks, a.config.dispatch_warps) as u32);
+        }
         self.gpu.launch(&self.kernels.dispatch, &cfg, crate::args![args, p])
     }
 
