@@ -414,6 +414,9 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
         for (int m = 16; m > 0; m >>= 1) maxc = max(maxc, __shfl_xor_sync(kFullMask, maxc, m));
         // Unit = G consecutive rows for one peer: G rows of stores, ONE system fence, G flags.
         const int G = p.push_rows;
+        extern __shared__ __align__(128) int4 ep_push_smem[];
+        int4* smem_warp = ep_push_smem + static_cast<int64_t>(warp) * 2 * (32 * kPushUnroll);
+        int tma_buf = 0;
         const int num_units = (kR - 1) * ceil_div(maxc, G);
         const int stride = gridDim.x * p.push_warps;
         for (int u = blockIdx.x * p.push_warps + warp; u < num_units; u += stride) {
@@ -429,14 +432,35 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
                 int4* dst = reinterpret_cast<int4*>(a.peer_base[s] + a.off_stage_x +
                                                     slot * a.stage_x_slot_bytes) +
                             static_cast<int64_t>(j) * n16;
-                for (int i = lane; i < n16; i += 32 * kPushUnroll) {
+                // Warp-uniform trip count (the bulk path synchronises the warp inside).
+                for (int base = 0; base < n16; base += 32 * kPushUnroll) {
+                    const int i = base + lane;
                     int4 v[kPushUnroll];
 #pragma unroll
                     for (int k = 0; k < kPushUnroll; ++k)
                         if (i + 32 * k < n16) v[k] = ld_nc_v4(src + i + 32 * k);
+                    if (p.use_tma) {
+                        // Stage the chunk in shared memory (two alternating buffers); lane 0 sends
+                        // it with one bulk copy.
+                        if (lane == 0) ep_bulk_wait_read_1();
+                        __syncwarp();
+                        int4* sbuf = smem_warp + tma_buf * (32 * kPushUnroll);
 #pragma unroll
-                    for (int k = 0; k < kPushUnroll; ++k)
-                        if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
+                        for (int k = 0; k < kPushUnroll; ++k)
+                            if (i + 32 * k < n16) sbuf[lane + 32 * k] = v[k];
+                        ep_fence_proxy_async_smem();
+                        __syncwarp();
+                        if (lane == 0) {
+                            const uint32_t bytes = static_cast<uint32_t>(min(32 * kPushUnroll, n16 - base)) * 16u;
+                            ep_bulk_store(dst + base, sbuf, bytes);
+                            ep_bulk_commit();
+                        }
+                        tma_buf ^= 1;
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < kPushUnroll; ++k)
+                            if (i + 32 * k < n16) st_na_v4(dst + i + 32 * k, v[k]);
+                    }
                 }
                 if (p.topk_w != nullptr && lane < K) {
                     float* wdst = reinterpret_cast<float*>(a.peer_base[s] + a.off_stage_w +
@@ -447,6 +471,7 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
             }
             // Every lane's stores of the G rows, then (lane 0) one fence at system scope and the
             // G flags: a reducer that acquires any of them sees the whole row.
+            if (p.use_tma && lane == 0) ep_bulk_wait_all();  // bulk copies complete before the flags
             __syncwarp();
             if (lane == 0) {
                 int* flags = ep_at<int>(a, s, a.off_stage_flag) + static_cast<int64_t>(slot) * a.max_tokens;

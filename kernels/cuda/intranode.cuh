@@ -103,7 +103,7 @@ struct CombineParams {
     int32_t num_tokens;                 // N (this rank's original token count)
     int32_t push_warps;                 // warps per block that push; the others reduce
     int32_t push_rows;                  // rows a pusher writes per system fence (>= 1)
-    int32_t pad_;
+    int32_t use_tma;                    // 1: pushers copy via smem + cp.async.bulk (dynamic smem: 2 chunks per push warp)
 };
 
 static_assert(sizeof(IntranodeArgs) == 208, "IntranodeArgs layout");

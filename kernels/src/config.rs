@@ -38,6 +38,8 @@ pub struct Config {
     pub combine_push_warps: usize,
     /// Rows a combine pusher writes per system-scope fence (then one flag per row), 1..=16.
     pub combine_push_rows: usize,
+    /// Experimental: combine pushers copy through shared memory and bulk copies. Off by default.
+    pub combine_tma: bool,
 }
 
 impl Default for Config {
@@ -50,6 +52,7 @@ impl Default for Config {
             combine_warps: 24,
             combine_push_warps: 12,
             combine_push_rows: 2,
+            combine_tma: false,
         }
     }
 }

@@ -28,10 +28,11 @@ pub fn configs(num_sms: Option<u32>) -> Result<Vec<Config>> {
     Ok(vec![Config::with_sms(num_sms.map_or(Config::default().num_sms, |n| n as usize))])
 }
 
-/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma 0|1]]]`.
+/// `sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]]`, tma a
+/// bit mask: 1 = dispatch, 2 = combine.
 pub fn parse_config(s: &str) -> Result<Config> {
     let v: Vec<usize> = s.split(':').map(|x| x.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().map_err(|_| bad_config(s))?;
-    if !(4..=7).contains(&v.len()) || v.get(6).is_some_and(|&t| t > 1) {
+    if !(4..=7).contains(&v.len()) || v.get(6).is_some_and(|&t| t > 3) {
         return Err(bad_config(s));
     }
     let d = Config::default();
@@ -42,7 +43,8 @@ pub fn parse_config(s: &str) -> Result<Config> {
         combine_push_warps: v[3],
         combine_push_rows: v.get(4).copied().unwrap_or(d.combine_push_rows),
         dispatch_local_warps: v.get(5).copied().unwrap_or(d.dispatch_local_warps),
-        dispatch_tma: v.get(6).map_or(d.dispatch_tma, |&t| t == 1),
+        dispatch_tma: v.get(6).map_or(d.dispatch_tma, |&t| t & 1 == 1),
+        combine_tma: v.get(6).map_or(d.combine_tma, |&t| t & 2 == 2),
     };
     c.validate(None)?;
     Ok(c)
@@ -50,7 +52,7 @@ pub fn parse_config(s: &str) -> Result<Config> {
 
 fn bad_config(s: &str) -> EpError {
     EpError::InvalidArgument(format!(
-        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]] (four to seven integers, tma 0 or 1, e.g. 24:24:24:12 or 24:24:24:12:2:8:1)"
+        "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]] (four to seven integers, tma a mask 0..=3: 1 dispatch, 2 combine; e.g. 24:24:24:12 or 24:24:24:12:2:8:3)"
     ))
 }
 
@@ -99,7 +101,7 @@ fn op_name(base: &str, cfg: &Config, many: bool) -> String {
             cfg.combine_push_warps,
             cfg.combine_push_rows,
             cfg.dispatch_local_warps,
-            cfg.dispatch_tma as u8
+            cfg.dispatch_tma as u8 | (cfg.combine_tma as u8) << 1
         )
     } else {
         base.to_string()
@@ -193,8 +195,11 @@ mod tests {
         );
         assert_eq!(parse_config("16:24:24:12:4").unwrap().combine_push_rows, 4);
         assert_eq!(parse_config("16:24:24:12:4:8").unwrap().dispatch_local_warps, 8);
-        assert!(parse_config("16:24:24:12:4:8:1").unwrap().dispatch_tma);
-        assert!(parse_config("16:24:24:12:4:8:2").is_err());
+        let c = parse_config("16:24:24:12:4:8:1").unwrap();
+        assert!(c.dispatch_tma && !c.combine_tma);
+        let c = parse_config("16:24:24:12:4:8:3").unwrap();
+        assert!(c.dispatch_tma && c.combine_tma);
+        assert!(parse_config("16:24:24:12:4:8:4").is_err());
         let e = parse_config("16:24:24").unwrap_err().to_string();
         assert!(e.contains("sms:dispatch_warps:combine_warps:push_warps"), "{e}");
         let e = parse_config("16:24:24:24").unwrap_err().to_string();

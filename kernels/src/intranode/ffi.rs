@@ -87,7 +87,7 @@ pub struct CombineParams {
     pub num_tokens: i32,
     pub push_warps: i32,
     pub push_rows: i32,
-    pub pad_: i32,
+    pub use_tma: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 208);
@@ -106,6 +106,14 @@ pub fn dispatch_unroll(num_ranks: usize) -> usize {
 /// Dynamic shared memory of a dispatch launch with `use_tma` (two chunk buffers per warp).
 pub fn dispatch_tma_smem(num_ranks: usize, warps: usize) -> usize {
     warps * 2 * 32 * dispatch_unroll(num_ranks) * 16
+}
+
+/// 16-byte words per lane in one combine push chunk: `kPushUnroll` in `intranode.cu`.
+pub const PUSH_UNROLL: usize = 7;
+
+/// Dynamic shared memory of a combine launch with `use_tma` (two chunk buffers per push warp).
+pub fn combine_tma_smem(push_warps: usize) -> usize {
+    push_warps * 2 * 32 * PUSH_UNROLL * 16
 }
 
 /// `EP_TRACE_SLOTS` of `intranode.cuh`.

@@ -376,6 +376,7 @@ pub fn cases() -> Vec<Case> {
         case("single_block_single_warp", Spec::new(Tokens::Ragged(150), 2048, 4, 32).biases(1).cached().config(tiny)),
         case("reuse_six_rounds", Spec::new(Tokens::Ragged(256), 4096, 8, 64).masked(0.05).cached().rounds(6)),
         case("wide_config_32sms_push4", Spec::new(Tokens::Ragged(2048), 7168, 8, 256).biases(1).cached().rounds(2).config(wide)),
+        case("odd_hidden_2176_bf16_two_biases", Spec::new(Tokens::Ragged(640), 2176, 8, 32).biases(2).cached().rounds(2)),
         case("split_dispatch_roles_fp8", Spec::new(Tokens::Ragged(1500), 4096, 8, 64).fp8().masked(0.1).cached().rounds(2).config(split)),
         Case::new("intranode/layout_bad_expert_id_reported", layout_bad_expert_id).min_world(2),
         Case::new("intranode/peer_missing_times_out", peer_missing_times_out).min_world(2),
@@ -383,10 +384,11 @@ pub fn cases() -> Vec<Case> {
     // The experimental bulk-copy dispatch is only registered on request: a fault in it would be a
     // sticky CUDA error that ends every later case of the run.
     if std::env::var("DEEPEP_TEST_INTRANODE_TMA").is_ok_and(|v| v == "1") {
-        let tma = Config { dispatch_tma: true, ..Config::default() };
-        let tma_split = Config { dispatch_tma: true, dispatch_local_warps: 8, num_sms: 7, ..Config::default() };
+        let tma = Config { dispatch_tma: true, combine_tma: true, ..Config::default() };
+        let tma_split = Config { dispatch_tma: true, combine_tma: true, dispatch_local_warps: 8, num_sms: 7, combine_push_warps: 5, combine_push_rows: 3, ..Config::default() };
         v.push(case("tma_dispatch_bf16_ragged", Spec::new(Tokens::Ragged(3000), 7168, 8, 256).masked(0.05).cached().rounds(2).config(tma)));
-        v.push(case("tma_dispatch_fp8_h2176_split", Spec::new(Tokens::Ragged(900), 2176, 6, 64).fp8().cached().rounds(2).config(tma_split)));
+        v.push(case("tma_dispatch_fp8_h2176_split", Spec::new(Tokens::Ragged(900), 2176, 6, 64).fp8().biases(1).cached().rounds(2).config(tma_split)));
+        v.push(case("tma_bf16_h2176_odd_rows", Spec::new(Tokens::Ragged(700), 2176, 8, 32).biases(2).rounds(2).config(tma_split)));
     }
     v
 }

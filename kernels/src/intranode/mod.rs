@@ -658,11 +658,14 @@ impl<'g> Buffer<'g> {
             num_tokens: plan.num_tokens as i32,
             push_warps: a.config.combine_push_warps as i32,
             push_rows: a.config.combine_push_rows as i32,
-            pad_: 0,
+            use_tma: a.config.combine_tma as i32,
         };
         self.reset_trace()?;
         let args = self.args();
-        let cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.combine_warps as u32 * 32);
+        let mut cfg = LaunchCfg::new(a.config.num_sms as u32, a.config.combine_warps as u32 * 32);
+        if a.config.combine_tma {
+            cfg = cfg.smem(ffi::combine_tma_smem(a.config.combine_push_warps) as u32);
+        }
         self.gpu.launch(&self.kernels.combine, &cfg, crate::args![args, p])?;
         self.record_event()
     }
