@@ -238,4 +238,22 @@ fn args_base_points_into_the_buffer() {
     let a = a.with_handle(&h, 0x2000_0000);
     assert_eq!(a.fwd_mask, 0x2000_0000 + h.fwd_mask as u64);
     assert_eq!(std::mem::size_of::<InternodeArgs>(), ARGS_SIZE);
+    // Consecutive calls use different data-signal halves; calls two apart share one.
+    let base = InternodeArgs::base(&sym, 6, 0x1000_0000);
+    let (a1, a2, a3) = (
+        base.with_seq(&sym, 1),
+        base.with_seq(&sym, 2),
+        base.with_seq(&sym, 3),
+    );
+    assert_eq!(a2.seq, 2);
+    assert_ne!(a1.disp_sig, a2.disp_sig);
+    assert_eq!(a1.disp_sig, a3.disp_sig);
+    assert_eq!(
+        a1.comb_sig - a2.comb_sig,
+        (8 * sym.num_hosts * sym.num_channels) as u64
+    );
+    assert!(
+        a1.disp_sig + (8 * sym.num_hosts * sym.num_channels) as u64
+            <= 0x1000_0000 + sym.comb_sig as u64
+    );
 }

@@ -27,9 +27,11 @@
 //     producer's own memory), as soon as they are written; a consumer waits for the bit of the
 //     round it reads. Packing, the inter-host put and the NVLink pull overlap, and nothing
 //     assumes that separate puts are delivered in order (each signal covers only its own data,
-//     bits are disjoint so the adds commute). Each rank zeroes its own data signals at the start
-//     of every call, before it tells the others it arrived at the call's barrier: nobody adds for
-//     this call before that, and every add of the previous call was waited for (hence landed);
+//     bits are disjoint so the adds commute). Data signals are double-buffered by call parity
+//     (the host passes the half of `seq & 1`); each rank zeroes its own half for this call before
+//     it tells the others it arrived at the call's barrier: nobody adds for this call before
+//     that, a peer still finishing the previous call polls the other half, and every add of the
+//     call two back was waited for (hence landed);
 //   * a producer makes its data visible with `__threadfence_system()` by every writing thread,
 //     `__syncthreads()`, then one release operation (own memory) or an NVSHMEM put-with-signal /
 //     signal op (NVSHMEM orders the signal after the data);
@@ -615,8 +617,10 @@ internode_dispatch(InternodeArgs a, EpDiag diag) {
     __shared__ int s_end[EP_INTERNODE_MAX_HOSTS];
     __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_fail;
-    if (threadIdx.x == 0) s_fail = 0;
+    // A failed barrier (recorded error) must not be followed by this call's writes into peers.
+    if (threadIdx.x == 0) s_fail = ep_aborted(diag) ? 1 : 0;
     __syncthreads();
+    if (s_fail) return;
     const int C = a.num_channels;
     if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x, s_pub, s_end, s_remote);
     else dispatch_puller(a, diag, blockIdx.x - C, s_scan, s_pos, &s_fail);
@@ -832,6 +836,11 @@ internode_combine(InternodeArgs a, EpDiag diag) {
     __shared__ const uint8_t* s_peer_in[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ const float* s_peer_w[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
+    __shared__ int s_abort;
+    // A failed barrier (recorded error) must not be followed by this call's writes into peers.
+    if (threadIdx.x == 0) s_abort = ep_aborted(diag) ? 1 : 0;
+    __syncthreads();
+    if (s_abort) return;
     const int C = a.num_channels;
     if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w, s_remote);
     else combine_receiver(a, diag, blockIdx.x - C);

@@ -641,7 +641,7 @@ impl<'g> InternodeBuffer<'g> {
         let storage = Tensor::empty(&s, DType::U8, &[hl.total])?;
         let seq = self.next_seq();
         let mut args = self.base_args().with_handle(&hl, storage.ptr());
-        args.seq = seq;
+        args = args.with_seq(&self.sym_layout, seq);
         args.num_tokens = n as i32;
         args.topk = k as i32;
         args.num_experts = num_experts as i32;
@@ -696,7 +696,7 @@ impl<'g> InternodeBuffer<'g> {
     ) -> Result<DispatchOutput> {
         let seq = self.next_seq();
         let mut args = self.base_args().with_handle(&h.layout, h.storage.ptr());
-        args.seq = seq;
+        args = args.with_seq(&self.sym_layout, seq);
         args.num_tokens = n as i32;
         args.topk = 0;
         args.num_experts = h.num_experts as i32;
@@ -887,7 +887,7 @@ impl<'g> InternodeBuffer<'g> {
         let mut args = self
             .base_args()
             .with_handle(&a.handle.layout, a.handle.storage.ptr());
-        args.seq = seq;
+        args = args.with_seq(&self.sym_layout, seq);
         args.num_tokens = n as i32;
         args.num_recv = m as i32;
         args.hidden = hidden as i32;

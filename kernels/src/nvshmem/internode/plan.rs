@@ -267,8 +267,9 @@ impl SymLayout {
         let bar_sig = take(8 * world);
         let meta_sig = take(8 * world);
         let fwd_sig = take(8 * p);
-        let disp_sig = take(8 * nh * c);
-        let comb_sig = take(8 * nh * c);
+        // Data signals are double-buffered by call parity (see `InternodeArgs::with_seq`).
+        let disp_sig = take(2 * 8 * nh * c);
+        let comb_sig = take(2 * 8 * nh * c);
         let signals_end = take(0);
         let meta_send = take(4 * world * ms);
         let meta_recv = take(4 * world * ms);
@@ -333,8 +334,8 @@ impl SymLayout {
             ("bar_sig", self.bar_sig, 8 * w),
             ("meta_sig", self.meta_sig, 8 * w),
             ("fwd_sig", self.fwd_sig, 8 * p),
-            ("disp_sig", self.disp_sig, 8 * nh * c),
-            ("comb_sig", self.comb_sig, 8 * nh * c),
+            ("disp_sig", self.disp_sig, 2 * 8 * nh * c),
+            ("comb_sig", self.comb_sig, 2 * 8 * nh * c),
             ("meta_send", self.meta_send, 4 * w * self.meta_stride),
             ("meta_recv", self.meta_recv, 4 * w * self.meta_stride),
             ("fmeta_send", self.fmeta_send, 4 * p * nh * c),
@@ -554,6 +555,19 @@ impl InternodeArgs {
             p2p_direct: sym.p2p_direct as i32,
             ..Default::default()
         }
+    }
+
+    /// Set the call's sequence number and select the data-signal half of its parity. A rank
+    /// zeroes the half of the current call when it enters the call's barrier; a peer that is
+    /// still finishing the previous call polls the other half, and every peer has finished the
+    /// call before that (it passed the previous barrier), so nobody still waits on the half
+    /// being zeroed.
+    pub fn with_seq(mut self, sym: &SymLayout, seq: u64) -> InternodeArgs {
+        let half = ((seq & 1) as usize * 8 * sym.num_hosts * sym.num_channels) as u64;
+        self.seq = seq;
+        self.disp_sig += half;
+        self.comb_sig += half;
+        self
     }
 
     /// Point the handle fields at a handle allocation.
