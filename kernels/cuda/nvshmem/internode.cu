@@ -223,6 +223,38 @@ __device__ __forceinline__ int4 pack_bf16x8(const float* acc) {
     return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
 }
 
+// A lane's group of EP_COMB_COLS 16-byte columns of a bf16 row: column q = qb + u*32 + lane.
+#define EP_COMB_COLS 4
+struct ColAcc {
+    float v[EP_COMB_COLS][8];
+    __device__ __forceinline__ ColAcc() {
+#pragma unroll
+        for (int u = 0; u < EP_COMB_COLS; ++u)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+    }
+    // Add the group of `row` (all loads first: EP_COMB_COLS in flight). kPeerSrc: see load16.
+    template <bool kPeerSrc>
+    __device__ __forceinline__ void add(const int4* row, int qb, int nvec, int lane) {
+        int4 x[EP_COMB_COLS];
+#pragma unroll
+        for (int u = 0; u < EP_COMB_COLS; ++u) {
+            const int q = qb + u * 32 + lane;
+            x[u] = q < nvec ? load16<kPeerSrc>(row + q) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(v[u], x[u]);
+    }
+    // Round to bf16 and store the group into `row`.
+    __device__ __forceinline__ void store(int4* row, int qb, int nvec, int lane) const {
+#pragma unroll
+        for (int u = 0; u < EP_COMB_COLS; ++u) {
+            const int q = qb + u * 32 + lane;
+            if (q < nvec) st_na_v4(row + q, pack_bf16x8(v[u]));
+        }
+    }
+};
+
 }  // namespace
 
 // =================================================================================================
@@ -415,9 +447,6 @@ internode_barrier(InternodeArgs a, EpDiag diag) {
 // dispatch: 2C blocks x 512 threads.
 // =================================================================================================
 #define EP_INTERNODE_THREADS 512
-
-// 16 B columns a combine lane reduces per iteration (loads in flight per lane and source).
-#define EP_COMB_COLS 4
 
 // Tokens a sender block packs between two publication checks.
 #define EP_INTERNODE_SEND_BATCH 32
@@ -693,29 +722,13 @@ __device__ __forceinline__ void combine_forwarder(const InternodeArgs& a, const 
                 const int nvec = row_bytes / 16;
                 int4* out = reinterpret_cast<int4*>(rec + doff);
                 for (int qb = 0; qb < nvec; qb += 32 * EP_COMB_COLS) {
-                    float acc[EP_COMB_COLS][8];
-#pragma unroll
-                    for (int u = 0; u < EP_COMB_COLS; ++u)
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+                    ColAcc acc;
                     for (int ld = 0; ld < P; ++ld) {  // ascending local rank: the contract's order
                         const int r = rows[ld];
                         if (r < 0) continue;
-                        const int4* src = reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes);
-                        int4 v[EP_COMB_COLS];
-#pragma unroll
-                        for (int u = 0; u < EP_COMB_COLS; ++u) {
-                            const int q = qb + u * 32 + lane;
-                            v[u] = q < nvec ? ld_volatile_v4(src + q) : make_int4(0, 0, 0, 0);
-                        }
-#pragma unroll
-                        for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
+                        acc.add<true>(reinterpret_cast<const int4*>(s_peer_in[ld] + (size_t)r * row_bytes), qb, nvec, lane);
                     }
-#pragma unroll
-                    for (int u = 0; u < EP_COMB_COLS; ++u) {
-                        const int q = qb + u * 32 + lane;
-                        if (q < nvec) st_na_v4(out + q, pack_bf16x8(acc[u]));
-                    }
+                    acc.store(out, qb, nvec, lane);
                 }
                 if (a.combined_w) {
                     for (int k = lane; k < K; k += 32) {
@@ -780,40 +793,16 @@ __device__ __forceinline__ void combine_receiver(const InternodeArgs& a, const E
         // EP_COMB_COLS 16 B columns per lane and iteration; the loop bounds are warp-uniform
         // (shuffles inside). Order: biases, then hosts ascending (the contract's order).
         for (int qb = 0; qb < nvec; qb += 32 * EP_COMB_COLS) {
-            float acc[EP_COMB_COLS][8];
-#pragma unroll
-            for (int u = 0; u < EP_COMB_COLS; ++u)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
-            int4 v[EP_COMB_COLS];
-            for (int bi = 0; bi < 2; ++bi) {
-                const int4* b = bi == 0 ? b0 : b1;
-                if (b == nullptr) continue;
-#pragma unroll
-                for (int u = 0; u < EP_COMB_COLS; ++u) {
-                    const int q = qb + u * 32 + lane;
-                    v[u] = q < nvec ? ld_nc_v4(b + q) : make_int4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
-            }
+            ColAcc acc;
+            if (b0) acc.add<false>(b0, qb, nvec, lane);
+            if (b1) acc.add<false>(b1, qb, nvec, lane);
             for (uint32_t m = hosts; m; m &= m - 1) {
                 const int h = __ffs(m) - 1;
                 const int4* rec = reinterpret_cast<const int4*>(reinterpret_cast<const uint8_t*>(
                     __shfl_sync(FULL_MASK, reinterpret_cast<unsigned long long>(rec_l), h)) + doff);
-#pragma unroll
-                for (int u = 0; u < EP_COMB_COLS; ++u) {
-                    const int q = qb + u * 32 + lane;
-                    v[u] = q < nvec ? ld_volatile_v4(rec + q) : make_int4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < EP_COMB_COLS; ++u) acc_bf16x8(acc[u], v[u]);
+                acc.add<true>(rec, qb, nvec, lane);
             }
-#pragma unroll
-            for (int u = 0; u < EP_COMB_COLS; ++u) {
-                const int q = qb + u * 32 + lane;
-                if (q < nvec) st_na_v4(out + q, pack_bf16x8(acc[u]));
-            }
+            acc.store(out, qb, nvec, lane);
         }
         if (a.combined_w) {
             float w = 0.0f;
