@@ -12,6 +12,7 @@
 pub mod error;
 pub use error::{EpError, Result};
 pub mod cubins;
+pub mod common;
 pub mod config;
 pub mod intranode;
 pub mod runtime;

@@ -175,11 +175,16 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
             let rdma_rows: Vec<usize> = (0..w).map(|r| rdma_tokens(&routing, r, rph)).collect();
             let sms = num_sms as u32;
-            for (op, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
+            // (RDMA bytes, NVL bytes, this rank's per-peer send / receive bytes) of a dispatch.
+            let bytes = |fp8: bool| {
                 let tb = token_bytes(h, fp8);
                 let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
                 let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
                 let (send, recv) = routing.dispatch_bytes(me, tb);
+                (rdma, nvl, send, recv)
+            };
+            for (op, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
+                let (rdma, nvl, send, recv) = bytes(fp8);
                 rows.extend(measure2(
                     ctx,
                     &format!("{op}{variant}"),
@@ -199,10 +204,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                     },
                 )?);
             }
-            let tb = token_bytes(h, false);
-            let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
-            let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
-            let (send, recv) = routing.dispatch_bytes(me, tb);
+            let (rdma, nvl, send, recv) = bytes(false);
             // Combine moves the transpose of the dispatch counts.
             rows.extend(measure2(
                 ctx,

@@ -154,8 +154,10 @@ impl<'a> DispatchArgs<'a> {
 }
 
 /// Result of [`Buffer::dispatch`]. Tensors are views into the NVLink buffer (see module docs).
+/// `H` is the handle type: the internode mode reuses this struct with its own handle (and owned
+/// tensors).
 #[derive(Debug)]
-pub struct DispatchOutput {
+pub struct DispatchOutput<H = Handle> {
     /// `[M, H]`, dtype of `x`.
     pub recv_x: Tensor,
     /// f32 `[M, H/128]` row-major (FP8 only).
@@ -166,7 +168,7 @@ pub struct DispatchOutput {
     pub recv_topk_weights: Option<Tensor>,
     /// `[L]` aligned received selections per local expert (fresh dispatch only; empty when cached).
     pub num_recv_tokens_per_expert: Vec<usize>,
-    pub handle: Handle,
+    pub handle: H,
     /// Recorded after the dispatch kernel.
     pub event: CudaEvent,
 }

@@ -23,6 +23,7 @@ pub mod plan;
 
 pub use plan::{InternodeArgs, InternodeConfig, SymLayout};
 
+use crate::common::{record_event, wait_event, Poison};
 use crate::cubins;
 use crate::error::EpError;
 use crate::nvshmem::binding::SymmetricBuffer;
@@ -165,23 +166,9 @@ impl<'a> DispatchArgs<'a> {
     }
 }
 
-/// Result of [`InternodeBuffer::dispatch`] (owned tensors).
-#[derive(Debug)]
-pub struct DispatchOutput {
-    /// `[M, H]`, dtype of `x`.
-    pub recv_x: Tensor,
-    /// f32 `[M, H/128]` row-major (FP8 only).
-    pub recv_scales: Option<Tensor>,
-    /// i64 `[M, K]` local expert ids or -1 (fresh dispatch only).
-    pub recv_topk_idx: Option<Tensor>,
-    /// f32 `[M, K]`, 0 where the id is -1 (fresh dispatch only).
-    pub recv_topk_weights: Option<Tensor>,
-    /// `[L]` aligned received selections per local expert (fresh dispatch only; empty when cached).
-    pub num_recv_tokens_per_expert: Vec<usize>,
-    pub handle: Handle,
-    /// Recorded after the dispatch kernel.
-    pub event: CudaEvent,
-}
+/// Result of [`InternodeBuffer::dispatch`]: the intranode output struct with the internode
+/// [`Handle`]; the tensors are owned (not views into a communication buffer).
+pub type DispatchOutput = crate::intranode::DispatchOutput<Handle>;
 
 /// Arguments of [`InternodeBuffer::combine`].
 #[derive(Debug, Clone, Copy)]
@@ -223,15 +210,8 @@ impl<'a> CombineArgs<'a> {
     }
 }
 
-/// Result of [`InternodeBuffer::combine`].
-#[derive(Debug)]
-pub struct CombineOutput {
-    /// bf16 `[N, H]`.
-    pub combined_x: Tensor,
-    /// f32 `[N, K]` when `topk_weights` was given.
-    pub combined_topk_weights: Option<Tensor>,
-    pub event: CudaEvent,
-}
+/// Result of [`InternodeBuffer::combine`] (the same struct as the intranode mode's).
+pub use crate::intranode::CombineOutput;
 
 struct Kernels {
     notify: Kernel,
@@ -258,7 +238,7 @@ pub struct InternodeBuffer<'g> {
     /// Combines issued so far (selects the staging half).
     combines: u64,
     id: u64,
-    poisoned: Option<String>,
+    poisoned: Poison,
     /// Fill every freshly allocated output with this byte before the kernel runs (tests).
     output_poison: Option<u8>,
 }
@@ -383,7 +363,7 @@ impl<'g> InternodeBuffer<'g> {
             seq: 0,
             combines: 0,
             id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
-            poisoned: None,
+            poisoned: Poison::new(),
             output_poison: None,
         })
     }
@@ -418,25 +398,6 @@ impl<'g> InternodeBuffer<'g> {
         Ok(t)
     }
 
-    fn check_usable(&mut self) -> Result<()> {
-        if let Some(why) = &self.poisoned {
-            return bad(format!(
-                "this InternodeBuffer is unusable after an earlier error ({why}); peers may be mid-call: recreate it on every rank"
-            ));
-        }
-        match self.gpu.take_error() {
-            Some(e) => self.poison(e),
-            None => Ok(()),
-        }
-    }
-
-    fn poison<T>(&mut self, e: EpError) -> Result<T> {
-        if !matches!(e, EpError::InvalidArgument(_)) || self.poisoned.is_none() {
-            self.poisoned = Some(e.to_string());
-        }
-        Err(e)
-    }
-
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
@@ -444,26 +405,6 @@ impl<'g> InternodeBuffer<'g> {
 
     fn base_args(&self) -> InternodeArgs {
         InternodeArgs::base(&self.sym_layout, self.rank, self.sym.ptr())
-    }
-
-    fn wait_event(&self, ev: Option<&CudaEvent>) -> Result<()> {
-        if let Some(ev) = ev {
-            self.gpu.stream().wait(ev).map_err(|e| EpError::Cuda {
-                context: "stream wait on the caller's event".into(),
-                message: format!("{:?}", e.0),
-            })?;
-        }
-        Ok(())
-    }
-
-    fn record_event(&self) -> Result<CudaEvent> {
-        self.gpu
-            .stream()
-            .record_event(None)
-            .map_err(|e| EpError::Cuda {
-                context: "recording the completion event".into(),
-                message: format!("{:?}", e.0),
-            })
     }
 
     fn grid(&self) -> LaunchCfg {
@@ -481,7 +422,7 @@ impl<'g> InternodeBuffer<'g> {
 
     /// Dispatch (see module docs). Validates everything before launching anything.
     pub fn dispatch(&mut self, a: DispatchArgs<'_>) -> Result<DispatchOutput> {
-        self.check_usable()?;
+        self.poisoned.check(self.gpu, "this InternodeBuffer")?;
         a.x.check_valid()?;
         let (n, hidden) = match a.x.shape() {
             [n, h] => (*n, *h),
@@ -599,7 +540,7 @@ impl<'g> InternodeBuffer<'g> {
                 }
             }
         }
-        self.wait_event(a.wait)?;
+        wait_event(self.gpu, a.wait)?;
         let r = match a.routing {
             Routing::Fresh {
                 topk_idx,
@@ -620,7 +561,7 @@ impl<'g> InternodeBuffer<'g> {
         };
         match r {
             Ok(o) => Ok(o),
-            Err(e) => self.poison(e),
+            Err(e) => self.poisoned.record(e),
         }
     }
 
@@ -664,7 +605,7 @@ impl<'g> InternodeBuffer<'g> {
             Some((i, w)) => (Some(i), Some(w)),
             None => (None, None),
         };
-        let event = self.record_event()?;
+        let event = record_event(self.gpu)?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -705,7 +646,7 @@ impl<'g> InternodeBuffer<'g> {
         self.launch_barrier(&args)?;
         let (recv_x, recv_scales, _, _) =
             self.launch_dispatch(args, a, n, hidden, h.num_recv_tokens, None)?;
-        let event = self.record_event()?;
+        let event = record_event(self.gpu)?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -801,7 +742,7 @@ impl<'g> InternodeBuffer<'g> {
     /// Combine into new output tensors: `combined_x` bf16 `[N, H]`, and `combined_topk_weights`
     /// f32 `[N, K]` when `topk_weights` is given. Never blocks the host.
     pub fn combine(&mut self, a: CombineArgs<'_>) -> Result<CombineOutput> {
-        self.check_usable()?;
+        self.poisoned.check(self.gpu, "this InternodeBuffer")?;
         let h = a.handle;
         let hidden = h.hidden;
         for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1]
@@ -860,10 +801,10 @@ impl<'g> InternodeBuffer<'g> {
                 self.sym_layout.max_recv
             ));
         }
-        self.wait_event(a.wait)?;
+        wait_event(self.gpu, a.wait)?;
         match self.launch_combine(&a, m, n, k) {
             Ok(o) => Ok(o),
-            Err(e) => self.poison(e),
+            Err(e) => self.poisoned.record(e),
         }
     }
 
@@ -915,7 +856,7 @@ impl<'g> InternodeBuffer<'g> {
         self.launch_barrier(&args)?;
         self.gpu
             .launch(&self.kernels.combine, &self.grid(), crate::args![args])?;
-        let event = self.record_event()?;
+        let event = record_event(self.gpu)?;
         Ok(CombineOutput {
             combined_x: out,
             combined_topk_weights: out_w,
