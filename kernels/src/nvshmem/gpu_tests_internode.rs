@@ -222,6 +222,16 @@ pub fn cases() -> Vec<Case> {
             .into_iter()
             .map(|(n, s)| case(format!("internode {n}"), s)),
     );
+    for one_host in [false, true] {
+        let name = if one_host { "one-host" } else { "2-hop" };
+        out.push(
+            Case::new(
+                format!("internode back-to-back x30 no host sync {name}"),
+                move |ctx| back_to_back(ctx, one_host),
+            )
+            .min_world(2),
+        );
+    }
     out.push(Case::new("internode rejects bad arguments", bad_arguments).min_world(2));
     out.push(
         Case::new(
@@ -586,6 +596,93 @@ fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
     };
     // Everyone idle before the collective free.
     let _ = ctx.gpu.sync("internode timeout case end");
+    ctx.comm.barrier()?;
+    drop(buf);
+    result
+}
+
+/// Calls issued back to back without host synchronisation (like the bench loop), so a rank can be
+/// a whole call ahead of its peers: 30 cached dispatches, then a combine, both checked at the end.
+/// (A rank that reset a signal its local peer still polled used to hang here.)
+fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
+    let (rank, world) = (ctx.rank(), ctx.world());
+    let (h, k, e, max_tokens) = (4096usize, 8usize, 64usize, 512usize);
+    let rph = if one_host {
+        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+            .rev()
+            .find(|p| world % p == 0)
+            .unwrap_or(1)
+    } else {
+        1
+    };
+    let tokens = vec![max_tokens; world];
+    let ispec = random::InputSpec {
+        num_tokens: 0,
+        hidden: h,
+        num_topk: k,
+        num_experts: e,
+        fp8: false,
+        masked_fraction: 0.0,
+    };
+    let inputs = random::all_inputs(ctx.seed, &tokens, &ispec);
+    let expected = reference::dispatch(&inputs, e, 1)?;
+    let ys: Vec<Vec<bf16>> = (0..world)
+        .map(|d| {
+            random::combine_rows(
+                ctx.seed,
+                d,
+                random::streams::COMBINE_Y,
+                expected[d].num_recv_tokens,
+                h,
+            )
+        })
+        .collect();
+    let want_comb = reference::normal::combine_internode_rank(
+        &expected,
+        &inputs,
+        reference::normal::CombineArgs {
+            y: &ys,
+            topk_weights: None,
+            bias0: None,
+            bias1: None,
+        },
+        rph,
+        rank,
+    )?;
+    let rt = nvshmem(ctx)?;
+    let mut cfg = InternodeConfig::new(rph, max_tokens, h);
+    cfg.max_topk = k;
+    cfg.max_local_experts = e / world;
+    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &rt, cfg)?;
+    buf.set_output_poison(Some(POISON_BYTE));
+    let s = ctx.gpu.stream().clone();
+    let me = &inputs[rank];
+    let (x, _) = upload_payload(&s, &me.x, me.n, h)?;
+    let idx = Tensor::from_host(&s, &me.topk_idx, &[me.n, k])?;
+    let w = Tensor::from_host(&s, &me.topk_weights, &[me.n, k])?;
+    let y = Tensor::from_host(&s, &ys[rank], &[expected[rank].num_recv_tokens, h])?;
+    let result = (|| -> CaseResult {
+        let first = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, e))?;
+        let mut last = None;
+        for _ in 0..30 {
+            last = Some(buf.dispatch(DispatchArgs::cached(&x, &first.handle))?);
+        }
+        let comb = buf.combine(CombineArgs::new(&y, &first.handle))?;
+        ctx.gpu.sync("internode back-to-back")?;
+        let last = last.unwrap();
+        check_payload(
+            "last cached dispatch recv_x",
+            &last.recv_x,
+            None,
+            &expected[rank].recv_x,
+        )?;
+        let got: Vec<bf16> = comb.combined_x.to_host()?;
+        check(
+            "combined_x",
+            want_comb.combined_x.check_bit_exact("combined_x", &got),
+        )
+    })();
+    let _ = ctx.gpu.sync("internode back-to-back end");
     ctx.comm.barrier()?;
     drop(buf);
     result
