@@ -365,8 +365,9 @@ impl<'a> BenchCtx<'a> {
     }
 }
 
-/// (slowest median us, smallest GB/s, index of the rank with the smallest GB/s).
-fn figures(per_rank: &[Stats], recv_bytes: &[usize]) -> (f64, f64, usize) {
+/// From every rank's stats and received bytes: (slowest median us, smallest GB/s, index of the
+/// rank with the smallest GB/s) — the convention of every row.
+pub fn figures(per_rank: &[Stats], recv_bytes: &[usize]) -> (f64, f64, usize) {
     let us = per_rank.iter().map(|s| s.median_us).fold(0.0, f64::max);
     let mut slow = 0;
     let mut gbps = f64::INFINITY;
