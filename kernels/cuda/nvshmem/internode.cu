@@ -176,7 +176,10 @@ __device__ __forceinline__ void signal_after_stores(uint64_t* sig, uint64_t bits
     }
 }
 
-// Bulk copy of `bytes` (multiple of 16) by one warp with 4 x 16 B loads in flight per lane.
+// 16 B loads a lane keeps in flight in the dispatch copies (latency-bound: more = faster).
+#define EP_COPY_DEPTH 8
+
+// Bulk copy of `bytes` (multiple of 16) by one warp with EP_COPY_DEPTH x 16 B loads in flight per lane.
 // kPeerSrc: the source may have been written by another GPU (volatile, L1-bypassing loads);
 // otherwise it is read-only input of this kernel (non-coherent path).
 template <bool kPeerSrc>
@@ -185,17 +188,17 @@ __device__ __forceinline__ int4 load16(const int4* p) {
 }
 template <bool kPeerSrc>
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+    constexpr int kDepth = EP_COPY_DEPTH;
     const int n = bytes / 16;
     const int4* s = reinterpret_cast<const int4*>(src);
     int4* d = reinterpret_cast<int4*>(dst);
     int i = lane;
-    for (; i + 96 < n; i += 128) {
-        const int4 v0 = load16<kPeerSrc>(s + i), v1 = load16<kPeerSrc>(s + i + 32);
-        const int4 v2 = load16<kPeerSrc>(s + i + 64), v3 = load16<kPeerSrc>(s + i + 96);
-        st_na_v4(d + i, v0);
-        st_na_v4(d + i + 32, v1);
-        st_na_v4(d + i + 64, v2);
-        st_na_v4(d + i + 96, v3);
+    for (; i + 32 * (kDepth - 1) < n; i += 32 * kDepth) {
+        int4 v[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) v[u] = load16<kPeerSrc>(s + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) st_na_v4(d + i + 32 * u, v[u]);
     }
     for (; i < n; i += 32) st_na_v4(d + i, load16<kPeerSrc>(s + i));
 }
@@ -498,14 +501,14 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
                 for (int i = lane; i < S; i += 32)
                     reinterpret_cast<float*>(rec + L.sc_off)[i] = a.x_scales[(size_t)t * S + i];
             }
-            // Payload: each 16 B loaded once (4 per lane in flight), stored to every destination
+            // Payload: each 16 B loaded once (EP_COPY_DEPTH per lane in flight), stored to every destination
             // host's record. Loop bounds are warp-uniform (shuffles inside).
             const int4* src = reinterpret_cast<const int4*>(a.x + (size_t)t * L.row_bytes);
             const int nvec = L.row_bytes / 16;
-            for (int ib = 0; ib < nvec; ib += 128) {
-                int4 v[4];
+            for (int ib = 0; ib < nvec; ib += 32 * EP_COPY_DEPTH) {
+                int4 v[EP_COPY_DEPTH];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < EP_COPY_DEPTH; ++u) {
                     const int q = ib + u * 32 + lane;
                     v[u] = q < nvec ? ld_nc_v4(src + q) : make_int4(0, 0, 0, 0);
                 }
@@ -515,7 +518,7 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
                                                                __ffs(m) - 1)) +
                         L.data_off);
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) {
+                    for (int u = 0; u < EP_COPY_DEPTH; ++u) {
                         const int q = ib + u * 32 + lane;
                         if (q < nvec) st_na_v4(dst + q, v[u]);
                     }
