@@ -9,7 +9,8 @@
 //!
 //! Outputs of [`LowLatencyBuffer::dispatch`] on rank d (L = E/R local experts):
 //! - `packed_recv_x` `[L, R·num_max, H]` (e4m3 or bf16); rows `[0, packed_recv_count[le])` valid,
-//!   each source's rows contiguous at `layout_range` (sources in the order d, d+1, ..., d-1);
+//!   each source's rows contiguous at `layout_range` (block order: v2 dispatch ascending source
+//!   rank, v1 d, d+1, ..., d-1; callers must not rely on either);
 //! - FP8 scales, physical `[L, H/128, R·num_max]` f32 (the column-major view `[L, R·num_max, H/128]`)
 //!   or with UE8M0 `[L, H/512, R·num_max]` i32 (four exponent bytes, lowest group lowest);
 //! - `packed_recv_count` `[L]` i32, and the [`LlHandle`] (`src_info` `[L, R·num_max]` i32,
