@@ -227,7 +227,7 @@ __device__ __forceinline__ int4 pack_bf16x8(const float* acc) {
 }
 
 // A lane's group of EP_COMB_COLS 16-byte columns of a bf16 row: column q = qb + u*32 + lane.
-#define EP_COMB_COLS 4
+#define EP_COMB_COLS 6
 struct ColAcc {
     float v[EP_COMB_COLS][8];
     __device__ __forceinline__ ColAcc() {
