@@ -498,19 +498,21 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
     // on those that were not ready in that snapshot (per-unit cost: one data round trip).
     for (int64_t batch = blockIdx.x * reduce_warps + (warp - p.push_warps); batch < num_units;
          batch += 32 * rstride) {
+        // Lane k: positions of unit k's token in every rank's stream (kept in registers for up to
+        // 4 ranks, so a unit needs no metadata load) and whether its staged rows already landed.
+        constexpr bool kKeepPos = kR <= 4;
+        int posk[kR];
         bool ready = true;
         {
             const int64_t uk = batch + lane * rstride;
-            if (uk < num_units) {
-                const long tk = static_cast<long>(uk / nchunks);
+            const long tk = uk < num_units ? static_cast<long>(uk / nchunks) : -1;
 #pragma unroll
-                for (int d = 0; d < kR; ++d) {
-                    if (d == me) continue;
-                    const int pd = __ldg(p.send_pos + tk * kR + d);
-                    if (pd < 0) continue;
-                    const int* flag = my_flags + static_cast<int64_t>(ep_stage_slot(d, me, kR)) * a.max_tokens + pd;
-                    ready = ready && ld_acquire_sys(flag) == epoch;
-                }
+            for (int d = 0; d < kR; ++d) posk[d] = tk >= 0 ? __ldg(p.send_pos + tk * kR + d) : -1;
+#pragma unroll
+            for (int d = 0; d < kR; ++d) {
+                if (d == me || posk[d] < 0) continue;
+                const int* flag = my_flags + static_cast<int64_t>(ep_stage_slot(d, me, kR)) * a.max_tokens + posk[d];
+                ready = ready && ld_acquire_sys(flag) == epoch;
             }
         }
         const unsigned ready_mask = __ballot_sync(kFullMask, ready);
@@ -520,12 +522,20 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
             if (unit >= num_units) break;
             const int t = static_cast<int>(unit / nchunks);
             const int c = static_cast<int>(unit - static_cast<int64_t>(t) * nchunks);
-            // Lane d < kR: the token's position in the stream to rank d (an L1 hit: the snapshot
-            // just loaded it); pds = all of them.
-            const int pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
+            // pds: the token's position in every rank's stream; pos = pds[lane] for lanes < kR.
             int pds[kR];
+            int pos = -1;
+            if constexpr (kKeepPos) {
 #pragma unroll
-            for (int d = 0; d < kR; ++d) pds[d] = __shfl_sync(kFullMask, pos, d);
+                for (int d = 0; d < kR; ++d) {
+                    pds[d] = __shfl_sync(kFullMask, posk[d], k);
+                    if (lane == d) pos = pds[d];
+                }
+            } else {
+                pos = lane < kR ? __ldg(p.send_pos + static_cast<long>(t) * kR + lane) : -1;
+#pragma unroll
+                for (int d = 0; d < kR; ++d) pds[d] = __shfl_sync(kFullMask, pos, d);
+            }
             if (((ready_mask >> k) & 1u) == 0u) {
                 bool ok = true;
                 if (lane < kR && lane != me && pos >= 0) {

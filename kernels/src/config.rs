@@ -50,8 +50,8 @@ impl Default for Config {
             dispatch_local_warps: 0,
             dispatch_tma: false,
             combine_warps: 24,
-            combine_push_warps: 12,
-            combine_push_rows: 2,
+            combine_push_warps: 8,
+            combine_push_rows: 1,
             combine_tma: false,
         }
     }

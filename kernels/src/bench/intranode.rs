@@ -191,7 +191,7 @@ mod tests {
     fn parses_configs_and_rejects_bad_ones() {
         assert_eq!(
             parse_config("16:24:24:12").unwrap(),
-            Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 2, ..Config::default() }
+            Config { num_sms: 16, dispatch_warps: 24, combine_warps: 24, combine_push_warps: 12, combine_push_rows: 1, ..Config::default() }
         );
         assert_eq!(parse_config("16:24:24:12:4").unwrap().combine_push_rows, 4);
         assert_eq!(parse_config("16:24:24:12:4:8").unwrap().dispatch_local_warps, 8);
