@@ -94,13 +94,13 @@ impl Config {
         }
         if self.combine_push_warps == 0 || self.combine_push_warps >= self.combine_warps {
             return bad(format!(
-                "config.combine_push_warps {} must be in 1..{} (combine_warps {}): combine needs both pushing and reducing warps; e.g. use half of combine_warps",
+                "config.combine_push_warps {} must be in 1..{} (combine_warps {}): combine needs both pushing and reducing warps; e.g. use a third of combine_warps (the default is 8 of 24)",
                 self.combine_push_warps, self.combine_warps, self.combine_warps
             ));
         }
         if self.combine_push_rows == 0 || self.combine_push_rows > 16 {
             return bad(format!(
-                "config.combine_push_rows {} is outside 1..=16 (rows a combine pusher writes per system fence); use e.g. 2",
+                "config.combine_push_rows {} is outside 1..=16 (rows a combine pusher writes per system fence); use e.g. 1 (the default)",
                 self.combine_push_rows
             ));
         }
