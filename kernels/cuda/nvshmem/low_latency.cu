@@ -57,6 +57,7 @@ __device__ __forceinline__ bool ll_wait_tag(const uint8_t* buf, uint64_t off, ui
                                             const EpDiag& diag, int phase, int channel, int peer) {
     const uint64_t* p = reinterpret_cast<const uint64_t*>(buf + off);
     EpWait w(diag);
+    uint32_t nap = 32;
     while (true) {
         const uint64_t v = ld_acquire_sys_u64(p);
         if (static_cast<uint32_t>(v >> 32) == seq) {
@@ -64,6 +65,9 @@ __device__ __forceinline__ bool ll_wait_tag(const uint8_t* buf, uint64_t off, ui
             return true;
         }
         if (!w.tick(phase, channel, peer)) return false;
+        // Back off: thousands of pollers must not steal L2 bandwidth from the data they wait for.
+        __nanosleep(nap);
+        nap = min(nap * 2, 256u);
     }
 }
 
@@ -129,6 +133,7 @@ __device__ __forceinline__ bool ll_warp_wait_all(const uint8_t* buf, uint64_t of
             if (__all_sync(0xffffffffu, all)) break;
             const bool timed_out = !w.tick(EP_PHASE_LL_COMBINE_RECV, missing >= 0 ? missing % G : -1, missing >= 0 ? missing / G : -1);
             if (__any_sync(0xffffffffu, timed_out)) return false;
+            __nanosleep(256);  // back off (see ll_wait_tag)
         }
     }
     fence_acq_rel_sys();
