@@ -542,9 +542,6 @@ __device__ __forceinline__ void combine_impl(const IntranodeArgs& a, const Combi
                     const int* flag = my_flags + static_cast<int64_t>(ep_stage_slot(lane, me, kR)) * a.max_tokens + pos;
                     EpWait w(diag);
                     while (ld_acquire_sys(flag) != epoch) {
-                        // Back off: hundreds of polling warps would otherwise compete with the
-                        // pushers of the same SMs for issue slots and L2 bandwidth.
-                        __nanosleep(128);
                         if (!w.tick(EP_PHASE_COMBINE_RECV, blockIdx.x, lane, t)) { ok = false; break; }
                     }
                 }
