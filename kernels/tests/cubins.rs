@@ -131,6 +131,7 @@ fn family_parameter_structs_match_the_kernels() {
         ("intranode", "ep_intranode_combine_", vec![sa::<IntranodeArgs>(), sa::<CombineParams>(), diag]),
         ("low_latency", "ll_dispatch2_", vec![sa::<LlDispatch2Args>(), diag]),
         ("low_latency", "ll_combine2_", vec![sa::<LlCombine2Args>(), diag]),
+        ("low_latency", "ll_combine3_", vec![sa::<LlCombine2Args>(), diag]),
         ("low_latency", "ll_dispatch_", vec![sa::<LlDispatchArgs>(), diag]),
         ("low_latency", "ll_combine_", vec![sa::<LlCombineArgs>(), diag]),
         ("internode", "internode_", vec![sa::<InternodeArgs>(), diag]),

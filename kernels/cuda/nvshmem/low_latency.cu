@@ -941,8 +941,11 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
     }
 }
 
-// ---- combine v2 (see low_latency.cuh) ----------------------------------------------------------
-template <bool kPut>
+// ---- combine v2 / v3 (see low_latency.cuh) -----------------------------------------------------
+// kLateWts (v3): owners do not wait for the weights before starting; each warp issues its rows'
+// loads first and acquires the origin's weights flag only before the FMAs (once per origin per
+// warp), so the weights' NVLink round trip overlaps the row loads instead of preceding them.
+template <bool kPut, bool kLateWts>
 __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const EpDiag& diag) {
     __shared__ int s_fail;
     __shared__ int s_ntok[32];
@@ -991,12 +994,13 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         const int* ntok_d = reinterpret_cast<const int*>(a.buf + a.off_ntok);
         for (int r = tid; r < R; r += LL_THREADS) {
             uint32_t n = 0;
-            if (r != me && !ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(r) * 8, seq, &n, diag,
-                                        EP_PHASE_LL_COMBINE_SEND, b, r))
+            if (!kLateWts && r != me &&
+                !ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(r) * 8, seq, &n, diag, EP_PHASE_LL_COMBINE_SEND, b, r))
                 s_fail = 1;
             if (r < 32) s_ntok[r] = (r == me) ? 0 : min(ntok_d[r], NM);
         }
         __syncthreads();
+        uint32_t wts_seen = 0;  // v3: origins whose weights flag this warp has acquired
         const uint8_t* stage_base = a.buf + a.off_tok_stage;
         const int* tok_slot = reinterpret_cast<const int*>(a.buf + a.off_tok_slot);
         const float* wts = reinterpret_cast<const float*>(a.buf + a.off_wts);
@@ -1027,7 +1031,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 if (k >= K) continue;
                 ev[k] = __ldcg(tk + k);
                 if (!kPut) {  // the put kernel has no registers to spare (its library calls)
-                    w[k] = __ldcg(wts + base + k);
+                    if (!kLateWts) w[k] = __ldcg(wts + base + k);
                     sl[k] = tok_slot[base + k];
                 }
             }
@@ -1040,13 +1044,35 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 }
                 ++nlocal;
                 if (kPut) {
-                    w[k] = __ldcg(wts + base + k);
+                    if (!kLateWts) w[k] = __ldcg(wts + base + k);
                     sl[k] = tok_slot[base + k];
                 }
+                if (kLateWts) w[k] = 1.f;  // marks a local term; the weight is loaded below
                 const uint64_t row = static_cast<uint64_t>(e % L) * RNM + sl[k];
                 if (c0 < H) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
             }
             if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
+            if (kLateWts) {
+                if (!(wts_seen & (1u << s))) {
+                    // Origin s's weights (and "s has started this call": its partial buffer is
+                    // free) while the row loads above are in flight.
+                    bool ok = true;
+                    if (lane == 0) {
+                        uint32_t n = 0;
+                        ok = ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(s) * 8, seq, &n, diag,
+                                         EP_PHASE_LL_COMBINE_SEND, b, s);
+                    }
+                    __syncwarp();
+                    if (!__shfl_sync(0xffffffffu, ok, 0)) {
+                        s_fail = 1;
+                        break;
+                    }
+                    wts_seen |= 1u << s;
+                }
+#pragma unroll
+                for (int k = 0; k < LL_MAX_TOPK; ++k)
+                    if (w[k] != 0.f) w[k] = __ldcg(wts + base + k);
+            }
             float acc[8];
 #pragma unroll
             for (int q = 0; q < 8; ++q) acc[q] = 0.f;
@@ -1075,6 +1101,17 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             }
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
+        if (kLateWts) {
+            // Before flagging an origin, this block must know it has started this call, even
+            // without a unit for it: a hooked earlier combine of the origin may still be polling
+            // the previous tag of this half's flag (v2's block-wide wait up front ensures this).
+            for (int r = tid; r < R; r += LL_THREADS) {
+                uint32_t n = 0;
+                if (r != me &&
+                    !ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(r) * 8, seq, &n, diag, EP_PHASE_LL_COMBINE_SEND, b, r))
+                    s_fail = 1;
+            }
+        }
         ll_publish_fence<kPut>();
         __syncthreads();
         for (int r = tid; r < R; r += LL_THREADS) {
@@ -1178,8 +1215,15 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_put(con
     ll_dispatch2_impl<true>(a, diag);
 }
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_p2p(const LlCombine2Args a, EpDiag diag) {
-    ll_combine2_impl<false>(a, diag);
+    ll_combine2_impl<false, false>(a, diag);
 }
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_put(const LlCombine2Args a, EpDiag diag) {
-    ll_combine2_impl<true>(a, diag);
+    ll_combine2_impl<true, false>(a, diag);
+}
+// Combine v3: v2's protocol and buffers (same argument struct), weights acquired late.
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine3_p2p(const LlCombine2Args a, EpDiag diag) {
+    ll_combine2_impl<false, true>(a, diag);
+}
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine3_put(const LlCombine2Args a, EpDiag diag) {
+    ll_combine2_impl<true, true>(a, diag);
 }

@@ -122,6 +122,9 @@ struct LlDispatch2Args {
 // into the origin's `part[token][owner]`; the origin adds its own experts' terms (read in place)
 // and the partials, and rounds to bf16 once. Needs a v2 dispatch handle (token staging with the
 // top-k ids, tok_slot, ntok).
+// Combine v3 (`ll_combine3_*`) takes the same arguments and buffers; its owners start loading
+// rows at once and acquire each origin's weights flag per warp just before the FMAs (v2 waits for
+// every origin's weights before any load).
 struct LlCombine2Args {
     const void* y;
     const int64_t* topk_idx;

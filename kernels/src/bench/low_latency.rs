@@ -7,7 +7,7 @@
 //!   message), `dispatch-bf16`: selections x 2H (the buffer's dispatch version, v2 by default;
 //!   `dispatch-fp8-v1`: the v1 kernel for comparison);
 //! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout; the
-//!   buffer's combine version, v1 by default; `combine-bf16-v2` / `-v1`: the other kernel);
+//!   buffer's combine version, v1 by default; `combine-bf16-v1` / `-v2` / `-v3`: the other kernels);
 //! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
 //! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
 //! selections x message bytes to the owner of each selected expert (combine: the transpose).
@@ -134,16 +134,21 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             rows.push(ctx.measure(MODE, "combine-bf16", shape, sms, &bytes, &recv, &send, || {
                 buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
             })?);
-            // The other combine kernel, for comparison.
+            // The other combine kernels, for comparison.
             let default_combine = buf.combine_version();
-            let (other, other_name) = match default_combine {
-                CombineVersion::V1 => (CombineVersion::V2, "combine-bf16-v2"),
-                CombineVersion::V2 => (CombineVersion::V1, "combine-bf16-v1"),
-            };
-            buf.set_combine_version(other)?;
-            rows.push(ctx.measure(MODE, other_name, shape, sms, &bytes, &recv, &send, || {
-                buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
-            })?);
+            for (other, other_name) in [
+                (CombineVersion::V1, "combine-bf16-v1"),
+                (CombineVersion::V2, "combine-bf16-v2"),
+                (CombineVersion::V3, "combine-bf16-v3"),
+            ] {
+                if other == default_combine {
+                    continue;
+                }
+                buf.set_combine_version(other)?;
+                rows.push(ctx.measure(MODE, other_name, shape, sms, &bytes, &recv, &send, || {
+                    buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
+                })?);
+            }
             buf.set_combine_version(default_combine)?;
             // Ten calls back to back per timed repetition: launch and measurement overhead
             // amortized (the figure is for all ten calls; divide the time by 10).

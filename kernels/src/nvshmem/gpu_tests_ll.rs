@@ -301,29 +301,51 @@ pub fn cases() -> Vec<Case> {
         shape_case("shapes/4096x3of128", Shape { num_max: 64, hidden: 4096, topk: 3, experts: 128 }, ALL_MODES, 6),
         shape_case("repeat/7168x8of288x40", deepep, ALL_MODES, 40),
         overlap_case(DispatchVersion::V2),
-        Case::new("ll/combine-v2/overlap-hooks/4096x8of64", |c| {
-            let shape = Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 };
-            let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
-            buf.set_combine_version(CombineVersion::V2)?;
-            for (i, mode) in [FP8, BF16, FP8_UE8M0].into_iter().enumerate() {
-                overlap_round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x5000_000B))?;
-                round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x6000_000D), 0.1)?;
-            }
-            Ok(())
-        }),
+        combine_overlap_case(CombineVersion::V2),
+        combine_overlap_case(CombineVersion::V3),
         overlap_case(DispatchVersion::V1),
         version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
-        Case::new("ll/combine-v2/7168x8of288", move |c| {
-            let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, deepep.num_max, deepep.hidden, deepep.experts, None)?;
-            buf.set_combine_version(CombineVersion::V2)?;
-            for (i, mode) in ALL_MODES.iter().enumerate() {
-                round(c, &mut buf, deepep, *mode, c.seed.wrapping_add(i as u64 * 0x4000_0007), 0.1)?;
-            }
-            Ok(())
-        }),
+        combine_deepep_case(CombineVersion::V2, deepep),
+        combine_deepep_case(CombineVersion::V3, deepep),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ]
+}
+
+/// `ll/combine-v2/...` or `ll/combine-v3/...`.
+fn combine_case_name(version: CombineVersion, rest: &str) -> String {
+    let v = match version {
+        CombineVersion::V1 => "v1",
+        CombineVersion::V2 => "v2",
+        CombineVersion::V3 => "v3",
+    };
+    format!("ll/combine-{v}/{rest}")
+}
+
+/// Two hooked micro-batches interleaved with plain rounds, on the given combine kernel.
+fn combine_overlap_case(version: CombineVersion) -> Case {
+    Case::new(combine_case_name(version, "overlap-hooks/4096x8of64"), move |c| {
+        let shape = Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 };
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        buf.set_combine_version(version)?;
+        for (i, mode) in [FP8, BF16, FP8_UE8M0].into_iter().enumerate() {
+            overlap_round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x5000_000B))?;
+            round(c, &mut buf, shape, mode, c.seed.wrapping_add(i as u64 * 0x6000_000D), 0.1)?;
+        }
+        Ok(())
+    })
+}
+
+/// Every mode at the DeepEP shape, on the given combine kernel.
+fn combine_deepep_case(version: CombineVersion, deepep: Shape) -> Case {
+    Case::new(combine_case_name(version, "7168x8of288"), move |c| {
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, deepep.num_max, deepep.hidden, deepep.experts, None)?;
+        buf.set_combine_version(version)?;
+        for (i, mode) in ALL_MODES.iter().enumerate() {
+            round(c, &mut buf, deepep, *mode, c.seed.wrapping_add(i as u64 * 0x4000_0007), 0.1)?;
+        }
+        Ok(())
+    })
 }
 
 /// Two micro-batches overlapped through hooks, interleaved with plain rounds.

@@ -198,15 +198,20 @@ pub enum CombineVersion {
     /// partial per (token, owner): half the NVLink bytes, one more flag round trip; needs a v2
     /// dispatch handle and at most 32 ranks.
     V2,
+    /// v2's protocol and buffers, but owners start loading rows at once and acquire each origin's
+    /// weights flag per warp just before the FMAs (the weights' round trip overlaps the loads).
+    /// Same requirements as v2 (opt-in, not yet measured).
+    V3,
 }
 
 impl CombineVersion {
-    /// `DEEPEP_LL_COMBINE=v1|v2` (default v1).
+    /// `DEEPEP_LL_COMBINE=v1|v2|v3` (default v1).
     pub fn from_env() -> Result<CombineVersion> {
         match std::env::var("DEEPEP_LL_COMBINE").ok().as_deref().map(str::trim) {
             None | Some("") | Some("v1") | Some("V1") => Ok(CombineVersion::V1),
             Some("v2") | Some("V2") => Ok(CombineVersion::V2),
-            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1 or v2 (default v1)"))),
+            Some("v3") | Some("V3") => Ok(CombineVersion::V3),
+            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1, v2 or v3 (default v1)"))),
         }
     }
 }
@@ -449,6 +454,7 @@ pub enum LlHook {
     Dispatch2(LlDispatch2Args),
     Combine(LlCombineArgs),
     Combine2(LlCombine2Args),
+    Combine3(LlCombine2Args),
 }
 
 /// Result of [`LowLatencyBuffer::dispatch`].
@@ -481,6 +487,7 @@ pub struct LowLatencyBuffer<'g> {
     dispatch2_kernel: Kernel,
     combine_kernel: Kernel,
     combine2_kernel: Kernel,
+    combine3_kernel: Kernel,
     version: DispatchVersion,
     combine_version: CombineVersion,
     /// Whether one of the last two dispatches deferred its receive half (v2 then waits for every
@@ -554,6 +561,7 @@ impl LowLatencyBuffer<'_> {
         let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
         let dispatch2_kernel = module.kernel(&format!("ll_dispatch2_{suffix}"))?;
         let combine2_kernel = module.kernel(&format!("ll_combine2_{suffix}"))?;
+        let combine3_kernel = module.kernel(&format!("ll_combine3_{suffix}"))?;
         let combine_version = if r > 32 { CombineVersion::V1 } else { CombineVersion::from_env()? };
         let mut version = DispatchVersion::from_env()?;
         if r > 32 {
@@ -571,6 +579,7 @@ impl LowLatencyBuffer<'_> {
             dispatch2_kernel,
             combine_kernel,
             combine2_kernel,
+            combine3_kernel,
             version,
             combine_version,
             dispatch_hooked: [false; 2],
@@ -597,12 +606,12 @@ impl LowLatencyBuffer<'_> {
     pub fn combine_version(&self) -> CombineVersion {
         self.combine_version
     }
-    /// Choose the combine kernel (collective). v2 is used only with handles of v2 dispatches
-    /// (v1 otherwise) and needs at most 32 ranks.
+    /// Choose the combine kernel (collective). v2 / v3 are used only with handles of v2
+    /// dispatches (v1 otherwise) and need at most 32 ranks.
     pub fn set_combine_version(&mut self, v: CombineVersion) -> Result<()> {
-        if v == CombineVersion::V2 && self.layout.num_ranks > 32 {
+        if v != CombineVersion::V1 && self.layout.num_ranks > 32 {
             return Err(EpError::Unsupported(format!(
-                "low-latency combine v2 supports at most 32 ranks, this buffer has {}; use v1",
+                "low-latency combine {v:?} supports at most 32 ranks, this buffer has {}; use v1",
                 self.layout.num_ranks
             )));
         }
@@ -841,7 +850,7 @@ impl LowLatencyBuffer<'_> {
             wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
         };
         self.combine_hooked = [self.combine_hooked[1], return_hook];
-        let use_v2 = self.combine_version == CombineVersion::V2 && handle.version == DispatchVersion::V2;
+        let use_v2 = self.combine_version != CombineVersion::V1 && handle.version == DispatchVersion::V2;
         let hook = if use_v2 {
             let a2 = LlCombine2Args {
                 y: args.y,
@@ -871,8 +880,14 @@ impl LowLatencyBuffer<'_> {
                 stage_stride: lay.stage_stride() as i32,
                 tk_off: lay.tk_off() as i32,
             };
-            self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
-            LlHook::Combine2(LlCombine2Args { phases: PHASE_RECV, ..a2 })
+            let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
+            if self.combine_version == CombineVersion::V3 {
+                self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
+                LlHook::Combine3(recv_half)
+            } else {
+                self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
+                LlHook::Combine2(recv_half)
+            }
         } else {
             self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
             LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
@@ -890,6 +905,7 @@ impl LowLatencyBuffer<'_> {
                 self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
             }
             LlHook::Combine2(a) => self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a)),
+            LlHook::Combine3(a) => self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(0), Args::new().arg(a)),
             LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
     }
