@@ -391,6 +391,25 @@ fn verdicts(r: &Report) -> Vec<(Capability, bool, Vec<String>)> {
         .collect()
 }
 
+/// The expected `verdicts` in report order, given what blocks each capability; a capability
+/// with nothing blocking it is expected ready, one with blockers not ready.
+fn expect_verdicts(
+    intranode: &[&str],
+    low_latency: &[&str],
+    ibgda: &[&str],
+    cpu_ibgda: &[&str],
+) -> Vec<(Capability, bool, Vec<String>)> {
+    [
+        (Intranode, intranode),
+        (LowLatency, low_latency),
+        (InternodeIbgda, ibgda),
+        (InternodeCpuIbgda, cpu_ibgda),
+    ]
+    .into_iter()
+    .map(|(cap, blocked)| v(cap, blocked.is_empty(), blocked))
+    .collect()
+}
+
 fn v(cap: Capability, ready: bool, blocked: &[&str]) -> (Capability, bool, Vec<String>) {
     (cap, ready, blocked.iter().map(|s| s.to_string()).collect())
 }
@@ -419,12 +438,7 @@ fn statuses(r: &Report) -> Vec<(String, Status)> {
 }
 
 fn all_ready() -> Vec<(Capability, bool, Vec<String>)> {
-    vec![
-        v(Intranode, true, &[]),
-        v(LowLatency, true, &[]),
-        v(InternodeIbgda, true, &[]),
-        v(InternodeCpuIbgda, true, &[]),
-    ]
+    expect_verdicts(&[], &[], &[], &[])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -505,16 +519,12 @@ fn driver_options_configured_but_not_rebooted() {
     let r = h.run();
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, true, &[]),
-            v(
-                InternodeIbgda,
-                false,
-                &["params.stream-memops", "params.peer-mapping"]
-            ),
-            v(InternodeCpuIbgda, true, &[]),
-        ]
+        expect_verdicts(
+            &[],
+            &[],
+            &["params.stream-memops", "params.peer-mapping"],
+            &[]
+        )
     );
     assert_eq!(r.exit_code, 1);
     for id in ["params.stream-memops", "params.peer-mapping"] {
@@ -598,15 +608,7 @@ fn gdrdrv_missing_on_a_host_configured_for_it() {
     h.remove("/sys/module/gdrdrv");
     h.remove("/dev/gdrdrv");
     let r = h.run();
-    assert_eq!(
-        verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, true, &[]),
-            v(InternodeIbgda, true, &[]),
-            v(InternodeCpuIbgda, false, &["gdrcopy"]),
-        ]
-    );
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &[], &[], &["gdrcopy"]));
     assert_eq!(r.exit_code, 1);
     assert!(found(&r, "gdrcopy").contains("gdrdrv module not loaded"));
     assert!(found(&r, "gdrcopy").contains("/etc/modules-load.d/gdrdrv.conf configures gdrdrv"));
@@ -688,12 +690,7 @@ fn host_without_infiniband() {
     let r = h.run();
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, true, &[]),
-            v(InternodeIbgda, false, &["infiniband"]),
-            v(InternodeCpuIbgda, false, &["infiniband"]),
-        ]
+        expect_verdicts(&[], &[], &["infiniband"], &["infiniband"])
     );
     assert_eq!(
         found(&r, "infiniband"),
@@ -761,12 +758,7 @@ fn mismatched_nvshmem_libraries() {
     ];
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, false, &nvshmem_fail),
-            v(InternodeIbgda, false, &nvshmem_fail),
-            v(InternodeCpuIbgda, false, &nvshmem_fail),
-        ],
+        expect_verdicts(&[], &nvshmem_fail, &nvshmem_fail, &nvshmem_fail),
         "{text}"
     );
     assert_eq!(
@@ -905,30 +897,18 @@ fn unreadable_files_are_reported_without_hanging() {
     );
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(
-                LowLatency,
-                false,
-                &["nvshmem.host-library", "nvshmem.loader"]
-            ),
-            v(
-                InternodeIbgda,
-                false,
-                &[
-                    "params.stream-memops",
-                    "params.peer-mapping",
-                    "infiniband",
-                    "nvshmem.host-library",
-                    "nvshmem.loader"
-                ]
-            ),
-            v(
-                InternodeCpuIbgda,
-                false,
-                &["infiniband", "nvshmem.host-library", "nvshmem.loader"]
-            ),
-        ],
+        expect_verdicts(
+            &[],
+            &["nvshmem.host-library", "nvshmem.loader"],
+            &[
+                "params.stream-memops",
+                "params.peer-mapping",
+                "infiniband",
+                "nvshmem.host-library",
+                "nvshmem.loader"
+            ],
+            &["infiniband", "nvshmem.host-library", "nvshmem.loader"]
+        ),
         "{text}"
     );
     assert_eq!(r.exit_code, 1);
@@ -949,16 +929,12 @@ fn garbage_in_params() {
     );
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, true, &[]),
-            v(
-                InternodeIbgda,
-                false,
-                &["params.stream-memops", "params.peer-mapping"]
-            ),
-            v(InternodeCpuIbgda, true, &[]),
-        ]
+        expect_verdicts(
+            &[],
+            &[],
+            &["params.stream-memops", "params.peer-mapping"],
+            &[]
+        )
     );
     assert_eq!(r.exit_code, 1);
 
@@ -1045,16 +1021,12 @@ fn gpu_machine_of_the_project() {
     assert_eq!(r.exit_code, 1);
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, true, &[]),
-            v(LowLatency, true, &[]),
-            v(
-                InternodeIbgda,
-                false,
-                &["params.stream-memops", "params.peer-mapping", "infiniband"]
-            ),
-            v(InternodeCpuIbgda, false, &["infiniband"]),
-        ]
+        expect_verdicts(
+            &[],
+            &[],
+            &["params.stream-memops", "params.peer-mapping", "infiniband"],
+            &["infiniband"]
+        )
     );
     assert_eq!(
         found(&r, "params.stream-memops"),
@@ -1107,12 +1079,7 @@ fn nvlink_topology_matters_for_nvlink_capabilities() {
     let r = h.run();
     assert_eq!(
         verdicts(&r),
-        vec![
-            v(Intranode, false, &["gpus"]),
-            v(LowLatency, false, &["gpus"]),
-            v(InternodeIbgda, true, &[]),
-            v(InternodeCpuIbgda, true, &[])
-        ]
+        expect_verdicts(&["gpus"], &["gpus"], &[], &[])
     );
 }
 
