@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Output;
 use std::time::Duration;
 
 use common::{run_in, snapshot, stderr, stdout, Behaviour, Server};
@@ -60,6 +61,12 @@ fn lock_args<'a>(repo: &'a str, nv: &'a str, py: &'a str) -> Vec<&'a str> {
     let mut a = vec!["lock", "--repo", repo, "--nvidia-url", nv, "--pypi-url", py];
     a.extend_from_slice(NET);
     a
+}
+
+/// Runs `lock` in `repo` against the server's NVIDIA index and PyPI.
+fn run_lock(s: &Server, repo: &Path) -> Output {
+    let r = repo.to_str().unwrap();
+    run_in(repo, &lock_args(r, &s.url("/redist/"), &s.url("/pypi")))
 }
 
 #[test]
@@ -147,11 +154,7 @@ fn lock_404_fails_naming_the_url_and_writes_nothing() {
     s.route("/redist/redistrib_3.4.5.json", Behaviour::Status(404));
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
-    let r = repo.path().to_str().unwrap();
-    let out = run_in(
-        repo.path(),
-        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
-    );
+    let out = run_lock(&s, repo.path());
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
@@ -178,11 +181,7 @@ fn lock_retries_500_then_succeeds() {
         },
     );
     let repo = tempfile::tempdir().unwrap();
-    let r = repo.path().to_str().unwrap();
-    let out = run_in(
-        repo.path(),
-        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
-    );
+    let out = run_lock(&s, repo.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits("/redist/redistrib_3.3.9.json"), 3);
     assert!(
@@ -202,11 +201,7 @@ fn lock_gives_up_after_repeated_500() {
     s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::Status(503));
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
-    let r = repo.path().to_str().unwrap();
-    let out = run_in(
-        repo.path(),
-        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
-    );
+    let out = run_lock(&s, repo.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("gave up after 4 attempts"),
@@ -272,11 +267,7 @@ fn lock_retries_truncated_body() {
         },
     );
     let repo = tempfile::tempdir().unwrap();
-    let r = repo.path().to_str().unwrap();
-    let out = run_in(
-        repo.path(),
-        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
-    );
+    let out = run_lock(&s, repo.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits("/redist/redistrib_3.4.5.json"), 2);
     assert_eq!(
@@ -303,11 +294,7 @@ fn lock_fails_on_persistently_truncated_body() {
     );
     let repo = common::temp_repo_with_committed_data();
     let before = snapshot(repo.path());
-    let r = repo.path().to_str().unwrap();
-    let out = run_in(
-        repo.path(),
-        &lock_args(r, &s.url("/redist/"), &s.url("/pypi")),
-    );
+    let out = run_lock(&s, repo.path());
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
