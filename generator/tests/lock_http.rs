@@ -358,11 +358,13 @@ fn repo_pinning(s: &Server, content: &[u8]) -> tempfile::TempDir {
 const WHEEL_PATH: &str = "/files/nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl";
 const WHEEL_NAME: &str = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl";
 
-fn verify_args<'a>(repo: &'a str, dest: &'a str) -> Vec<&'a str> {
+/// Runs `verify` of the 3.4.5 CUDA 13 x86_64 wheel pinned in `repo`, downloading into `dest`.
+fn run_verify(repo: &Path, dest: &Path) -> Output {
+    let (r, d) = (repo.to_str().unwrap(), dest.to_str().unwrap());
     let mut a = vec![
         "verify",
         "--repo",
-        repo,
+        r,
         "--version",
         "3.4.5",
         "--cuda",
@@ -370,10 +372,10 @@ fn verify_args<'a>(repo: &'a str, dest: &'a str) -> Vec<&'a str> {
         "--system",
         "x86_64-linux",
         "--dest",
-        dest,
+        d,
     ];
     a.extend_from_slice(NET);
-    a
+    run_in(repo, &a)
 }
 
 fn payload() -> Vec<u8> {
@@ -394,10 +396,7 @@ fn verify_downloads_and_checks() {
     );
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("OK "), "{}", stdout(&out));
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
@@ -413,10 +412,7 @@ fn verify_hash_mismatch_deletes_file_and_exits_2() {
     s.route(WHEEL_PATH, Behaviour::ok(served.clone()));
     let repo = repo_pinning(&s, &pinned);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     use sha2::Digest;
@@ -445,10 +441,7 @@ fn verify_resumes_a_partial_download_with_range() {
         &body[..100_000],
     )
     .unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.ranges(), vec![(WHEEL_PATH.to_string(), 100_000)]);
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
@@ -473,10 +466,7 @@ fn verify_restarts_when_server_ignores_range() {
         vec![0u8; 50_000],
     )
     .unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
@@ -495,10 +485,7 @@ fn verify_resumes_after_a_dropped_connection() {
     );
     let repo = repo_pinning(&s, &body);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits(WHEEL_PATH), 2);
     assert_eq!(
@@ -561,10 +548,7 @@ fn verify_refuses_a_download_larger_than_pinned() {
     s.route(WHEEL_PATH, Behaviour::ok(served));
     let repo = repo_pinning(&s, &pinned);
     let dest = tempfile::tempdir().unwrap();
-    let out = run_in(
-        repo.path(),
-        &verify_args(repo.path().to_str().unwrap(), dest.path().to_str().unwrap()),
-    );
+    let out = run_verify(repo.path(), dest.path());
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("size mismatch") && stderr(&out).contains("deleted"),
