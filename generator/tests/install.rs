@@ -341,6 +341,14 @@ fn repo_pinning(tarball: &[u8], whl: &[u8]) -> tempfile::TempDir {
     repo
 }
 
+/// Runs `install` in `repo` with `args` and the pinned release selection.
+fn run_install(repo: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["install"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(common::SELECT_3_4_5);
+    common::run_in(repo, &all)
+}
+
 #[test]
 fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     let (tarball, whl) = (good_tar(), good_wheel());
@@ -353,16 +361,7 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     );
     let t = write(files.path(), &format!("{TOP}.tar.xz"), &tarball);
     let prefix = files.path().join("wheel-prefix");
-    let sel = [
-        "--version",
-        "3.4.5",
-        "--cuda",
-        "13",
-        "--system",
-        "x86_64-linux",
-    ];
-    let mut args = vec![
-        "install",
+    let args = [
         "--source",
         "pypi",
         "--file",
@@ -370,8 +369,7 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
         "--prefix",
         prefix.to_str().unwrap(),
     ];
-    args.extend_from_slice(&sel);
-    let out = common::run_in(repo.path(), &args);
+    let out = run_install(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let exports = common::stdout(&out);
     assert_eq!(
@@ -409,21 +407,21 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     );
 
     // Installing over a non-empty prefix needs --replace.
-    let again = common::run_in(repo.path(), &args);
+    let again = run_install(repo.path(), &args);
     assert_eq!(again.status.code(), Some(2));
     assert!(common::stderr(&again).contains("--replace"));
 
     // The NVIDIA tarball is the default source when the lock pins it.
     let tprefix = files.path().join("tar-prefix");
-    let mut args = vec![
-        "install",
-        "--file",
-        t.to_str().unwrap(),
-        "--prefix",
-        tprefix.to_str().unwrap(),
-    ];
-    args.extend_from_slice(&sel);
-    let out = common::run_in(repo.path(), &args);
+    let out = run_install(
+        repo.path(),
+        &[
+            "--file",
+            t.to_str().unwrap(),
+            "--prefix",
+            tprefix.to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(tprefix.join("bin/nvshmem-info").is_file());
 
@@ -446,22 +444,15 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
     tampered[n - 30] ^= 1;
     let w = write(files.path(), "x.whl", &tampered);
     let prefix = files.path().join("p");
-    let out = common::run_in(
+    let out = run_install(
         repo.path(),
         &[
-            "install",
             "--source",
             "pypi",
             "--file",
             w.to_str().unwrap(),
             "--prefix",
             prefix.to_str().unwrap(),
-            "--version",
-            "3.4.5",
-            "--cuda",
-            "13",
-            "--system",
-            "x86_64-linux",
         ],
     );
     assert_eq!(out.status.code(), Some(2));

@@ -361,19 +361,8 @@ const WHEEL_NAME: &str = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_6
 /// Runs `verify` of the 3.4.5 CUDA 13 x86_64 wheel pinned in `repo`, downloading into `dest`.
 fn run_verify(repo: &Path, dest: &Path) -> Output {
     let (r, d) = (repo.to_str().unwrap(), dest.to_str().unwrap());
-    let mut a = vec![
-        "verify",
-        "--repo",
-        r,
-        "--version",
-        "3.4.5",
-        "--cuda",
-        "13",
-        "--system",
-        "x86_64-linux",
-        "--dest",
-        d,
-    ];
+    let mut a = vec!["verify", "--repo", r, "--dest", d];
+    a.extend_from_slice(common::SELECT_3_4_5);
     a.extend_from_slice(NET);
     run_in(repo, &a)
 }

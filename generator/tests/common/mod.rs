@@ -206,6 +206,16 @@ fn handle(mut conn: TcpStream, st: &Arc<Mutex<State>>) -> std::io::Result<()> {
     }
 }
 
+/// The release selection the tests pin: `--version 3.4.5 --cuda 13 --system x86_64-linux`.
+pub const SELECT_3_4_5: &[&str] = &[
+    "--version",
+    "3.4.5",
+    "--cuda",
+    "13",
+    "--system",
+    "x86_64-linux",
+];
+
 /// Runs the built `deepep-nix` with `args` in `cwd`, with network knobs suited to tests
 /// (short timeouts and backoff) and no inherited repository or URL overrides.
 pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
