@@ -74,6 +74,20 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
     p
 }
 
+/// Asserts that `prefix/rel` is a symlink pointing at `target`.
+fn assert_link(prefix: &Path, rel: &str, target: &str) {
+    assert_eq!(
+        std::fs::read_link(prefix.join(rel)).unwrap().to_str(),
+        Some(target),
+        "{rel}"
+    );
+}
+
+/// Asserts that `prefix/rel` (followed through links) holds exactly `content`.
+fn assert_file(prefix: &Path, rel: &str, content: &[u8]) {
+    assert_eq!(std::fs::read(prefix.join(rel)).unwrap(), content, "{rel}");
+}
+
 #[test]
 fn tar_xz_installs_with_top_dir_stripped_links_and_modes() {
     let t = tempfile::tempdir().unwrap();
@@ -81,10 +95,7 @@ fn tar_xz_installs_with_top_dir_stripped_links_and_modes() {
     let prefix = t.path().join("opt/nvshmem");
     let got = install(&archive, Format::TarXz, &prefix, false).unwrap();
     assert_eq!(got, prefix);
-    assert_eq!(
-        std::fs::read(prefix.join("include/nvshmem.h")).unwrap(),
-        b"#define NVSHMEM 1\n"
-    );
+    assert_file(&prefix, "include/nvshmem.h", b"#define NVSHMEM 1\n");
     assert_eq!(
         std::fs::metadata(prefix.join("bin/nvshmem-info"))
             .unwrap()
@@ -93,26 +104,14 @@ fn tar_xz_installs_with_top_dir_stripped_links_and_modes() {
             & 0o777,
         0o755
     );
-    assert_eq!(
-        std::fs::read_link(prefix.join("lib/libnvshmem_host.so.3"))
-            .unwrap()
-            .to_str(),
-        Some("libnvshmem_host.so.3.4.5")
+    assert_link(
+        &prefix,
+        "lib/libnvshmem_host.so.3",
+        "libnvshmem_host.so.3.4.5",
     );
-    assert_eq!(
-        std::fs::read_link(prefix.join("lib/libnvshmem_host.so"))
-            .unwrap()
-            .to_str(),
-        Some("libnvshmem_host.so.3")
-    );
-    assert_eq!(
-        std::fs::read(prefix.join("lib/libnvshmem_host.so")).unwrap(),
-        b"ELF host library"
-    );
-    assert_eq!(
-        std::fs::read(prefix.join("lib/libnvshmem_device_copy.a")).unwrap(),
-        b"device archive"
-    );
+    assert_link(&prefix, "lib/libnvshmem_host.so", "libnvshmem_host.so.3");
+    assert_file(&prefix, "lib/libnvshmem_host.so", b"ELF host library");
+    assert_file(&prefix, "lib/libnvshmem_device_copy.a", b"device archive");
     assert!(!prefix.join(TOP).exists());
     let leftovers: Vec<_> = std::fs::read_dir(prefix.parent().unwrap())
         .unwrap()
@@ -262,16 +261,8 @@ fn wheel_installs_nvshmem_subtree_and_adds_unversioned_link() {
         .collect();
     top.sort();
     assert_eq!(top, ["include", "lib"]);
-    assert_eq!(
-        std::fs::read_link(prefix.join("lib/libnvshmem_host.so"))
-            .unwrap()
-            .to_str(),
-        Some("libnvshmem_host.so.3")
-    );
-    assert_eq!(
-        std::fs::read(prefix.join("lib/nvshmem_bootstrap_uid.so.3")).unwrap(),
-        b"ELF uid"
-    );
+    assert_link(&prefix, "lib/libnvshmem_host.so", "libnvshmem_host.so.3");
+    assert_file(&prefix, "lib/nvshmem_bootstrap_uid.so.3", b"ELF uid");
 }
 
 #[test]
