@@ -367,24 +367,30 @@ fn run_verify(repo: &Path, dest: &Path) -> Output {
     run_in(repo, &a)
 }
 
+/// A server answering the wheel's URL with `served`, a repository whose lock pins `pinned`
+/// at that URL, and an empty download directory.
+fn verify_case(pinned: &[u8], served: Behaviour) -> (Server, tempfile::TempDir, tempfile::TempDir) {
+    let s = Server::start();
+    s.route(WHEEL_PATH, served);
+    let repo = repo_pinning(&s, pinned);
+    (s, repo, tempfile::tempdir().unwrap())
+}
+
 fn payload() -> Vec<u8> {
     (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect()
 }
 
 #[test]
 fn verify_downloads_and_checks() {
-    let s = Server::start();
     let body = payload();
-    s.route(
-        WHEEL_PATH,
+    let (_s, repo, dest) = verify_case(
+        &body,
         Behaviour::FailFirst {
             n: 1,
             status: 500,
             then: Box::new(Behaviour::ok(body.clone())),
         },
     );
-    let repo = repo_pinning(&s, &body);
-    let dest = tempfile::tempdir().unwrap();
     let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("OK "), "{}", stdout(&out));
@@ -394,13 +400,10 @@ fn verify_downloads_and_checks() {
 
 #[test]
 fn verify_hash_mismatch_deletes_file_and_exits_2() {
-    let s = Server::start();
     let pinned = payload();
     let mut served = pinned.clone();
     served[1234] ^= 0xff; // same size, different bytes
-    s.route(WHEEL_PATH, Behaviour::ok(served.clone()));
-    let repo = repo_pinning(&s, &pinned);
-    let dest = tempfile::tempdir().unwrap();
+    let (_s, repo, dest) = verify_case(&pinned, Behaviour::ok(served.clone()));
     let out = run_verify(repo.path(), dest.path());
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
@@ -420,11 +423,8 @@ fn verify_hash_mismatch_deletes_file_and_exits_2() {
 
 #[test]
 fn verify_resumes_a_partial_download_with_range() {
-    let s = Server::start();
     let body = payload();
-    s.route(WHEEL_PATH, Behaviour::ok(body.clone()));
-    let repo = repo_pinning(&s, &body);
-    let dest = tempfile::tempdir().unwrap();
+    let (s, repo, dest) = verify_case(&body, Behaviour::ok(body.clone()));
     std::fs::write(
         dest.path().join(format!("{WHEEL_NAME}.part")),
         &body[..100_000],
@@ -438,17 +438,14 @@ fn verify_resumes_a_partial_download_with_range() {
 
 #[test]
 fn verify_restarts_when_server_ignores_range() {
-    let s = Server::start();
     let body = payload();
-    s.route(
-        WHEEL_PATH,
+    let (_s, repo, dest) = verify_case(
+        &body,
         Behaviour::Body {
             body: body.clone(),
             ranges: false,
         },
     );
-    let repo = repo_pinning(&s, &body);
-    let dest = tempfile::tempdir().unwrap();
     // A stale partial file with wrong bytes: the full 200 answer must replace it.
     std::fs::write(
         dest.path().join(format!("{WHEEL_NAME}.part")),
@@ -462,18 +459,15 @@ fn verify_restarts_when_server_ignores_range() {
 
 #[test]
 fn verify_resumes_after_a_dropped_connection() {
-    let s = Server::start();
     let body = payload();
-    s.route(
-        WHEEL_PATH,
+    let (s, repo, dest) = verify_case(
+        &body,
         Behaviour::Truncate {
             body: body.clone(),
             sent: 120_000,
             n: 1,
         },
     );
-    let repo = repo_pinning(&s, &body);
-    let dest = tempfile::tempdir().unwrap();
     let out = run_verify(repo.path(), dest.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s.hits(WHEEL_PATH), 2);
@@ -530,13 +524,10 @@ fn verify_local_file_mismatch_keeps_the_users_file() {
 
 #[test]
 fn verify_refuses_a_download_larger_than_pinned() {
-    let s = Server::start();
     let pinned = payload();
     let mut served = pinned.clone();
     served.extend_from_slice(&[0u8; 70_000]);
-    s.route(WHEEL_PATH, Behaviour::ok(served));
-    let repo = repo_pinning(&s, &pinned);
-    let dest = tempfile::tempdir().unwrap();
+    let (_s, repo, dest) = verify_case(&pinned, Behaviour::ok(served));
     let out = run_verify(repo.path(), dest.path());
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
