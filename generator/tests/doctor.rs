@@ -441,6 +441,16 @@ fn all_ready() -> Vec<(Capability, bool, Vec<String>)> {
     expect_verdicts(&[], &[], &[], &[])
 }
 
+/// The driver's stream-memops and peer-mapping options block GPU-initiated IBGDA, nothing else.
+fn only_params_block_ibgda() -> Vec<(Capability, bool, Vec<String>)> {
+    expect_verdicts(
+        &[],
+        &[],
+        &["params.stream-memops", "params.peer-mapping"],
+        &[],
+    )
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hosts.
 
@@ -517,15 +527,7 @@ fn driver_options_configured_but_not_rebooted() {
             .replace("\"PeerMappingOverride=1;\"", "\"\""),
     );
     let r = h.run();
-    assert_eq!(
-        verdicts(&r),
-        expect_verdicts(
-            &[],
-            &[],
-            &["params.stream-memops", "params.peer-mapping"],
-            &[]
-        )
-    );
+    assert_eq!(verdicts(&r), only_params_block_ibgda());
     assert_eq!(r.exit_code, 1);
     for id in ["params.stream-memops", "params.peer-mapping"] {
         assert_eq!(status(&r, id), Status::Fail);
@@ -927,15 +929,7 @@ fn garbage_in_params() {
         found(&r, "params.stream-memops"),
         "/proc/driver/nvidia/params has no \"Name: value\" lines; cannot find EnableStreamMemOPs"
     );
-    assert_eq!(
-        verdicts(&r),
-        expect_verdicts(
-            &[],
-            &[],
-            &["params.stream-memops", "params.peer-mapping"],
-            &[]
-        )
-    );
+    assert_eq!(verdicts(&r), only_params_block_ibgda());
     assert_eq!(r.exit_code, 1);
 
     // Plausible lines with impossible values.
