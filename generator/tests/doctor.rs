@@ -432,6 +432,12 @@ fn fix<'a>(r: &'a Report, id: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{id} has no fix"))
 }
 
+/// Asserts the exact `found` and `fix` texts of check `id`.
+fn assert_found_and_fix(r: &Report, id: &str, want_found: &str, want_fix: &str) {
+    assert_eq!(found(r, id), want_found, "{id}");
+    assert_eq!(fix(r, id), want_fix, "{id}");
+}
+
 /// Every check id with its status, for exact comparisons.
 fn statuses(r: &Report) -> Vec<(String, Status)> {
     r.checks.iter().map(|c| (c.id.clone(), c.status)).collect()
@@ -788,13 +794,11 @@ fn loader_would_pick_another_nvshmem() {
     h.args.nvshmem_dir = Some("/opt/nvshmem".into());
     let r = h.run();
     assert_eq!(status(&r, "nvshmem.loader"), Status::Fail);
-    assert_eq!(
-        found(&r, "nvshmem.loader"),
-        "programs would load /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0) instead of the checked /opt/nvshmem/lib/libnvshmem_host.so.3 (NVSHMEM 3.4.5)"
-    );
-    assert_eq!(
-        fix(&r, "nvshmem.loader"),
-        "export NVSHMEM_DIR=/opt/nvshmem LD_LIBRARY_PATH=/opt/nvshmem/lib:$LD_LIBRARY_PATH"
+    assert_found_and_fix(
+        &r,
+        "nvshmem.loader",
+        "programs would load /opt/nvshmem-old/lib/libnvshmem_host.so.3 (NVSHMEM 3.8.0) instead of the checked /opt/nvshmem/lib/libnvshmem_host.so.3 (NVSHMEM 3.4.5)",
+        "export NVSHMEM_DIR=/opt/nvshmem LD_LIBRARY_PATH=/opt/nvshmem/lib:$LD_LIBRARY_PATH",
     );
     assert_eq!(
         r.verdict(LowLatency).blocked_by,
@@ -1138,13 +1142,11 @@ fn driver_not_loaded_blocks_everything() {
     let h = TestHost::ibgda();
     h.remove("/proc/driver/nvidia");
     let r = h.run();
-    assert_eq!(
-        found(&r, "driver"),
-        "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)"
-    );
-    assert_eq!(
-        fix(&r, "driver"),
-        "install the NVIDIA driver and load it: sudo modprobe nvidia"
+    assert_found_and_fix(
+        &r,
+        "driver",
+        "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)",
+        "install the NVIDIA driver and load it: sudo modprobe nvidia",
     );
     assert!(r.verdicts.iter().all(|v| !v.ready));
     assert_eq!(status(&r, "params.stream-memops"), Status::Skip);
@@ -1247,13 +1249,11 @@ fn unknown_nvshmem_variables_are_flagged_as_typos() {
         .env("NVSHMEM_DEBUG_FILE", "/tmp/nvshmem.%h.log")
         .run();
     assert_eq!(status(&r, "knob.NVSHMEM_QP_DEPHT"), Status::Warn);
-    assert_eq!(
-        found(&r, "knob.NVSHMEM_QP_DEPHT"),
-        "not read by NVSHMEM 3.4.5: neither libnvshmem_host.so.3 nor its plugins mention it"
-    );
-    assert_eq!(
-        fix(&r, "knob.NVSHMEM_QP_DEPHT"),
-        "did you mean NVSHMEM_QP_DEPTH? Rename it, or unset NVSHMEM_QP_DEPHT"
+    assert_found_and_fix(
+        &r,
+        "knob.NVSHMEM_QP_DEPHT",
+        "not read by NVSHMEM 3.4.5: neither libnvshmem_host.so.3 nor its plugins mention it",
+        "did you mean NVSHMEM_QP_DEPTH? Rename it, or unset NVSHMEM_QP_DEPHT",
     );
     assert!(
         r.check("knob.NVSHMEM_DEBUG_FILE").is_none(),
