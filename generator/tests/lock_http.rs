@@ -480,6 +480,12 @@ fn verify_resumes_after_a_dropped_connection() {
     assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
 
+/// Runs `verify --file file` in `repo`: the lock entry is found by the file's name.
+fn verify_local(repo: &Path, file: &Path) -> Output {
+    let (r, f) = (repo.to_str().unwrap(), file.to_str().unwrap());
+    run_in(repo, &["verify", "--repo", r, "--file", f])
+}
+
 #[test]
 fn verify_local_file_mismatch_keeps_the_users_file() {
     let s = Server::start();
@@ -488,16 +494,7 @@ fn verify_local_file_mismatch_keeps_the_users_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(WHEEL_NAME);
     std::fs::write(&file, &body[..1000]).unwrap();
-    let out = run_in(
-        repo.path(),
-        &[
-            "verify",
-            "--repo",
-            repo.path().to_str().unwrap(),
-            "--file",
-            file.to_str().unwrap(),
-        ],
-    );
+    let out = verify_local(repo.path(), &file);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
@@ -508,16 +505,7 @@ fn verify_local_file_mismatch_keeps_the_users_file() {
     // A file name the lock does not know: usage error naming the fix.
     let other = dir.path().join("other.whl");
     std::fs::write(&other, b"x").unwrap();
-    let out = run_in(
-        repo.path(),
-        &[
-            "verify",
-            "--repo",
-            repo.path().to_str().unwrap(),
-            "--file",
-            other.to_str().unwrap(),
-        ],
-    );
+    let out = verify_local(repo.path(), &other);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--version"), "{}", stderr(&out));
 }
