@@ -376,6 +376,19 @@ fn verify_case(pinned: &[u8], served: Behaviour) -> (Server, tempfile::TempDir, 
     (s, repo, tempfile::tempdir().unwrap())
 }
 
+/// Runs `verify` and asserts it succeeded and left exactly `body` as the wheel in `dest`.
+fn verify_downloads(repo: &Path, dest: &Path, body: &[u8]) -> Output {
+    let out = run_verify(repo, dest);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dest.join(WHEEL_NAME)).unwrap(), body);
+    out
+}
+
+/// Leaves `bytes` in `dest` as an interrupted download of the wheel.
+fn write_partial(dest: &Path, bytes: &[u8]) {
+    std::fs::write(dest.join(format!("{WHEEL_NAME}.part")), bytes).unwrap();
+}
+
 fn payload() -> Vec<u8> {
     (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect()
 }
@@ -391,10 +404,8 @@ fn verify_downloads_and_checks() {
             then: Box::new(Behaviour::ok(body.clone())),
         },
     );
-    let out = run_verify(repo.path(), dest.path());
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = verify_downloads(repo.path(), dest.path(), &body);
     assert!(stdout(&out).starts_with("OK "), "{}", stdout(&out));
-    assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
     assert!(!dest.path().join(format!("{WHEEL_NAME}.part")).exists());
 }
 
@@ -425,15 +436,9 @@ fn verify_hash_mismatch_deletes_file_and_exits_2() {
 fn verify_resumes_a_partial_download_with_range() {
     let body = payload();
     let (s, repo, dest) = verify_case(&body, Behaviour::ok(body.clone()));
-    std::fs::write(
-        dest.path().join(format!("{WHEEL_NAME}.part")),
-        &body[..100_000],
-    )
-    .unwrap();
-    let out = run_verify(repo.path(), dest.path());
-    assert!(out.status.success(), "{}", stderr(&out));
+    write_partial(dest.path(), &body[..100_000]);
+    verify_downloads(repo.path(), dest.path(), &body);
     assert_eq!(s.ranges(), vec![(WHEEL_PATH.to_string(), 100_000)]);
-    assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
 
 #[test]
@@ -447,14 +452,8 @@ fn verify_restarts_when_server_ignores_range() {
         },
     );
     // A stale partial file with wrong bytes: the full 200 answer must replace it.
-    std::fs::write(
-        dest.path().join(format!("{WHEEL_NAME}.part")),
-        vec![0u8; 50_000],
-    )
-    .unwrap();
-    let out = run_verify(repo.path(), dest.path());
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
+    write_partial(dest.path(), &[0u8; 50_000]);
+    verify_downloads(repo.path(), dest.path(), &body);
 }
 
 #[test]
@@ -468,8 +467,7 @@ fn verify_resumes_after_a_dropped_connection() {
             n: 1,
         },
     );
-    let out = run_verify(repo.path(), dest.path());
-    assert!(out.status.success(), "{}", stderr(&out));
+    verify_downloads(repo.path(), dest.path(), &body);
     assert_eq!(s.hits(WHEEL_PATH), 2);
     assert_eq!(
         s.ranges().len(),
@@ -477,7 +475,6 @@ fn verify_resumes_after_a_dropped_connection() {
         "second request resumes: {:?}",
         s.ranges()
     );
-    assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
 }
 
 /// Runs `verify --file file` in `repo`: the lock entry is found by the file's name.
