@@ -148,14 +148,22 @@ fn lock_live_success_writes_vendored_lock_and_nix_deterministically() {
     );
 }
 
+/// Runs `lock` in a repository holding the committed data and asserts it fails (exit 1) and
+/// leaves every file as it was.
+fn lock_fails_writing_nothing(s: &Server) -> Output {
+    let repo = common::temp_repo_with_committed_data();
+    let before = snapshot(repo.path());
+    let out = run_lock(s, repo.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(snapshot(repo.path()), before);
+    out
+}
+
 #[test]
 fn lock_404_fails_naming_the_url_and_writes_nothing() {
     let s = upstream();
     s.route("/redist/redistrib_3.4.5.json", Behaviour::Status(404));
-    let repo = common::temp_repo_with_committed_data();
-    let before = snapshot(repo.path());
-    let out = run_lock(&s, repo.path());
-    assert_eq!(out.status.code(), Some(1));
+    let out = lock_fails_writing_nothing(&s);
     let err = stderr(&out);
     assert!(
         err.contains("404") && err.contains("redistrib_3.4.5.json"),
@@ -166,7 +174,6 @@ fn lock_404_fails_naming_the_url_and_writes_nothing() {
         1,
         "404 is not retried"
     );
-    assert_eq!(snapshot(repo.path()), before);
 }
 
 #[test]
@@ -199,17 +206,13 @@ fn lock_retries_500_then_succeeds() {
 fn lock_gives_up_after_repeated_500() {
     let s = upstream();
     s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::Status(503));
-    let repo = common::temp_repo_with_committed_data();
-    let before = snapshot(repo.path());
-    let out = run_lock(&s, repo.path());
-    assert_eq!(out.status.code(), Some(1));
+    let out = lock_fails_writing_nothing(&s);
     assert!(
         stderr(&out).contains("gave up after 4 attempts"),
         "--retries 3: {}",
         stderr(&out)
     );
     assert_eq!(s.hits("/pypi/nvidia-nvshmem-cu13/json"), 4);
-    assert_eq!(snapshot(repo.path()), before);
 }
 
 #[test]
@@ -292,16 +295,12 @@ fn lock_fails_on_persistently_truncated_body() {
             n: 100,
         },
     );
-    let repo = common::temp_repo_with_committed_data();
-    let before = snapshot(repo.path());
-    let out = run_lock(&s, repo.path());
-    assert_eq!(out.status.code(), Some(1));
+    let out = lock_fails_writing_nothing(&s);
     let err = stderr(&out);
     assert!(
         err.contains("redistrib_3.4.5.json") && (err.contains("truncated") || err.contains("body")),
         "{err}"
     );
-    assert_eq!(snapshot(repo.path()), before);
 }
 
 #[test]
