@@ -65,11 +65,10 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
                 "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist){}",
                 pci_note(host)
             ),
-            if kind.nixos {
-                "enable the driver: hardware.nvidia.datacenter.enable = true; (or services.xserver.videoDrivers = [ \"nvidia\" ];), set hardware.nvidia.open = true; and rebuild"
-            } else {
-                "install the NVIDIA driver and load it: sudo modprobe nvidia"
-            },
+            kind.fix(
+                "enable the driver: hardware.nvidia.datacenter.enable = true; (or services.xserver.videoDrivers = [ \"nvidia\" ];), set hardware.nvidia.open = true; and rebuild",
+                "install the NVIDIA driver and load it: sudo modprobe nvidia",
+            ),
         )),
         Err(e) => out.push(unreadable("driver", caps::ALL, &version_file, &e)),
     }
@@ -221,11 +220,10 @@ fn check_cuda_library(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut
                 "libcuda.so.1 is not on the loader path (LD_LIBRARY_PATH, /etc/ld.so.conf, system directories){}",
                 if skipped.is_empty() { String::new() } else { format!("; skipped: {}", skipped.join("; ")) }
             ),
-            if kind.nixos {
-                "enable the driver through hardware.nvidia (it provides /run/opengl-driver/lib)"
-            } else {
-                "install the driver's user-space libraries (libcuda.so.1 ships with the NVIDIA driver, e.g. libnvidia-compute-<version> on Ubuntu), or add their directory to LD_LIBRARY_PATH; in containers use the NVIDIA container toolkit (--gpus)"
-            },
+            kind.fix(
+                "enable the driver through hardware.nvidia (it provides /run/opengl-driver/lib)",
+                "install the driver's user-space libraries (libcuda.so.1 ships with the NVIDIA driver, e.g. libnvidia-compute-<version> on Ubuntu), or add their directory to LD_LIBRARY_PATH; in containers use the NVIDIA container toolkit (--gpus)",
+            ),
         )),
         Resolution::Found(path) => {
             // libcuda.so.1 -> libcuda.so.<driver version>
@@ -395,11 +393,10 @@ fn check_nvlink(host: &Host, kind: &HostKind, info: &DriverInfo, out: &mut Vec<C
         ));
         return;
     }
-    let fabric_fix = if kind.nixos {
-        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards run the fabric manager: services.deepep.fabricManager.enable = true;"
-    } else {
-        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards start the fabric manager: sudo systemctl enable --now nvidia-fabricmanager"
-    };
+    let fabric_fix = kind.fix(
+        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards run the fabric manager: services.deepep.fabricManager.enable = true;",
+        "run ranks only on GPUs joined by NVLink (CUDA_VISIBLE_DEVICES); on NVSwitch (HGX) boards start the fabric manager: sudo systemctl enable --now nvidia-fabricmanager",
+    );
     match host.tools().nvidia_smi_topo() {
         ToolOutput::Output(text) => match parse_topo(&text) {
             Ok((n, links)) => {
@@ -727,12 +724,10 @@ fn garbage(kind: &HostKind, id: &str, found: String) -> Check {
 }
 
 fn enable_hint(kind: &HostKind) -> String {
-    if kind.nixos {
-        "services.deepep.enable = true; (services.deepep.ibgda.method = \"driver\"; or \"both\")"
-            .into()
-    } else {
-        format!("`{MODPROBE_LINE}` in /etc/modprobe.d/nvidia-ibgda.conf")
-    }
+    kind.fix(
+        "services.deepep.enable = true; (services.deepep.ibgda.method = \"driver\"; or \"both\")",
+        format!("`{MODPROBE_LINE}` in /etc/modprobe.d/nvidia-ibgda.conf"),
+    )
 }
 
 /// The running driver has the option on; warn when no configuration keeps it after a reboot.
@@ -749,11 +744,10 @@ fn on(kind: &HostKind, id: &str, found: String, configured: Option<(bool, String
             id,
             caps::GPU_IBGDA,
             format!("{found}, but nothing in modprobe.d or the kernel command line sets it: lost at the next boot"),
-            if kind.nixos {
-                "set services.deepep.enable = true; so the option survives reboots".to_string()
-            } else {
-                format!("persist it: add `{MODPROBE_LINE}` to /etc/modprobe.d/nvidia-ibgda.conf")
-            },
+            kind.fix(
+                "set services.deepep.enable = true; so the option survives reboots",
+                format!("persist it: add `{MODPROBE_LINE}` to /etc/modprobe.d/nvidia-ibgda.conf"),
+            ),
         ),
     }
 }
@@ -770,11 +764,10 @@ fn option_off(
             id,
             caps::GPU_IBGDA,
             format!("{found} in the running driver, but {src} sets it: reboot pending"),
-            if kind.nixos {
-                "reboot (the nvidia module reads its options only when it loads; services.deepep also writes them to boot.initrd.extraModprobeConfig for initrd-loaded drivers)".to_string()
-            } else {
-                "reboot, or reload the nvidia module: stop all GPU processes, then sudo modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia_peermem gdrdrv nvidia && sudo modprobe nvidia; if nvidia is loaded from the initramfs, run sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL) first".to_string()
-            },
+            kind.fix(
+                "reboot (the nvidia module reads its options only when it loads; services.deepep also writes them to boot.initrd.extraModprobeConfig for initrd-loaded drivers)",
+                "reboot, or reload the nvidia module: stop all GPU processes, then sudo modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia_peermem gdrdrv nvidia && sudo modprobe nvidia; if nvidia is loaded from the initramfs, run sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL) first",
+            ),
         ),
         Some((false, src)) => Check::fail(
             id,
@@ -788,13 +781,12 @@ fn option_off(
             id,
             caps::GPU_IBGDA,
             format!("{found} (not configured in modprobe.d or the kernel command line)"),
-            if kind.nixos {
-                "set services.deepep.enable = true; (default services.deepep.ibgda.method = \"driver\";), then sudo nixos-rebuild boot and reboot".to_string()
-            } else {
+            kind.fix(
+                "set services.deepep.enable = true; (default services.deepep.ibgda.method = \"driver\";), then sudo nixos-rebuild boot and reboot",
                 format!(
                     "add this line to /etc/modprobe.d/nvidia-ibgda.conf:\n  {MODPROBE_LINE}\nthen sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL), and reboot"
-                )
-            },
+                ),
+            ),
         ),
     }
 }

@@ -91,6 +91,15 @@ pub struct HostKind {
 }
 
 impl HostKind {
+    /// The fix text for this kind of host: `nixos` on NixOS (module options), else `other`.
+    pub(crate) fn fix(&self, nixos: impl Into<String>, other: impl Into<String>) -> String {
+        if self.nixos {
+            nixos.into()
+        } else {
+            other.into()
+        }
+    }
+
     fn detect(host: &host::Host) -> HostKind {
         let os_release = host
             .read_text(Path::new("/etc/os-release"))

@@ -14,14 +14,6 @@ const MKNOD: &str =
     "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
 
 /// The fix for this host: `nixos` names NixOS options, `other` files and commands.
-fn fix_for(kind: &HostKind, nixos: &str, other: impl Into<String>) -> String {
-    if kind.nixos {
-        nixos.to_string()
-    } else {
-        other.into()
-    }
-}
-
 /// One RDMA port.
 #[derive(Debug, Clone)]
 pub struct Port {
@@ -93,8 +85,7 @@ pub fn check_nics(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> RdmaInf
         })
         .collect::<Vec<_>>()
         .join("; ");
-    let load_fix = fix_for(
-        kind,
+    let load_fix = kind.fix(
         "internode needs a ConnectX (mlx5) RDMA NIC: hardware.infiniband.enable = true; loads its drivers and rdma-core",
         "internode needs a ConnectX (mlx5) RDMA NIC: sudo modprobe mlx5_ib ib_uverbs and install rdma-core (apt-get install rdma-core ibverbs-providers)",
     );
@@ -210,8 +201,7 @@ pub fn check_memory_registration(
             "memory-registration",
             caps::INTERNODE,
             format!("neither DMA-BUF ({modules}, {kernel_desc}; needs open modules and Linux >= 5.12) nor nvidia_peermem: NVSHMEM skips the IB transports"),
-            fix_for(
-                kind,
+            kind.fix(
                 "hardware.nvidia.open = true; (DMA-BUF); services.deepep.peermem.enable = true; only on kernels with MLNX_OFED's peer-memory API",
                 "switch to the open GPU kernel modules (DMA-BUF, Linux >= 5.12), or with MLNX_OFED: sudo modprobe nvidia_peermem",
             ),
@@ -247,8 +237,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
     } else {
         problems.push((
             "gdrdrv module not loaded (/sys/module/gdrdrv missing)".into(),
-            fix_for(
-                kind,
+            kind.fix(
                 nixos_fix,
                 "sudo modprobe gdrdrv (install GDRCopy's gdrdrv module first)",
             ),
@@ -256,11 +245,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
         if !host.exists(&hp("/dev/gdrdrv")) {
             problems.push((
                 "/dev/gdrdrv missing".into(),
-                fix_for(
-                    kind,
-                    nixos_fix,
-                    format!("after loading the module: {MKNOD}"),
-                ),
+                kind.fix(nixos_fix, format!("after loading the module: {MKNOD}")),
             ));
         }
     }
@@ -268,8 +253,7 @@ pub fn check_gdrcopy(host: &Host, kind: &HostKind, nvshmem: &NvshmemInfo, out: &
         Resolution::Found(p) => found.push(format!("libgdrapi.so.2 at {}", p.display())),
         Resolution::Missing { .. } => problems.push((
             "libgdrapi.so.2 not found (NVSHMEM's RUNPATH, the loader path)".into(),
-            fix_for(
-                kind,
+            kind.fix(
                 nixos_fix,
                 "install GDRCopy's library (libgdrapi.so.2) and add its directory to LD_LIBRARY_PATH",
             ),
