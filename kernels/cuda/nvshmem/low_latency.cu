@@ -103,6 +103,36 @@ __device__ __forceinline__ void ll_group_scale(float amax, bool round_scale, flo
     }
 }
 
+// 8-byte read-only load (four bf16 channels), non-coherent path, no L1 allocation.
+__device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void bf16x4_to_f32(const uint2& v, float* f) {
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint2 f32x4_to_bf16(const float* f) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(f[0], f[1]);
+    const __nv_bfloat162 q = __floats2bfloat162_rn(f[2], f[3]);
+    return make_uint2(*reinterpret_cast<const uint32_t*>(&p), *reinterpret_cast<const uint32_t*>(&q));
+}
+
+// Phase timestamps for diagnostics (`trace` = 0: off). Slot LL_TRACE_START keeps the minimum,
+// the others the maximum over the threads that reach them; the host presets the slots.
+__device__ __forceinline__ void ll_trace(uint64_t trace, int slot) {
+    if (trace == 0) return;
+    unsigned long long* p = reinterpret_cast<unsigned long long*>(trace) + slot;
+    const unsigned long long now = ep_globaltimer();
+    if (slot == LL_TRACE_START || slot == LL_TRACE_WAITED_FIRST) atomicMin(p, now);
+    else atomicMax(p, now);
+}
+
 __device__ __forceinline__ uint64_t ld_relaxed_sys_u64(const uint64_t* p) {
     uint64_t v;
     asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -451,6 +481,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    if (tid == 0) ll_trace(a.trace, LL_TRACE_START);
     // Peer table in shared memory (loaded while the first global loads are in flight).
     __shared__ uint64_t s_peer_buf[32];
     const uint64_t* peers = a.peer_base;
@@ -575,6 +606,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
         ll_publish_fence<kPut>();
         __syncthreads();
+        if (tid == 0) ll_trace(a.trace, LL_TRACE_SENT);
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
             ll_publish_fence<kPut>();
@@ -601,9 +633,14 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
             for (int q = 0; q < 8; ++q) acc[q] = 0.f;
             for (int pass = 0; pass < 2; ++pass) {
                 if (pass == 1 && !ready) {
+                    if (lane == 0) ll_trace(a.trace, LL_TRACE_LOCAL);
                     if (!ll_warp_wait_all(a.buf, a.off_comb_done, R * G, G, me, seq, diag, lane)) {
                         s_fail = 1;
                         return;
+                    }
+                    if (lane == 0) {
+                        ll_trace(a.trace, LL_TRACE_WAITED_FIRST);
+                        ll_trace(a.trace, LL_TRACE_WAITED);
                     }
                     ready = true;
                 }
@@ -647,6 +684,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
             *reinterpret_cast<int4*>(static_cast<uint8_t*>(a.out) + (static_cast<uint64_t>(t) * H + c0) * 2) =
                 make_int4(static_cast<int>(o[0]), static_cast<int>(o[1]), static_cast<int>(o[2]), static_cast<int>(o[3]));
         }
+        if (lane == 0) ll_trace(a.trace, LL_TRACE_END);
     }
 }
 
@@ -953,6 +991,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, me = a.rank;
+    if (tid == 0) ll_trace(a.trace, LL_TRACE_START);
     // Peer table in shared memory (loaded while the first global loads are in flight).
     __shared__ uint64_t s_peer_buf[32];
     const uint64_t* peers = a.peer_base;
@@ -1016,9 +1055,14 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 if (rest < n) break;
                 rest -= n;
             }
-            const int t = rest / nseg, c0 = (rest % nseg) * LL_REDUCE_SEG + lane * 8;
+            // Lane channels: cA = seg*256 + 4*lane and cB = cA + 128 (four each), so that every
+            // store instruction of the warp covers 512 contiguous bytes of the f32 partial row
+            // (whole 32-byte sectors over NVLink) and every row load 256 contiguous bytes.
+            const int t = rest / nseg, seg0 = (rest % nseg) * LL_REDUCE_SEG;
+            const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+            const bool actA = cA < H, actB = cB < H;
             const int* tk = reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off);
-            int4 v[LL_MAX_TOPK];
+            uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
             float w[LL_MAX_TOPK];
             int ev[LL_MAX_TOPK], sl[LL_MAX_TOPK];
             int nlocal = 0;
@@ -1048,8 +1092,9 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                     sl[k] = tok_slot[base + k];
                 }
                 if (kLateWts) w[k] = 1.f;  // marks a local term; the weight is loaded below
-                const uint64_t row = static_cast<uint64_t>(e % L) * RNM + sl[k];
-                if (c0 < H) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                const uint8_t* yrow = y + (static_cast<uint64_t>(e % L) * RNM + sl[k]) * H * 2;
+                if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
+                if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
             }
             if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
             if (kLateWts) {
@@ -1080,23 +1125,24 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             for (int k = 0; k < LL_MAX_TOPK; ++k) {
                 if (w[k] == 0.f) continue;
                 float f[8];
-                bf16x8_to_f32(v[k], f);
+                if (actA) bf16x4_to_f32(va[k], f);
+                if (actB) bf16x4_to_f32(vb[k], f + 4);
 #pragma unroll
                 for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
             }
-            const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + (rest % nseg) * LL_REDUCE_SEG) * 4;
+            const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + seg0) * 4;
             const uint64_t peer = peers[s];
             const bool direct = !kPut || peer != 0;
             uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
-            if (c0 < H) {
-                const int4 p0 = make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3]));
-                const int4 p1 = make_int4(__float_as_int(acc[4]), __float_as_int(acc[5]), __float_as_int(acc[6]), __float_as_int(acc[7]));
-                st_na_v4(reinterpret_cast<int4*>(dst + lane * 32), p0);
-                st_na_v4(reinterpret_cast<int4*>(dst + lane * 32 + 16), p1);
-            }
+            if (actA)
+                st_na_v4(reinterpret_cast<int4*>(dst + lane * 16),
+                         make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3])));
+            if (actB)
+                st_na_v4(reinterpret_cast<int4*>(dst + LL_REDUCE_SEG * 2 + lane * 16),
+                         make_int4(__float_as_int(acc[4]), __float_as_int(acc[5]), __float_as_int(acc[6]), __float_as_int(acc[7])));
             if (!direct) {
                 __syncwarp();
-                ll_nvshmem_put_warp(a.buf + d_off, wstage, min(LL_REDUCE_SEG, H - (rest % nseg) * LL_REDUCE_SEG) * 4, s);
+                ll_nvshmem_put_warp(a.buf + d_off, wstage, min(LL_REDUCE_SEG, H - seg0) * 4, s);
                 did_put = true;
             }
         }
@@ -1114,6 +1160,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         }
         ll_publish_fence<kPut>();
         __syncthreads();
+        if (tid == 0) ll_trace(a.trace, LL_TRACE_SENT);
         for (int r = tid; r < R; r += LL_THREADS) {
             if (r == me) continue;
             ll_publish_fence<kPut>();
@@ -1130,14 +1177,16 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         const float* part = reinterpret_cast<const float*>(a.buf + a.off_part);
         bool ready = false;
         for (int u = b * LL_WARPS + warp; u < N * nseg; u += G * LL_WARPS) {
-            const int t = u / nseg, c0 = (u % nseg) * LL_REDUCE_SEG + lane * 8;
-            const bool active = c0 < H;
+            // Same lane channels as the owners' partial rows (see above).
+            const int t = u / nseg, seg0 = (u % nseg) * LL_REDUCE_SEG;
+            const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+            const bool actA = cA < H, actB = cB < H;
             float acc[8];
 #pragma unroll
             for (int q = 0; q < 8; ++q) acc[q] = 0.f;
             uint32_t owners = 0;  // other ranks holding an expert of t (R <= 32)
             {
-                int4 v[LL_MAX_TOPK];
+                uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
                 float w[LL_MAX_TOPK];
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
@@ -1151,45 +1200,51 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                         continue;
                     }
                     w[k] = a.topk_weights[t * K + k];
-                    const uint64_t row = static_cast<uint64_t>(e % L) * RNM + send_slot[t * LL_MAX_TOPK + k];
-                    if (active) v[k] = ld_nc_v4(reinterpret_cast<const int4*>(y + (row * H + c0) * 2));
+                    const uint8_t* yrow = y + (static_cast<uint64_t>(e % L) * RNM + send_slot[t * LL_MAX_TOPK + k]) * H * 2;
+                    if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
+                    if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
                 }
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                    if (w[k] == 0.f || !active) continue;
+                    if (w[k] == 0.f) continue;
                     float f[8];
-                    bf16x8_to_f32(v[k], f);
+                    if (actA) bf16x4_to_f32(va[k], f);
+                    if (actB) bf16x4_to_f32(vb[k], f + 4);
 #pragma unroll
                     for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
                 }
             }
             if (owners != 0 && !ready) {
+                if (lane == 0) ll_trace(a.trace, LL_TRACE_LOCAL);
                 if (!ll_warp_wait_all(a.buf, a.off_comb_done, R * G, G, me, seq, diag, lane)) {
                     s_fail = 1;
                     return;
                 }
+                if (lane == 0) {
+                    ll_trace(a.trace, LL_TRACE_WAITED_FIRST);
+                    ll_trace(a.trace, LL_TRACE_WAITED);
+                }
                 ready = true;
             }
-            if (!active) continue;
             for (uint32_t m = owners; m != 0; m &= m - 1) {
                 const int d = __ffs(m) - 1;
-                const float* pp = part + (static_cast<uint64_t>(t) * R + d) * H + c0;
-                const int4 p0 = ld_volatile_v4(reinterpret_cast<const int4*>(pp));
-                const int4 p1 = ld_volatile_v4(reinterpret_cast<const int4*>(pp + 4));
-                acc[0] += __int_as_float(p0.x); acc[1] += __int_as_float(p0.y);
-                acc[2] += __int_as_float(p0.z); acc[3] += __int_as_float(p0.w);
-                acc[4] += __int_as_float(p1.x); acc[5] += __int_as_float(p1.y);
-                acc[6] += __int_as_float(p1.z); acc[7] += __int_as_float(p1.w);
+                const float* pp = part + (static_cast<uint64_t>(t) * R + d) * H;
+                if (actA) {
+                    const int4 p = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cA));
+                    acc[0] += __int_as_float(p.x); acc[1] += __int_as_float(p.y);
+                    acc[2] += __int_as_float(p.z); acc[3] += __int_as_float(p.w);
+                }
+                if (actB) {
+                    const int4 p = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cB));
+                    acc[4] += __int_as_float(p.x); acc[5] += __int_as_float(p.y);
+                    acc[6] += __int_as_float(p.z); acc[7] += __int_as_float(p.w);
+                }
             }
-            uint32_t o[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const __nv_bfloat162 p = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-                o[q] = *reinterpret_cast<const uint32_t*>(&p);
-            }
-            *reinterpret_cast<int4*>(static_cast<uint8_t*>(a.out) + (static_cast<uint64_t>(t) * H + c0) * 2) =
-                make_int4(static_cast<int>(o[0]), static_cast<int>(o[1]), static_cast<int>(o[2]), static_cast<int>(o[3]));
+            uint8_t* orow = static_cast<uint8_t*>(a.out) + static_cast<uint64_t>(t) * H * 2;
+            if (actA) *reinterpret_cast<uint2*>(orow + cA * 2) = f32x4_to_bf16(acc);
+            if (actB) *reinterpret_cast<uint2*>(orow + cB * 2) = f32x4_to_bf16(acc + 4);
         }
+        if (lane == 0) ll_trace(a.trace, LL_TRACE_END);
     }
 }
 

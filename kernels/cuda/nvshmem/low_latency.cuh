@@ -40,6 +40,15 @@
 // Per-warp staging slot for the non-NVLink (NVSHMEM put) path: one unit of data + its scales.
 #define LL_STAGE_BYTES (LL_COMBINE_SEG_BYTES + 64)
 
+// Combine phase timestamps (%globaltimer ns; `trace` argument, mirrored by `low_latency::LlTrace`).
+#define LL_TRACE_START 0         // first block entered the kernel (minimum)
+#define LL_TRACE_SENT 1          // last block finished its send / owner units (maximum)
+#define LL_TRACE_LOCAL 2         // last warp finished the origin's own-expert terms (maximum)
+#define LL_TRACE_WAITED_FIRST 3  // first warp saw every peer's data (minimum)
+#define LL_TRACE_WAITED 4        // last warp saw every peer's data (maximum)
+#define LL_TRACE_END 5           // last warp finished (maximum)
+#define LL_TRACE_SLOTS 8
+
 // Byte offsets below are relative to the symmetric buffer base and already point into the half
 // selected by the host for this call.
 struct LlDispatchArgs {
@@ -84,6 +93,7 @@ struct LlCombineArgs {
     int32_t local_experts_per_block;
     int32_t wait_ready;          // 1: wait for each origin's ready flag before sending to it
                                  // (needed when a previous combine deferred its receive hook)
+    uint64_t trace;              // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
 
 // ---- dispatch v2: one copy per (token, destination rank) ------------------------------------
@@ -142,5 +152,6 @@ struct LlCombine2Args {
     int32_t num_tokens, hidden, num_topk, num_experts;
     int32_t num_ranks, rank, num_max, phases;
     int32_t stage_stride, tk_off;
+    uint64_t trace;         // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
 

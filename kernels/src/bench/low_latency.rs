@@ -18,7 +18,7 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Row, Shape};
-use crate::nvshmem::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
+use crate::nvshmem::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -49,6 +49,38 @@ pub fn selections(topk_idx: &[Vec<i64>], experts: usize) -> Vec<Vec<usize>> {
             row
         })
         .collect()
+}
+
+/// Phase times of one combine (diagnostics): each try runs `op` untraced (it lines the ranks up:
+/// a combine waits for its peers) and then traced; prints the try that finished soonest after its
+/// own start. Collective like `op`.
+fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnMut(&mut LowLatencyBuffer) -> Result<()>) -> Result<()> {
+    let mut best: Option<LlTrace> = None;
+    for _ in 0..5 {
+        op(buf)?;
+        buf.set_tracing(true)?;
+        let r = op(buf).and_then(|_| buf.last_trace());
+        buf.set_tracing(false)?;
+        if let Some(t) = r? {
+            if best.map_or(true, |b| t.end_us.unwrap_or(f64::MAX) < b.end_us.unwrap_or(f64::MAX)) {
+                best = Some(t);
+            }
+        }
+    }
+    if let Some(t) = best {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        println!(
+            "trace {name} {}x{}: sent {} us, own terms {} us, peers' data seen {}..{} us, end {} us",
+            shape.tokens,
+            shape.hidden,
+            f(t.sent_us),
+            f(t.local_us),
+            f(t.waited_first_us),
+            f(t.waited_us),
+            f(t.end_us)
+        );
+    }
+    Ok(())
 }
 
 /// The shapes of this mode: `--sweep` gives 32/128/256 tokens at `--hidden`.
@@ -134,6 +166,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             rows.push(ctx.measure(MODE, "combine-bf16", shape, sms, &bytes, &recv, &send, || {
                 buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
             })?);
+            traced(&mut buf, "combine-bf16", shape, &mut |b| b.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ()))?;
             // The other combine kernels, for comparison.
             let default_combine = buf.combine_version();
             for (other, other_name) in [
@@ -148,6 +181,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 rows.push(ctx.measure(MODE, other_name, shape, sms, &bytes, &recv, &send, || {
                     buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
                 })?);
+                traced(&mut buf, other_name, shape, &mut |b| b.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ()))?;
             }
             buf.set_combine_version(default_combine)?;
             // Ten calls back to back per timed repetition: launch and measurement overhead

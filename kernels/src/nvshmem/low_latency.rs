@@ -103,6 +103,8 @@ pub struct LlCombineArgs {
     pub phases: i32,
     pub local_experts_per_block: i32,
     pub wait_ready: i32,
+    /// 0, or the device address of `u64[LL_TRACE_SLOTS]` phase timestamps.
+    pub trace: u64,
 }
 
 /// Mirror of `LlDispatch2Args` (`low_latency.cuh`).
@@ -173,13 +175,15 @@ pub struct LlCombine2Args {
     pub phases: i32,
     pub stage_stride: i32,
     pub tk_off: i32,
+    /// 0, or the device address of `u64[LL_TRACE_SLOTS]` phase timestamps.
+    pub trace: u64,
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<LlCombine2Args>() == 168);
+    assert!(std::mem::size_of::<LlCombine2Args>() == 176);
     assert!(std::mem::size_of::<LlDispatch2Args>() == 200);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
-    assert!(std::mem::size_of::<LlCombineArgs>() == 168);
+    assert!(std::mem::size_of::<LlCombineArgs>() == 176);
 };
 
 // SAFETY: repr(C), integers only, no padding.
@@ -499,6 +503,26 @@ pub struct LowLatencyBuffer<'g> {
     /// then waits for every origin to have started it before writing into its buffer.
     combine_hooked: [bool; 2],
     generations: [Arc<AtomicU64>; 2],
+    /// Phase timestamps of the last combine kernel, when tracing is on.
+    trace: Option<DeviceBuffer>,
+}
+
+/// `LL_TRACE_SLOTS` of `low_latency.cuh`.
+pub const LL_TRACE_SLOTS: usize = 8;
+
+/// Phase times of the last traced combine on this rank, in microseconds after its first block
+/// started (`%globaltimer`, about 1 us resolution). `None` = phase not reached.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LlTrace {
+    /// Last block finished sending its rows (v1) or partial rows (v2/v3) to the origins.
+    pub sent_us: Option<f64>,
+    /// Last warp finished the own-expert terms of its first token (before its first wait).
+    pub local_us: Option<f64>,
+    /// First warp / last warp saw every peer block's done flag.
+    pub waited_first_us: Option<f64>,
+    pub waited_us: Option<f64>,
+    /// Last warp finished.
+    pub end_us: Option<f64>,
 }
 
 /// Keeps the symmetric memory (and NVSHMEM) alive while views of it exist.
@@ -587,6 +611,7 @@ impl LowLatencyBuffer<'_> {
             combine_calls: 0,
             combine_hooked: [false; 2],
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
+            trace: None,
         })
     }
 
@@ -606,6 +631,33 @@ impl LowLatencyBuffer<'_> {
     pub fn combine_version(&self) -> CombineVersion {
         self.combine_version
     }
+    /// Diagnostics: record phase timestamps of every combine kernel (read the last one with
+    /// [`LowLatencyBuffer::last_trace`]). Adds two small memsets per call; off by default.
+    pub fn set_tracing(&mut self, on: bool) -> Result<()> {
+        self.trace = if on { Some(DeviceBuffer::zeroed(self.gpu, LL_TRACE_SLOTS * 8)?) } else { None };
+        Ok(())
+    }
+
+    /// Preset the trace slots before a traced kernel (start and first-wait: minimum, others: maximum).
+    fn reset_trace(&self) -> Result<()> {
+        if let Some(t) = &self.trace {
+            self.gpu.memset_u8(t.ptr(), 0xff, 8)?;
+            self.gpu.memset_u8(t.ptr() + 8, 0, (LL_TRACE_SLOTS - 1) * 8)?;
+            self.gpu.memset_u8(t.ptr() + 3 * 8, 0xff, 8)?;
+        }
+        Ok(())
+    }
+
+    /// Phase times of the last traced combine (waits for the stream); `None` when tracing is off.
+    pub fn last_trace(&self) -> Result<Option<LlTrace>> {
+        let Some(t) = &self.trace else { return Ok(None) };
+        self.gpu.sync("reading the low-latency trace")?;
+        let v = t.download::<u64>(self.gpu, LL_TRACE_SLOTS)?;
+        let start = v[0];
+        let at = |i: usize| (start != u64::MAX && v[i] != 0 && v[i] != u64::MAX && v[i] >= start).then(|| (v[i] - start) as f64 / 1e3);
+        Ok(Some(LlTrace { sent_us: at(1), local_us: at(2), waited_first_us: at(3), waited_us: at(4), end_us: at(5) }))
+    }
+
     /// Choose the combine kernel (collective). v2 / v3 are used only with handles of v2
     /// dispatches (v1 otherwise) and need at most 32 ranks.
     pub fn set_combine_version(&mut self, v: CombineVersion) -> Result<()> {
@@ -848,7 +900,9 @@ impl LowLatencyBuffer<'_> {
             phases: if return_hook { PHASE_SEND } else { PHASE_SEND | PHASE_RECV },
             local_experts_per_block: lay.local_experts_per_block() as i32,
             wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
+            trace: self.trace.as_ref().map_or(0, |t| t.ptr()),
         };
+        self.reset_trace()?;
         self.combine_hooked = [self.combine_hooked[1], return_hook];
         let use_v2 = self.combine_version != CombineVersion::V1 && handle.version == DispatchVersion::V2;
         let hook = if use_v2 {
@@ -879,6 +933,7 @@ impl LowLatencyBuffer<'_> {
                 phases: args.phases,
                 stage_stride: lay.stage_stride() as i32,
                 tk_off: lay.tk_off() as i32,
+                trace: args.trace,
             };
             let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
             if self.combine_version == CombineVersion::V3 {
