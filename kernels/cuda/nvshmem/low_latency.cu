@@ -992,6 +992,17 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, me = a.rank;
     if (tid == 0) ll_trace(a.trace, LL_TRACE_START);
+    // Roles. With both phases in one launch and `owner_warps` in [1, LL_WARPS), warps
+    // [0, owner_warps) of every block do the owner work (partials for other origins) while the
+    // others do the origin work at the same time (own-expert terms, then the partials as they
+    // arrive); otherwise every warp does the owner work, then the origin work.
+    const bool do_send = (a.phases & LL_PHASE_SEND) != 0, do_recv = (a.phases & LL_PHASE_RECV) != 0;
+    const bool split = do_send && do_recv && a.owner_warps > 0 && a.owner_warps < LL_WARPS;
+    const int ow = split ? a.owner_warps : LL_WARPS;                // owner warps per block
+    const int rw = split ? LL_WARPS - a.owner_warps : LL_WARPS;     // origin warps per block
+    const bool owner_warp = do_send && (!split || warp < ow);
+    const bool origin_warp = do_recv && (!split || warp >= ow);
+    const int rwarp = split ? warp - ow : warp;
     // Peer table in shared memory (loaded while the first global loads are in flight).
     __shared__ uint64_t s_peer_buf[32];
     const uint64_t* peers = a.peer_base;
@@ -1001,14 +1012,14 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
     }
     const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
     uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
-    const uint32_t seq = (a.phases & LL_PHASE_SEND) ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
-                                                    : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
+    const uint32_t seq = do_send ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
+                                 : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
     if (tid == 0) s_fail = 0;
     __syncthreads();
     const uint8_t* y = static_cast<const uint8_t*>(a.y);
     const int nseg = (H + LL_REDUCE_SEG - 1) / LL_REDUCE_SEG;
 
-    if (a.phases & LL_PHASE_SEND) {
+    if (do_send) {
         // Origin role: ship our weights to every other rank, then flag (payload N).
         if (b == 0) {
             for (int i = tid; i < N * K; i += LL_THREADS) {
@@ -1039,6 +1050,8 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             if (r < 32) s_ntok[r] = (r == me) ? 0 : min(ntok_d[r], NM);
         }
         __syncthreads();
+    }
+    if (owner_warp) {
         uint32_t wts_seen = 0;  // v3: origins whose weights flag this warp has acquired
         const uint8_t* stage_base = a.buf + a.off_tok_stage;
         const int* tok_slot = reinterpret_cast<const int*>(a.buf + a.off_tok_slot);
@@ -1048,7 +1061,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         int total = 0;
         if (!s_fail)
             for (int r = 0; r < R; ++r) total += s_ntok[r] * nseg;
-        for (int u = b * LL_WARPS + warp; u < total; u += G * LL_WARPS) {
+        for (int u = b * ow + warp; u < total; u += G * ow) {
             int rest = u, s = 0;
             for (;; ++s) {
                 const int n = s_ntok[s] * nseg;
@@ -1151,7 +1164,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             // Before flagging an origin, this block must know it has started this call, even
             // without a unit for it: a hooked earlier combine of the origin may still be polling
             // the previous tag of this half's flag (v2's block-wide wait up front ensures this).
-            for (int r = tid; r < R; r += LL_THREADS) {
+            for (int r = tid; r < R; r += ow * 32) {
                 uint32_t n = 0;
                 if (r != me &&
                     !ll_wait_tag(a.buf, a.off_wts_flag + static_cast<uint64_t>(r) * 8, seq, &n, diag, EP_PHASE_LL_COMBINE_SEND, b, r))
@@ -1159,9 +1172,10 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
             }
         }
         ll_publish_fence<kPut>();
-        __syncthreads();
+        // Barrier of the owner warps only (named barrier 1; all warps when not split).
+        asm volatile("bar.sync 1, %0;" ::"r"(ow * 32) : "memory");
         if (tid == 0) ll_trace(a.trace, LL_TRACE_SENT);
-        for (int r = tid; r < R; r += LL_THREADS) {
+        for (int r = tid; r < R; r += ow * 32) {
             if (r == me) continue;
             ll_publish_fence<kPut>();
             ll_signal<kPut>(a.buf, peers, r, a.off_comb_done + (static_cast<uint64_t>(me) * G + b) * 8, ll_tag(seq, 0));
@@ -1169,25 +1183,33 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         if (tid == 0) epoch[b] = seq;
     }
 
-    if (a.phases & LL_PHASE_RECV) {
-        __syncthreads();
-        if (s_fail) return;
-        // Origin: own experts' terms (in place), then wait once, then each owner's partial.
+    if (origin_warp) {
+        if (!split) {
+            __syncthreads();
+            if (s_fail) return;
+        }
+        // Origin: own experts' terms (read in place) of up to LL_ORIGIN_BATCH units (token, 256
+        // channels) per warp, kept in shared memory; then one wait for every owner block; then
+        // each owner's partial is added and the row rounded to bf16.
+        extern __shared__ float s_acc[];  // [origin warps][LL_ORIGIN_BATCH][8 f32 x 32 lanes]
+        __shared__ uint32_t s_owners[LL_WARPS][LL_ORIGIN_BATCH];
+        float* my_acc = s_acc + static_cast<uint64_t>(rwarp) * LL_ORIGIN_BATCH * 256;
         const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
         const float* part = reinterpret_cast<const float*>(a.buf + a.off_part);
+        const int units = N * nseg, step = G * rw;
         bool ready = false;
-        for (int u = b * LL_WARPS + warp; u < N * nseg; u += G * LL_WARPS) {
-            // Same lane channels as the owners' partial rows (see above).
-            const int t = u / nseg, seg0 = (u % nseg) * LL_REDUCE_SEG;
-            const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
-            const bool actA = cA < H, actB = cB < H;
-            float acc[8];
-#pragma unroll
-            for (int q = 0; q < 8; ++q) acc[q] = 0.f;
-            uint32_t owners = 0;  // other ranks holding an expert of t (R <= 32)
-            {
+        for (int u0 = b * rw + rwarp; u0 < units; u0 += LL_ORIGIN_BATCH * step) {
+            const int nb = min(LL_ORIGIN_BATCH, (units - u0 + step - 1) / step);
+            uint32_t any_owner = 0;
+            for (int j = 0; j < nb; ++j) {
+                const int u = u0 + j * step;
+                // Same lane channels as the owners' partial rows (see above).
+                const int t = u / nseg, seg0 = (u % nseg) * LL_REDUCE_SEG;
+                const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+                const bool actA = cA < H, actB = cB < H;
                 uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
                 float w[LL_MAX_TOPK];
+                uint32_t owners = 0;  // other ranks holding an expert of t (R <= 32)
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
                     w[k] = 0.f;
@@ -1204,17 +1226,25 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                     if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
                     if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
                 }
+                float acc[8];
+#pragma unroll
+                for (int q = 0; q < 8; ++q) acc[q] = 0.f;
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
                     if (w[k] == 0.f) continue;
-                    float f[8];
+                    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
                     if (actA) bf16x4_to_f32(va[k], f);
                     if (actB) bf16x4_to_f32(vb[k], f + 4);
 #pragma unroll
                     for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
                 }
+                float4* sa = reinterpret_cast<float4*>(my_acc + j * 256);
+                sa[lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                sa[32 + lane] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                if (lane == 0) s_owners[rwarp][j] = owners;
+                any_owner |= owners;
             }
-            if (owners != 0 && !ready) {
+            if (any_owner != 0 && !ready) {
                 if (lane == 0) ll_trace(a.trace, LL_TRACE_LOCAL);
                 if (!ll_warp_wait_all(a.buf, a.off_comb_done, R * G, G, me, seq, diag, lane)) {
                     s_fail = 1;
@@ -1226,23 +1256,55 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 }
                 ready = true;
             }
-            for (uint32_t m = owners; m != 0; m &= m - 1) {
-                const int d = __ffs(m) - 1;
-                const float* pp = part + (static_cast<uint64_t>(t) * R + d) * H;
-                if (actA) {
-                    const int4 p = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cA));
-                    acc[0] += __int_as_float(p.x); acc[1] += __int_as_float(p.y);
-                    acc[2] += __int_as_float(p.z); acc[3] += __int_as_float(p.w);
+            __syncwarp();
+            // Partials, kPB units at a time (the put kernels have no registers to spare) with their loads in flight together; a unit with
+            // several other owners adds them one after the other.
+            constexpr int kPB = kPut ? 1 : LL_PART_BATCH;
+            for (int j0 = 0; j0 < nb; j0 += kPB) {
+                int4 pa[kPB], pb[kPB];
+                uint32_t rest[kPB];
+#pragma unroll
+                for (int i = 0; i < kPB; ++i) {
+                    const int j = j0 + i;
+                    rest[i] = j < nb ? s_owners[rwarp][j] : 0u;
                 }
-                if (actB) {
-                    const int4 p = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cB));
-                    acc[4] += __int_as_float(p.x); acc[5] += __int_as_float(p.y);
-                    acc[6] += __int_as_float(p.z); acc[7] += __int_as_float(p.w);
+                while (true) {
+                    bool more = false;
+#pragma unroll
+                    for (int i = 0; i < kPB; ++i) {
+                        if (rest[i] == 0) continue;
+                        more = true;
+                        const int u = u0 + (j0 + i) * step;
+                        const int t = u / nseg, cA = (u % nseg) * LL_REDUCE_SEG + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+                        const float* pp = part + (static_cast<uint64_t>(t) * R + (__ffs(rest[i]) - 1)) * H;
+                        if (cA < H) pa[i] = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cA));
+                        if (cB < H) pb[i] = ld_volatile_v4(reinterpret_cast<const int4*>(pp + cB));
+                    }
+                    if (!more) break;
+#pragma unroll
+                    for (int i = 0; i < kPB; ++i) {
+                        if (rest[i] == 0) continue;
+                        rest[i] &= rest[i] - 1;
+                        float4* sa = reinterpret_cast<float4*>(my_acc + (j0 + i) * 256);
+                        const float4 x = sa[lane], z = sa[32 + lane];
+                        sa[lane] = make_float4(x.x + __int_as_float(pa[i].x), x.y + __int_as_float(pa[i].y),
+                                               x.z + __int_as_float(pa[i].z), x.w + __int_as_float(pa[i].w));
+                        sa[32 + lane] = make_float4(z.x + __int_as_float(pb[i].x), z.y + __int_as_float(pb[i].y),
+                                                    z.z + __int_as_float(pb[i].z), z.w + __int_as_float(pb[i].w));
+                    }
                 }
             }
-            uint8_t* orow = static_cast<uint8_t*>(a.out) + static_cast<uint64_t>(t) * H * 2;
-            if (actA) *reinterpret_cast<uint2*>(orow + cA * 2) = f32x4_to_bf16(acc);
-            if (actB) *reinterpret_cast<uint2*>(orow + cB * 2) = f32x4_to_bf16(acc + 4);
+            for (int j = 0; j < nb; ++j) {
+                const int u = u0 + j * step;
+                const int t = u / nseg, cA = (u % nseg) * LL_REDUCE_SEG + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+                const float4* sa = reinterpret_cast<const float4*>(my_acc + j * 256);
+                const float4 x = sa[lane], z = sa[32 + lane];
+                const float fa[4] = {x.x, x.y, x.z, x.w}, fb[4] = {z.x, z.y, z.z, z.w};
+                uint8_t* orow = static_cast<uint8_t*>(a.out) + static_cast<uint64_t>(t) * H * 2;
+                if (cA < H) *reinterpret_cast<uint2*>(orow + cA * 2) = f32x4_to_bf16(fa);
+                if (cB < H) *reinterpret_cast<uint2*>(orow + cB * 2) = f32x4_to_bf16(fb);
+            }
+            __syncwarp();
         }
         if (lane == 0) ll_trace(a.trace, LL_TRACE_END);
     }

@@ -152,6 +152,14 @@ struct LlCombine2Args {
     int32_t num_tokens, hidden, num_topk, num_experts;
     int32_t num_ranks, rank, num_max, phases;
     int32_t stage_stride, tk_off;
+    int32_t owner_warps;    // 1..LL_WARPS-1: warps per block doing the owner work while the others
+                            // do the origin work (send+recv launches only); 0: every warp does both
+    int32_t pad_;
     uint64_t trace;         // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
+// Origin units (token, 256 channels) a warp reduces together: own terms of all of them first
+// (kept in dynamic shared memory: origin warps x LL_ORIGIN_BATCH x 1 KiB), then one wait.
+#define LL_ORIGIN_BATCH 8
+// Units whose partial loads an origin warp keeps in flight together.
+#define LL_PART_BATCH 2
 

@@ -51,6 +51,22 @@ pub fn selections(topk_idx: &[Vec<i64>], experts: usize) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// `DEEPEP_LL_OWNER_WARPS_SWEEP`: comma-separated owner-warp counts to time combine v3 with (tuning).
+fn owner_warps_sweep() -> Result<Vec<usize>> {
+    let Ok(v) = std::env::var("DEEPEP_LL_OWNER_WARPS_SWEEP") else { return Ok(Vec::new()) };
+    v.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse::<usize>().map_err(|_| {
+                crate::EpError::InvalidArgument(format!(
+                    "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not a warp count; use e.g. 0,4,8,12"
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Phase times of one combine (diagnostics): each try runs `op` untraced (it lines the ranks up:
 /// a combine waits for its peers) and then traced; prints the try that finished soonest after its
 /// own start. Collective like `op`.
@@ -184,6 +200,19 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 traced(&mut buf, other_name, shape, &mut |b| b.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ()))?;
             }
             buf.set_combine_version(default_combine)?;
+            // Tuning: combine v3 with other owner/origin warp splits (`DEEPEP_LL_OWNER_WARPS_SWEEP=0,4,8,...`).
+            let default_split = buf.combine_owner_warps();
+            for n in owner_warps_sweep()? {
+                buf.set_combine_version(CombineVersion::V3)?;
+                buf.set_combine_owner_warps(n)?;
+                let name = format!("combine-bf16-v3[w{n}]");
+                rows.push(ctx.measure(MODE, &name, shape, sms, &bytes, &recv, &send, || {
+                    buf.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ())
+                })?);
+                traced(&mut buf, &name, shape, &mut |b| b.combine_into(&y, &idx, &wts, &handle2, &out, false).map(|_| ()))?;
+            }
+            buf.set_combine_version(default_combine)?;
+            buf.set_combine_owner_warps(default_split)?;
             // Ten calls back to back per timed repetition: launch and measurement overhead
             // amortized (the figure is for all ten calls; divide the time by 10).
             let fb = fp8_message_bytes(h);

@@ -270,6 +270,8 @@ const ALL_MODES: &[Mode] = &[
     Mode { opts: LlOptions::BF16, hook: true },
 ];
 
+const BF16_MODES: &[Mode] = &[BF16, Mode { opts: LlOptions::BF16, hook: true }];
+
 /// The LL cases registered with `deepep-gpu-tests`.
 pub fn cases() -> Vec<Case> {
     let deepep = Shape { num_max: 128, hidden: 7168, topk: 8, experts: 288 };
@@ -300,19 +302,28 @@ pub fn cases() -> Vec<Case> {
         shape_case("shapes/2048x6of32-nm2", Shape { num_max: 2, hidden: 2048, topk: 6, experts: 32 }, ALL_MODES, 6),
         shape_case("shapes/4096x3of128", Shape { num_max: 64, hidden: 4096, topk: 3, experts: 128 }, ALL_MODES, 6),
         shape_case("repeat/7168x8of288x40", deepep, ALL_MODES, 40),
+        // A hidden size with a half 256-channel unit at the end (BF16 only: FP8 needs H % 512).
+        shape_case("shapes/1152x5of32-bf16", Shape { num_max: 64, hidden: 1152, topk: 5, experts: 32 }, BF16_MODES, 4),
         overlap_case(DispatchVersion::V2),
+        combine_overlap_case(CombineVersion::V1),
         combine_overlap_case(CombineVersion::V2),
-        combine_overlap_case(CombineVersion::V3),
         overlap_case(DispatchVersion::V1),
         version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
+        combine_deepep_case(CombineVersion::V1, deepep),
         combine_deepep_case(CombineVersion::V2, deepep),
-        combine_deepep_case(CombineVersion::V3, deepep),
+        // Combine v3 with other owner/origin warp splits: none (every warp sends, then reduces),
+        // few and many owner warps, and a small grid where each origin warp loops over several
+        // batches of units.
+        split_case(0, None, deepep),
+        split_case(2, None, deepep),
+        split_case(15, None, deepep),
+        split_case(6, Some(6), Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ]
 }
 
-/// `ll/combine-v2/...` or `ll/combine-v3/...`.
+/// `ll/combine-v1/...`, `ll/combine-v2/...` or `ll/combine-v3/...`.
 fn combine_case_name(version: CombineVersion, rest: &str) -> String {
     let v = match version {
         CombineVersion::V1 => "v1",
@@ -343,6 +354,21 @@ fn combine_deepep_case(version: CombineVersion, deepep: Shape) -> Case {
         buf.set_combine_version(version)?;
         for (i, mode) in ALL_MODES.iter().enumerate() {
             round(c, &mut buf, deepep, *mode, c.seed.wrapping_add(i as u64 * 0x4000_0007), 0.1)?;
+        }
+        Ok(())
+    })
+}
+
+/// Combine v3 with `owner_warps` owner warps per block (and optionally fewer SMs), every mode.
+fn split_case(owner_warps: usize, num_sms: Option<usize>, shape: Shape) -> Case {
+    let sms = num_sms.map_or(String::new(), |n| format!("-sms{n}"));
+    let name = format!("ll/combine-v3-w{owner_warps}{sms}/{}x{}of{}", shape.hidden, shape.topk, shape.experts);
+    Case::new(name, move |c| {
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, num_sms)?;
+        buf.set_combine_version(CombineVersion::V3)?;
+        buf.set_combine_owner_warps(owner_warps)?;
+        for (i, mode) in ALL_MODES.iter().enumerate() {
+            round(c, &mut buf, shape, *mode, c.seed.wrapping_add(i as u64 * 0x7000_0011), 0.1)?;
         }
         Ok(())
     })

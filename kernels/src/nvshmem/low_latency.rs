@@ -175,12 +175,16 @@ pub struct LlCombine2Args {
     pub phases: i32,
     pub stage_stride: i32,
     pub tk_off: i32,
+    /// 1..15: warps per block doing the owner work while the others do the origin work (launches
+    /// with both phases); 0: every warp does both, one after the other.
+    pub owner_warps: i32,
+    pub pad_: i32,
     /// 0, or the device address of `u64[LL_TRACE_SLOTS]` phase timestamps.
     pub trace: u64,
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<LlCombine2Args>() == 176);
+    assert!(std::mem::size_of::<LlCombine2Args>() == 184);
     assert!(std::mem::size_of::<LlDispatch2Args>() == 200);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
     assert!(std::mem::size_of::<LlCombineArgs>() == 176);
@@ -195,8 +199,8 @@ unsafe impl Pod for LlCombine2Args {}
 /// Which combine kernel a buffer uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CombineVersion {
-    /// Every remote (token, expert) row goes back to its origin as bf16 (default: measured
-    /// faster than v2 on 2x H200, GPU run 3: 43.9 vs 46.2 us kernel time at 128 tokens).
+    /// Every remote (token, expert) row goes back to its origin as bf16; works with v1 dispatch
+    /// handles and any number of ranks (43.4 us kernel time at 128 x 7168, top-8 of 288, 2x H200).
     V1,
     /// Owners pre-reduce each origin token's rows with its weights (shipped first) into one f32
     /// partial per (token, owner): half the NVLink bytes, one more flag round trip; needs a v2
@@ -204,19 +208,38 @@ pub enum CombineVersion {
     V2,
     /// v2's protocol and buffers, but owners start loading rows at once and acquire each origin's
     /// weights flag per warp just before the FMAs (the weights' round trip overlaps the loads).
-    /// Same requirements as v2 (opt-in, not yet measured).
+    /// Default; same requirements as v2 (v1 is used for v1 handles and above 32 ranks).
     V3,
 }
 
 impl CombineVersion {
-    /// `DEEPEP_LL_COMBINE=v1|v2|v3` (default v1).
+    /// `DEEPEP_LL_COMBINE=v1|v2|v3` (default v3).
     pub fn from_env() -> Result<CombineVersion> {
         match std::env::var("DEEPEP_LL_COMBINE").ok().as_deref().map(str::trim) {
-            None | Some("") | Some("v1") | Some("V1") => Ok(CombineVersion::V1),
+            None | Some("") | Some("v3") | Some("V3") => Ok(CombineVersion::V3),
+            Some("v1") | Some("V1") => Ok(CombineVersion::V1),
             Some("v2") | Some("V2") => Ok(CombineVersion::V2),
-            Some("v3") | Some("V3") => Ok(CombineVersion::V3),
-            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1, v2 or v3 (default v1)"))),
+            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1, v2 or v3 (default v3)"))),
         }
+    }
+}
+
+/// Warps per 16-warp block that do the owner work of combine v2/v3 while the others do the
+/// origin work (see [`LowLatencyBuffer::set_combine_owner_warps`]).
+pub const DEFAULT_COMBINE_OWNER_WARPS: usize = 8;
+
+/// `DEEPEP_LL_OWNER_WARPS=0..15` (default [`DEFAULT_COMBINE_OWNER_WARPS`]).
+pub fn combine_owner_warps_from_env() -> Result<usize> {
+    match std::env::var("DEEPEP_LL_OWNER_WARPS").ok().as_deref().map(str::trim) {
+        None | Some("") => Ok(DEFAULT_COMBINE_OWNER_WARPS),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n < LL_WARPS => Ok(n),
+            _ => Err(EpError::InvalidArgument(format!(
+                "DEEPEP_LL_OWNER_WARPS={v:?}: use a number of warps from 0 (no split: every warp does the owner \
+                 work, then the origin work) to {} (default {DEFAULT_COMBINE_OWNER_WARPS})",
+                LL_WARPS - 1
+            ))),
+        },
     }
 }
 
@@ -494,6 +517,7 @@ pub struct LowLatencyBuffer<'g> {
     combine3_kernel: Kernel,
     version: DispatchVersion,
     combine_version: CombineVersion,
+    combine_owner_warps: usize,
     /// Whether one of the last two dispatches deferred its receive half (v2 then waits for every
     /// destination to have started the next dispatch before writing into it).
     dispatch_hooked: [bool; 2],
@@ -606,6 +630,7 @@ impl LowLatencyBuffer<'_> {
             combine3_kernel,
             version,
             combine_version,
+            combine_owner_warps: combine_owner_warps_from_env()?,
             dispatch_hooked: [false; 2],
             dispatch_calls: 0,
             combine_calls: 0,
@@ -630,6 +655,24 @@ impl LowLatencyBuffer<'_> {
     }
     pub fn combine_version(&self) -> CombineVersion {
         self.combine_version
+    }
+    pub fn combine_owner_warps(&self) -> usize {
+        self.combine_owner_warps
+    }
+    /// Combine v2/v3: how many of the 16 warps of each block compute and send the partial rows of
+    /// other origins while the other warps reduce this rank's tokens at the same time (1..15), or
+    /// 0 for no split (every warp first sends, then reduces). Only launches with both halves split
+    /// (a hook's send and receive kernels use every warp). Collective: every rank must choose the
+    /// same.
+    pub fn set_combine_owner_warps(&mut self, n: usize) -> Result<()> {
+        if n >= LL_WARPS {
+            return Err(EpError::InvalidArgument(format!(
+                "low-latency combine owner warps {n}: use 0 (no split) to {} warps of the {LL_WARPS} per block",
+                LL_WARPS - 1
+            )));
+        }
+        self.combine_owner_warps = n;
+        Ok(())
     }
     /// Diagnostics: record phase timestamps of every combine kernel (read the last one with
     /// [`LowLatencyBuffer::last_trace`]). Adds two small memsets per call; off by default.
@@ -933,14 +976,16 @@ impl LowLatencyBuffer<'_> {
                 phases: args.phases,
                 stage_stride: lay.stage_stride() as i32,
                 tk_off: lay.tk_off() as i32,
+                owner_warps: self.combine_owner_warps as i32,
+                pad_: 0,
                 trace: args.trace,
             };
             let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
             if self.combine_version == CombineVersion::V3 {
-                self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
+                self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
                 LlHook::Combine3(recv_half)
             } else {
-                self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a2))?;
+                self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
                 LlHook::Combine2(recv_half)
             }
         } else {
@@ -959,8 +1004,8 @@ impl LowLatencyBuffer<'_> {
             LlHook::Dispatch2(a) => {
                 self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
             }
-            LlHook::Combine2(a) => self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(0), Args::new().arg(a)),
-            LlHook::Combine3(a) => self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(0), Args::new().arg(a)),
+            LlHook::Combine2(a) => self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a)),
+            LlHook::Combine3(a) => self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a)),
             LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
     }
@@ -975,6 +1020,20 @@ impl Drop for LowLatencyBuffer<'_> {
         }
         self.shared.sym.nvshmem().barrier_all();
     }
+}
+
+/// `LL_ORIGIN_BATCH` of `low_latency.cuh`.
+pub const LL_ORIGIN_BATCH: usize = 8;
+
+/// Dynamic shared memory of a combine v2/v3 launch: the origin warps' own-term accumulators
+/// (`LL_ORIGIN_BATCH` units of 256 f32 channels per origin warp); none without a receive half.
+pub fn combine2_smem(a: &LlCombine2Args) -> usize {
+    if a.phases & PHASE_RECV == 0 {
+        return 0;
+    }
+    let split = a.phases & PHASE_SEND != 0 && a.owner_warps > 0 && (a.owner_warps as usize) < LL_WARPS;
+    let origin_warps = if split { LL_WARPS - a.owner_warps as usize } else { LL_WARPS };
+    origin_warps * LL_ORIGIN_BATCH * 256 * 4
 }
 
 fn expect(what: &str, t: &Tensor, dtype: DType, shape: &[usize], meaning: &str) -> Result<()> {
