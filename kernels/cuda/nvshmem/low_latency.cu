@@ -1061,57 +1061,57 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         int total = 0;
         if (!s_fail)
             for (int r = 0; r < R; ++r) total += s_ntok[r] * nseg;
-        for (int u = b * ow + warp; u < total; u += G * ow) {
-            int rest = u, s = 0;
-            for (;; ++s) {
-                const int n = s_ntok[s] * nseg;
-                if (rest < n) break;
-                rest -= n;
+        // Units (origin s, token t, 256 channels) in batches of LL_OWNER_BATCH per warp. Prologue:
+        // the routing of the whole batch (top-k ids from the dispatch's token staging and the
+        // packed slots), one (j, k) entry per lane, all loads in flight together, kept in shared
+        // memory as the y row of every local term (-1: expert held elsewhere, or unused slot).
+        __shared__ int s_orow[LL_WARPS][LL_OWNER_BATCH][LL_MAX_TOPK];
+        const int ostep = G * ow;
+        for (int u0 = b * ow + warp; u0 < total; u0 += LL_OWNER_BATCH * ostep) {
+            const int nb = min(LL_OWNER_BATCH, (total - u0 + ostep - 1) / ostep);
+            __syncwarp();
+            for (int i = lane; i < nb * K; i += 32) {
+                const int j = i / K, k = i % K;
+                int rest = u0 + j * ostep, s = 0;
+                for (;; ++s) {
+                    const int n = s_ntok[s] * nseg;
+                    if (rest < n) break;
+                    rest -= n;
+                }
+                const uint64_t tok = static_cast<uint64_t>(s) * NM + rest / nseg;
+                const int e = __ldcg(reinterpret_cast<const int*>(stage_base + tok * stride + a.tk_off) + k);
+                const int sl = tok_slot[tok * LL_MAX_TOPK + k];  // never written (nor used) for experts held elsewhere
+                s_orow[warp][j][k] = (e >= 0 && e / L == me) ? (e % L) * RNM + sl : -1;
             }
-            // Lane channels: cA = seg*256 + 4*lane and cB = cA + 128 (four each), so that every
-            // store instruction of the warp covers 512 contiguous bytes of the f32 partial row
-            // (whole 32-byte sectors over NVLink) and every row load 256 contiguous bytes.
-            const int t = rest / nseg, seg0 = (rest % nseg) * LL_REDUCE_SEG;
-            const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
-            const bool actA = cA < H, actB = cB < H;
-            const int* tk = reinterpret_cast<const int*>(stage_base + (static_cast<uint64_t>(s) * NM + t) * stride + a.tk_off);
-            uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
-            float w[LL_MAX_TOPK];
-            int ev[LL_MAX_TOPK], sl[LL_MAX_TOPK];
-            int nlocal = 0;
-            const uint64_t base = (static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK;
-            // Routing, weights and slots are independent loads: all in flight together (slots of
-            // experts held elsewhere are never written and never used).
+            __syncwarp();
+            for (int j = 0; j < nb; ++j) {
+                int rest = u0 + j * ostep, s = 0;
+                for (;; ++s) {
+                    const int n = s_ntok[s] * nseg;
+                    if (rest < n) break;
+                    rest -= n;
+                }
+                // Lane channels: cA = seg*256 + 4*lane and cB = cA + 128 (four each), so that every
+                // store instruction of the warp covers 512 contiguous bytes of the f32 partial row
+                // (whole 32-byte sectors over NVLink) and every row load 256 contiguous bytes.
+                const int t = rest / nseg, seg0 = (rest % nseg) * LL_REDUCE_SEG;
+                const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
+                const bool actA = cA < H, actB = cB < H;
+                const uint64_t base = (static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK;
+                uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
+                int nlocal = 0;
 #pragma unroll
-            for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                ev[k] = -1;
-                if (k >= K) continue;
-                ev[k] = __ldcg(tk + k);
-                if (!kPut) {  // the put kernel has no registers to spare (its library calls)
-                    if (!kLateWts) w[k] = __ldcg(wts + base + k);
-                    sl[k] = tok_slot[base + k];
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    if (k >= K) continue;
+                    const int row = s_orow[warp][j][k];
+                    if (row < 0) continue;
+                    ++nlocal;
+                    const uint8_t* yrow = y + static_cast<uint64_t>(row) * H * 2;
+                    if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
+                    if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
                 }
-            }
-#pragma unroll
-            for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                const int e = ev[k];
-                if (e < 0 || e / L != me) {
-                    w[k] = 0.f;
-                    continue;
-                }
-                ++nlocal;
-                if (kPut) {
-                    if (!kLateWts) w[k] = __ldcg(wts + base + k);
-                    sl[k] = tok_slot[base + k];
-                }
-                if (kLateWts) w[k] = 1.f;  // marks a local term; the weight is loaded below
-                const uint8_t* yrow = y + (static_cast<uint64_t>(e % L) * RNM + sl[k]) * H * 2;
-                if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
-                if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
-            }
-            if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
-            if (kLateWts) {
-                if (!(wts_seen & (1u << s))) {
+                if (nlocal == 0) continue;  // nothing of this token lives here (warp-uniform)
+                if (kLateWts && !(wts_seen & (1u << s))) {
                     // Origin s's weights (and "s has started this call": its partial buffer is
                     // free) while the row loads above are in flight.
                     bool ok = true;
@@ -1127,37 +1127,38 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                     }
                     wts_seen |= 1u << s;
                 }
+                // Lane k holds the weight of top-k slot k (v2 waited for the weights up front).
+                const float wl = (lane < K && s_orow[warp][j][lane] >= 0) ? __ldcg(wts + base + lane) : 0.f;
+                float acc[8];
 #pragma unroll
-                for (int k = 0; k < LL_MAX_TOPK; ++k)
-                    if (w[k] != 0.f) w[k] = __ldcg(wts + base + k);
+                for (int q = 0; q < 8; ++q) acc[q] = 0.f;
+#pragma unroll
+                for (int k = 0; k < LL_MAX_TOPK; ++k) {
+                    if (k >= K || s_orow[warp][j][k] < 0) continue;  // warp-uniform
+                    const float wk = __shfl_sync(0xffffffffu, wl, k);
+                    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+                    if (actA) bf16x4_to_f32(va[k], f);
+                    if (actB) bf16x4_to_f32(vb[k], f + 4);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], wk, acc[q]);
+                }
+                const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + seg0) * 4;
+                const uint64_t peer = peers[s];
+                const bool direct = !kPut || peer != 0;
+                uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
+                if (actA)
+                    st_na_v4(reinterpret_cast<int4*>(dst + lane * 16),
+                             make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3])));
+                if (actB)
+                    st_na_v4(reinterpret_cast<int4*>(dst + LL_REDUCE_SEG * 2 + lane * 16),
+                             make_int4(__float_as_int(acc[4]), __float_as_int(acc[5]), __float_as_int(acc[6]), __float_as_int(acc[7])));
+                if (!direct) {
+                    __syncwarp();
+                    ll_nvshmem_put_warp(a.buf + d_off, wstage, min(LL_REDUCE_SEG, H - seg0) * 4, s);
+                    did_put = true;
+                }
             }
-            float acc[8];
-#pragma unroll
-            for (int q = 0; q < 8; ++q) acc[q] = 0.f;
-#pragma unroll
-            for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                if (w[k] == 0.f) continue;
-                float f[8];
-                if (actA) bf16x4_to_f32(va[k], f);
-                if (actB) bf16x4_to_f32(vb[k], f + 4);
-#pragma unroll
-                for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
-            }
-            const uint64_t d_off = a.off_part + ((static_cast<uint64_t>(t) * R + me) * H + seg0) * 4;
-            const uint64_t peer = peers[s];
-            const bool direct = !kPut || peer != 0;
-            uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(peer + d_off) : wstage;
-            if (actA)
-                st_na_v4(reinterpret_cast<int4*>(dst + lane * 16),
-                         make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]), __float_as_int(acc[3])));
-            if (actB)
-                st_na_v4(reinterpret_cast<int4*>(dst + LL_REDUCE_SEG * 2 + lane * 16),
-                         make_int4(__float_as_int(acc[4]), __float_as_int(acc[5]), __float_as_int(acc[6]), __float_as_int(acc[7])));
-            if (!direct) {
-                __syncwarp();
-                ll_nvshmem_put_warp(a.buf + d_off, wstage, min(LL_REDUCE_SEG, H - seg0) * 4, s);
-                did_put = true;
-            }
+            if (s_fail) break;
         }
         if (kPut && did_put && lane == 0) ll_nvshmem_quiet();
         if (kLateWts) {
@@ -1193,6 +1194,8 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         // each owner's partial is added and the row rounded to bf16.
         extern __shared__ float s_acc[];  // [origin warps][LL_ORIGIN_BATCH][8 f32 x 32 lanes]
         __shared__ uint32_t s_owners[LL_WARPS][LL_ORIGIN_BATCH];
+        __shared__ int s_rrow[LL_WARPS][LL_ORIGIN_BATCH][LL_MAX_TOPK];
+        __shared__ float s_rw[LL_WARPS][LL_ORIGIN_BATCH][LL_MAX_TOPK];
         float* my_acc = s_acc + static_cast<uint64_t>(rwarp) * LL_ORIGIN_BATCH * 256;
         const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
         const float* part = reinterpret_cast<const float*>(a.buf + a.off_part);
@@ -1200,29 +1203,42 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         bool ready = false;
         for (int u0 = b * rw + rwarp; u0 < units; u0 += LL_ORIGIN_BATCH * step) {
             const int nb = min(LL_ORIGIN_BATCH, (units - u0 + step - 1) / step);
+            // Prologue: the routing of the whole batch, one (j, k) entry per lane, all loads in
+            // flight together: y row of every own-expert term (-1: none), its weight, and the
+            // other ranks holding an expert of each unit's token.
+            __syncwarp();
+            if (lane < nb) s_owners[rwarp][lane] = 0;
+            __syncwarp();
+            for (int i = lane; i < nb * K; i += 32) {
+                const int j = i / K, k = i % K;
+                const int t = (u0 + j * step) / nseg;
+                const int64_t e = a.topk_idx[t * K + k];
+                const float wv = a.topk_weights[t * K + k];
+                const int sl = send_slot[t * LL_MAX_TOPK + k];  // valid for our own experts only
+                int row = -1;
+                if (e >= 0 && e < E) {
+                    const int d = static_cast<int>(e / L);
+                    if (d == me) row = static_cast<int>(e % L) * RNM + sl;
+                    else atomicOr(&s_owners[rwarp][j], 1u << d);
+                }
+                s_rrow[rwarp][j][k] = row;
+                s_rw[rwarp][j][k] = wv;
+            }
+            __syncwarp();
             uint32_t any_owner = 0;
             for (int j = 0; j < nb; ++j) {
                 const int u = u0 + j * step;
                 // Same lane channels as the owners' partial rows (see above).
-                const int t = u / nseg, seg0 = (u % nseg) * LL_REDUCE_SEG;
+                const int seg0 = (u % nseg) * LL_REDUCE_SEG;
                 const int cA = seg0 + lane * 4, cB = cA + LL_REDUCE_SEG / 2;
                 const bool actA = cA < H, actB = cB < H;
                 uint2 va[LL_MAX_TOPK], vb[LL_MAX_TOPK];
-                float w[LL_MAX_TOPK];
-                uint32_t owners = 0;  // other ranks holding an expert of t (R <= 32)
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                    w[k] = 0.f;
                     if (k >= K) continue;
-                    const int64_t e = a.topk_idx[t * K + k];
-                    if (e < 0 || e >= E) continue;
-                    const int d = static_cast<int>(e / L);
-                    if (d != me) {
-                        owners |= 1u << d;
-                        continue;
-                    }
-                    w[k] = a.topk_weights[t * K + k];
-                    const uint8_t* yrow = y + (static_cast<uint64_t>(e % L) * RNM + send_slot[t * LL_MAX_TOPK + k]) * H * 2;
+                    const int row = s_rrow[rwarp][j][k];
+                    if (row < 0) continue;
+                    const uint8_t* yrow = y + static_cast<uint64_t>(row) * H * 2;
                     if (actA) va[k] = ld_nc_v2(yrow + cA * 2);
                     if (actB) vb[k] = ld_nc_v2(yrow + cB * 2);
                 }
@@ -1231,18 +1247,18 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                 for (int q = 0; q < 8; ++q) acc[q] = 0.f;
 #pragma unroll
                 for (int k = 0; k < LL_MAX_TOPK; ++k) {
-                    if (w[k] == 0.f) continue;
+                    if (k >= K || s_rrow[rwarp][j][k] < 0) continue;
+                    const float wk = s_rw[rwarp][j][k];
                     float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
                     if (actA) bf16x4_to_f32(va[k], f);
                     if (actB) bf16x4_to_f32(vb[k], f + 4);
 #pragma unroll
-                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], w[k], acc[q]);
+                    for (int q = 0; q < 8; ++q) acc[q] = __fmaf_rn(f[q], wk, acc[q]);
                 }
                 float4* sa = reinterpret_cast<float4*>(my_acc + j * 256);
                 sa[lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
                 sa[32 + lane] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-                if (lane == 0) s_owners[rwarp][j] = owners;
-                any_owner |= owners;
+                any_owner |= s_owners[rwarp][j];
             }
             if (any_owner != 0 && !ready) {
                 if (lane == 0) ll_trace(a.trace, LL_TRACE_LOCAL);

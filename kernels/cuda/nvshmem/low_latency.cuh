@@ -160,6 +160,8 @@ struct LlCombine2Args {
 // Origin units (token, 256 channels) a warp reduces together: own terms of all of them first
 // (kept in dynamic shared memory: origin warps x LL_ORIGIN_BATCH x 1 KiB), then one wait.
 #define LL_ORIGIN_BATCH 8
+// Owner units (origin token, 256 channels) whose routing a warp loads together.
+#define LL_OWNER_BATCH 8
 // Units whose partial loads an origin warp keeps in flight together.
-#define LL_PART_BATCH 2
+#define LL_PART_BATCH 1
 
