@@ -132,9 +132,14 @@ struct LlDispatch2Args {
 // into the origin's `part[token][owner]`; the origin adds its own experts' terms (read in place)
 // and the partials, and rounds to bf16 once. Needs a v2 dispatch handle (token staging with the
 // top-k ids, tok_slot, ntok).
-// Combine v3 (`ll_combine3_*`) takes the same arguments and buffers; its owners start loading
-// rows at once and acquire each origin's weights flag per warp just before the FMAs (v2 waits for
-// every origin's weights before any load).
+// Combine v3 (`ll_combine3_*`, the default) takes the same arguments and buffers; its owners
+// start loading rows at once and acquire each origin's weights flag per warp just before the FMAs
+// (v2 waits for every origin's weights before any load).
+// Both: with both halves in one launch, warps [0, owner_warps) of a block do the owner work while
+// the others do the origin work concurrently; a warp loads the routing of a batch of units (token,
+// 256 channels) at once, lane-parallel, into shared memory; origins keep the own-expert terms of
+// up to LL_ORIGIN_BATCH units in dynamic shared memory until the owners' flags arrive. Lanes own
+// channels 4*lane..+3 and 128+4*lane..+3 of a unit, so each f32 store covers 512 contiguous bytes.
 struct LlCombine2Args {
     const void* y;
     const int64_t* topk_idx;

@@ -7,10 +7,14 @@
 //!   message), `dispatch-bf16`: selections x 2H (the buffer's dispatch version, v2 by default;
 //!   `dispatch-fp8-v1`: the v1 kernel for comparison);
 //! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout; the
-//!   buffer's combine version, v1 by default; `combine-bf16-v1` / `-v2` / `-v3`: the other kernels);
+//!   buffer's combine version, v3 by default; `combine-bf16-v1` / `-v2` / `-v3`: the other kernels);
 //! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
 //! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
 //! selections x message bytes to the owner of each selected expert (combine: the transpose).
+//! - `combine-bf16-v3[wN]`: combine v3 with N owner warps per block, for each N in
+//!   `DEEPEP_LL_OWNER_WARPS_SWEEP` (tuning; unset: no such rows).
+//! - after each combine row a `trace` line: phase times of one traced call (owners done sending,
+//!   origin's own terms done, every peer's data seen by the first / last warp, end).
 //! - `dispatch-fp8 x10` / `combine-bf16 x10`: ten calls back to back per timed repetition (no L2
 //!   flush in between), so launch and measurement overhead are amortized: time / 10 is the
 //!   steady-state cost of one call.
@@ -53,16 +57,18 @@ pub fn selections(topk_idx: &[Vec<i64>], experts: usize) -> Vec<Vec<usize>> {
 
 /// `DEEPEP_LL_OWNER_WARPS_SWEEP`: comma-separated owner-warp counts to time combine v3 with (tuning).
 fn owner_warps_sweep() -> Result<Vec<usize>> {
-    let Ok(v) = std::env::var("DEEPEP_LL_OWNER_WARPS_SWEEP") else { return Ok(Vec::new()) };
+    std::env::var("DEEPEP_LL_OWNER_WARPS_SWEEP").map_or(Ok(Vec::new()), |v| parse_owner_warps_sweep(&v))
+}
+
+fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
     v.split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty())
-        .map(|x| {
-            x.parse::<usize>().map_err(|_| {
-                crate::EpError::InvalidArgument(format!(
-                    "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not a warp count; use e.g. 0,4,8,12"
-                ))
-            })
+        .map(|x| match x.parse::<usize>() {
+            Ok(n) if n < crate::nvshmem::low_latency::LL_WARPS => Ok(n),
+            _ => Err(crate::EpError::InvalidArgument(format!(
+                "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not an owner-warp count from 0 to 15; use e.g. 0,4,8,12"
+            ))),
         })
         .collect()
 }
@@ -257,6 +263,16 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_warps_sweep_parses_lists_and_names_bad_entries() {
+        assert_eq!(parse_owner_warps_sweep("0, 4,8,").unwrap(), vec![0, 4, 8]);
+        assert!(parse_owner_warps_sweep("").unwrap().is_empty());
+        for bad in ["4,x", "16"] {
+            let e = parse_owner_warps_sweep(bad).unwrap_err().to_string();
+            assert!(e.contains("DEEPEP_LL_OWNER_WARPS_SWEEP") && e.contains("0 to 15"), "{e}");
+        }
+    }
 
     #[test]
     fn message_bytes_match_deepep() {

@@ -27,7 +27,11 @@ enum Mode {
         table shows the slowest rank. The NCCL baseline is a grouped send/recv all-to-all with the same per-peer byte \
         counts; ratio = GB/s / NCCL GB/s. Routing: each token picks --topk distinct experts uniformly among --experts.\n\n\
         With --nproc N (and RANK unset) this starts N ranks of itself on this host; otherwise it is one rank of a job \
-        started by torchrun/Slurm (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."
+        started by torchrun/Slurm (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).\n\n\
+        Kernel choices (environment): DEEPEP_LL_DISPATCH=v1|v2 (default v2), DEEPEP_LL_COMBINE=v1|v2|v3 (default v3), \
+        DEEPEP_LL_OWNER_WARPS=0..15 (combine v2/v3 owner warps per block, default 8); the low-latency mode also times the \
+        other versions and, with DEEPEP_LL_OWNER_WARPS_SWEEP=0,4,8,..., combine v3 with those warp splits, and prints a \
+        'trace' line of phase times per combine kernel. DEEPEP_INTRANODE_CONFIGS times other intranode configurations."
 )]
 struct Cli {
     /// Start this many ranks (one per GPU) on this host.

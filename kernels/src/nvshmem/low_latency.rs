@@ -215,7 +215,12 @@ pub enum CombineVersion {
 impl CombineVersion {
     /// `DEEPEP_LL_COMBINE=v1|v2|v3` (default v3).
     pub fn from_env() -> Result<CombineVersion> {
-        match std::env::var("DEEPEP_LL_COMBINE").ok().as_deref().map(str::trim) {
+        Self::parse(std::env::var("DEEPEP_LL_COMBINE").ok().as_deref())
+    }
+
+    /// The value of `DEEPEP_LL_COMBINE` (`None`: unset).
+    pub fn parse(value: Option<&str>) -> Result<CombineVersion> {
+        match value.map(str::trim) {
             None | Some("") | Some("v3") | Some("V3") => Ok(CombineVersion::V3),
             Some("v1") | Some("V1") => Ok(CombineVersion::V1),
             Some("v2") | Some("V2") => Ok(CombineVersion::V2),
@@ -230,7 +235,12 @@ pub const DEFAULT_COMBINE_OWNER_WARPS: usize = 8;
 
 /// `DEEPEP_LL_OWNER_WARPS=0..15` (default [`DEFAULT_COMBINE_OWNER_WARPS`]).
 pub fn combine_owner_warps_from_env() -> Result<usize> {
-    match std::env::var("DEEPEP_LL_OWNER_WARPS").ok().as_deref().map(str::trim) {
+    parse_combine_owner_warps(std::env::var("DEEPEP_LL_OWNER_WARPS").ok().as_deref())
+}
+
+/// The value of `DEEPEP_LL_OWNER_WARPS` (`None`: unset).
+pub fn parse_combine_owner_warps(value: Option<&str>) -> Result<usize> {
+    match value.map(str::trim) {
         None | Some("") => Ok(DEFAULT_COMBINE_OWNER_WARPS),
         Some(v) => match v.parse::<usize>() {
             Ok(n) if n < LL_WARPS => Ok(n),
@@ -1080,6 +1090,40 @@ fn check_tokens(x: &Tensor, topk_idx: &Tensor, lay: &LlLayout) -> Result<(usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combine_version_defaults_to_v3_and_refuses_unknown_names() {
+        assert_eq!(CombineVersion::parse(None).unwrap(), CombineVersion::V3);
+        assert_eq!(CombineVersion::parse(Some(" ")).unwrap(), CombineVersion::V3);
+        assert_eq!(CombineVersion::parse(Some("v1")).unwrap(), CombineVersion::V1);
+        assert_eq!(CombineVersion::parse(Some("V2")).unwrap(), CombineVersion::V2);
+        let e = CombineVersion::parse(Some("v4")).unwrap_err().to_string();
+        assert!(e.contains("DEEPEP_LL_COMBINE") && e.contains("v1, v2 or v3"), "{e}");
+    }
+
+    #[test]
+    fn owner_warps_default_range_and_errors() {
+        assert_eq!(parse_combine_owner_warps(None).unwrap(), DEFAULT_COMBINE_OWNER_WARPS);
+        assert_eq!(parse_combine_owner_warps(Some("0")).unwrap(), 0);
+        assert_eq!(parse_combine_owner_warps(Some(" 15 ")).unwrap(), 15);
+        for bad in ["16", "-1", "eight"] {
+            let e = parse_combine_owner_warps(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("DEEPEP_LL_OWNER_WARPS") && e.contains("0 (no split") && e.contains("15"), "{e}");
+        }
+    }
+
+    #[test]
+    fn combine2_smem_covers_the_origin_warps_of_each_launch() {
+        let both = LlCombine2Args { phases: PHASE_SEND | PHASE_RECV, owner_warps: 8, ..Default::default() };
+        assert_eq!(combine2_smem(&both), 8 * LL_ORIGIN_BATCH * 1024);
+        // No split: every warp is an origin warp after its owner work.
+        assert_eq!(combine2_smem(&LlCombine2Args { owner_warps: 0, ..both }), 16 * LL_ORIGIN_BATCH * 1024);
+        // A hook's receive half uses every warp; its send half needs none.
+        assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_RECV, ..both }), 16 * LL_ORIGIN_BATCH * 1024);
+        assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_SEND, ..both }), 0);
+        // H200 allows 227 KiB of shared memory per block.
+        assert!(16 * LL_ORIGIN_BATCH * 1024 <= 227 * 1024);
+    }
 
     #[test]
     fn layout_regions_are_aligned_disjoint_and_sized() {
