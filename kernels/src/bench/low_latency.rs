@@ -8,16 +8,17 @@
 //!   `dispatch-fp8-v1`: the v1 kernel for comparison);
 //! - `combine-bf16`: selections x 2H (weighted combine of the previous dispatch's layout; the
 //!   buffer's combine version, v3 by default; `combine-bf16-v1` / `-v2` / `-v3`: the other kernels);
-//! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H).
-//! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
-//! selections x message bytes to the owner of each selected expert (combine: the transpose).
 //! - `combine-bf16-v3[wN]`: combine v3 with N owner warps per block, for each N in
-//!   `DEEPEP_LL_OWNER_WARPS_SWEEP` (tuning; unset: no such rows).
+//!   `DEEPEP_LL_OWNER_WARPS_SWEEP` (tuning; unset: no such rows);
 //! - after each combine row a `trace` line: phase times of one traced call (owners done sending,
-//!   origin's own terms done, every peer's data seen by the first / last warp, end).
+//!   origin's own terms done, every peer's data seen by the first / last warp, end);
+//! - `dispatch+combine`: FP8 dispatch followed by combine; bytes = selections x (FP8 message + 2H);
 //! - `dispatch-fp8 x10` / `combine-bf16 x10`: ten calls back to back per timed repetition (no L2
 //!   flush in between), so launch and measurement overhead are amortized: time / 10 is the
 //!   steady-state cost of one call.
+//!
+//! Every selection is a message (no per-rank dedup), so the NCCL baseline sends each rank
+//! selections x message bytes to the owner of each selected expert (combine: the transpose).
 //! `--sweep` runs 32, 128 and 256 tokens. The SM count shown is the LL grid (all SMs unless
 //! `--num-sms`).
 

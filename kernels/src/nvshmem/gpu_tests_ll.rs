@@ -92,8 +92,13 @@ struct Round {
 }
 
 fn make_round(c: &Ctx, shape: Shape, seed: u64, masked: f64) -> anyhow::Result<Round> {
-    let Shape { num_max, hidden: h, topk: k, experts: e } = shape;
-    let tokens = random::token_counts(seed, c.world(), num_max);
+    let tokens = random::token_counts(seed, c.world(), shape.num_max);
+    make_round_with(c, shape, seed, masked, tokens)
+}
+
+/// A round with the given token count per rank.
+fn make_round_with(c: &Ctx, shape: Shape, seed: u64, masked: f64, tokens: Vec<usize>) -> anyhow::Result<Round> {
+    let Shape { hidden: h, topk: k, experts: e, .. } = shape;
     let spec = InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: false, masked_fraction: masked };
     let inputs: Vec<RankInput> = random::all_inputs(seed, &tokens, &spec);
     let mine = &inputs[c.rank()];
@@ -153,8 +158,24 @@ fn build_y(c: &Ctx, shape: Shape, seed: u64, got: &Downloaded) -> anyhow::Result
     Ok(Tensor::from_host(c.gpu.stream(), &y, &[l, rnm, h])?)
 }
 
-/// Check a downloaded dispatch and combine of `rd` against the reference.
+/// Check a downloaded dispatch and combine of `rd` against the reference (expert outputs from
+/// [`y_row`], as [`build_y`] wrote them).
 fn check(c: &Ctx, shape: Shape, mode: Mode, rd: &Round, got: &Downloaded, combined: &[bf16]) -> CaseResult {
+    let h = shape.hidden;
+    check_with(c, shape, mode, rd, got, combined, &|owner, le, s, t| y_row(rd.seed, owner, le, s, t, h))
+}
+
+/// [`check`] with the expert output row of (owner, local expert, source, token) given by `y_of`.
+#[allow(clippy::type_complexity)]
+fn check_with(
+    c: &Ctx,
+    shape: Shape,
+    mode: Mode,
+    rd: &Round,
+    got: &Downloaded,
+    combined: &[bf16],
+    y_of: &dyn Fn(usize, usize, usize, usize) -> Vec<bf16>,
+) -> CaseResult {
     let (r, me) = (c.world(), c.rank());
     let Shape { num_max, hidden: h, experts: e, .. } = shape;
     let l = e / r;
@@ -186,7 +207,7 @@ fn check(c: &Ctx, shape: Shape, mode: Mode, rd: &Round, got: &Downloaded, combin
                 let ex = inp.topk_idx[t * inp.k + j];
                 if ex >= 0 {
                     let (owner, le) = (ex as usize / l, ex as usize % l);
-                    rows.entry((owner, le, s, t)).or_insert_with(|| y_row(rd.seed, owner, le, s, t, h));
+                    rows.entry((owner, le, s, t)).or_insert_with(|| y_of(owner, le, s, t));
                 }
             }
         }
@@ -305,6 +326,7 @@ pub fn cases() -> Vec<Case> {
         // A hidden size with a half 256-channel unit at the end (BF16 only: FP8 needs H % 512).
         shape_case("shapes/1152x5of32-bf16", Shape { num_max: 64, hidden: 1152, topk: 5, experts: 32 }, BF16_MODES, 4),
         overlap_case(DispatchVersion::V2),
+        graph_case(),
         combine_overlap_case(CombineVersion::V1),
         combine_overlap_case(CombineVersion::V2),
         overlap_case(DispatchVersion::V1),
@@ -371,6 +393,82 @@ fn split_case(owner_warps: usize, num_sms: Option<usize>, shape: Shape) -> Case 
             round(c, &mut buf, shape, *mode, c.seed.wrapping_add(i as u64 * 0x7000_0011), 0.1)?;
         }
         Ok(())
+    })
+}
+
+/// Replays of a captured CUDA graph holding two (BF16 dispatch, copy, combine) calls, so both
+/// halves of the buffer alternate as in eager use. The expert outputs are the dispatched rows
+/// themselves (copied inside the graph), so combine must give `Σ_k w·x` of each origin token.
+/// Fresh routing, weights and tokens are copied into the captured input tensors before every
+/// replay (token counts stay those of the capture); every replay is downloaded first and all are
+/// checked against the reference at the end (no rank leaves the collective replays early). An
+/// eager round afterwards checks that the buffer's sequence numbers kept counting.
+fn graph_case() -> Case {
+    Case::new("ll/cuda-graph/2048x8of64", |c| {
+        let shape = Shape { num_max: 32, hidden: 2048, topk: 8, experts: 64 };
+        let (r, h) = (c.world(), shape.hidden);
+        let (l, rnm) = (shape.experts / r, r * shape.num_max);
+        let tokens: Vec<usize> = (0..r).map(|i| shape.num_max - (3 * i) % shape.num_max).collect();
+        let mode = BF16;
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, h, shape.experts, None)?;
+        let stream = c.gpu.stream().clone();
+        let cap = [make_round_with(c, shape, c.seed, 0.1, tokens.clone())?, make_round_with(c, shape, c.seed ^ 0xA5A5, 0.1, tokens.clone())?];
+        let n = tokens[c.rank()];
+        let ys = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?];
+        let outs = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?];
+        let y_bytes = l * rnm * h * 2;
+        // The calls of one replay (also run once eagerly first: lazily set kernel attributes).
+        let calls = |buf: &mut LowLatencyBuffer| -> anyhow::Result<Vec<LlDispatchOut>> {
+            let mut ds = Vec::new();
+            for i in 0..2 {
+                let d = buf.dispatch(&cap[i].x, &cap[i].topk, dispatch_opts(mode))?;
+                c.gpu.copy_dtod(ys[i].ptr(), d.packed_recv_x.ptr(), y_bytes)?;
+                buf.combine_into(&ys[i], &cap[i].topk, &cap[i].weights, &d.handle, &outs[i], false)?;
+                ds.push(d);
+            }
+            Ok(ds)
+        };
+        calls(&mut buf)?;
+        c.gpu.sync("LL eager calls before the capture")?;
+        stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| anyhow::anyhow!("begin stream capture: {e:?}"))?;
+        let captured = calls(&mut buf);
+        let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        let ds = captured?;
+        let graph = graph.map_err(|e| anyhow::anyhow!("end stream capture / instantiate: {e:?}"))?.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+        let mut replays = Vec::new();
+        for rep in 0..6u64 {
+            let fresh = [
+                make_round_with(c, shape, c.seed.wrapping_add(0x100 + 2 * rep), 0.1, tokens.clone())?,
+                make_round_with(c, shape, c.seed.wrapping_add(0x101 + 2 * rep), 0.1, tokens.clone())?,
+            ];
+            for i in 0..2 {
+                for (dst, src) in [(&cap[i].x, &fresh[i].x), (&cap[i].topk, &fresh[i].topk), (&cap[i].weights, &fresh[i].weights)] {
+                    c.gpu.copy_dtod(dst.ptr(), src.ptr(), src.numel() * src.dtype().size())?;
+                }
+            }
+            graph.launch().map_err(|e| anyhow::anyhow!("graph replay {rep}: {e:?}"))?;
+            c.gpu.sync("LL graph replay")?;
+            let mut got = Vec::new();
+            for i in 0..2 {
+                got.push((download(&ds[i], mode)?, outs[i].to_host::<bf16>()?));
+            }
+            replays.push((fresh, got));
+        }
+        for (rep, (fresh, got)) in replays.iter().enumerate() {
+            for i in 0..2 {
+                let rd = &fresh[i];
+                let x_of = |_owner: usize, _le: usize, s: usize, t: usize| match &rd.inputs[s].x {
+                    Payload::Bf16(v) => v[t * h..(t + 1) * h].to_vec(),
+                    _ => Vec::new(),
+                };
+                check_with(c, shape, mode, rd, &got[i].0, &got[i].1, &x_of)
+                    .map_err(|e| anyhow::anyhow!("graph replay {rep}, call {i}: {e}"))?;
+            }
+        }
+        drop(graph);
+        round(c, &mut buf, shape, FP8, c.seed ^ 0x77, 0.1).map_err(|e| anyhow::anyhow!("eager round after the replays: {e}"))
     })
 }
 

@@ -1034,6 +1034,8 @@ impl Drop for LowLatencyBuffer<'_> {
 
 /// `LL_ORIGIN_BATCH` of `low_latency.cuh`.
 pub const LL_ORIGIN_BATCH: usize = 8;
+// The largest launch (every warp an origin warp) fits H200's 227 KiB of shared memory per block.
+const _: () = assert!(LL_WARPS * LL_ORIGIN_BATCH * 256 * 4 + 16 * 1024 <= 227 * 1024);
 
 /// Dynamic shared memory of a combine v2/v3 launch: the origin warps' own-term accumulators
 /// (`LL_ORIGIN_BATCH` units of 256 f32 channels per origin warp); none without a receive half.
@@ -1121,8 +1123,6 @@ mod tests {
         // A hook's receive half uses every warp; its send half needs none.
         assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_RECV, ..both }), 16 * LL_ORIGIN_BATCH * 1024);
         assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_SEND, ..both }), 0);
-        // H200 allows 227 KiB of shared memory per block.
-        assert!(16 * LL_ORIGIN_BATCH * 1024 <= 227 * 1024);
     }
 
     #[test]
