@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::binding::{self, HostLib, Version};
-use super::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LowLatencyBuffer};
+use super::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::low_latency::{LlPacked, LlScalesView};
 use crate::reference::random::{self, InputSpec};
@@ -340,6 +340,9 @@ pub fn cases() -> Vec<Case> {
         split_case(2, None, deepep),
         split_case(15, None, deepep),
         split_case(6, Some(6), Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }),
+        put_case("dispatch-v2-combine-v3", DispatchVersion::V2, CombineVersion::V3, deepep),
+        put_case("dispatch-v2-combine-v2", DispatchVersion::V2, CombineVersion::V2, Shape { num_max: 64, hidden: 2048, topk: 6, experts: 32 }),
+        put_case("dispatch-v1-combine-v1", DispatchVersion::V1, CombineVersion::V1, Shape { num_max: 64, hidden: 4096, topk: 9, experts: 64 }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ]
@@ -469,6 +472,24 @@ fn graph_case() -> Case {
         }
         drop(graph);
         round(c, &mut buf, shape, FP8, c.seed ^ 0x77, 0.1).map_err(|e| anyhow::anyhow!("eager round after the replays: {e}"))
+    })
+}
+
+/// The NVSHMEM put kernels (`ll_*_put`: what runs across hosts over IBGDA), forced on this host:
+/// data to every other rank through `nvshmemx_putmem_warp` from per-warp staging, flags through
+/// `nvshmemx_signal_op` after `nvshmem_quiet`, over NVSHMEM's P2P transport. Every mode, then two
+/// micro-batches overlapped through hooks.
+fn put_case(name: &str, dispatch: DispatchVersion, combine: CombineVersion, shape: Shape) -> Case {
+    Case::new(format!("ll/put/{name}/{}x{}of{}", shape.hidden, shape.topk, shape.experts), move |c| {
+        let mut buf =
+            LowLatencyBuffer::with_transport(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None, LlTransport::Put)?;
+        anyhow::ensure!(c.world() == 1 || !buf.all_p2p(), "the put transport selected the NVLink-only kernels");
+        buf.set_dispatch_version(dispatch)?;
+        buf.set_combine_version(combine)?;
+        for (i, mode) in ALL_MODES.iter().enumerate() {
+            round(c, &mut buf, shape, *mode, c.seed.wrapping_add(i as u64 * 0x8000_0013), 0.1)?;
+        }
+        overlap_round(c, &mut buf, shape, FP8, c.seed ^ 0x0F0F)
     })
 }
 

@@ -565,9 +565,39 @@ struct Shared {
     _rt: Arc<NvshmemRuntime>,
 }
 
+/// How the LL kernels reach other ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlTransport {
+    /// NVLink loads/stores to every peer `nvshmem_ptr` maps, NVSHMEM puts to the others.
+    Auto,
+    /// NVSHMEM puts and signals to every other rank even when it is mapped (the kernels that
+    /// run across hosts over IBGDA; on one host NVSHMEM carries them over its P2P transport).
+    Put,
+}
+
+impl LlTransport {
+    /// `DEEPEP_LL_TRANSPORT=auto|put` (default auto).
+    pub fn from_env() -> Result<LlTransport> {
+        Self::parse(std::env::var("DEEPEP_LL_TRANSPORT").ok().as_deref())
+    }
+
+    /// The value of `DEEPEP_LL_TRANSPORT` (`None`: unset).
+    pub fn parse(value: Option<&str>) -> Result<LlTransport> {
+        match value.map(str::trim) {
+            None | Some("") | Some("auto") => Ok(LlTransport::Auto),
+            Some("put") => Ok(LlTransport::Put),
+            Some(v) => Err(EpError::InvalidArgument(format!(
+                "DEEPEP_LL_TRANSPORT={v:?}: use auto (NVLink stores where mapped, NVSHMEM puts elsewhere) or put (NVSHMEM \
+                 puts to every other rank)"
+            ))),
+        }
+    }
+}
+
 impl LowLatencyBuffer<'_> {
     /// Create the buffer (collective). `num_sms` bounds the grid (default: every SM; the minimum
-    /// over ranks is used so that all ranks run the same grid).
+    /// over ranks is used so that all ranks run the same grid). The transport comes from
+    /// `DEEPEP_LL_TRANSPORT` (default [`LlTransport::Auto`]).
     pub fn new<'g>(
         gpu: &'g Gpu,
         comm: &Comm,
@@ -575,6 +605,20 @@ impl LowLatencyBuffer<'_> {
         hidden: usize,
         num_experts: usize,
         num_sms: Option<usize>,
+    ) -> Result<LowLatencyBuffer<'g>> {
+        Self::with_transport(gpu, comm, num_max, hidden, num_experts, num_sms, LlTransport::from_env()?)
+    }
+
+    /// [`LowLatencyBuffer::new`] with an explicit transport (collective: every rank must pass
+    /// the same).
+    pub fn with_transport<'g>(
+        gpu: &'g Gpu,
+        comm: &Comm,
+        num_max: usize,
+        hidden: usize,
+        num_experts: usize,
+        num_sms: Option<usize>,
+        transport: LlTransport,
     ) -> Result<LowLatencyBuffer<'g>> {
         let r = comm.world();
         validate::low_latency_ranks(r, num_experts)?;
@@ -603,7 +647,10 @@ impl LowLatencyBuffer<'_> {
         gpu.memset_u8(sym.ptr(), 0, layout.total_bytes)?;
         gpu.sync("zeroing the low-latency buffer")?;
         nv.barrier_all();
-        let peers: Vec<u64> = (0..r).map(|pe| sym.peer_ptr(pe).unwrap_or(0)).collect();
+        let me = comm.rank();
+        let peers: Vec<u64> = (0..r)
+            .map(|pe| if transport == LlTransport::Put && pe != me { 0 } else { sym.peer_ptr(pe).unwrap_or(0) })
+            .collect();
         let all_p2p = peers.iter().all(|&p| p != 0);
         tracing::info!(
             rank = comm.rank(),
@@ -1092,6 +1139,14 @@ fn check_tokens(x: &Tensor, topk_idx: &Tensor, lay: &LlLayout) -> Result<(usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_defaults_to_auto_and_refuses_unknown_names() {
+        assert_eq!(LlTransport::parse(None).unwrap(), LlTransport::Auto);
+        assert_eq!(LlTransport::parse(Some("put")).unwrap(), LlTransport::Put);
+        let e = LlTransport::parse(Some("ibgda")).unwrap_err().to_string();
+        assert!(e.contains("DEEPEP_LL_TRANSPORT") && e.contains("auto") && e.contains("put"), "{e}");
+    }
 
     #[test]
     fn combine_version_defaults_to_v3_and_refuses_unknown_names() {
