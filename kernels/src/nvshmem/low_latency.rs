@@ -220,12 +220,21 @@ impl CombineVersion {
 
     /// The value of `DEEPEP_LL_COMBINE` (`None`: unset).
     pub fn parse(value: Option<&str>) -> Result<CombineVersion> {
-        match value.map(str::trim) {
-            None | Some("") | Some("v3") | Some("V3") => Ok(CombineVersion::V3),
-            Some("v1") | Some("V1") => Ok(CombineVersion::V1),
-            Some("v2") | Some("V2") => Ok(CombineVersion::V2),
-            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_COMBINE={v:?}: use v1, v2 or v3 (default v3)"))),
-        }
+        use CombineVersion::*;
+        env_choice("DEEPEP_LL_COMBINE", value, V3, &[("v1", V1), ("v2", V2), ("v3", V3)], "use v1, v2 or v3 (default v3)")
+    }
+}
+
+/// An environment choice: unset or empty gives `default`, else one of the `choices` by name
+/// (ASCII case-insensitive), else an error naming the variable, the value and `help`.
+fn env_choice<T: Copy>(var: &str, value: Option<&str>, default: T, choices: &[(&str, T)], help: &str) -> Result<T> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(default),
+        Some(v) => choices
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(v))
+            .map(|&(_, t)| t)
+            .ok_or_else(|| EpError::InvalidArgument(format!("{var}={v:?}: {help}"))),
     }
 }
 
@@ -267,11 +276,13 @@ pub enum DispatchVersion {
 impl DispatchVersion {
     /// `DEEPEP_LL_DISPATCH=v1|v2` (default v2).
     pub fn from_env() -> Result<DispatchVersion> {
-        match std::env::var("DEEPEP_LL_DISPATCH").ok().as_deref().map(str::trim) {
-            None | Some("") | Some("v2") | Some("V2") => Ok(DispatchVersion::V2),
-            Some("v1") | Some("V1") => Ok(DispatchVersion::V1),
-            Some(v) => Err(EpError::InvalidArgument(format!("DEEPEP_LL_DISPATCH={v:?}: use v1 or v2 (default v2)"))),
-        }
+        Self::parse(std::env::var("DEEPEP_LL_DISPATCH").ok().as_deref())
+    }
+
+    /// The value of `DEEPEP_LL_DISPATCH` (`None`: unset).
+    pub fn parse(value: Option<&str>) -> Result<DispatchVersion> {
+        use DispatchVersion::*;
+        env_choice("DEEPEP_LL_DISPATCH", value, V2, &[("v1", V1), ("v2", V2)], "use v1 or v2 (default v2)")
     }
 }
 
@@ -583,14 +594,13 @@ impl LlTransport {
 
     /// The value of `DEEPEP_LL_TRANSPORT` (`None`: unset).
     pub fn parse(value: Option<&str>) -> Result<LlTransport> {
-        match value.map(str::trim) {
-            None | Some("") | Some("auto") => Ok(LlTransport::Auto),
-            Some("put") => Ok(LlTransport::Put),
-            Some(v) => Err(EpError::InvalidArgument(format!(
-                "DEEPEP_LL_TRANSPORT={v:?}: use auto (NVLink stores where mapped, NVSHMEM puts elsewhere) or put (NVSHMEM \
-                 puts to every other rank)"
-            ))),
-        }
+        env_choice(
+            "DEEPEP_LL_TRANSPORT",
+            value,
+            LlTransport::Auto,
+            &[("auto", LlTransport::Auto), ("put", LlTransport::Put)],
+            "use auto (NVLink stores where mapped, NVSHMEM puts elsewhere) or put (NVSHMEM puts to every other rank)",
+        )
     }
 }
 
@@ -1139,6 +1149,14 @@ fn check_tokens(x: &Tensor, topk_idx: &Tensor, lay: &LlLayout) -> Result<(usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dispatch_version_defaults_to_v2() {
+        assert_eq!(DispatchVersion::parse(None).unwrap(), DispatchVersion::V2);
+        assert_eq!(DispatchVersion::parse(Some("V1")).unwrap(), DispatchVersion::V1);
+        let e = DispatchVersion::parse(Some("v3")).unwrap_err().to_string();
+        assert!(e.contains("DEEPEP_LL_DISPATCH=\"v3\"") && e.contains("v1 or v2"), "{e}");
+    }
 
     #[test]
     fn transport_defaults_to_auto_and_refuses_unknown_names() {
