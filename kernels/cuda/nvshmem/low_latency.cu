@@ -698,6 +698,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int R = a.num_ranks, E = a.num_experts, L = E / R, NM = a.num_max, K = a.num_topk, H = a.hidden;
     const int N = a.num_tokens, RNM = R * NM, S = H / 128, me = a.rank;
+    if (tid == 0) ll_trace(a.trace, LL_TRACE_START);
     // Peer table in shared memory (loaded while the first global loads are in flight).
     __shared__ uint64_t s_peer_buf[32];
     const uint64_t* peers = a.peer_base;
@@ -840,7 +841,10 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                                 ll_tag(seq, static_cast<uint32_t>(N)));
             }
         }
-        if (tid == 0) epoch[b] = seq;
+        if (tid == 0) {
+            epoch[b] = seq;
+            ll_trace(a.trace, LL_TRACE_SENT);
+        }
     }
 
     if (a.phases & LL_PHASE_RECV) {
@@ -866,6 +870,10 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
         }
         __syncthreads();
         if (s_fail) return;
+        if (tid == 0) {
+            ll_trace(a.trace, LL_TRACE_WAITED_FIRST);
+            ll_trace(a.trace, LL_TRACE_WAITED);
+        }
         // Bin the staged selections of this block's local experts (le % G == b). Entries are
         // indexed i = (s * NM + t) * K + k over every source; each thread loads 8 of them at once
         // (independent loads in flight), then bins them.
@@ -917,6 +925,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
             totals[li] = total;
         }
         __syncthreads();
+        if (tid == 0) ll_trace(a.trace, LL_TRACE_LOCAL);
         // Copy rows from the staging area into their packed slots (local memory only).
         const int nseg = (row_bytes + LL_COPY_SEG_BYTES - 1) / LL_COPY_SEG_BYTES;
         int units = 0;
@@ -976,6 +985,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 }
             }
         }
+        if (lane == 0) ll_trace(a.trace, LL_TRACE_END);
     }
 }
 

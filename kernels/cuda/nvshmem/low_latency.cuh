@@ -47,6 +47,8 @@
 #define LL_TRACE_WAITED_FIRST 3  // first warp saw every peer's data (minimum)
 #define LL_TRACE_WAITED 4        // last warp saw every peer's data (maximum)
 #define LL_TRACE_END 5           // last warp finished (maximum)
+// Dispatch v2 uses: START, SENT (last block flagged its tokens), WAITED_FIRST / WAITED (first /
+// last block saw every source's flags), LOCAL (last block binned and wrote its layout), END.
 #define LL_TRACE_SLOTS 8
 
 // Byte offsets below are relative to the symmetric buffer base and already point into the half
@@ -123,6 +125,7 @@ struct LlDispatch2Args {
     int32_t num_ranks, rank, num_max, phases;
     int32_t use_fp8, round_scale, use_ue8m0, wait_ready;
     int32_t stage_stride, tk_off;
+    uint64_t trace;            // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
 
 // ---- combine v2: owners pre-reduce -------------------------------------------------------------

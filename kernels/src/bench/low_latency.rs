@@ -74,7 +74,7 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Phase times of one combine (diagnostics): each try runs `op` untraced (it lines the ranks up:
+/// Phase times of one combine or v2 dispatch (diagnostics): each try runs `op` untraced (it lines the ranks up:
 /// a combine waits for its peers) and then traced; prints the try that finished soonest after its
 /// own start. Collective like `op`.
 fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnMut(&mut LowLatencyBuffer) -> Result<()>) -> Result<()> {
@@ -92,6 +92,19 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
     }
     if let Some(t) = best {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        if name.starts_with("dispatch") {
+            println!(
+                "trace {name} {}x{}: sent {} us, every source's flags seen {}..{} us (first..last block), binned {} us, end {} us",
+                shape.tokens,
+                shape.hidden,
+                f(t.sent_us),
+                f(t.waited_first_us),
+                f(t.waited_us),
+                f(t.local_us),
+                f(t.end_us)
+            );
+            return Ok(());
+        }
         println!(
             "trace {name} {}x{}: sent {} us, own terms {} us, peers' data seen {}..{} us, end {} us",
             shape.tokens,
@@ -176,6 +189,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 let (send, recv) = per_peer(mb);
                 let opts = LlDispatchOpts { use_fp8: fp8, ..Default::default() };
                 rows.push(ctx.measure(MODE, op, shape, sms, &bytes, &send, &recv, || buf.dispatch(&x, &idx, opts).map(|_| ()))?);
+                if version == DispatchVersion::V2 {
+                    traced(&mut buf, op, shape, &mut |b| b.dispatch(&x, &idx, opts).map(|_| ()))?;
+                }
             }
             buf.set_dispatch_version(default_version)?;
             // The timing loop dispatched again: refresh the handle for combine.

@@ -143,6 +143,8 @@ pub struct LlDispatch2Args {
     pub wait_ready: i32,
     pub stage_stride: i32,
     pub tk_off: i32,
+    /// 0, or the device address of `u64[LL_TRACE_SLOTS]` phase timestamps.
+    pub trace: u64,
 }
 
 /// Mirror of `LlCombine2Args` (`low_latency.cuh`).
@@ -185,7 +187,7 @@ pub struct LlCombine2Args {
 
 const _: () = {
     assert!(std::mem::size_of::<LlCombine2Args>() == 184);
-    assert!(std::mem::size_of::<LlDispatch2Args>() == 200);
+    assert!(std::mem::size_of::<LlDispatch2Args>() == 208);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
     assert!(std::mem::size_of::<LlCombineArgs>() == 176);
 };
@@ -555,15 +557,17 @@ pub struct LowLatencyBuffer<'g> {
 /// `LL_TRACE_SLOTS` of `low_latency.cuh`.
 pub const LL_TRACE_SLOTS: usize = 8;
 
-/// Phase times of the last traced combine on this rank, in microseconds after its first block
-/// started (`%globaltimer`, about 1 us resolution). `None` = phase not reached.
+/// Phase times of the last traced combine or v2 dispatch on this rank, in microseconds after its
+/// first block started (`%globaltimer`, about 1 us resolution). `None` = phase not reached.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LlTrace {
-    /// Last block finished sending its rows (v1) or partial rows (v2/v3) to the origins.
+    /// Combine: last block finished sending its rows (v1) or partial rows (v2/v3) to the
+    /// origins. Dispatch: last block staged its tokens everywhere and flagged them.
     pub sent_us: Option<f64>,
-    /// Last warp finished the own-expert terms of its first token (before its first wait).
+    /// Combine: last warp finished the own-expert terms of its first units (before its first
+    /// wait). Dispatch: last block binned the received selections and wrote its layout.
     pub local_us: Option<f64>,
-    /// First warp / last warp saw every peer block's done flag.
+    /// First / last warp (combine) or block (dispatch) that saw every peer block's flag.
     pub waited_first_us: Option<f64>,
     pub waited_us: Option<f64>,
     /// Last warp finished.
@@ -741,8 +745,9 @@ impl LowLatencyBuffer<'_> {
         self.combine_owner_warps = n;
         Ok(())
     }
-    /// Diagnostics: record phase timestamps of every combine kernel (read the last one with
-    /// [`LowLatencyBuffer::last_trace`]). Adds two small memsets per call; off by default.
+    /// Diagnostics: record phase timestamps of every combine and v2 dispatch kernel (read the
+    /// last one with [`LowLatencyBuffer::last_trace`]). Adds three small memsets per call; off by
+    /// default.
     pub fn set_tracing(&mut self, on: bool) -> Result<()> {
         self.trace = if on { Some(DeviceBuffer::zeroed(self.gpu, LL_TRACE_SLOTS * 8)?) } else { None };
         Ok(())
@@ -758,7 +763,7 @@ impl LowLatencyBuffer<'_> {
         Ok(())
     }
 
-    /// Phase times of the last traced combine (waits for the stream); `None` when tracing is off.
+    /// Phase times of the last traced kernel (waits for the stream); `None` when tracing is off.
     pub fn last_trace(&self) -> Result<Option<LlTrace>> {
         let Some(t) = &self.trace else { return Ok(None) };
         self.gpu.sync("reading the low-latency trace")?;
@@ -903,7 +908,9 @@ impl LowLatencyBuffer<'_> {
                     wait_ready: self.dispatch_hooked.iter().any(|&h| h) as i32,
                     stage_stride: lay.stage_stride() as i32,
                     tk_off: lay.tk_off() as i32,
+                    trace: self.trace.as_ref().map_or(0, |t| t.ptr()),
                 };
+                self.reset_trace()?;
                 self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(lay.dispatch2_smem()), Args::new().arg(a2))?;
                 LlHook::Dispatch2(LlDispatch2Args { phases: PHASE_RECV, ..a2 })
             }
