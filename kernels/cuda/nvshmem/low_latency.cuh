@@ -107,6 +107,8 @@ struct LlCombineArgs {
 // per (token, remote rank) instead of one per (token, expert). No count exchange: every layout
 // decision is local to the receiver.
 #define LL_COPY_SEG_BYTES 2048
+// Copy units (2 KiB of a row) a receiving warp has in flight at once.
+#define LL_COPY_BATCH 3
 
 struct LlDispatch2Args {
     const void* x;             // bf16 [N][H]
