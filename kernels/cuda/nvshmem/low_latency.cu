@@ -689,6 +689,110 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
 }
 
 // ---- dispatch v2 (see low_latency.cuh) ---------------------------------------------------------
+// Receive side of dispatch v2: copy the packed rows of this block's local experts from the token
+// staging area (and, for FP8, transpose the row's scales), kBatch units (2 KiB of a row) per warp
+// at a time: every unit's slot is resolved and all their loads (rows, and the scales of a row's
+// first unit) are in flight before any store.
+template <int kBatch>
+__device__ __forceinline__ void ll_dispatch2_copy(const LlDispatch2Args& a, const uint8_t* stage_base, const int* totals,
+                                                  const int* begin, const int* list, int b, int G, int nseg, int units,
+                                                  int row_bytes, int groups, uint64_t stride, int warp, int lane) {
+    const int R = a.num_ranks, NM = a.num_max, K = a.num_topk, H = a.hidden, RNM = R * NM, S = H / 128, me = a.rank;
+    for (int u0 = warp; u0 < units; u0 += LL_WARPS * kBatch) {
+        int4 v[kBatch][4];
+        float sc_v[kBatch][2];
+        uint8_t* dst[kBatch];
+        int nbytes[kBatch], meta_le[kBatch], meta_slot[kBatch], meta_sel[kBatch], meta_s[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * LL_WARPS;
+            nbytes[i] = 0;
+            meta_le[i] = -1;
+            if (u >= units) continue;
+            int rest = u, li = 0;
+            for (;; ++li) {
+                const int n = totals[li] * nseg;
+                if (rest < n) break;
+                rest -= n;
+            }
+            const int slot = rest / nseg, seg = rest % nseg;
+            const int le = b + li * G;
+            int s = 0;
+            while (s + 1 < R && begin[li * R + s + 1] <= slot) ++s;
+            const int sel = list[(li * R + s) * NM + (slot - begin[li * R + s])];
+            const int t = sel / K;
+            const uint8_t* entry = stage_base + (static_cast<uint64_t>(s) * NM + t) * stride;
+            const int off0 = seg * LL_COPY_SEG_BYTES;
+            nbytes[i] = min(LL_COPY_SEG_BYTES, row_bytes - off0);
+            dst[i] = a.buf + a.off_x + (static_cast<uint64_t>(le) * RNM + slot) * row_bytes + off0;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes[i]) v[i][q] = ld_volatile_v4(reinterpret_cast<const int4*>(entry + off0 + off));
+            }
+            if (seg == 0) {
+                meta_le[i] = le;
+                meta_slot[i] = slot;
+                meta_sel[i] = sel;
+                meta_s[i] = s;
+                if (a.use_fp8) {
+                    // Up to 2 scale words per lane (S <= 64 groups: H <= 8192).
+                    const float* sc = reinterpret_cast<const float*>(entry + 2 * static_cast<uint64_t>(H));
+#pragma unroll
+                    for (int w = 0; w < 2; ++w) {
+                        const int g = lane + 32 * w;
+                        sc_v[i][w] = g < S ? __ldcg(sc + g) : 0.f;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int off = q * 512 + lane * 16;
+                if (off < nbytes[i]) *reinterpret_cast<int4*>(dst[i] + off) = v[i][q];
+            }
+            const int le = meta_le[i];
+            if (le < 0) continue;  // not the first unit of a row (warp-uniform)
+            const int slot = meta_slot[i], t = meta_sel[i] / K, k = meta_sel[i] % K, s = meta_s[i];
+            const uint64_t idx = static_cast<uint64_t>(le) * RNM + slot;
+            if (lane == 0) {
+                reinterpret_cast<int*>(a.buf + a.off_src_info)[idx] = t;
+                reinterpret_cast<int*>(a.buf + a.off_src_k)[idx] = k;
+                if (s == me) reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
+                reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = slot;
+            }
+            if (a.use_fp8) {
+                if (a.use_ue8m0) {
+                    // Group g of 4 scales packs the exponent bytes of scales 4g..4g+3 (lowest first):
+                    // gather them from the lanes that hold them (scale j sits in lane j % 32, word j / 32).
+                    for (int g = 0; g < groups; g += 32) {
+                        uint32_t packed = 0;
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const int j = 4 * (g + lane) + q;
+                            const float x0 = __shfl_sync(0xffffffffu, sc_v[i][0], j & 31);
+                            const float x1 = __shfl_sync(0xffffffffu, sc_v[i][1], j & 31);
+                            const float x = (j >> 5) == 0 ? x0 : x1;
+                            packed |= ((__float_as_uint(x) >> 23) & 0xffu) << (8 * q);
+                        }
+                        if (g + lane < groups)
+                            reinterpret_cast<uint32_t*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g + lane) * RNM + slot] = packed;
+                    }
+                } else {
+#pragma unroll
+                    for (int w = 0; w < 2; ++w) {
+                        const int g = lane + 32 * w;
+                        if (g < groups)
+                            reinterpret_cast<float*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + slot] = sc_v[i][w];
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Dynamic shared memory (int32): cnt[lpb*R] | begin[lpb*R] | totals[lpb] | ntok[R] | list[lpb*R*NM]
 template <bool kPut>
 __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, const EpDiag& diag) {
@@ -932,104 +1036,12 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
         for (int li = 0; li < lpb; ++li)
             if (b + li * G < L) units += totals[li] * nseg;
         const int groups = a.use_ue8m0 ? S / 4 : S;
-        // FP8 rows: LL_COPY_BATCH units per warp at a time (every unit's slot resolved and all
-        // their loads, rows and the scales of a row's first unit, in flight before any store).
-        // BF16 rows (twice the bytes) measured slower that way (run S2-D: 25.2 vs 24.1 us at
-        // 128 tokens) and copy one unit per warp at a time.
-        const int batch = a.use_fp8 ? LL_COPY_BATCH : 1;
-        for (int u0 = warp; u0 < units; u0 += LL_WARPS * batch) {
-            int4 v[LL_COPY_BATCH][4];
-            float sc_v[LL_COPY_BATCH][2];
-            uint8_t* dst[LL_COPY_BATCH];
-            int nbytes[LL_COPY_BATCH], meta_le[LL_COPY_BATCH], meta_slot[LL_COPY_BATCH], meta_sel[LL_COPY_BATCH], meta_s[LL_COPY_BATCH];
-#pragma unroll
-            for (int i = 0; i < LL_COPY_BATCH; ++i) {
-                const int u = u0 + i * LL_WARPS;
-                nbytes[i] = 0;
-                meta_le[i] = -1;
-                if (i >= batch || u >= units) continue;
-                int rest = u, li = 0;
-                for (;; ++li) {
-                    const int n = totals[li] * nseg;
-                    if (rest < n) break;
-                    rest -= n;
-                }
-                const int slot = rest / nseg, seg = rest % nseg;
-                const int le = b + li * G;
-                int s = 0;
-                while (s + 1 < R && begin[li * R + s + 1] <= slot) ++s;
-                const int sel = list[(li * R + s) * NM + (slot - begin[li * R + s])];
-                const int t = sel / K;
-                const uint8_t* entry = stage_base + (static_cast<uint64_t>(s) * NM + t) * stride;
-                const int off0 = seg * LL_COPY_SEG_BYTES;
-                nbytes[i] = min(LL_COPY_SEG_BYTES, row_bytes - off0);
-                dst[i] = a.buf + a.off_x + (static_cast<uint64_t>(le) * RNM + slot) * row_bytes + off0;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int off = q * 512 + lane * 16;
-                    if (off < nbytes[i]) v[i][q] = ld_volatile_v4(reinterpret_cast<const int4*>(entry + off0 + off));
-                }
-                if (seg == 0) {
-                    meta_le[i] = le;
-                    meta_slot[i] = slot;
-                    meta_sel[i] = sel;
-                    meta_s[i] = s;
-                    if (a.use_fp8) {
-                        // Up to 2 scale words per lane (S <= 64 groups: H <= 8192).
-                        const float* sc = reinterpret_cast<const float*>(entry + 2 * static_cast<uint64_t>(H));
-#pragma unroll
-                        for (int w = 0; w < 2; ++w) {
-                            const int g = lane + 32 * w;
-                            sc_v[i][w] = g < S ? __ldcg(sc + g) : 0.f;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < LL_COPY_BATCH; ++i) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int off = q * 512 + lane * 16;
-                    if (off < nbytes[i]) *reinterpret_cast<int4*>(dst[i] + off) = v[i][q];
-                }
-                const int le = meta_le[i];
-                if (le < 0) continue;  // not the first unit of a row (warp-uniform)
-                const int slot = meta_slot[i], t = meta_sel[i] / K, k = meta_sel[i] % K, s = meta_s[i];
-                const uint64_t idx = static_cast<uint64_t>(le) * RNM + slot;
-                if (lane == 0) {
-                    reinterpret_cast<int*>(a.buf + a.off_src_info)[idx] = t;
-                    reinterpret_cast<int*>(a.buf + a.off_src_k)[idx] = k;
-                    if (s == me) reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
-                    reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = slot;
-                }
-                if (a.use_fp8) {
-                    if (a.use_ue8m0) {
-                        // Group g of 4 scales packs the exponent bytes of scales 4g..4g+3 (lowest first):
-                        // gather them from the lanes that hold them (scale j sits in lane j % 32, word j / 32).
-                        for (int g = 0; g < groups; g += 32) {
-                            uint32_t packed = 0;
-#pragma unroll
-                            for (int q = 0; q < 4; ++q) {
-                                const int j = 4 * (g + lane) + q;
-                                const float x0 = __shfl_sync(0xffffffffu, sc_v[i][0], j & 31);
-                                const float x1 = __shfl_sync(0xffffffffu, sc_v[i][1], j & 31);
-                                const float x = (j >> 5) == 0 ? x0 : x1;
-                                packed |= ((__float_as_uint(x) >> 23) & 0xffu) << (8 * q);
-                            }
-                            if (g + lane < groups)
-                                reinterpret_cast<uint32_t*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g + lane) * RNM + slot] = packed;
-                        }
-                    } else {
-#pragma unroll
-                        for (int w = 0; w < 2; ++w) {
-                            const int g = lane + 32 * w;
-                            if (g < groups)
-                                reinterpret_cast<float*>(a.buf + a.off_scales)[(static_cast<uint64_t>(le) * groups + g) * RNM + slot] = sc_v[i][w];
-                        }
-                    }
-                }
-            }
-        }
+        // FP8 rows: LL_COPY_BATCH units per warp at a time. BF16 rows (twice the bytes) measured
+        // slower that way (run S2-D: 25.2 vs 24.1 us at 128 tokens) and copy one at a time.
+        if (a.use_fp8)
+            ll_dispatch2_copy<LL_COPY_BATCH>(a, stage_base, totals, begin, list, b, G, nseg, units, row_bytes, groups, stride, warp, lane);
+        else
+            ll_dispatch2_copy<1>(a, stage_base, totals, begin, list, b, G, nseg, units, row_bytes, groups, stride, warp, lane);
         if (lane == 0) ll_trace(a.trace, LL_TRACE_END);
     }
 }
