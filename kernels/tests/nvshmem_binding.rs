@@ -86,3 +86,59 @@ fn a_library_without_nvshmem_symbols_is_rejected() {
     let err = HostLib::load_from(&[PathBuf::from("libc.so.6")], None).unwrap_err().to_string();
     assert!(err.contains("lacks symbol nvshmemx_get_uniqueid"), "{err}");
 }
+
+/// A 1-rank rendezvous (no other process): the unique-id broadcast returns rank 0's bytes.
+struct OneRank;
+impl deepep_kernels::nvshmem::UidExchange for OneRank {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn broadcast(&self, _root: usize, bytes: &[u8]) -> deepep_kernels::Result<Vec<u8>> {
+        Ok(bytes.to_vec())
+    }
+}
+
+/// Whether `LD_LIBRARY_PATH` would give the loader `name` (the CI sets none).
+fn on_library_path(name: &str) -> bool {
+    std::env::var_os("LD_LIBRARY_PATH")
+        .map(|v| std::env::split_paths(&v).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_missing_bootstrap_plugin_is_reported_before_nvshmem_starts() {
+    use deepep_kernels::nvshmem::{binding::check_bootstrap_plugin, Bootstrap, Nvshmem};
+    let Some(dir) = nvshmem_dir() else { return };
+    let plugin = Bootstrap::UniqueId.plugin();
+    // The real installation has the plugin next to the host library.
+    check_bootstrap_plugin(&dir.join("lib").join(HOST_LIB_NAME), plugin).expect("the pip lib/ has the UID plugin");
+    // A copy of the host library alone: NVSHMEM 3.4.5 would print "Bootstrap unable to load" and
+    // abort the process (double free); we must return the documented error instead.
+    let tmp = std::env::temp_dir().join(format!("deepep-no-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let lone = tmp.join(HOST_LIB_NAME);
+    std::fs::copy(dir.join("lib").join(HOST_LIB_NAME), &lone).unwrap();
+    if on_library_path(plugin) {
+        eprintln!("skipping the missing-plugin half: LD_LIBRARY_PATH provides {plugin}");
+        return;
+    }
+    let e = check_bootstrap_plugin(&lone, plugin).unwrap_err().to_string();
+    assert!(e.contains(plugin) && e.contains(&lone.display().to_string()) && e.contains("LD_LIBRARY_PATH"), "{e}");
+    let lib = HostLib::load_from(std::slice::from_ref(&lone), None).expect("the copied host library loads");
+    let e = Nvshmem::init(lib, &OneRank, Bootstrap::UniqueId).unwrap_err().to_string();
+    assert!(e.starts_with("NVSHMEM") || e.contains("rank 0:"), "{e}");
+    assert!(e.contains(plugin) && e.contains("would abort"), "{e}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn every_bootstrap_names_its_plugin_and_the_wheel_ships_them() {
+    use deepep_kernels::nvshmem::binding::{Bootstrap, PmiFlavor};
+    let Some(dir) = nvshmem_dir() else { return };
+    for b in [Bootstrap::UniqueId, Bootstrap::Pmi(PmiFlavor::Pmi1), Bootstrap::Pmi(PmiFlavor::Pmi2), Bootstrap::Pmi(PmiFlavor::Pmix)] {
+        assert!(dir.join("lib").join(b.plugin()).is_file(), "{:?}: {} not in the pip lib/", b, b.plugin());
+    }
+}

@@ -410,6 +410,41 @@ pub enum PmiFlavor {
     Pmix,
 }
 
+impl Bootstrap {
+    /// The NVSHMEM plugin this bootstrap loads (from the host library's directory, then the
+    /// loader path).
+    pub fn plugin(self) -> &'static str {
+        match self {
+            Bootstrap::UniqueId => "nvshmem_bootstrap_uid.so.3",
+            Bootstrap::Pmi(PmiFlavor::Pmi1) => "nvshmem_bootstrap_pmi.so.3",
+            Bootstrap::Pmi(PmiFlavor::Pmi2) => "nvshmem_bootstrap_pmi2.so.3",
+            Bootstrap::Pmi(PmiFlavor::Pmix) => "nvshmem_bootstrap_pmix.so.3",
+        }
+    }
+}
+
+/// Check that NVSHMEM will be able to load its bootstrap `plugin`: next to `host_lib` (its RPATH
+/// is `$ORIGIN`), or anywhere the dynamic loader finds it. NVSHMEM 3.4.5 does not return an
+/// error when the plugin is missing: `nvshmemx_get_uniqueid` prints "Bootstrap unable to load"
+/// and then aborts the process (double free), so this runs first.
+pub fn check_bootstrap_plugin(host_lib: &Path, plugin: &str) -> Result<()> {
+    if host_lib.parent().is_some_and(|d| d.join(plugin).is_file()) {
+        return Ok(());
+    }
+    // SAFETY: loads NVSHMEM's plugin by name (no initializer with effects beyond its own
+    // symbols); unloaded again at once.
+    match unsafe { libloading::Library::new(plugin) } {
+        Ok(_) => Ok(()),
+        Err(e) => Err(EpError::Nvshmem(format!(
+            "NVSHMEM's bootstrap plugin {plugin} is neither next to {} nor on the loader path ({e}); NVSHMEM would \
+             abort the process while starting. Fix: keep the nvshmem_bootstrap_*.so.3 and nvshmem_transport_*.so.3 \
+             plugins in the same lib/ directory as libnvshmem_host.so.3 (as the pip wheel and the Nix package ship \
+             them), or put their directory on LD_LIBRARY_PATH",
+            host_lib.display()
+        ))),
+    }
+}
+
 impl PmiFlavor {
     /// The value NVSHMEM expects in `NVSHMEM_BOOTSTRAP_PMI`.
     pub fn nvshmem_name(self) -> &'static str {
@@ -473,6 +508,18 @@ impl Nvshmem {
     fn init_inner(lib: HostLib, rdv: &dyn UidExchange, bootstrap: Bootstrap) -> Result<Arc<Nvshmem>> {
         let (rank, world) = (rdv.rank(), rdv.world());
         let api = lib.api;
+        let plugin = check_bootstrap_plugin(&lib.path, bootstrap.plugin()).map_err(|e| match e {
+            EpError::Nvshmem(m) => EpError::Nvshmem(format!("rank {rank}: {m}")),
+            other => other,
+        });
+        if bootstrap == Bootstrap::UniqueId && plugin.is_err() {
+            // Take part in the unique-id broadcast below (rank 0 sends nothing, so the other ranks
+            // stop with "rank 0 could not create the NVSHMEM unique id"). Ranks normally share one
+            // installation and fail alike; a lone rank without the plugin leaves the others to
+            // NVSHMEM's own bootstrap timeout.
+            let _ = rdv.broadcast(0, &[]);
+        }
+        plugin?;
         match bootstrap {
             Bootstrap::UniqueId => {
                 let mut uid = Box::new(UniqueId::new());
