@@ -70,7 +70,11 @@ impl Config {
         }
         if let Some(m) = device_sms {
             if self.num_sms > m {
-                return bad(format!("config.num_sms {} exceeds the {m} SMs of this GPU; use at most {m}", self.num_sms));
+                return bad(format!(
+                    "config.num_sms {} exceeds the {m} SMs this rank may use (all of the GPU's, or its share when several ranks share \
+                     the GPU); use at most {m}",
+                    self.num_sms
+                ));
             }
         }
         if self.dispatch_warps == 0 || self.dispatch_warps > MAX_WARPS_PER_BLOCK {

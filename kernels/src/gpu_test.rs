@@ -54,6 +54,15 @@ impl Ctx<'_> {
     pub fn world(&self) -> usize {
         self.comm.world()
     }
+    /// `num_sms` bounded by this rank's share of the GPU's SMs ([`Gpu::sm_count`]): with several
+    /// ranks per GPU every rank's grid must fit at once, so cases written for a whole GPU shrink.
+    pub fn fit_sms(&self, num_sms: usize) -> usize {
+        num_sms.min(self.gpu.sm_count() as usize).max(1)
+    }
+    /// [`Ctx::fit_sms`] applied to an intranode config.
+    pub fn fit_config(&self, c: crate::config::Config) -> crate::config::Config {
+        crate::config::Config { num_sms: self.fit_sms(c.num_sms), ..c }
+    }
     /// A device buffer of `bytes` (rounded up to 4) filled with [`POISON_U32`].
     pub fn poisoned(&self, bytes: usize) -> crate::Result<DeviceBuffer> {
         let b = DeviceBuffer::new(self.gpu, bytes.next_multiple_of(4))?;
@@ -459,6 +468,9 @@ fn selftest_cases() -> Vec<Case> {
             ensure(s.reps == 11 && s.median_us >= 195.0 && s.median_us < 400.0, || format!("200 us spin measured {s:?}"))
         }),
         Case::new("selftest/nccl_all_to_all", |c| {
+            if c.gpu.oversubscribed() {
+                return Err(Skip(format!("{} ranks share each GPU; NCCL needs one GPU per rank", c.gpu.ranks_per_gpu())).into());
+            }
             // Per-peer byte counts differ per (sender, receiver); contents are checked exactly.
             let (w, me) = (c.world(), c.rank());
             let count = |s: usize, r: usize| 4096 + 16 * ((s * 7 + r * 13 + (c.seed as usize % 5)) % 97);

@@ -111,7 +111,13 @@ fn op_name(base: &str, cfg: &Config, many: bool) -> String {
 /// Run the intranode mode over `shapes` (collective).
 pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
     let (me, w) = (ctx.comm.rank(), ctx.comm.world());
-    let cfgs = configs(ctx.opts.num_sms)?;
+    let mut cfgs = configs(ctx.opts.num_sms)?;
+    if ctx.opts.num_sms.is_none() {
+        // Default configs are written for a whole GPU; with several ranks per GPU each gets its share.
+        for c in &mut cfgs {
+            c.num_sms = c.num_sms.min(ctx.gpu.sm_count() as usize);
+        }
+    }
     let many = cfgs.len() > 1;
     let max_tokens = shapes.iter().map(|s| s.tokens).max().unwrap_or(1).max(1);
     let max_hidden = shapes.iter().map(|s| s.hidden).max().unwrap_or(128);

@@ -220,9 +220,14 @@ impl<'a> BenchCtx<'a> {
     /// reason is kept in [`BenchCtx::nccl_error`].
     pub fn new(comm: &'a Comm, gpu: &'a Gpu, opts: BenchOpts) -> Result<BenchCtx<'a>> {
         let flush = L2Flush::new(gpu)?;
-        let (nccl, nccl_error) = match Nccl::new(gpu, comm) {
-            Ok(n) => (Some(n), None),
-            Err(e) => (None, Some(e.to_string())),
+        let (nccl, nccl_error) = if gpu.oversubscribed() {
+            // NCCL refuses two ranks on one GPU ("Duplicate GPU", ncclInvalidUsage).
+            (None, Some(format!("skipped: {} ranks share each GPU and NCCL needs one GPU per rank", gpu.ranks_per_gpu())))
+        } else {
+            match Nccl::new(gpu, comm) {
+                Ok(n) => (Some(n), None),
+                Err(e) => (None, Some(e.to_string())),
+            }
         };
         // All ranks must agree on whether NCCL is there (the baseline is collective).
         let ok = comm.all_gather(&[nccl.is_some() as u8])?.iter().all(|v| v[0] == 1);

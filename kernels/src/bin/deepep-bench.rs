@@ -38,6 +38,11 @@ struct Cli {
     /// Start this many ranks (one per GPU) on this host.
     #[arg(long)]
     nproc: Option<usize>,
+    /// Let K ranks share each GPU on purpose (rank r uses GPU LOCAL_RANK / K), to test 4- and
+    /// 8-rank paths on 1-2 GPUs. Each rank's kernels get 1/K of the SMs so all ranks' waiting
+    /// blocks fit at once (under MPS or time-sliced). Also DEEPEP_RANKS_PER_GPU. Not for timings.
+    #[arg(long, value_name = "K")]
+    ranks_per_gpu: Option<usize>,
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::All)]
     mode: Mode,
@@ -81,6 +86,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(k) = cli.ranks_per_gpu {
+        // Ranks (ours, or the ones the launcher starts) read it in `Gpu::from_comm`.
+        std::env::set_var(deepep_kernels::runtime::gpu::RANKS_PER_GPU_ENV, k.to_string());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -156,6 +165,15 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     if me == 0 {
         println!("{}", deepep_kernels::cubins::manifest());
         println!("{} ranks on {} ({} SMs each); {} warm-up, {} reps, seed {}", comm.world(), gpu.name(), gpu.sm_count(), timing.warmup, timing.reps, cli.seed);
+        if gpu.oversubscribed() {
+            println!(
+                "NOT PERFORMANCE: {} ranks share each GPU ({} of its {} SMs per rank); these timings check that the modes run, \
+                 they are not performance figures and must not be reported as such",
+                gpu.ranks_per_gpu(),
+                gpu.sm_count(),
+                gpu.device_sm_count()
+            );
+        }
     }
     let mut ctx = BenchCtx::new(&comm, &gpu, opts)?;
     if let (0, Some(e)) = (me, ctx.nccl_error()) {
@@ -168,7 +186,13 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
             Some(e) => println!("kernel us: not measured ({e})"),
         }
     }
-    let modes: Vec<Mode> = if cli.mode == Mode::All { vec![Mode::Intranode, Mode::LowLatency, Mode::Internode, Mode::Nccl] } else { vec![cli.mode] };
+    let mut modes: Vec<Mode> = if cli.mode == Mode::All { vec![Mode::Intranode, Mode::LowLatency, Mode::Internode, Mode::Nccl] } else { vec![cli.mode] };
+    if cli.mode == Mode::All && gpu.oversubscribed() {
+        modes.retain(|&m| m != Mode::Nccl);
+        if me == 0 {
+            println!("mode nccl skipped: NCCL needs one GPU per rank");
+        }
+    }
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     for m in modes {
@@ -208,6 +232,8 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
                 "world": comm.world(),
                 "gpu": gpu.name(),
                 "sm_count": gpu.sm_count(),
+                "ranks_per_gpu": gpu.ranks_per_gpu(),
+                "not_performance": gpu.oversubscribed(),
                 "seed": cli.seed,
                 "warmup": timing.warmup,
                 "reps": timing.reps,

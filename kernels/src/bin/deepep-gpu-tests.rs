@@ -22,6 +22,11 @@ struct Cli {
     /// Start this many ranks (one per GPU) on this host.
     #[arg(long)]
     nproc: Option<usize>,
+    /// Let K ranks share each GPU on purpose (rank r uses GPU LOCAL_RANK / K), to test 4- and
+    /// 8-rank paths on 1-2 GPUs. Each rank's kernels get 1/K of the SMs so all ranks' waiting
+    /// blocks fit at once (under MPS or time-sliced). Also DEEPEP_RANKS_PER_GPU. Not for timings.
+    #[arg(long, value_name = "K")]
+    ranks_per_gpu: Option<usize>,
     /// Seed of the random inputs (default: fresh per run, printed by rank 0).
     #[arg(long)]
     seed: Option<u64>,
@@ -54,6 +59,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(k) = cli.ranks_per_gpu {
+        // Ranks (ours, or the ones the launcher starts) read it in `Gpu::from_comm`.
+        std::env::set_var(deepep_kernels::runtime::gpu::RANKS_PER_GPU_ENV, k.to_string());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -115,7 +124,14 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     }
     if comm.rank() == 0 {
         println!("{}", deepep_kernels::cubins::manifest());
-        println!("{} ranks, GPU 0: {} ({} SMs); seed {seed} (rerun with --seed {seed})", comm.world(), gpu.name(), gpu.sm_count());
+        println!("{} ranks, GPU 0: {} ({} SMs); seed {seed} (rerun with --seed {seed})", comm.world(), gpu.name(), gpu.device_sm_count());
+        if gpu.oversubscribed() {
+            println!(
+                "oversubscribed: {} ranks per GPU, {} SMs per rank; NCCL cases are skipped (NCCL needs one GPU per rank)",
+                gpu.ranks_per_gpu(),
+                gpu.sm_count()
+            );
+        }
     }
     let cases = all_cases();
     let totals = run_cases(&comm, &gpu, &cases, &RunOpts {

@@ -211,7 +211,7 @@ fn run(c: &Ctx, s: &Spec) -> CaseResult {
             // Fresh dispatch.
             buf.fill_data_regions(POISON_U32)?;
             c.comm.barrier()?; // ranks differ in CPU time; start the collective together
-            let mut args = DispatchArgs::fresh(&x, &lay, &idx, &w).expert_alignment(s.alignment).config(s.config);
+            let mut args = DispatchArgs::fresh(&x, &lay, &idx, &w).expert_alignment(s.alignment).config(c.fit_config(s.config));
             if let Some(sc) = &scales {
                 args = args.scales(sc);
             }
@@ -229,7 +229,7 @@ fn run(c: &Ctx, s: &Spec) -> CaseResult {
                 let (x2, scales2) = upload_payload(&stream, &inputs2[me].x, n, h, s.column_major_scales)?;
                 buf.fill_data_regions(POISON_U32)?;
                 c.comm.barrier()?;
-                let mut args = DispatchArgs::cached(&x2, &out.handle).config(s.config);
+                let mut args = DispatchArgs::cached(&x2, &out.handle).config(c.fit_config(s.config));
                 if let Some(sc) = &scales2 {
                     args = args.scales(sc);
                 }
@@ -270,7 +270,7 @@ fn run(c: &Ctx, s: &Spec) -> CaseResult {
             let out_x = poisoned(c, DType::Bf16, &[n, h])?;
             let out_w = if s.weights { Some(poisoned(c, DType::F32, &[n, k])?) } else { None };
             c.comm.barrier()?;
-            let mut cargs = CombineArgs::new(&y, &out.handle).bias(bt0.as_ref(), bt1.as_ref()).config(s.config);
+            let mut cargs = CombineArgs::new(&y, &out.handle).bias(bt0.as_ref(), bt1.as_ref()).config(c.fit_config(s.config));
             if let Some(wt) = &wt {
                 cargs = cargs.weights(wt);
             }
@@ -315,7 +315,7 @@ fn peer_missing_times_out(c: &Ctx) -> CaseResult {
         let lay = buf.dispatch_layout(&idx, 16)?;
         let old = c.gpu.device_timeout();
         c.gpu.set_device_timeout(Duration::from_millis(200));
-        let r = buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w));
+        let r = buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w).config(c.fit_config(Config::default())));
         c.gpu.set_device_timeout(old);
         match r {
             Err(EpError::GpuTimeout { rank, phase, peer, .. }) => {
@@ -325,7 +325,7 @@ fn peer_missing_times_out(c: &Ctx) -> CaseResult {
             }
             other => bail!("dispatch without peers returned {other:?}; expected a GPU timeout"),
         }
-        match buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w)) {
+        match buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &w).config(c.fit_config(Config::default()))) {
             Err(EpError::InvalidArgument(m)) if m.contains("recreate") => Ok(()),
             other => bail!("a poisoned buffer accepted another dispatch: {other:?}"),
         }

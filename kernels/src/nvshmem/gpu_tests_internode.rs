@@ -46,6 +46,8 @@ struct Spec {
     num_sms: usize,
     /// false: every GPU is its own host (`ranks_per_host = 1`); true: one host of all ranks.
     one_host: bool,
+    /// Some(p): hosts of exactly `p` ranks (overrides `one_host`; the case needs `2p` ranks).
+    hosts_of: Option<usize>,
     /// Every rank dispatches exactly `max_tokens` (instead of ragged counts incl. 0 and 1).
     full: bool,
     /// `InternodeConfig::p2p_direct`: NVLink stores into reachable remote hosts instead of puts.
@@ -66,6 +68,7 @@ const BASE: Spec = Spec {
     alignment: 1,
     num_sms: 24,
     one_host: false,
+    hosts_of: None,
     full: false,
     p2p: false,
     reps: 3,
@@ -213,10 +216,23 @@ pub fn cases() -> Vec<Case> {
             )
         })
         .collect();
+    // Several ranks per host and several hosts: both hops with more than one local rank.
+    let mut hosts: Vec<(String, Spec)> = Vec::new();
+    for p in [2usize, 4] {
+        for (n, s) in specs.iter().filter(|(n, _)| {
+            *n == "bf16 h7168 k8 e256" || *n == "fp8 h4096 k6 e64 masked" || *n == "bf16 h4096 k6 e128 align4 bias2"
+        }) {
+            hosts.push((format!("{n} hosts-of-{p}"), Spec { hosts_of: Some(p), ..*s }));
+        }
+    }
     let mut out: Vec<Case> = specs
         .drain(..)
         .map(|(n, s)| case(format!("internode {n} 2-hop"), s))
         .collect();
+    out.extend(hosts.into_iter().map(|(n, s)| {
+        let min = 2 * s.hosts_of.unwrap_or(1);
+        case(format!("internode {n}"), s).min_world(min)
+    }));
     out.extend(
         one_host
             .into_iter()
@@ -275,7 +291,12 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
         ..
     } = *spec;
     // One host: the largest divisor of the world that fits a host (all of it for <= 8 ranks).
-    let rph = if spec.one_host {
+    let rph = if let Some(p) = spec.hosts_of {
+        if world % p != 0 {
+            return Err(crate::gpu_test::Skip(format!("hosts of {p} ranks need a world that is a multiple of {p}, not {world}")).into());
+        }
+        p
+    } else if spec.one_host {
         (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
             .rev()
             .find(|p| world % p == 0)
@@ -336,7 +357,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
 
     let nv = nvshmem(ctx)?;
     let mut cfg = InternodeConfig::new(rph, spec.max_tokens, h);
-    cfg.num_sms = spec.num_sms;
+    cfg.num_sms = ctx.fit_sms(spec.num_sms);
     cfg.max_topk = k;
     cfg.max_local_experts = e / world;
     cfg.p2p_direct = spec.p2p;

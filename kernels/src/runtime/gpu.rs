@@ -26,7 +26,11 @@ pub struct Gpu {
     record: HostMapped<ErrorRecord>,
     device_timeout_ns: AtomicU64,
     host_timeout_ns: AtomicU64,
+    /// This rank's share of the SMs: all of them with one rank per GPU, `device_sms / K` with
+    /// `K` ranks sharing the GPU (see [`ranks_per_gpu`]).
     sm_count: u32,
+    device_sms: u32,
+    ranks_per_gpu: usize,
     l2_bytes: usize,
     name: String,
     done: sys::CUevent,
@@ -39,7 +43,11 @@ unsafe impl Sync for Gpu {}
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gpu(rank {}, device {} {}, {} SMs)", self.rank, self.ordinal, self.name, self.sm_count)
+        write!(f, "Gpu(rank {}, device {} {}, {} SMs", self.rank, self.ordinal, self.name, self.sm_count)?;
+        if self.ranks_per_gpu > 1 {
+            write!(f, " of {}, shared by {} ranks", self.device_sms, self.ranks_per_gpu)?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -48,14 +56,26 @@ fn attr(ctx: &CudaContext, a: sys::CUdevice_attribute) -> Result<i32> {
 }
 
 impl Gpu {
-    /// The GPU `LOCAL_RANK` of `comm`, for rank `comm.rank()`.
+    /// The GPU of rank `comm.rank()`: device `LOCAL_RANK / K` where `K` is [`ranks_per_gpu`]
+    /// (1 unless `DEEPEP_RANKS_PER_GPU` asks several ranks to share each GPU on purpose).
     pub fn from_comm(comm: &Comm) -> Result<Gpu> {
-        Gpu::new(comm.local_rank(), comm.rank())
+        let k = ranks_per_gpu()?;
+        super::require_cuda()?;
+        let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))? as usize;
+        let ordinal = device_for(comm.rank(), comm.local_rank(), comm.local_world(), k, count)?;
+        Gpu::with_share(ordinal, comm.rank(), k)
+    }
+
+    /// One rank on device `ordinal` (the whole GPU).
+    pub fn new(ordinal: usize, rank: usize) -> Result<Gpu> {
+        Gpu::with_share(ordinal, rank, 1)
     }
 
     /// Retain the primary context of device `ordinal` (current on this thread; what NVSHMEM picks
-    /// up), create a non-blocking stream and the host-mapped diagnostic record.
-    pub fn new(ordinal: usize, rank: usize) -> Result<Gpu> {
+    /// up), create a non-blocking stream and the host-mapped diagnostic record. `ranks_per_gpu`
+    /// ranks share the device: [`Gpu::sm_count`] is then this rank's share of the SMs, so that the
+    /// spin-waiting grids of all ranks on the GPU fit on it at once.
+    pub fn with_share(ordinal: usize, rank: usize, ranks_per_gpu: usize) -> Result<Gpu> {
         super::require_cuda()?;
         let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))? as usize;
         if ordinal >= count {
@@ -70,7 +90,9 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let record = HostMapped::<ErrorRecord>::new(&ctx, 1)?;
-        let sm_count = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let device_sms = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let ranks_per_gpu = ranks_per_gpu.max(1);
+        let sm_count = if ranks_per_gpu > 1 && whole_grids()? { device_sms } else { sm_share(device_sms, ranks_per_gpu) };
         let l2_bytes = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let name = ctx.name().unwrap_or_else(|_| "?".into());
         let mut done = std::ptr::null_mut();
@@ -91,6 +113,8 @@ impl Gpu {
             device_timeout_ns: AtomicU64::new(device_timeout.as_nanos() as u64),
             host_timeout_ns: AtomicU64::new(host_timeout.as_nanos() as u64),
             sm_count,
+            device_sms,
+            ranks_per_gpu,
             l2_bytes,
             name,
             done,
@@ -113,8 +137,23 @@ impl Gpu {
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
+    /// The SMs this rank may fill with blocks that wait on other ranks: every SM of the GPU with
+    /// one rank per GPU, `device SMs / ranks_per_gpu` when several ranks share it.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+    /// All SMs of the device, whatever the share.
+    pub fn device_sm_count(&self) -> u32 {
+        self.device_sms
+    }
+    /// How many ranks share this GPU (1 = the normal, one rank per GPU).
+    pub fn ranks_per_gpu(&self) -> usize {
+        self.ranks_per_gpu
+    }
+    /// Whether several ranks share this GPU (timings are then not performance figures, and
+    /// NCCL, which refuses two ranks on one GPU, cannot run).
+    pub fn oversubscribed(&self) -> bool {
+        self.ranks_per_gpu > 1
     }
     pub fn l2_bytes(&self) -> usize {
         self.l2_bytes
@@ -685,6 +724,63 @@ macro_rules! args {
     }};
 }
 
+/// Environment variable that lets `K` ranks share each GPU on purpose (set by `--ranks-per-gpu`).
+pub const RANKS_PER_GPU_ENV: &str = "DEEPEP_RANKS_PER_GPU";
+
+/// Ranks per GPU asked for by [`RANKS_PER_GPU_ENV`] (default 1: one rank per GPU).
+pub fn ranks_per_gpu() -> Result<usize> {
+    match super::env_num::<usize>(RANKS_PER_GPU_ENV)? {
+        None => Ok(1),
+        Some(0) => Err(EpError::InvalidArgument(format!("{RANKS_PER_GPU_ENV}=0; use 1 (one rank per GPU, the default) or more"))),
+        Some(k) => Ok(k),
+    }
+}
+
+/// This rank's share of `device_sms` SMs when `k` ranks share the GPU (at least 1).
+pub fn sm_share(device_sms: u32, k: usize) -> u32 {
+    (device_sms / k.max(1) as u32).max(1)
+}
+
+/// The device ordinal of a rank: `local_rank / k` (ranks 0..k-1 on GPU 0, k..2k-1 on GPU 1, ...).
+/// Refuses a host with more local ranks than `k` x `visible` GPUs, naming the settings that fix it.
+pub fn device_for(rank: usize, local_rank: usize, local_world: usize, k: usize, visible: usize) -> Result<usize> {
+    let k = k.max(1);
+    let ordinal = local_rank / k;
+    let needed = local_world.div_ceil(k).max(ordinal + 1);
+    if needed > visible {
+        let msg = if k == 1 {
+            format!(
+                "rank {rank}: LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world} needs GPU {ordinal}, but only {visible} GPU(s) are \
+                 visible; start at most {visible} ranks per host (check --nproc and CUDA_VISIBLE_DEVICES), or let several ranks \
+                 share each GPU on purpose for testing with --ranks-per-gpu K ({RANKS_PER_GPU_ENV}=K)"
+            )
+        } else {
+            format!(
+                "rank {rank}: {local_world} ranks on this host at {k} per GPU ({RANKS_PER_GPU_ENV}={k}) need {needed} GPU(s), but only \
+                 {visible} are visible; raise --ranks-per-gpu to {} or start fewer ranks",
+                local_world.div_ceil(visible.max(1))
+            )
+        };
+        return Err(EpError::InvalidArgument(msg));
+    }
+    Ok(ordinal)
+}
+
+/// Environment variable choosing the grids of ranks that share a GPU: `share` (default: each rank
+/// sizes its grids to `SMs / K`, so the waiting blocks of all ranks fit at once and the mode works
+/// under MPS as well as time-sliced) or `whole` (every rank sizes its grids for the whole GPU, as
+/// with one rank per GPU; only correct time-sliced, without MPS, where each context gets the
+/// whole GPU in its time slice).
+pub const SHARED_GRIDS_ENV: &str = "DEEPEP_SHARED_GPU_GRIDS";
+
+fn whole_grids() -> Result<bool> {
+    match std::env::var(SHARED_GRIDS_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("share") => Ok(false),
+        Ok("whole") => Ok(true),
+        Ok(v) => Err(EpError::InvalidArgument(format!("{SHARED_GRIDS_ENV}={v:?}: use share (the default) or whole"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -703,4 +799,39 @@ mod tests {
             assert_eq!(p[0] as usize % 16, 0);
         }
     }
+
+    #[test]
+    fn ranks_map_to_gpus_in_blocks_of_k() {
+        // One rank per GPU: rank r on GPU r.
+        assert_eq!((0..4).map(|r| device_for(r, r, 4, 1, 4).unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        // 8 ranks, 4 per GPU, 2 GPUs: 0-3 on GPU 0, 4-7 on GPU 1.
+        assert_eq!((0..8).map(|r| device_for(r, r, 8, 4, 2).unwrap()).collect::<Vec<_>>(), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+        // 8 ranks on one GPU.
+        assert!((0..8).all(|r| device_for(r, r, 8, 8, 1).unwrap() == 0));
+    }
+
+    #[test]
+    fn too_many_ranks_are_refused_with_the_fix() {
+        // The default (one rank per GPU) keeps refusing a second rank on one GPU, on every rank.
+        let e = device_for(0, 0, 2, 1, 1).unwrap_err().to_string();
+        assert!(e.contains("only 1 GPU(s)") && e.contains("--ranks-per-gpu"), "{e}");
+        let e = device_for(1, 1, 2, 1, 1).unwrap_err().to_string();
+        assert!(e.contains("LOCAL_RANK=1"), "{e}");
+        // 8 ranks at 2 per GPU need 4 GPUs: name the K that would fit.
+        let e = device_for(0, 0, 8, 2, 2).unwrap_err().to_string();
+        assert!(e.contains("need 4 GPU(s)") && e.contains("raise --ranks-per-gpu to 4"), "{e}");
+    }
+
+    #[test]
+    fn sm_share_divides_the_gpu() {
+        assert_eq!(sm_share(132, 1), 132);
+        assert_eq!(sm_share(132, 2), 66);
+        assert_eq!(sm_share(132, 8), 16);
+        assert_eq!(sm_share(4, 8), 1);
+        // Every rank's grid together fits the GPU.
+        for k in 1..=16usize {
+            assert!(sm_share(132, k) as usize * k <= 132, "k={k}");
+        }
+    }
 }
+
