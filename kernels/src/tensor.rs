@@ -273,8 +273,14 @@ impl Tensor {
         Ok(())
     }
 
+    /// Wait for the stream, then refuse if a kernel recorded an error (an expired GPU wait leaves
+    /// its outputs incomplete while the stream itself completes without a CUDA error).
     fn sync(&self, what: &str) -> Result<()> {
-        self.stream.synchronize().map_err(|e| EpError::Cuda { context: format!("{what}: stream synchronize"), message: format!("{:?}", e.0) })
+        self.stream.synchronize().map_err(|e| EpError::Cuda { context: format!("{what}: stream synchronize"), message: format!("{:?}", e.0) })?;
+        match crate::runtime::gpu::pending_device_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Set every byte (stream-ordered, asynchronous), e.g. to poison outputs before a test.

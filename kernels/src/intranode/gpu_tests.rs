@@ -8,7 +8,7 @@
 //! outputs are poisoned before every call. Several rounds per case reuse one `Buffer` (epochs,
 //! self-resetting counters).
 
-use super::{Buffer, CombineArgs, DispatchArgs, DispatchOutput};
+use super::{Buffer, CombineArgs, DispatchArgs, DispatchOutput, Layout};
 use crate::config::Config;
 use crate::error::EpError;
 use crate::gpu_test::{Case, CaseResult, Ctx, POISON_U32};
@@ -44,6 +44,8 @@ struct Spec {
     cached: bool,
     rounds: usize,
     config: Config,
+    /// Some tokens select one expert twice ([`random::add_duplicate_experts`]).
+    duplicates: bool,
 }
 
 impl Spec {
@@ -62,6 +64,7 @@ impl Spec {
             cached: false,
             rounds: 1,
             config: Config::default(),
+            duplicates: false,
         }
     }
     fn fp8(mut self) -> Self {
@@ -98,6 +101,10 @@ impl Spec {
     }
     fn config(mut self, c: Config) -> Self {
         self.config = c;
+        self
+    }
+    fn duplicates(mut self) -> Self {
+        self.duplicates = true;
         self
     }
 }
@@ -174,7 +181,11 @@ fn check_dispatch(out: &DispatchOutput, want: &DispatchOut, me: usize, r: usize,
 
 fn inputs_for(seed: u64, counts: &[usize], s: &Spec) -> Vec<RankInput> {
     let spec = InputSpec { num_tokens: 0, hidden: s.hidden, num_topk: s.topk, num_experts: s.experts, fp8: s.fp8, masked_fraction: s.masked };
-    random::all_inputs(seed, counts, &spec)
+    let mut inputs = random::all_inputs(seed, counts, &spec);
+    if s.duplicates {
+        random::add_duplicate_experts(&mut inputs);
+    }
+    inputs
 }
 
 fn run(c: &Ctx, s: &Spec) -> CaseResult {
@@ -201,7 +212,15 @@ fn run(c: &Ctx, s: &Spec) -> CaseResult {
             let w = Tensor::from_host(&stream, &mine.topk_weights, &[n, k])?;
 
             // Layout (no communication).
-            let lay = buf.dispatch_layout(&idx, e)?;
+            // Outputs poisoned first: a count or flag the kernel should have written shows as poison.
+            let lay = Layout {
+                num_tokens_per_rank: poisoned(c, DType::I32, &[r])?,
+                num_tokens_per_expert: poisoned(c, DType::I32, &[e])?,
+                is_token_in_rank: poisoned(c, DType::Bool, &[n, r])?,
+                num_tokens: n,
+                num_experts: e,
+            };
+            buf.dispatch_layout_into(&idx, &lay)?;
             let lref = reference::layout(&mine.topk_idx, n, k, e, r)?;
             check(bit_exact("num_tokens_per_rank", &lay.num_tokens_per_rank.to_host::<i32>()?, &lref.num_tokens_per_rank, r))?;
             check(bit_exact("num_tokens_per_expert", &lay.num_tokens_per_expert.to_host::<i32>()?, &lref.num_tokens_per_expert, e))?;
@@ -376,6 +395,9 @@ pub fn cases() -> Vec<Case> {
         case("single_block_single_warp", Spec::new(Tokens::Ragged(150), 2048, 4, 32).biases(1).cached().config(tiny)),
         case("reuse_six_rounds", Spec::new(Tokens::Ragged(256), 4096, 8, 64).masked(0.05).cached().rounds(6)),
         case("wide_config_32sms_push4", Spec::new(Tokens::Ragged(2048), 7168, 8, 256).biases(1).cached().rounds(2).config(wide)),
+        case("hidden_1160_bf16_multiple_of_8_not_128", Spec::new(Tokens::Ragged(600), 1160, 8, 64).biases(1).cached().rounds(2)),
+        case("duplicate_experts_in_topk_bf16", Spec::new(Tokens::Ragged(800), 2048, 8, 64).duplicates().masked(0.05).cached().rounds(2)),
+        case("duplicate_experts_in_topk_fp8", Spec::new(Tokens::Ragged(500), 4096, 6, 32).fp8().duplicates().cached()),
         case("odd_hidden_2176_bf16_two_biases", Spec::new(Tokens::Ragged(640), 2176, 8, 32).biases(2).cached().rounds(2)),
         case("split_dispatch_roles_fp8", Spec::new(Tokens::Ragged(1500), 4096, 8, 64).fp8().masked(0.1).cached().rounds(2).config(split)),
         Case::new("intranode/layout_bad_expert_id_reported", layout_bad_expert_id).min_world(2),

@@ -411,9 +411,41 @@ impl<'g> Buffer<'g> {
         topk_idx.check_valid()?;
         let plan = checks::check_layout(topk_idx.info(), num_experts, self.num_ranks)?;
         let s = self.gpu.stream();
-        let per_rank = Tensor::empty(s, DType::I32, &[self.num_ranks])?;
-        let per_expert = Tensor::empty(s, DType::I32, &[num_experts])?;
-        let in_rank = Tensor::empty(s, DType::Bool, &[plan.num_tokens, self.num_ranks])?;
+        let out = Layout {
+            num_tokens_per_rank: Tensor::empty(s, DType::I32, &[self.num_ranks])?,
+            num_tokens_per_expert: Tensor::empty(s, DType::I32, &[num_experts])?,
+            is_token_in_rank: Tensor::empty(s, DType::Bool, &[plan.num_tokens, self.num_ranks])?,
+            num_tokens: plan.num_tokens,
+            num_experts,
+        };
+        self.dispatch_layout_into(topk_idx, &out)?;
+        Ok(out)
+    }
+
+    /// [`Buffer::dispatch_layout`] into caller-provided tensors (`out.num_experts`, `out.num_tokens`
+    /// and the three tensors' shapes must match `topk_idx`): i32 `[R]`, i32 `[E]`, bool `[N, R]`.
+    pub fn dispatch_layout_into(&mut self, topk_idx: &Tensor, out: &Layout) -> Result<()> {
+        self.check_usable()?;
+        topk_idx.check_valid()?;
+        let num_experts = out.num_experts;
+        let plan = checks::check_layout(topk_idx.info(), num_experts, self.num_ranks)?;
+        for (name, t, dtype, shape) in [
+            ("num_tokens_per_rank", &out.num_tokens_per_rank, DType::I32, vec![self.num_ranks]),
+            ("num_tokens_per_expert", &out.num_tokens_per_expert, DType::I32, vec![num_experts]),
+            ("is_token_in_rank", &out.is_token_in_rank, DType::Bool, vec![plan.num_tokens, self.num_ranks]),
+        ] {
+            t.check_valid()?;
+            if t.dtype() != dtype || t.shape() != shape.as_slice() || !t.is_contiguous() || out.num_tokens != plan.num_tokens {
+                return Err(EpError::InvalidArgument(format!(
+                    "dispatch_layout_into: {name} must be a contiguous {} tensor of shape {shape:?} for {} tokens, got {} {:?}",
+                    dtype.name(),
+                    plan.num_tokens,
+                    t.dtype().name(),
+                    t.shape()
+                )));
+            }
+        }
+        let (per_rank, per_expert, in_rank) = (&out.num_tokens_per_rank, &out.num_tokens_per_expert, &out.is_token_in_rank);
         let grid = (num_experts.div_ceil(LAYOUT_EXPERTS_PER_BLOCK) + 1) as u32;
         let args = crate::args![
             topk_idx.ptr(),
@@ -425,8 +457,7 @@ impl<'g> Buffer<'g> {
             per_expert.ptr(),
             in_rank.ptr()
         ];
-        self.gpu.launch(&self.kernels.layout, &LaunchCfg::new(grid, LAYOUT_THREADS), args)?;
-        Ok(Layout { num_tokens_per_rank: per_rank, num_tokens_per_expert: per_expert, is_token_in_rank: in_rank, num_tokens: plan.num_tokens, num_experts })
+        self.gpu.launch(&self.kernels.layout, &LaunchCfg::new(grid, LAYOUT_THREADS), args)
     }
 
     /// Dispatch (see module docs). Validates everything before launching anything.

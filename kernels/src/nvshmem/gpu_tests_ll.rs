@@ -98,9 +98,17 @@ fn make_round(c: &Ctx, shape: Shape, seed: u64, masked: f64) -> anyhow::Result<R
 
 /// A round with the given token count per rank.
 fn make_round_with(c: &Ctx, shape: Shape, seed: u64, masked: f64, tokens: Vec<usize>) -> anyhow::Result<Round> {
+    make_round_full(c, shape, seed, masked, tokens, false)
+}
+
+/// [`make_round_with`], optionally with duplicate expert ids in some tokens' top-k.
+fn make_round_full(c: &Ctx, shape: Shape, seed: u64, masked: f64, tokens: Vec<usize>, duplicates: bool) -> anyhow::Result<Round> {
     let Shape { hidden: h, topk: k, experts: e, .. } = shape;
     let spec = InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: false, masked_fraction: masked };
-    let inputs: Vec<RankInput> = random::all_inputs(seed, &tokens, &spec);
+    let mut inputs: Vec<RankInput> = random::all_inputs(seed, &tokens, &spec);
+    if duplicates {
+        random::add_duplicate_experts(&mut inputs);
+    }
     let mine = &inputs[c.rank()];
     let n = mine.n;
     let Payload::Bf16(xh) = &mine.x else { anyhow::bail!("reference inputs must be bf16") };
@@ -224,20 +232,42 @@ fn check_with(
 /// collective GPU work happens before any check.
 fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u64, masked: f64) -> CaseResult {
     let rd = make_round(c, shape, seed, masked)?;
+    round_with(c, buf, shape, mode, &rd)
+}
+
+/// Poison every rank's dispatch outputs, then meet, so a count, range or row the kernels should
+/// have written but did not (e.g. a zero count or an empty range) shows as poison.
+fn poison_outputs(c: &Ctx, buf: &LowLatencyBuffer) -> CaseResult {
+    buf.fill_outputs(crate::gpu_test::POISON_U32)?;
+    c.gpu.sync("poisoning the LL outputs")?;
+    c.comm.barrier()?;
+    Ok(())
+}
+
+/// A combine output tensor filled with poison (the kernel must write every element).
+fn poisoned_out(c: &Ctx, n: usize, h: usize) -> anyhow::Result<Tensor> {
+    let out = Tensor::empty(c.gpu.stream(), crate::tensor::DType::Bf16, &[n, h])?;
+    out.fill_bytes(0x7F)?;
+    Ok(out)
+}
+
+fn round_with(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, rd: &Round) -> CaseResult {
+    poison_outputs(c, buf)?;
     let mut out = buf.dispatch(&rd.x, &rd.topk, dispatch_opts(mode))?;
     if let Some(hook) = out.hook.take() {
         buf.recv(hook)?;
     }
     c.gpu.sync("LL dispatch")?;
     let got = download(&out, mode)?;
-    let y = build_y(c, shape, seed, &got)?;
-    let mut comb = buf.combine(&y, &rd.topk, &rd.weights, &out.handle, mode.hook)?;
+    let y = build_y(c, shape, rd.seed, &got)?;
+    let dest = poisoned_out(c, rd.x.shape()[0], shape.hidden)?;
+    let mut comb = buf.combine_into(&y, &rd.topk, &rd.weights, &out.handle, &dest, mode.hook)?;
     if let Some(hook) = comb.hook.take() {
         buf.recv(hook)?;
     }
     c.gpu.sync("LL combine")?;
     let combined = comb.combined_x.to_host::<bf16>()?;
-    check(c, shape, mode, &rd, &got, &combined)
+    check(c, shape, mode, rd, &got, &combined)
 }
 
 /// Two micro-batches overlapped through hooks: send A, send B, recv A, recv B for dispatch and
@@ -293,10 +323,47 @@ const ALL_MODES: &[Mode] = &[
 
 const BF16_MODES: &[Mode] = &[BF16, Mode { opts: LlOptions::BF16, hook: true }];
 
+/// Rounds with no tokens anywhere, then with no tokens on some ranks only (every rank's counts,
+/// ranges and combine output must still be written: the outputs are poisoned before each round).
+fn zero_tokens_case(shape: Shape) -> Case {
+    Case::new(format!("ll/zero-tokens/{}x{}of{}", shape.hidden, shape.topk, shape.experts), move |c| {
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        let w = c.world();
+        let patterns: [Vec<usize>; 3] = [
+            vec![0; w],
+            (0..w).map(|r| if r % 2 == 0 { 0 } else { shape.num_max }).collect(),
+            (0..w).map(|r| if r == w - 1 { 1 } else { 0 }).collect(),
+        ];
+        for (i, tokens) in patterns.into_iter().enumerate() {
+            let rd = make_round_full(c, shape, c.seed.wrapping_add(i as u64), 0.0, tokens, false)?;
+            for mode in [BF16, FP8] {
+                round_with(c, &mut buf, shape, mode, &rd)?;
+            }
+        }
+        Ok(())
+    })
+    .min_world(1)
+}
+
+/// Some tokens select one expert twice in their top-k.
+fn duplicates_case(shape: Shape) -> Case {
+    Case::new(format!("ll/duplicate-experts/{}x{}of{}", shape.hidden, shape.topk, shape.experts), move |c| {
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        for (i, mode) in [BF16, FP8, Mode { opts: LlOptions::BF16, hook: true }].into_iter().enumerate() {
+            let seed = c.seed.wrapping_add(i as u64 * 0x1000_0001);
+            let tokens = random::token_counts(seed, c.world(), shape.num_max);
+            let rd = make_round_full(c, shape, seed, 0.1, tokens, true)?;
+            round_with(c, &mut buf, shape, mode, &rd)?;
+        }
+        Ok(())
+    })
+    .min_world(1)
+}
+
 /// The LL cases registered with `deepep-gpu-tests`.
 pub fn cases() -> Vec<Case> {
     let deepep = Shape { num_max: 128, hidden: 7168, topk: 8, experts: 288 };
-    vec![
+    let mut v = vec![
         Case::new("ll/host_library_matches_cubins", |_c| {
             // The library NVSHMEM would load here must be the one the cubins were linked with,
             // and a missing library must give the documented message.
@@ -345,7 +412,10 @@ pub fn cases() -> Vec<Case> {
         put_case("dispatch-v1-combine-v1", DispatchVersion::V1, CombineVersion::V1, Shape { num_max: 64, hidden: 4096, topk: 9, experts: 64 }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
-    ]
+    ];
+    v.push(zero_tokens_case(Shape { num_max: 64, hidden: 2048, topk: 8, experts: 64 }));
+    v.push(duplicates_case(Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }));
+    v
 }
 
 /// `ll/combine-v1/...`, `ll/combine-v2/...` or `ll/combine-v3/...`.

@@ -802,6 +802,21 @@ impl LowLatencyBuffer<'_> {
         self.shared.sym.ptr()
     }
 
+    /// Testing aid: fill this rank's dispatch output regions of both halves (received rows,
+    /// scales, source info, layout ranges, counts) with the 32-bit word `word`, ordered on this
+    /// rank's stream. Peers write into them during their next dispatch: every rank must call this,
+    /// synchronize, and meet the others (a barrier) before any rank dispatches again.
+    pub fn fill_outputs(&self, word: u32) -> Result<()> {
+        let lay = &self.layout;
+        let (l, r, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks, lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
+        for d in &lay.dispatch {
+            for (off, bytes) in [(d.x, l * rnm * 2 * h), (d.scales, l * s * rnm * 4), (d.src_info, l * rnm * 4), (d.layout_range, l * r * 8), (d.recv_count, l * 4)] {
+                self.gpu.memset_u32(self.base() + off as u64, word, bytes / 4)?;
+            }
+        }
+        Ok(())
+    }
+
     fn view(&self, off: usize, dtype: DType, shape: &[usize], half: usize, generation: u64) -> Tensor {
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.shared.clone();
         Tensor::view(

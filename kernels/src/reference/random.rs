@@ -150,3 +150,20 @@ pub fn token_counts(seed: u64, num_ranks: usize, max_tokens: usize) -> Vec<usize
 pub fn combine_rows(seed: u64, rank: usize, stream: u64, rows: usize, hidden: usize) -> Vec<bf16> {
     bf16_rows(&mut rng(seed, rank, stream), rows, hidden)
 }
+
+/// Give some tokens a duplicate expert id in their top-k (what a caller may pass: nothing in the
+/// contract forbids it): every third token with two or more used slots gets slot 1 = slot 0.
+/// The CPU reference defines what a duplicate means; the kernels must agree with it.
+pub fn add_duplicate_experts(inputs: &mut [RankInput]) {
+    for inp in inputs.iter_mut() {
+        if inp.k < 2 {
+            continue;
+        }
+        for t in (0..inp.n).step_by(3) {
+            let row = &mut inp.topk_idx[t * inp.k..(t + 1) * inp.k];
+            if row[0] >= 0 && row[1] >= 0 {
+                row[1] = row[0];
+            }
+        }
+    }
+}

@@ -23,7 +23,7 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     rank: usize,
     ordinal: usize,
-    record: HostMapped<ErrorRecord>,
+    record: Arc<HostMapped<ErrorRecord>>,
     device_timeout_ns: AtomicU64,
     host_timeout_ns: AtomicU64,
     /// This rank's share of the SMs: all of them with one rank per GPU, `device_sms / K` with
@@ -89,7 +89,8 @@ impl Gpu {
         // SAFETY: no cudarc slices are shared between streams by this crate.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
-        let record = HostMapped::<ErrorRecord>::new(&ctx, 1)?;
+        let record = Arc::new(HostMapped::<ErrorRecord>::new(&ctx, 1)?);
+        register_record(&record);
         let device_sms = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let ranks_per_gpu = ranks_per_gpu.max(1);
         let sm_count = if ranks_per_gpu > 1 && whole_grids()? { device_sms } else { sm_share(device_sms, ranks_per_gpu) };
@@ -305,7 +306,17 @@ impl Gpu {
                         if let Some(e) = self.take_error() {
                             return Err(e);
                         }
-                        return Err(EpError::HostTimeout { rank: self.rank, what: what.to_string(), secs: start.elapsed().as_secs_f64() });
+                        let what = if self.oversubscribed() {
+                            // No GPU-side wait expired, so no kernel of ours got to wait at all.
+                            format!(
+                                "{what} [no wait of this rank's kernels expired: with {} ranks per GPU a kernel may never have \
+                                 started because the other ranks' blocks fill the GPU; under MPS keep {SHARED_GRIDS_ENV}=share]",
+                                self.ranks_per_gpu
+                            )
+                        } else {
+                            what.to_string()
+                        };
+                        return Err(EpError::HostTimeout { rank: self.rank, what, secs: start.elapsed().as_secs_f64() });
                     }
                     std::thread::sleep(nap);
                     nap = (nap * 2).min(Duration::from_millis(1));
@@ -722,6 +733,26 @@ macro_rules! args {
         $( a.push($x); )*
         a
     }};
+}
+
+/// Diagnostic records of the live [`Gpu`]s of this process, so that code which only holds a stream
+/// (e.g. [`crate::tensor::Tensor::to_host`]) can refuse to hand back data that a kernel whose wait
+/// expired left incomplete. A bounded wait records its error and returns, so the stream itself
+/// completes without a CUDA error: a plain stream sync must never be the last word.
+static LIVE_RECORDS: Mutex<Vec<std::sync::Weak<HostMapped<ErrorRecord>>>> = Mutex::new(Vec::new());
+
+fn register_record(r: &Arc<HostMapped<ErrorRecord>>) {
+    let mut live = LIVE_RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(r));
+}
+
+/// The first error recorded by a kernel of any live [`Gpu`] of this process and not yet taken by
+/// [`Gpu::sync`] / [`Gpu::take_error`]. The record is left in place: the next call into the
+/// buffer that ran the kernel still sees it (and poisons that buffer).
+pub fn pending_device_error() -> Option<EpError> {
+    let live = LIVE_RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    live.iter().filter_map(|w| w.upgrade()).find_map(|r| r.get(0).to_error())
 }
 
 /// Environment variable that lets `K` ranks share each GPU on purpose (set by `--ranks-per-gpu`).
