@@ -1133,3 +1133,43 @@ fn summation_bound_is_sound_under_reordering() {
         }
     }
 }
+
+#[test]
+fn ll_packed_checker_counts_duplicate_selections() {
+    // A token that selects one expert twice holds two slots of that expert's block (one copy per
+    // selection, as DeepEP sends); the checker must accept that and catch a slot given to another
+    // token instead.
+    let mut checked = 0;
+    for seed in 0..24u64 {
+        let mut c = ll_case(seed);
+        if c.k < 2 {
+            continue;
+        }
+        random::add_duplicate_experts(&mut c.inputs);
+        let outs = ll_dispatch(&c.inputs, c.e, c.num_max, c.opts, c.mask.as_deref()).unwrap();
+        let rm = c.r * c.num_max;
+        for (d, o) in outs.iter().enumerate() {
+            let f = fake_gpu_ll(&c, o, seed * 7 + d as u64);
+            view(&c, &f).check(o).unwrap_or_else(|e| panic!("seed {seed} dest {d}: {e}"));
+            // An expert and source whose block holds a token twice and another token once.
+            for (le, ex) in o.experts.iter().enumerate() {
+                let mut per: HashMap<(usize, usize), usize> = HashMap::new();
+                for en in &ex.entries {
+                    *per.entry((en.src_rank, en.src_token)).or_insert(0) += 1;
+                }
+                let Some((&(s, twice), _)) = per.iter().find(|(_, &n)| n == 2) else { continue };
+                let Some((&(_, once), _)) = per.iter().find(|(&(s2, _), &n)| s2 == s && n == 1) else { continue };
+                let v = f.layout_range[le * c.r + s];
+                let (begin, cnt) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
+                let slot = (begin..begin + cnt).find(|&sl| f.src_info[le * rm + sl] == twice as i32).unwrap();
+                let mut g = FakeLl { x: f.x.clone(), scales_f32: f.scales_f32.clone(), scales_ue8m0: f.scales_ue8m0.clone(), count: f.count.clone(), src_info: f.src_info.clone(), layout_range: f.layout_range.clone() };
+                g.src_info[le * rm + slot] = once as i32;
+                let e = view(&c, &g).check(o).expect_err("a duplicate's slot given to another token");
+                assert!(e.contains("slot(s)") || e.contains("x differs"), "seed {seed}: {e}");
+                checked += 1;
+                break;
+            }
+        }
+    }
+    assert!(checked > 0, "no case had a duplicate selection next to a single one");
+}

@@ -195,13 +195,19 @@ pub struct LlPacked<'a> {
 pub struct LlSlotMap {
     /// `[L][R]`: `(begin, count)` of each source's block.
     pub blocks: Vec<Vec<(usize, usize)>>,
-    map: HashMap<(usize, usize, usize), usize>,
+    /// Slots of each `(local expert, src rank, src token)`: one per selection, so a token that
+    /// selects one expert twice in its top-k holds two slots (DeepEP sends one copy per selection).
+    map: HashMap<(usize, usize, usize), Vec<usize>>,
 }
 
 impl LlSlotMap {
-    /// Slot of `(le, src_rank, src_token)`, if received.
+    /// First slot of `(le, src_rank, src_token)`, if received.
     pub fn slot(&self, le: usize, src_rank: usize, src_token: usize) -> Option<usize> {
-        self.map.get(&(le, src_rank, src_token)).copied()
+        self.slots_of(le, src_rank, src_token).first().copied()
+    }
+    /// Every slot of `(le, src_rank, src_token)`, ascending (empty if not received).
+    pub fn slots_of(&self, le: usize, src_rank: usize, src_token: usize) -> &[usize] {
+        self.map.get(&(le, src_rank, src_token)).map_or(&[], |v| v.as_slice())
     }
 }
 
@@ -220,7 +226,8 @@ impl LlPacked<'_> {
 
     /// Check the layout metadata for internal consistency and build the slot map: every
     /// `count[le]` within capacity, each source block `[begin, begin+cnt)` inside `[0, count[le])`,
-    /// blocks disjoint and together covering `[0, count[le])`, and `src_info` unique per block.
+    /// blocks disjoint and together covering `[0, count[le])`. A token may hold several slots of
+    /// one block (one per selection of that expert); [`LlPacked::check`] counts them.
     #[allow(clippy::needless_range_loop)] // indices are the layout coordinates named in errors
     pub fn slots(&self) -> std::result::Result<LlSlotMap, String> {
         let (l, r, rm) = (self.num_local_experts, self.num_ranks, self.slots_per_expert());
@@ -255,9 +262,7 @@ impl LlPacked<'_> {
                     if t < 0 {
                         return Err(format!("local expert {le}, source rank {s}, slot {slot}: negative src_info {t}"));
                     }
-                    if let Some(prev) = map.insert((le, s, t as usize), slot) {
-                        return Err(format!("local expert {le}, source rank {s}: token {t} appears in slots {prev} and {slot}"));
-                    }
+                    map.entry((le, s, t as usize)).or_insert_with(Vec::new).push(slot);
                 }
                 blocks[le][s] = (begin, cnt);
                 total += cnt;
@@ -293,10 +298,21 @@ impl LlPacked<'_> {
                     return Err(format!("local expert {le}: layout_range count from source rank {s} is {got}, expected {}", exp.per_source[s]));
                 }
             }
+            // The i-th selection of (source, token) for this expert takes the token's i-th slot.
+            let mut used: HashMap<(usize, usize), usize> = HashMap::new();
             for en in &exp.entries {
-                let Some(slot) = slots.slot(le, en.src_rank, en.src_token) else {
-                    return Err(format!("local expert {le}: token {} of source rank {} missing from its block (src_info)", en.src_token, en.src_rank));
+                let nth = used.entry((en.src_rank, en.src_token)).or_insert(0);
+                let all = slots.slots_of(le, en.src_rank, en.src_token);
+                let Some(&slot) = all.get(*nth) else {
+                    return Err(format!(
+                        "local expert {le}: token {} of source rank {} holds {} slot(s) in its block (src_info) but selects this expert {} time(s)",
+                        en.src_token,
+                        en.src_rank,
+                        all.len(),
+                        exp.entries.iter().filter(|e| e.src_rank == en.src_rank && e.src_token == en.src_token).count()
+                    ));
                 };
+                *nth += 1;
                 let base = (le * rm + slot) * rb;
                 let got = &self.x[base..base + rb];
                 if got != en.x.as_slice() {
