@@ -489,9 +489,10 @@ pub fn install_with(
             )))
         }
         Ok(m) if !m.is_dir() => {
+            let what = if m.is_file() { "a file" } else { "a special file" };
             return Err(Error::Usage(format!(
-                "--prefix {shown} is a file, not a directory; pick a directory path (a missing one is created) or move the file away"
-            )))
+                "--prefix {shown} is {what}, not a directory; pick a directory path (a missing one is created) or move the file away"
+            )));
         }
         Ok(_) => {
             let empty = fs::read_dir(&prefix)

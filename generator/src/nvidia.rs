@@ -205,7 +205,7 @@ fn check_relative_path(origin: &str, path: &str, rel: &str) -> Result<String> {
     crate::validate::relative_path(rel).map_err(|e| {
         Error::upstream(
             origin,
-            format!("{path}.relative_path: {e}; it must stay below the redist base URL"),
+            format!("{path}.relative_path is not a plain relative path: {e}; it must stay below the redist base URL"),
         )
     })
 }

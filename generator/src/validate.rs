@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::model::Artifact;
+use crate::model::{Artifact, SourceKind};
 
 /// Checks a file name; `Err` carries the reason.
 pub fn file_name(name: &str) -> std::result::Result<(), String> {
@@ -139,9 +139,15 @@ pub fn url(url: &str, filename: &str) -> std::result::Result<(), String> {
 /// Checks the strings of an artifact that reach paths, URLs and the Nix data. `path` is the
 /// JSON path of the entry in `origin`.
 pub fn artifact(origin: &str, path: &str, a: &Artifact) -> Result<()> {
+    // NVIDIA's file name and URL come from `relative_path`; PyPI's are fields of their own.
+    let (name_field, url_field) = match a.source {
+        SourceKind::Nvidia => ("relative_path (its file name)", "relative_path (the URL it makes)"),
+        SourceKind::Pypi => ("filename", "url"),
+    };
     file_name(&a.filename)
-        .map_err(|e| Error::upstream(origin, format!("{path}.filename: {e}")))?;
-    url(&a.url, &a.filename).map_err(|e| Error::upstream(origin, format!("{path}.url: {e}")))
+        .map_err(|e| Error::upstream(origin, format!("{path}.{name_field}: {e}")))?;
+    url(&a.url, &a.filename)
+        .map_err(|e| Error::upstream(origin, format!("{path}.{url_field}: {e}")))
 }
 
 /// One open object or array while scanning for duplicate keys.
