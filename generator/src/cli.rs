@@ -553,7 +553,8 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
 }
 
 /// What to do when a URL pinned in the lock does not answer (`verify`, `install`).
-const PINNED_URL_HINT: &str = "the lock pins this URL (pkgs/nvshmem/releases.json); if the file moved, \
+const PINNED_URL_HINT: &str =
+    "the lock pins this URL (pkgs/nvshmem/releases.json); if the file moved, \
      refresh the lock with `deepep-nix lock`, or pass --file with a copy you already have";
 
 /// Parses a byte count: digits with an optional K, M, G or T suffix (powers of 1024).
@@ -566,7 +567,11 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(format!("{s:?}: unknown unit {c:?}; use K, M, G or T (powers of 1024)")),
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown unit {c:?}; use K, M, G or T (powers of 1024)"
+                    ))
+                }
             };
             (&t[..i], m)
         }

@@ -276,9 +276,9 @@ impl Http {
         let mut src: Option<&(dyn std::error::Error + 'static)> =
             e.get_ref().map(|r| r as &(dyn std::error::Error + 'static));
         while let Some(s) = src {
-            if s.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout)
-                || s
-                    .downcast_ref::<std::io::Error>()
+            if s.downcast_ref::<reqwest::Error>()
+                .is_some_and(reqwest::Error::is_timeout)
+                || s.downcast_ref::<std::io::Error>()
                     .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
             {
                 timed_out = true;

@@ -428,7 +428,10 @@ pub fn earlier_install(dir: &Path) -> Result<Replaced> {
     for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let e = e.map_err(|e| Error::io(dir, e))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        let is_dir = e.file_type().map_err(|err| Error::io(e.path(), err))?.is_dir();
+        let is_dir = e
+            .file_type()
+            .map_err(|err| Error::io(e.path(), err))?
+            .is_dir();
         if (is_dir && INSTALL_ENTRIES.contains(&name.as_str()))
             || (!is_dir && name.starts_with("LICENSE"))
         {
@@ -459,7 +462,10 @@ fn count_files(dir: &Path) -> Result<u64> {
     let mut n = 0;
     for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let e = e.map_err(|e| Error::io(dir, e))?;
-        if e.file_type().map_err(|err| Error::io(e.path(), err))?.is_dir() {
+        if e.file_type()
+            .map_err(|err| Error::io(e.path(), err))?
+            .is_dir()
+        {
             n += count_files(&e.path())?;
         } else {
             n += 1;
@@ -489,7 +495,11 @@ pub fn install_with(
             )))
         }
         Ok(m) if !m.is_dir() => {
-            let what = if m.is_file() { "a file" } else { "a special file" };
+            let what = if m.is_file() {
+                "a file"
+            } else {
+                "a special file"
+            };
             return Err(Error::Usage(format!(
                 "--prefix {shown} is {what}, not a directory; pick a directory path (a missing one is created) or move the file away"
             )));
@@ -524,7 +534,9 @@ pub fn install_with(
     let limit = match opts.max_unpacked {
         Some(n) => (n, "--max-unpacked-size".to_string()),
         None => {
-            let size = fs::metadata(archive).map_err(|e| Error::io(archive, e))?.len();
+            let size = fs::metadata(archive)
+                .map_err(|e| Error::io(archive, e))?
+                .len();
             (
                 size.saturating_mul(UNPACKED_RATIO),
                 format!("{UNPACKED_RATIO} times the archive's {size} bytes"),

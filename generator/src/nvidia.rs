@@ -7,7 +7,6 @@
 //! leaf. A leaf is `{relative_path, sha256, md5?, size?}` with `size` a decimal string.
 //! Key order carries no meaning; unknown scalar keys are tolerated everywhere.
 
-
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -336,7 +335,9 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
                 let major = cuda_key(vkey).ok_or_else(|| {
                     Error::upstream(
                         origin,
-                        format!("{path}: expected keys cuda<major> because cuda_variant is present"),
+                        format!(
+                            "{path}: expected keys cuda<major> because cuda_variant is present"
+                        ),
                     )
                 })?;
                 leaves.push((major, path.clone(), obj(origin, &path, leaf)?));
@@ -431,9 +432,13 @@ mod tests {
             .map(|v| v.to_string())
             .collect();
         assert_eq!(vs, ["3.3.9", "3.10.1"]);
-        let twice = r#"<a href="redistrib_3.9.0.json">redistrib_3.9.0.json</a> redistrib_3.9.0.0.json"#;
+        let twice =
+            r#"<a href="redistrib_3.9.0.json">redistrib_3.9.0.json</a> redistrib_3.9.0.0.json"#;
         let e = parse_index("index", twice).unwrap_err().to_string();
-        assert!(e.contains("redistrib_3.9.0.json") && e.contains("redistrib_3.9.0.0.json"), "{e}");
+        assert!(
+            e.contains("redistrib_3.9.0.json") && e.contains("redistrib_3.9.0.0.json"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -141,7 +141,10 @@ pub fn url(url: &str, filename: &str) -> std::result::Result<(), String> {
 pub fn artifact(origin: &str, path: &str, a: &Artifact) -> Result<()> {
     // NVIDIA's file name and URL come from `relative_path`; PyPI's are fields of their own.
     let (name_field, url_field) = match a.source {
-        SourceKind::Nvidia => ("relative_path (its file name)", "relative_path (the URL it makes)"),
+        SourceKind::Nvidia => (
+            "relative_path (its file name)",
+            "relative_path (the URL it makes)",
+        ),
         SourceKind::Pypi => ("filename", "url"),
     };
     file_name(&a.filename)
@@ -275,7 +278,11 @@ mod tests {
     fn urls_and_file_names() {
         let f = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
         assert!(file_name(f).is_ok());
-        assert!(url(&format!("https://files.pythonhosted.org/packages/3c/35/ab/{f}"), f).is_ok());
+        assert!(url(
+            &format!("https://files.pythonhosted.org/packages/3c/35/ab/{f}"),
+            f
+        )
+        .is_ok());
         assert!(url(&format!("http://127.0.0.1:8080/files/{f}"), f).is_ok());
         for bad in ["../x.whl", ".x", "-x", "a b", "x${y}", "a\"b", ""] {
             assert!(file_name(bad).is_err(), "{bad}");
@@ -298,7 +305,10 @@ mod tests {
         assert!(no_duplicate_keys("t", ok).is_ok());
         let dup = b"{\"a\": {\n\"x\": 1,\n\"y\": \"x\",\n\"x\": 2}}";
         let e = no_duplicate_keys("t", dup).unwrap_err().to_string();
-        assert!(e.contains("\"a.x\"") && e.contains("t line 2") && e.contains("t line 4"), "{e}");
+        assert!(
+            e.contains("\"a.x\"") && e.contains("t line 2") && e.contains("t line 4"),
+            "{e}"
+        );
         let esc = br#"{"r": {"3.4.5": [], "3\u002e4.5": []}}"#;
         assert!(no_duplicate_keys("t", esc).is_err());
         let arr = br#"{"r": [{"k": 1}, {"k": {"z": 1, "z": 2}}]}"#;

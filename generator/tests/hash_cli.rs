@@ -200,11 +200,18 @@ fn hash_with_deadline(path: &Path) -> std::process::Output {
 fn hash_refuses_fifos_and_devices_instead_of_blocking() {
     let t = tempfile::tempdir().unwrap();
     let fifo = t.path().join("fifo");
-    let st = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
     assert!(st.success());
     let link = t.path().join("link-to-fifo");
     std::os::unix::fs::symlink(&fifo, &link).unwrap();
-    for (p, kind) in [(&fifo, "FIFO"), (&link, "FIFO"), (&Path::new("/dev/null").to_path_buf(), "character device")] {
+    for (p, kind) in [
+        (&fifo, "FIFO"),
+        (&link, "FIFO"),
+        (&Path::new("/dev/null").to_path_buf(), "character device"),
+    ] {
         let out = hash_with_deadline(p);
         assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
         let err = common::stderr(&out);

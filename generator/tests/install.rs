@@ -495,10 +495,20 @@ fn noise(n: usize) -> Vec<u8> {
 }
 
 /// Runs `install --file archive --prefix prefix extra...` against a lock pinning `tarball`.
-fn install_pinned(tarball: &[u8], dir: &Path, prefix: &Path, extra: &[&str]) -> std::process::Output {
+fn install_pinned(
+    tarball: &[u8],
+    dir: &Path,
+    prefix: &Path,
+    extra: &[&str],
+) -> std::process::Output {
     let repo = repo_pinning(tarball, &good_wheel());
     let t = write(dir, &format!("{TOP}.tar.xz"), tarball);
-    let mut args = vec!["--file", t.to_str().unwrap(), "--prefix", prefix.to_str().unwrap()];
+    let mut args = vec![
+        "--file",
+        t.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     run_install(repo.path(), &args)
 }
@@ -519,7 +529,9 @@ fn replace_refuses_a_directory_that_is_not_an_earlier_install() {
         assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
         let err = common::stderr(&out);
         assert!(
-            err.contains("not an earlier NVSHMEM install") && err.contains(expect) && err.contains("remove"),
+            err.contains("not an earlier NVSHMEM install")
+                && err.contains(expect)
+                && err.contains("remove"),
             "{err}"
         );
         assert_eq!(common::snapshot(&work), before, "nothing changed");
@@ -538,7 +550,10 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     let err = common::stderr(&out);
     assert!(
-        err.contains("removed the earlier install") && err.contains("include/") && err.contains("lib/") && err.contains("2 files"),
+        err.contains("removed the earlier install")
+            && err.contains("include/")
+            && err.contains("lib/")
+            && err.contains("2 files"),
         "{err}"
     );
     assert!(prefix.join("bin/nvshmem-info").is_file());
@@ -549,7 +564,11 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
 fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
     let mut tarball = tar_xz(&[
         E::Dir(&format!("{TOP}/")),
-        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), &noise(300_000), 0o644),
+        E::File(
+            &format!("{TOP}/lib/libnvshmem_host.so.3"),
+            &noise(300_000),
+            0o644,
+        ),
     ]);
     tarball.truncate(tarball.len() * 2 / 3);
     let files = tempfile::tempdir().unwrap();
@@ -561,7 +580,10 @@ fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
     let err = common::stderr(&out);
     // The truncated archive is named, not the temporary staging directory, and each cause
     // is printed once.
-    assert!(err.contains(&format!("{TOP}.tar.xz")) && !err.contains(".deepep-nix-install"), "{err}");
+    assert!(
+        err.contains(&format!("{TOP}.tar.xz")) && !err.contains(".deepep-nix-install"),
+        "{err}"
+    );
     common::assert_causes_once(&err);
     assert_eq!(common::snapshot(&work), vec![], "new1/new2 removed again");
 }
@@ -575,7 +597,10 @@ fn a_regular_file_as_prefix_is_called_a_file() {
         let out = install_pinned(&good_tar(), files.path(), &f, extra);
         assert_eq!(out.status.code(), Some(2));
         let err = common::stderr(&out);
-        assert!(err.contains("is a file, not a directory") && !err.contains("not empty"), "{err}");
+        assert!(
+            err.contains("is a file, not a directory") && !err.contains("not empty"),
+            "{err}"
+        );
         assert_eq!(std::fs::read(&f).unwrap(), b"keep");
     }
 }
@@ -596,9 +621,20 @@ fn unpacked_size_is_bounded_and_the_flag_raises_the_bound() {
     let out = install_pinned(&bomb, files.path(), &prefix, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
     let err = common::stderr(&out);
-    assert!(err.contains("unpacks to more than") && err.contains("--max-unpacked-size"), "{err}");
+    assert!(
+        err.contains("unpacks to more than") && err.contains("--max-unpacked-size"),
+        "{err}"
+    );
     assert_eq!(common::snapshot(&work), vec![]);
-    let out = install_pinned(&bomb, files.path(), &prefix, &["--max-unpacked-size", "32M"]);
+    let out = install_pinned(
+        &bomb,
+        files.path(),
+        &prefix,
+        &["--max-unpacked-size", "32M"],
+    );
     assert!(out.status.success(), "{}", common::stderr(&out));
-    assert_eq!(std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(), 24 << 20);
+    assert_eq!(
+        std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
+        24 << 20
+    );
 }

@@ -575,7 +575,9 @@ fn lock_refuses_percent_encoded_traversal_in_paths_and_urls() {
         let out = lock_fails_writing_nothing(&s);
         let err = stderr(&out);
         assert!(
-            err.contains("redistrib_3.4.5.json") && err.contains("relative_path") && err.contains(rel),
+            err.contains("redistrib_3.4.5.json")
+                && err.contains("relative_path")
+                && err.contains(rel),
             "{rel}: {err}"
         );
     }
@@ -591,7 +593,10 @@ fn lock_refuses_percent_encoded_traversal_in_paths_and_urls() {
         )),
     );
     let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(err.contains("nvidia-nvshmem-cu13") && err.contains("url") && err.contains(".."), "{err}");
+    assert!(
+        err.contains("nvidia-nvshmem-cu13") && err.contains("url") && err.contains(".."),
+        "{err}"
+    );
 }
 
 #[test]
@@ -624,7 +629,11 @@ fn lock_refuses_an_index_listing_one_version_under_two_names() {
         ),
     );
     for (name, sha) in [("3.9.0", SHA_A), ("3.9.0.0", SHA_B)] {
-        let m = manifest_text("3.9.0", true, &format!("\"cuda13\": {}", leaf(&archive_path("3.9.0", 13), sha)));
+        let m = manifest_text(
+            "3.9.0",
+            true,
+            &format!("\"cuda13\": {}", leaf(&archive_path("3.9.0", 13), sha)),
+        );
         s.route(&format!("/redist/redistrib_{name}.json"), Behaviour::ok(m));
     }
     let err = stderr(&lock_fails_writing_nothing(&s));
@@ -674,7 +683,9 @@ fn lock_refuses_duplicate_json_keys_naming_both() {
     s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::ok(doubled));
     let err = stderr(&lock_fails_writing_nothing(&s));
     assert!(
-        err.contains("duplicate") && err.contains("releases.3.4.5") && err.contains("nvidia-nvshmem-cu13"),
+        err.contains("duplicate")
+            && err.contains("releases.3.4.5")
+            && err.contains("nvidia-nvshmem-cu13"),
         "{err}"
     );
 }
@@ -704,18 +715,30 @@ fn lock_accepts_cuda_keyed_platforms_without_cuda_variant() {
         .iter()
         .find(|r| r["version"] == "3.4.5")
         .unwrap();
-    assert_eq!(r["systems"]["x86_64-linux"]["12"]["nvidia"]["sha256"], SHA_A);
-    assert_eq!(r["systems"]["x86_64-linux"]["13"]["nvidia"]["sha256"], SHA_B);
+    assert_eq!(
+        r["systems"]["x86_64-linux"]["12"]["nvidia"]["sha256"],
+        SHA_A
+    );
+    assert_eq!(
+        r["systems"]["x86_64-linux"]["13"]["nvidia"]["sha256"],
+        SHA_B
+    );
 
     // A platform that is neither a leaf nor keyed by CUDA major: the message says so.
     let s = upstream();
     s.route(
         "/redist/redistrib_3.4.5.json",
-        Behaviour::ok(manifest_text("3.4.5", false, &format!("\"sha256\": \"{SHA_A}\""))),
+        Behaviour::ok(manifest_text(
+            "3.4.5",
+            false,
+            &format!("\"sha256\": \"{SHA_A}\""),
+        )),
     );
     let err = stderr(&lock_fails_writing_nothing(&s));
     assert!(
-        err.contains("libnvshmem.linux-x86_64") && err.contains("relative_path") && err.contains("cuda<major>"),
+        err.contains("libnvshmem.linux-x86_64")
+            && err.contains("relative_path")
+            && err.contains("cuda<major>"),
         "{err}"
     );
 }
@@ -728,7 +751,10 @@ fn verify_404_hint_names_only_flags_verify_has() {
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
-        err.contains("404") && err.contains("--file") && !err.contains("--nvidia-url") && !err.contains("--pypi-url"),
+        err.contains("404")
+            && err.contains("--file")
+            && !err.contains("--nvidia-url")
+            && !err.contains("--pypi-url"),
         "{err}"
     );
     assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
@@ -746,13 +772,26 @@ fn verify_reports_a_stalled_body_as_a_timeout() {
         },
     );
     let (r, d) = (repo.path().to_str().unwrap(), dest.path().to_str().unwrap());
-    let mut a = vec!["verify", "--repo", r, "--dest", d, "--timeout", "1", "--retries", "0"];
+    let mut a = vec![
+        "verify",
+        "--repo",
+        r,
+        "--dest",
+        d,
+        "--timeout",
+        "1",
+        "--retries",
+        "0",
+    ];
     a.extend_from_slice(common::SELECT_3_4_5);
     let t0 = std::time::Instant::now();
     let out = run_in(repo.path(), &a);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("timed out") && !err.contains("decoding"), "{err}");
+    assert!(
+        err.contains("timed out") && !err.contains("decoding"),
+        "{err}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(!dest.path().join(WHEEL_NAME).exists());
 }
