@@ -272,8 +272,9 @@ pub struct InstallArgs {
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
     /// Replace an earlier NVSHMEM install in --prefix (a directory with
-    /// lib/libnvshmem_host.so.3 and only bin/ include/ lib/ share/ LICENSE* at the top),
-    /// swapped only after the new tree is complete. Anything else is refused.
+    /// lib/libnvshmem_host.so.3 and at its top only bin/ include/ lib/ share/, LICENSE*
+    /// files and what the archive has at its top), swapped only after the new tree is
+    /// complete; says what it removed. Anything else is refused.
     #[arg(long)]
     pub replace: bool,
     /// Bound on the unpacked size (bytes, or with K/M/G/T: powers of 1024)

@@ -411,18 +411,26 @@ pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> 
     .map(|i| i.prefix)
 }
 
-/// Whether `dir` (an existing directory) holds an earlier NVSHMEM install that `--replace`
-/// may remove: it has `lib/libnvshmem_host.so.3` (what every install has, and what `env`
-/// checks), and nothing at the top but [`INSTALL_ENTRIES`] and `LICENSE*` files. Returns what
-/// it holds; otherwise a usage error naming what is missing or foreign, and the fix.
-pub fn earlier_install(dir: &Path) -> Result<Replaced> {
-    let shown = dir.display();
+/// Refuses `--replace` early for a directory without `lib/libnvshmem_host.so.3`.
+fn require_host_lib(dir: &Path) -> Result<()> {
     if fs::symlink_metadata(dir.join(HOST_LIB)).is_err() {
         return Err(Error::Usage(format!(
-            "--prefix {shown} is not an earlier NVSHMEM install (it has no {HOST_LIB}), so --replace does not remove it; \
-             pick a new directory, or remove it yourself if you mean to"
+            "--prefix {} is not an earlier NVSHMEM install (it has no {HOST_LIB}), so --replace does not remove it; \
+             pick a new directory, or remove it yourself if you mean to",
+            dir.display()
         )));
     }
+    Ok(())
+}
+
+/// Whether `dir` (an existing directory) holds an earlier NVSHMEM install that `--replace`
+/// may remove: it has `lib/libnvshmem_host.so.3` (what every install has, and what `env`
+/// checks), and nothing at the top but [`INSTALL_ENTRIES`], `LICENSE*` files and the
+/// top-level entries of the archive being installed (`also`). Returns what it holds;
+/// otherwise a usage error naming what is missing or foreign, and the fix.
+pub fn earlier_install(dir: &Path, also: &[String]) -> Result<Replaced> {
+    let shown = dir.display();
+    require_host_lib(dir)?;
     let mut entries = Vec::new();
     let mut foreign = Vec::new();
     for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
@@ -433,7 +441,8 @@ pub fn earlier_install(dir: &Path) -> Result<Replaced> {
             .map_err(|err| Error::io(e.path(), err))?
             .is_dir();
         if (is_dir && INSTALL_ENTRIES.contains(&name.as_str()))
-            || (!is_dir && name.starts_with("LICENSE"))
+            || (!is_dir && name.to_ascii_lowercase().starts_with("license"))
+            || also.contains(&name)
         {
             entries.push(if is_dir { format!("{name}/") } else { name });
         } else {
@@ -443,8 +452,8 @@ pub fn earlier_install(dir: &Path) -> Result<Replaced> {
     if !foreign.is_empty() {
         foreign.sort();
         return Err(Error::Usage(format!(
-            "--prefix {shown} is not an earlier NVSHMEM install: it also holds {}, which no NVSHMEM archive installs \
-             (an install has only {} and LICENSE* files), so --replace does not remove it; \
+            "--prefix {shown} is not an earlier NVSHMEM install: it also holds {}, which NVSHMEM does not install \
+             (an install has only {}, LICENSE* files and what this archive has at its top), so --replace does not remove it; \
              move those out (or remove the directory yourself) and run again",
             foreign.join(", "),
             INSTALL_ENTRIES.join("/, ") + "/"
@@ -487,7 +496,7 @@ pub fn install_with(
 ) -> Result<Installed> {
     let prefix = absolute(prefix)?;
     let shown = prefix.display();
-    let mut replaced = None;
+    let mut replace_existing = false;
     match fs::symlink_metadata(&prefix) {
         Ok(m) if m.file_type().is_symlink() => {
             return Err(Error::Usage(format!(
@@ -515,7 +524,8 @@ pub fn install_with(
                         "--prefix {shown} exists and is not empty; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install"
                     )));
                 }
-                replaced = Some(earlier_install(&prefix)?);
+                require_host_lib(&prefix)?;
+                replace_existing = true;
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -545,17 +555,19 @@ pub fn install_with(
     };
     let result = (|| {
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        publish(archive, format, &prefix, &parent, replaced.is_some(), limit)
+        publish(archive, format, &prefix, &parent, replace_existing, limit)
     })();
     if result.is_err() {
         for d in &created {
             let _ = fs::remove_dir(d);
         }
     }
-    result.map(|()| Installed { prefix, replaced })
+    result.map(|replaced| Installed { prefix, replaced })
 }
 
-/// Unpacks into a staging directory in `parent` and renames it to `prefix`.
+/// Unpacks into a staging directory in `parent` and renames it to `prefix`. With
+/// `occupied`, the prefix must hold an earlier install ([`earlier_install`], checked against
+/// the new tree's top level), which is swapped out and described in the result.
 fn publish(
     archive: &Path,
     format: Format,
@@ -563,7 +575,7 @@ fn publish(
     parent: &Path,
     occupied: bool,
     (limit, limit_why): (u64, String),
-) -> Result<()> {
+) -> Result<Option<Replaced>> {
     let staging = tempfile::Builder::new()
         .prefix(".deepep-nix-install-")
         .tempdir_in(parent)
@@ -595,6 +607,16 @@ fn publish(
             .map_err(|e| Error::io(&link, e))?;
     }
     set_mode(staging.path(), 0o755)?;
+    let replaced = if occupied {
+        let mut tops = Vec::new();
+        for e in fs::read_dir(staging.path()).map_err(|e| Error::io(staging.path(), e))? {
+            let e = e.map_err(|e| Error::io(staging.path(), e))?;
+            tops.push(e.file_name().to_string_lossy().into_owned());
+        }
+        Some(earlier_install(prefix, &tops)?)
+    } else {
+        None
+    };
     // Publish: the staging dir becomes the prefix in one rename.
     let staged = staging.keep();
     let result = (|| {
@@ -620,7 +642,7 @@ fn publish(
     if result.is_err() {
         let _ = fs::remove_dir_all(&staged);
     }
-    result
+    result.map(|()| replaced)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

@@ -546,6 +546,7 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
     std::fs::create_dir_all(prefix.join("include")).unwrap();
     std::fs::write(prefix.join("lib/libnvshmem_host.so.3"), "old").unwrap();
     std::fs::write(prefix.join("include/old.h"), "old").unwrap();
+    std::fs::write(prefix.join("License.txt"), "old").unwrap();
     let out = install_pinned(&good_tar(), files.path(), &prefix, &["--replace"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let err = common::stderr(&out);
@@ -553,7 +554,8 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
         err.contains("removed the earlier install")
             && err.contains("include/")
             && err.contains("lib/")
-            && err.contains("2 files"),
+            && err.contains("License.txt")
+            && err.contains("3 files"),
         "{err}"
     );
     assert!(prefix.join("bin/nvshmem-info").is_file());
