@@ -263,13 +263,22 @@ impl<'a> Stager<'a> {
     }
 }
 
-/// A read error inside an archive (truncated or corrupt), naming the archive and the entry.
+/// A read error inside an archive (truncated or corrupt), naming the archive and the entry
+/// (or `(first header)` / `(next header)` between entries).
 fn corrupt(archive: &Path, entry: &str, e: io::Error) -> Error {
+    let at = if entry.starts_with('(') {
+        format!(
+            "reading the {}",
+            entry.trim_matches(|c| c == '(' || c == ')')
+        )
+    } else {
+        format!("reading entry {entry:?}")
+    };
     Error::io(
         archive,
         io::Error::new(
             e.kind(),
-            format!("truncated or corrupt archive (reading entry {entry:?}): {e}"),
+            format!("truncated or corrupt archive ({at}): {e}"),
         ),
     )
 }
@@ -284,9 +293,11 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
     let f = File::open(archive).map_err(|e| Error::io(archive, e))?;
     let mut tar = tar::Archive::new(xz2::read::XzDecoder::new(io::BufReader::new(f)));
     let mut top: Option<String> = None;
-    let entries = tar.entries().map_err(|e| Error::io(archive, e))?;
+    let entries = tar
+        .entries()
+        .map_err(|e| corrupt(archive, "(first header)", e))?;
     for entry in entries {
-        let entry = entry.map_err(|e| Error::io(archive, e))?;
+        let entry = entry.map_err(|e| corrupt(archive, "(next header)", e))?;
         let raw = entry
             .path()
             .map_err(|e| Error::io(archive, e))?

@@ -587,6 +587,7 @@ fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
         "{err}"
     );
     common::assert_causes_once(&err);
+    eprintln!("{err}");
     assert_eq!(common::snapshot(&work), vec![], "new1/new2 removed again");
 }
 
