@@ -4,8 +4,9 @@
 //! `release_product`, and one object per package (NVSHMEM has `libnvshmem`). A package holds
 //! string metadata, an optional `cuda_variant` list and one object per platform. With
 //! `cuda_variant`, a platform maps `cuda<major>` to a leaf; without it the platform *is* the
-//! leaf. A leaf is `{relative_path, sha256, md5?, size?}` with `size` a decimal string.
-//! Key order carries no meaning; unknown scalar keys are tolerated everywhere.
+//! leaf, or (accepted as unambiguous) maps `cuda<major>` keys to leaves. A leaf is
+//! `{relative_path, sha256, md5?, size?}` with `size` a decimal string. Key order carries no
+//! meaning; a key twice in one object is an error; unknown scalar keys are tolerated.
 
 use serde_json::{Map, Value};
 
