@@ -795,3 +795,28 @@ fn verify_reports_a_stalled_body_as_a_timeout() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(!dest.path().join(WHEEL_NAME).exists());
 }
+
+#[test]
+fn a_hand_edited_lock_with_an_encoded_traversal_is_refused_on_load() {
+    let repo = common::temp_repo_with_committed_data();
+    let lock = repo.path().join("pkgs/nvshmem/releases.json");
+    let text = std::fs::read_to_string(&lock).unwrap();
+    let edited = text.replacen(
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/",
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/%2e%2e/%2e%2e/",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&lock, &edited).unwrap();
+    let before = snapshot(repo.path());
+    let out = run_in(repo.path(), &["releases", "--brief"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("releases.json")
+            && err.contains("..")
+            && err.contains("deepep-nix lock --offline"),
+        "{err}"
+    );
+    assert_eq!(snapshot(repo.path()), before);
+}
