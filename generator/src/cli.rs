@@ -124,12 +124,14 @@ pub struct NetArgs {
 }
 
 impl NetArgs {
-    pub fn http(&self, progress: bool) -> Result<Http> {
+    /// `not_found_hint` says what to do about a 4xx answer, naming only the command's flags.
+    pub fn http(&self, progress: bool, not_found_hint: &str) -> Result<Http> {
         Http::new(HttpConfig {
             timeout: Duration::from_secs(self.timeout),
             attempts: self.retries + 1,
             backoff: Duration::from_millis(self.backoff_ms),
             progress,
+            not_found_hint: not_found_hint.to_string(),
         })
     }
 }
@@ -258,7 +260,8 @@ pub struct InstallArgs {
     pub net: NetArgs,
     #[command(flatten)]
     pub select: SelectArgs,
-    /// Install into this directory (must not exist or be empty, unless --replace).
+    /// Install into this directory (must not exist or be empty, unless --replace); missing
+    /// parents are created, and removed again if the install fails.
     #[arg(long, value_name = "DIR")]
     pub prefix: PathBuf,
     /// Use this local archive (.tar.xz or .whl) instead of downloading; it is verified
@@ -268,9 +271,16 @@ pub struct InstallArgs {
     /// Download cache [default: $XDG_CACHE_HOME/deepep-nix or ~/.cache/deepep-nix].
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
-    /// Replace an existing non-empty prefix (swapped only after the new tree is complete).
+    /// Replace an earlier NVSHMEM install in --prefix (a directory with
+    /// lib/libnvshmem_host.so.3 and at its top only bin/ include/ lib/ share/, LICENSE*
+    /// files and what the archive has at its top), swapped only after the new tree is
+    /// complete; says what it removed. Anything else is refused.
     #[arg(long)]
     pub replace: bool,
+    /// Bound on the unpacked size (bytes, or with K/M/G/T: powers of 1024)
+    /// [default: 16 times the archive's size].
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub max_unpacked_size: Option<u64>,
     /// Syntax of the printed exports.
     #[arg(long, value_enum, default_value = "sh")]
     pub shell: crate::install::Shell,
@@ -337,7 +347,10 @@ pub fn lock(args: &LockArgs) -> Result<i32> {
         generate::refresh_inputs(
             vendored,
             &live,
-            &args.net.http(false)?,
+            &args.net.http(
+                false,
+                "check the version and the base URL (--nvidia-url / --pypi-url)",
+            )?,
             &args.upstream.upstream(),
             &min,
         )?
@@ -416,7 +429,7 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
     let mut report = Vec::new();
     if args.files.is_empty() {
         let pinned = v::select(&lock, &sel)?;
-        let http = args.net.http(true)?;
+        let http = args.net.http(true, PINNED_URL_HINT)?;
         let path = v::fetch_verified(&http, &pinned, &args.dest)?;
         report.push((pinned, path));
     } else {
@@ -467,6 +480,25 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// What a non-regular file is, for messages.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_dir() {
+        "a symlink to a directory (pass the directory itself for its NAR hash)"
+    } else {
+        "not a regular file"
+    }
+}
+
 pub fn hash(args: &HashArgs) -> Result<i32> {
     use crate::hash::Sha256;
     let mut items = Vec::new();
@@ -476,6 +508,18 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
     }
     for p in &args.paths {
         let meta = std::fs::symlink_metadata(p).map_err(|e| Error::io(p, e))?;
+        if !meta.is_dir() {
+            // Only regular files are read: opening a FIFO would block forever, a device
+            // has no meaningful digest. Symlinks are followed to their target.
+            let target = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+            if !target.is_file() {
+                return Err(Error::Usage(format!(
+                    "{}: is {}; hash takes regular files (flat sha256) and directories (NAR sha256)",
+                    p.display(),
+                    file_kind(&target)
+                )));
+            }
+        }
         if meta.is_dir() {
             let d = Sha256::of_nar(p)?;
             items.push(serde_json::json!({ "path": p, "kind": "nar", "hex": d.to_hex(), "nix32": d.to_nix32(), "sri": d.to_sri() }));
@@ -509,6 +553,38 @@ pub fn hash(args: &HashArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// What to do when a URL pinned in the lock does not answer (`verify`, `install`).
+const PINNED_URL_HINT: &str =
+    "the lock pins this URL (pkgs/nvshmem/releases.json); if the file moved, \
+     refresh the lock with `deepep-nix lock`, or pass --file with a copy you already have";
+
+/// Parses a byte count: digits with an optional K, M, G or T suffix (powers of 1024).
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown unit {c:?}; use K, M, G or T (powers of 1024)"
+                    ))
+                }
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size: give bytes, or a number with K, M, G or T"))
+}
+
 fn default_cache() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -534,7 +610,7 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             f.clone()
         }
         None => v::fetch_verified(
-            &args.net.http(true)?,
+            &args.net.http(true, PINNED_URL_HINT)?,
             &pinned,
             &args.cache.clone().unwrap_or_else(default_cache),
         )?,
@@ -545,7 +621,24 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             format!("unknown artifact format {:?}", pinned.artifact.format),
         )
     })?;
-    let prefix = inst::install(&archive, format, &args.prefix, args.replace)?;
+    let done = inst::install_with(
+        &archive,
+        format,
+        &args.prefix,
+        inst::InstallOptions {
+            replace: args.replace,
+            max_unpacked: args.max_unpacked_size,
+        },
+    )?;
+    let prefix = done.prefix;
+    if let Some(r) = &done.replaced {
+        eprintln!(
+            "removed the earlier install in {}: {} ({} files)",
+            prefix.display(),
+            r.entries.join(" "),
+            r.files
+        );
+    }
     eprintln!(
         "installed into {}; add it to your shell with:",
         prefix.display()

@@ -93,5 +93,21 @@ impl Error {
     }
 }
 
+/// An error and its causes as one line, each cause once: a cause whose text is already part
+/// of the message (as [`Error::Io`] shows its `source`, and many libraries repeat their
+/// inner error) is not appended again. `main` prints errors with this.
+pub fn chain_message(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.is_empty() {
+            msg = text;
+        } else if !msg.contains(&text) {
+            msg = format!("{msg}: {text}");
+        }
+    }
+    msg
+}
+
 /// Library result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -37,7 +37,7 @@ pub fn fetch_nvidia(
 ) -> Result<BTreeMap<String, Vec<u8>>> {
     let index_url = nvidia::join_url(&up.nvidia_url, "");
     let index = http.get_bytes(&index_url, MAX_METADATA_BYTES)?;
-    let versions: Vec<Version> = nvidia::parse_index(&String::from_utf8_lossy(&index))
+    let versions: Vec<Version> = nvidia::parse_index(&index_url, &String::from_utf8_lossy(&index))?
         .into_iter()
         .filter(|v| v >= min)
         .collect();

@@ -24,6 +24,8 @@ pub struct HttpConfig {
     pub backoff: Duration,
     /// Show a progress bar on stderr for downloads (hidden anyway when stderr is no TTY).
     pub progress: bool,
+    /// What to do about a 4xx answer, in the caller's terms (its flags).
+    pub not_found_hint: String,
 }
 
 impl Default for HttpConfig {
@@ -33,6 +35,7 @@ impl Default for HttpConfig {
             attempts: 4,
             backoff: Duration::from_millis(500),
             progress: true,
+            not_found_hint: "check the URL".to_string(),
         }
     }
 }
@@ -120,7 +123,7 @@ impl Http {
         } else {
             Err(Attempt::Fatal(Error::Http {
                 url: url.to_string(),
-                msg: format!("server answered {status}; check the version and the base URL (--nvidia-url / --pypi-url)"),
+                msg: format!("server answered {status}; {}", self.cfg.not_found_hint),
             }))
         }
     }
@@ -150,7 +153,11 @@ impl Http {
             resp.take(limit as u64 + 1)
                 .read_to_end(&mut body)
                 .map_err(|e| {
-                    Attempt::Retry(format!("body read failed after {} bytes: {e}", body.len()))
+                    Attempt::Retry(format!(
+                        "body read failed after {} bytes: {}",
+                        body.len(),
+                        self.read_error(&e)
+                    ))
                 })?;
             if body.len() > limit {
                 return Err(Attempt::Fatal(Error::Http {
@@ -224,7 +231,8 @@ impl Http {
                     Err(e) => {
                         file.flush().ok();
                         return Err(Attempt::Retry(format!(
-                            "download interrupted at byte {pos}: {e}"
+                            "download interrupted at byte {pos}: {}",
+                            self.read_error(&e)
                         )));
                     }
                 };
@@ -259,6 +267,41 @@ impl Http {
         });
         bar.finish_and_clear();
         result
+    }
+
+    /// A body read error. reqwest reports a read that waited longer than the timeout as a
+    /// "decoding" error whose cause is the timeout; it is named as the timeout it is.
+    fn read_error(&self, e: &std::io::Error) -> String {
+        let mut timed_out = e.kind() == std::io::ErrorKind::TimedOut;
+        let mut src: Option<&(dyn std::error::Error + 'static)> =
+            e.get_ref().map(|r| r as &(dyn std::error::Error + 'static));
+        while let Some(s) = src {
+            if s.downcast_ref::<reqwest::Error>()
+                .is_some_and(reqwest::Error::is_timeout)
+                || s.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            {
+                timed_out = true;
+            }
+            src = s.source();
+        }
+        if timed_out {
+            format!(
+                "timed out: no body bytes for {} s (--timeout)",
+                self.cfg.timeout.as_secs()
+            )
+        } else {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(s) = src {
+                let t = s.to_string();
+                if !msg.contains(&t) {
+                    msg = format!("{msg}: {t}");
+                }
+                src = s.source();
+            }
+            msg
+        }
     }
 
     fn progress_bar(&self, part: &Path, len: Option<u64>) -> ProgressBar {

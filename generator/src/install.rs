@@ -5,7 +5,13 @@
 //! must resolve inside the prefix (following the archive's own symlinks, so a chain of
 //! individually harmless links cannot escape); symlinks are created last, so no file is
 //! ever written through one. Everything is unpacked into a temporary directory next to the
-//! prefix and renamed into place at the end; on any error the prefix is untouched.
+//! prefix and renamed into place at the end; on any error the prefix is untouched, and
+//! parent directories created for a new prefix are removed again.
+//!
+//! Bounds: the unpacked bytes may be at most [`UNPACKED_RATIO`] times the (verified)
+//! archive's size unless the caller raises the bound (`--max-unpacked-size`); a decompression
+//! bomb stops at the bound. `--replace` only replaces an earlier install, recognised by
+//! [`earlier_install`].
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -43,6 +49,41 @@ pub const HOST_LIB_LINK: &str = "lib/libnvshmem_host.so";
 
 /// Wheel subtree that becomes the prefix.
 const WHEEL_ROOT: &str = "nvidia/nvshmem/";
+
+/// Default bound on the unpacked size: this many times the archive's size. NVSHMEM wheels
+/// unpack to about 1.5 times their size, the `.tar.xz` archives to a few times theirs.
+pub const UNPACKED_RATIO: u64 = 16;
+
+/// Top-level entries an NVSHMEM install has (tarball: `bin include lib share`, wheel:
+/// `include lib`), besides files named `LICENSE*`. A directory with anything else is not an
+/// earlier install, so `--replace` leaves it alone.
+pub const INSTALL_ENTRIES: &[&str] = &["bin", "include", "lib", "share"];
+
+/// Options of [`install_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InstallOptions {
+    /// Replace an earlier install in the prefix (see [`earlier_install`]).
+    pub replace: bool,
+    /// Bound on the unpacked bytes; `None`: [`UNPACKED_RATIO`] times the archive's size.
+    pub max_unpacked: Option<u64>,
+}
+
+/// What an earlier install held when it was replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// Top-level entries, directories with a trailing `/`, sorted.
+    pub entries: Vec<String>,
+    /// Files and symlinks below them.
+    pub files: u64,
+}
+
+/// The result of [`install_with`].
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub prefix: PathBuf,
+    /// `Some` when an earlier install was replaced.
+    pub replaced: Option<Replaced>,
+}
 
 fn unsafe_entry(entry: &str, reason: impl Into<String>) -> Error {
     Error::UnsafeArchive {
@@ -120,8 +161,14 @@ pub fn resolve_inside(
 /// Collects entries into a staging directory.
 struct Stager<'a> {
     root: &'a Path,
+    /// The archive, named in read errors (not the staging path).
+    archive: &'a Path,
     symlinks: Vec<(String, Vec<String>, String)>,
     hardlinks: Vec<(String, Vec<String>, Vec<String>)>,
+    /// Bytes written so far and the bound, with how the bound was set (for the message).
+    written: u64,
+    limit: u64,
+    limit_why: String,
 }
 
 impl<'a> Stager<'a> {
@@ -134,18 +181,44 @@ impl<'a> Stager<'a> {
         fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))
     }
 
-    fn file(&self, rel: &[String], mode: u32, mut data: impl Read) -> Result<()> {
+    /// Counts `n` more unpacked bytes against the bound.
+    fn count(&mut self, entry: &str, n: u64) -> Result<()> {
+        self.written += n;
+        if self.written > self.limit {
+            return Err(unsafe_entry(
+                entry,
+                format!(
+                    "the archive unpacks to more than {} bytes ({}); if you trust it, raise the bound with --max-unpacked-size",
+                    self.limit, self.limit_why
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, entry: &str, rel: &[String], mode: u32, mut data: impl Read) -> Result<()> {
+        use std::io::Write;
         let p = self.path_of(rel);
         if let Some(parent) = p.parent() {
             fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         }
         let mut f = File::create(&p).map_err(|e| Error::io(&p, e))?;
-        io::copy(&mut data, &mut f).map_err(|e| Error::io(&p, e))?;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match data.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(corrupt(self.archive, entry, e)),
+            };
+            self.count(entry, n as u64)?;
+            f.write_all(&buf[..n]).map_err(|e| Error::io(&p, e))?;
+        }
         set_mode(&p, if mode & 0o111 != 0 { 0o755 } else { 0o644 })
     }
 
     /// Validates and creates the deferred links.
-    fn finish(self) -> Result<()> {
+    fn finish(mut self) -> Result<()> {
         let map: HashMap<Vec<String>, String> = self
             .symlinks
             .iter()
@@ -154,6 +227,7 @@ impl<'a> Stager<'a> {
         for (entry, at, target) in &self.symlinks {
             resolve_inside(at, target, &map).map_err(|r| unsafe_entry(entry, r))?;
         }
+        let mut hard_copies = Vec::new();
         for (entry, at, target) in &self.hardlinks {
             let resolved = resolve_inside(&[String::new()], &target.join("/"), &map)
                 .map_err(|r| unsafe_entry(entry, r))?;
@@ -171,6 +245,11 @@ impl<'a> Stager<'a> {
             if let Some(parent) = dst.parent() {
                 fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
             }
+            let len = fs::metadata(&src).map_err(|e| Error::io(&src, e))?.len();
+            hard_copies.push((entry.clone(), src, dst, len));
+        }
+        for (entry, src, dst, len) in hard_copies {
+            self.count(&entry, len)?;
             fs::copy(&src, &dst).map_err(|e| Error::io(&dst, e))?;
         }
         for (_, at, target) in &self.symlinks {
@@ -184,6 +263,26 @@ impl<'a> Stager<'a> {
     }
 }
 
+/// A read error inside an archive (truncated or corrupt), naming the archive and the entry
+/// (or `(first header)` / `(next header)` between entries).
+fn corrupt(archive: &Path, entry: &str, e: io::Error) -> Error {
+    let at = if entry.starts_with('(') {
+        format!(
+            "reading the {}",
+            entry.trim_matches(|c| c == '(' || c == ')')
+        )
+    } else {
+        format!("reading entry {entry:?}")
+    };
+    Error::io(
+        archive,
+        io::Error::new(
+            e.kind(),
+            format!("truncated or corrupt archive ({at}): {e}"),
+        ),
+    )
+}
+
 fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| Error::io(path, e))
@@ -194,9 +293,11 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
     let f = File::open(archive).map_err(|e| Error::io(archive, e))?;
     let mut tar = tar::Archive::new(xz2::read::XzDecoder::new(io::BufReader::new(f)));
     let mut top: Option<String> = None;
-    let entries = tar.entries().map_err(|e| Error::io(archive, e))?;
+    let entries = tar
+        .entries()
+        .map_err(|e| corrupt(archive, "(first header)", e))?;
     for entry in entries {
-        let entry = entry.map_err(|e| Error::io(archive, e))?;
+        let entry = entry.map_err(|e| corrupt(archive, "(next header)", e))?;
         let raw = entry
             .path()
             .map_err(|e| Error::io(archive, e))?
@@ -240,7 +341,7 @@ fn unpack_tar_xz(archive: &Path, stage: &mut Stager) -> Result<()> {
             tar::EntryType::Directory => stage.dir(&comps)?,
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let mode = entry.header().mode().unwrap_or(0o644);
-                stage.file(&comps, mode, entry)?
+                stage.file(&name, &comps, mode, entry)?
             }
             tar::EntryType::Symlink => {
                 let target = link_name()?;
@@ -293,47 +394,211 @@ fn unpack_wheel(archive: &Path, stage: &mut Stager) -> Result<()> {
         let mode = file.unix_mode().unwrap_or(0o644);
         if mode & 0o170000 == 0o120000 {
             let mut target = String::new();
-            file.read_to_string(&mut target)
-                .map_err(|e| Error::io(archive, e))?;
+            (&mut file)
+                .take(4096)
+                .read_to_string(&mut target)
+                .map_err(|e| corrupt(archive, &name, e))?;
             stage.symlinks.push((name, comps, target));
         } else if file.is_dir() {
             stage.dir(&comps)?;
         } else {
-            stage.file(&comps, mode, &mut file)?;
+            stage.file(&name, &comps, mode, &mut file)?;
         }
     }
     Ok(())
 }
 
-/// Unpacks `archive` into `prefix`. `prefix` must not exist or be an empty directory, unless
-/// `replace` is set (then an existing prefix is swapped out only after the new tree is
-/// complete). Adds `lib/libnvshmem_host.so -> libnvshmem_host.so.3` when missing.
+/// Unpacks `archive` into `prefix` with the default bound; see [`install_with`].
 pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> Result<PathBuf> {
+    install_with(
+        archive,
+        format,
+        prefix,
+        InstallOptions {
+            replace,
+            max_unpacked: None,
+        },
+    )
+    .map(|i| i.prefix)
+}
+
+/// Refuses `--replace` early for a directory without `lib/libnvshmem_host.so.3`.
+fn require_host_lib(dir: &Path) -> Result<()> {
+    if fs::symlink_metadata(dir.join(HOST_LIB)).is_err() {
+        return Err(Error::Usage(format!(
+            "--prefix {} is not an earlier NVSHMEM install (it has no {HOST_LIB}), so --replace does not remove it; \
+             pick a new directory, or remove it yourself if you mean to",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `dir` (an existing directory) holds an earlier NVSHMEM install that `--replace`
+/// may remove: it has `lib/libnvshmem_host.so.3` (what every install has, and what `env`
+/// checks), and nothing at the top but [`INSTALL_ENTRIES`], `LICENSE*` files and the
+/// top-level entries of the archive being installed (`also`). Returns what it holds;
+/// otherwise a usage error naming what is missing or foreign, and the fix.
+pub fn earlier_install(dir: &Path, also: &[String]) -> Result<Replaced> {
+    let shown = dir.display();
+    require_host_lib(dir)?;
+    let mut entries = Vec::new();
+    let mut foreign = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_dir = e
+            .file_type()
+            .map_err(|err| Error::io(e.path(), err))?
+            .is_dir();
+        if (is_dir && INSTALL_ENTRIES.contains(&name.as_str()))
+            || (!is_dir && name.to_ascii_lowercase().starts_with("license"))
+            || also.contains(&name)
+        {
+            entries.push(if is_dir { format!("{name}/") } else { name });
+        } else {
+            foreign.push(name);
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort();
+        return Err(Error::Usage(format!(
+            "--prefix {shown} is not an earlier NVSHMEM install: it also holds {}, which NVSHMEM does not install \
+             (an install has only {}, LICENSE* files and what this archive has at its top), so --replace does not remove it; \
+             move those out (or remove the directory yourself) and run again",
+            foreign.join(", "),
+            INSTALL_ENTRIES.join("/, ") + "/"
+        )));
+    }
+    entries.sort();
+    Ok(Replaced {
+        entries,
+        files: count_files(dir)?,
+    })
+}
+
+/// Non-directory entries below `dir` (symlinks are not followed).
+fn count_files(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        if e.file_type()
+            .map_err(|err| Error::io(e.path(), err))?
+            .is_dir()
+        {
+            n += count_files(&e.path())?;
+        } else {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Unpacks `archive` into `prefix`. `prefix` must not exist or be an empty directory, unless
+/// `opts.replace` is set and it holds an earlier install ([`earlier_install`]); that one is
+/// swapped out only after the new tree is complete. Adds
+/// `lib/libnvshmem_host.so -> libnvshmem_host.so.3` when missing. On error nothing changed:
+/// parent directories created for the prefix are removed again.
+pub fn install_with(
+    archive: &Path,
+    format: Format,
+    prefix: &Path,
+    opts: InstallOptions,
+) -> Result<Installed> {
     let prefix = absolute(prefix)?;
-    let occupied = prefix.exists()
-        && (!prefix.is_dir()
-            || fs::read_dir(&prefix)
+    let shown = prefix.display();
+    let mut replace_existing = false;
+    match fs::symlink_metadata(&prefix) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(Error::Usage(format!(
+                "--prefix {shown} is a symlink; pass the directory it points to"
+            )))
+        }
+        Ok(m) if !m.is_dir() => {
+            let what = if m.is_file() {
+                "a file"
+            } else {
+                "a special file"
+            };
+            return Err(Error::Usage(format!(
+                "--prefix {shown} is {what}, not a directory; pick a directory path (a missing one is created) or move the file away"
+            )));
+        }
+        Ok(_) => {
+            let empty = fs::read_dir(&prefix)
                 .map_err(|e| Error::io(&prefix, e))?
                 .next()
-                .is_some());
-    if occupied && !replace {
-        return Err(Error::Usage(format!(
-            "--prefix {} exists and is not empty; pick a new directory or pass --replace",
-            prefix.display()
-        )));
+                .is_none();
+            if !empty {
+                if !opts.replace {
+                    return Err(Error::Usage(format!(
+                        "--prefix {shown} exists and is not empty; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install"
+                    )));
+                }
+                require_host_lib(&prefix)?;
+                replace_existing = true;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&prefix, e)),
     }
     let parent = prefix
         .parent()
-        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?;
-    fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?
+        .to_path_buf();
+    // Ancestors that do not exist yet, deepest first: removed again on failure.
+    let created: Vec<PathBuf> = parent
+        .ancestors()
+        .take_while(|d| fs::symlink_metadata(d).is_err())
+        .map(Path::to_path_buf)
+        .collect();
+    let limit = match opts.max_unpacked {
+        Some(n) => (n, "--max-unpacked-size".to_string()),
+        None => {
+            let size = fs::metadata(archive)
+                .map_err(|e| Error::io(archive, e))?
+                .len();
+            (
+                size.saturating_mul(UNPACKED_RATIO),
+                format!("{UNPACKED_RATIO} times the archive's {size} bytes"),
+            )
+        }
+    };
+    let result = (|| {
+        fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        publish(archive, format, &prefix, &parent, replace_existing, limit)
+    })();
+    if result.is_err() {
+        for d in &created {
+            let _ = fs::remove_dir(d);
+        }
+    }
+    result.map(|replaced| Installed { prefix, replaced })
+}
+
+/// Unpacks into a staging directory in `parent` and renames it to `prefix`. With
+/// `occupied`, the prefix must hold an earlier install ([`earlier_install`], checked against
+/// the new tree's top level), which is swapped out and described in the result.
+fn publish(
+    archive: &Path,
+    format: Format,
+    prefix: &Path,
+    parent: &Path,
+    occupied: bool,
+    (limit, limit_why): (u64, String),
+) -> Result<Option<Replaced>> {
     let staging = tempfile::Builder::new()
         .prefix(".deepep-nix-install-")
         .tempdir_in(parent)
         .map_err(|e| Error::io(parent, e))?;
     let mut stage = Stager {
         root: staging.path(),
+        archive,
         symlinks: Vec::new(),
         hardlinks: Vec::new(),
+        written: 0,
+        limit,
+        limit_why,
     };
     match format {
         Format::TarXz => unpack_tar_xz(archive, &mut stage)?,
@@ -353,6 +618,16 @@ pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> 
             .map_err(|e| Error::io(&link, e))?;
     }
     set_mode(staging.path(), 0o755)?;
+    let replaced = if occupied {
+        let mut tops = Vec::new();
+        for e in fs::read_dir(staging.path()).map_err(|e| Error::io(staging.path(), e))? {
+            let e = e.map_err(|e| Error::io(staging.path(), e))?;
+            tops.push(e.file_name().to_string_lossy().into_owned());
+        }
+        Some(earlier_install(prefix, &tops)?)
+    } else {
+        None
+    };
     // Publish: the staging dir becomes the prefix in one rename.
     let staged = staging.keep();
     let result = (|| {
@@ -363,22 +638,22 @@ pub fn install(archive: &Path, format: Format, prefix: &Path, replace: bool) -> 
                     .tempdir_in(parent)
                     .map_err(|e| Error::io(parent, e))?;
                 let old_path = old.path().join("prefix");
-                fs::rename(&prefix, &old_path).map_err(|e| Error::io(&prefix, e))?;
-                fs::rename(&staged, &prefix).map_err(|e| Error::io(&prefix, e))?;
+                fs::rename(prefix, &old_path).map_err(|e| Error::io(prefix, e))?;
+                fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
                 drop(old); // removes the previous tree
             } else {
-                fs::remove_dir(&prefix).map_err(|e| Error::io(&prefix, e))?;
-                fs::rename(&staged, &prefix).map_err(|e| Error::io(&prefix, e))?;
+                fs::remove_dir(prefix).map_err(|e| Error::io(prefix, e))?;
+                fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
             }
         } else {
-            fs::rename(&staged, &prefix).map_err(|e| Error::io(&prefix, e))?;
+            fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
         }
         Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_dir_all(&staged);
     }
-    result.map(|_| prefix)
+    result.map(|()| replaced)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

@@ -21,6 +21,7 @@ pub mod pypi;
 pub mod releases;
 pub mod render;
 pub mod repo;
+pub mod validate;
 pub mod verify;
 pub mod version;
 

@@ -166,6 +166,9 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
         Ok(())
     };
     let mut nvidia_dates: BTreeMap<Version, (Option<String>, String)> = BTreeMap::new();
+    // Every vendored manifest's version, also below the minimum: two files for one version
+    // (`redistrib_3.9.0.json`, `redistrib_3.9.0.0.json`) are refused, naming both.
+    let mut nvidia_files: BTreeMap<Version, String> = BTreeMap::new();
     let mut lock_inputs = Vec::new();
 
     for (name, bytes) in &inputs.nvidia {
@@ -177,6 +180,13 @@ pub fn build(inputs: &Inputs, opts: &BuildOptions) -> Result<Lock> {
             ));
         }
         let m = nvidia::parse_manifest(&origin, bytes, &opts.nvidia_url)?;
+        if let Some(first) = nvidia_files.insert(m.version.clone(), origin.clone()) {
+            return Err(Error::Duplicate {
+                key: format!("NVIDIA manifest for {}", m.version),
+                first,
+                second: origin,
+            });
+        }
         if m.version < opts.min_version {
             continue;
         }
@@ -273,6 +283,7 @@ impl Lock {
                 format!("not a valid lock: {e}; regenerate it with `deepep-nix lock --offline`"),
             )
         })?;
+        crate::validate::no_duplicate_keys(origin, bytes)?;
         if lock.schema_version != SCHEMA_VERSION {
             return Err(Error::upstream(
                 origin,
@@ -295,6 +306,14 @@ impl Lock {
                         let d = Sha256::from_hex(&a.sha256).map_err(|e| {
                             Error::upstream(origin, format!("{} {}: {e}", r.version, a.filename))
                         })?;
+                        crate::validate::file_name(&a.filename)
+                            .and_then(|_| crate::validate::url(&a.url, &a.filename))
+                            .map_err(|e| {
+                                Error::upstream(
+                                    origin,
+                                    format!("{} {}: {e}; regenerate the lock with `deepep-nix lock --offline`", r.version, a.filename),
+                                )
+                            })?;
                         if d.to_sri() != a.hash {
                             return Err(Error::upstream(
                                 origin,

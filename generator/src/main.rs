@@ -21,7 +21,7 @@ fn main() {
     let code = match cli::run(&cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", deepep_nix::error::chain_message(&e));
             e.downcast_ref::<deepep_nix::Error>()
                 .map_or(1, deepep_nix::Error::exit_code)
         }

@@ -4,10 +4,9 @@
 //! `release_product`, and one object per package (NVSHMEM has `libnvshmem`). A package holds
 //! string metadata, an optional `cuda_variant` list and one object per platform. With
 //! `cuda_variant`, a platform maps `cuda<major>` to a leaf; without it the platform *is* the
-//! leaf. A leaf is `{relative_path, sha256, md5?, size?}` with `size` a decimal string.
-//! Key order carries no meaning; unknown scalar keys are tolerated everywhere.
-
-use std::collections::BTreeSet;
+//! leaf, or (accepted as unambiguous) maps `cuda<major>` keys to leaves. A leaf is
+//! `{relative_path, sha256, md5?, size?}` with `size` a decimal string. Key order carries no
+//! meaning; a key twice in one object is an error; unknown scalar keys are tolerated.
 
 use serde_json::{Map, Value};
 
@@ -65,9 +64,11 @@ pub fn join_url(base: &str, rel: &str) -> String {
 }
 
 /// Versions listed on the redist index page (links to `redistrib_<version>.json`), sorted.
-/// Names that are not plain release versions are ignored.
-pub fn parse_index(html: &str) -> Vec<Version> {
-    let mut found = BTreeSet::new();
+/// Names that are not plain release versions are ignored. Two names for one version
+/// (`redistrib_3.9.0.json` and `redistrib_3.9.0.0.json`) are refused, naming both: which
+/// one is meant cannot be told. `origin` names the index in errors.
+pub fn parse_index(origin: &str, html: &str) -> Result<Vec<Version>> {
+    let mut found: std::collections::BTreeMap<Version, String> = Default::default();
     let mut rest = html;
     while let Some(pos) = rest.find("redistrib_") {
         let tail = &rest[pos + "redistrib_".len()..];
@@ -80,12 +81,24 @@ pub fn parse_index(html: &str) -> Vec<Version> {
             .filter(|_| tail[end..].starts_with("json"))
         {
             if let Ok(v) = ver.parse::<Version>() {
-                found.insert(v);
+                match found.get(&v) {
+                    Some(first) if first != v.as_str() => {
+                        return Err(Error::Duplicate {
+                            key: format!("NVSHMEM {first} in the index"),
+                            first: format!("{origin} (redistrib_{first}.json)"),
+                            second: format!("{origin} (redistrib_{ver}.json)"),
+                        })
+                    }
+                    Some(_) => {}
+                    None => {
+                        found.insert(v, ver.to_string());
+                    }
+                }
             }
         }
         rest = tail;
     }
-    found.into_iter().collect()
+    Ok(found.into_keys().collect())
 }
 
 fn obj<'a>(origin: &str, path: &str, v: &'a Value) -> Result<&'a Map<String, Value>> {
@@ -186,19 +199,22 @@ pub(crate) fn parse_size(origin: &str, path: &str, v: &Value) -> Result<u64> {
     Ok(n)
 }
 
-/// Rejects relative paths that are absolute or climb out of the redist directory.
-fn check_relative_path(origin: &str, path: &str, rel: &str) -> Result<()> {
-    if rel.is_empty()
-        || rel.starts_with('/')
-        || rel.split('/').any(|c| c == ".." || c.is_empty())
-        || rel.contains('\\')
-    {
-        return Err(Error::upstream(
+/// Rejects relative paths that are absolute or climb out of the redist directory, also when
+/// percent-encoded ([`crate::validate::relative_path`]); returns the file name.
+fn check_relative_path(origin: &str, path: &str, rel: &str) -> Result<String> {
+    crate::validate::relative_path(rel).map_err(|e| {
+        Error::upstream(
             origin,
-            format!("{path}.relative_path {rel:?} is not a plain relative path"),
-        ));
-    }
-    Ok(())
+            format!("{path}.relative_path is not a plain relative path: {e}; it must stay below the redist base URL"),
+        )
+    })
+}
+
+/// The major of a `cuda<major>` key.
+fn cuda_key(k: &str) -> Option<u32> {
+    k.strip_prefix("cuda")
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse().ok())
 }
 
 /// The CUDA major in a redist archive name such as `..._cuda13-archive.tar.xz`.
@@ -226,6 +242,7 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
     }
     let root: Value = serde_json::from_slice(bytes)
         .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
+    crate::validate::no_duplicate_keys(origin, bytes)?;
     let top = obj(origin, "(top level)", &root)?;
     let release_date = opt_str(origin, "(top level)", top, "release_date")?.map(str::to_string);
     if let Some(d) = &release_date {
@@ -300,25 +317,48 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
         };
         let plat = obj(origin, &format!("{PACKAGE}.{key}"), value)?;
         let mut leaves: Vec<(u32, String, &Map<String, Value>)> = Vec::new();
-        match &variants {
-            Some(_) => {
-                for (vkey, leaf) in plat {
-                    let path = format!("{PACKAGE}.{key}.{vkey}");
-                    let major = vkey
-                        .strip_prefix("cuda")
-                        .and_then(|d| d.parse::<u32>().ok())
-                        .ok_or_else(|| Error::upstream(origin, format!("{path}: expected keys cuda<major> because cuda_variant is present")))?;
-                    leaves.push((major, path.clone(), obj(origin, &path, leaf)?));
+        // With `cuda_variant` the platform maps cuda<major> to leaves. Without it, a platform
+        // holding `relative_path` is itself the leaf; one whose object keys are all
+        // cuda<major> is read as keyed by major (unambiguous, so accepted).
+        let keyed = variants.is_some()
+            || (!plat.contains_key("relative_path")
+                && plat.values().any(Value::is_object)
+                && plat
+                    .iter()
+                    .filter(|(_, v)| v.is_object())
+                    .all(|(k, _)| cuda_key(k).is_some()));
+        if keyed {
+            for (vkey, leaf) in plat {
+                let path = format!("{PACKAGE}.{key}.{vkey}");
+                if variants.is_none() && !leaf.is_object() {
+                    continue; // scalar metadata next to the cuda<major> keys
                 }
-            }
-            None => {
-                let path = format!("{PACKAGE}.{key}");
-                let rel = req_str(origin, &path, plat, "relative_path")?;
-                let major = cuda_from_path(rel).ok_or_else(|| {
-                    Error::upstream(origin, format!("{path}: no cuda_variant and no _cuda<major> in {rel:?}; cannot tell the CUDA major"))
+                let major = cuda_key(vkey).ok_or_else(|| {
+                    Error::upstream(
+                        origin,
+                        format!(
+                            "{path}: expected keys cuda<major> because cuda_variant is present"
+                        ),
+                    )
                 })?;
-                leaves.push((major, path, plat));
+                leaves.push((major, path.clone(), obj(origin, &path, leaf)?));
             }
+        } else {
+            let path = format!("{PACKAGE}.{key}");
+            let rel = opt_str(origin, &path, plat, "relative_path")?.ok_or_else(|| {
+                let keys: Vec<&str> = plat.keys().map(String::as_str).collect();
+                Error::upstream(
+                    origin,
+                    format!(
+                        "{path}: neither a leaf (no \"relative_path\") nor keyed by cuda<major> \
+                         (no cuda12/cuda13 objects); found keys {keys:?}"
+                    ),
+                )
+            })?;
+            let major = cuda_from_path(rel).ok_or_else(|| {
+                Error::upstream(origin, format!("{path}: no cuda_variant and no _cuda<major> in {rel:?}; cannot tell the CUDA major"))
+            })?;
+            leaves.push((major, path, plat));
         }
         for (major, path, leaf) in leaves {
             if let Some(vs) = &variants {
@@ -334,7 +374,13 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
                 continue;
             }
             let rel = req_str(origin, &path, leaf, "relative_path")?;
-            check_relative_path(origin, &path, rel)?;
+            let filename = check_relative_path(origin, &path, rel)?;
+            if let Some(named) = cuda_from_path(&filename).filter(|n| *n != major) {
+                return Err(Error::upstream(
+                    origin,
+                    format!("{path}: the entry is for CUDA {major} but its archive {filename:?} is for CUDA {named}"),
+                ));
+            }
             let sha_text = req_str(origin, &path, leaf, "sha256")?;
             let sha256 = Sha256::from_hex(sha_text)
                 .map_err(|e| Error::upstream(origin, format!("{path}.sha256: {e}")))?;
@@ -350,8 +396,7 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
                 .get("size")
                 .map(|v| parse_size(origin, &format!("{path}.size"), v))
                 .transpose()?;
-            let filename = rel.rsplit('/').next().unwrap_or(rel).to_string();
-            artifacts.push(Artifact {
+            let artifact = Artifact {
                 version: version.clone(),
                 system,
                 cuda: major,
@@ -361,7 +406,9 @@ pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Mani
                 sha256,
                 size,
                 origin: origin.to_string(),
-            });
+            };
+            crate::validate::artifact(origin, &path, &artifact)?;
+            artifacts.push(artifact);
         }
     }
     artifacts.sort_by_key(|a| (a.system, a.cuda));
@@ -380,8 +427,19 @@ mod tests {
     fn index_lists_manifest_versions() {
         let html = r#"<a href="redistrib_3.3.9.json">redistrib_3.3.9.json</a>
             <a href='redistrib_3.10.1.json'>x</a> redistrib_latest.json <a href="redistrib_3.4.5_tar.json">"#;
-        let vs: Vec<String> = parse_index(html).iter().map(|v| v.to_string()).collect();
+        let vs: Vec<String> = parse_index("index", html)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
         assert_eq!(vs, ["3.3.9", "3.10.1"]);
+        let twice =
+            r#"<a href="redistrib_3.9.0.json">redistrib_3.9.0.json</a> redistrib_3.9.0.0.json"#;
+        let e = parse_index("index", twice).unwrap_err().to_string();
+        assert!(
+            e.contains("redistrib_3.9.0.json") && e.contains("redistrib_3.9.0.0.json"),
+            "{e}"
+        );
     }
 
     #[test]

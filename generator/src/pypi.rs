@@ -136,6 +136,7 @@ fn top_level(origin: &str, bytes: &[u8]) -> Result<Value> {
     }
     let root: Value = serde_json::from_slice(bytes)
         .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
+    crate::validate::no_duplicate_keys(origin, bytes)?;
     if !root.is_object() {
         return Err(Error::upstream(
             origin,
@@ -287,7 +288,7 @@ pub fn parse(origin: &str, bytes: &[u8], cuda: u32, min: &Version) -> Result<Pyp
                     second: format!("{origin}: {filename}"),
                 });
             }
-            out.artifacts.push(Artifact {
+            let artifact = Artifact {
                 version: version.clone(),
                 system,
                 cuda,
@@ -297,7 +298,9 @@ pub fn parse(origin: &str, bytes: &[u8], cuda: u32, min: &Version) -> Result<Pyp
                 sha256,
                 size: Some(size),
                 origin: origin.to_string(),
-            });
+            };
+            crate::validate::artifact(origin, &path, &artifact)?;
+            out.artifacts.push(artifact);
         }
     }
     out.artifacts

@@ -175,3 +175,56 @@ fn convert_facts_vector_and_reject_garbage() {
     assert_eq!(out.status.code(), Some(1));
     assert!(common::stderr(&out).contains("/nonexistent/file"));
 }
+
+/// Runs `deepep-nix hash path`, failing the test instead of hanging when it blocks.
+fn hash_with_deadline(path: &Path) -> std::process::Output {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+        .args(["hash", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`hash {}` blocked for 10 s", path.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn hash_refuses_fifos_and_devices_instead_of_blocking() {
+    let t = tempfile::tempdir().unwrap();
+    let fifo = t.path().join("fifo");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let link = t.path().join("link-to-fifo");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for (p, kind) in [
+        (&fifo, "FIFO"),
+        (&link, "FIFO"),
+        (&Path::new("/dev/null").to_path_buf(), "character device"),
+    ] {
+        let out = hash_with_deadline(p);
+        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+        let err = common::stderr(&out);
+        assert!(err.contains(kind) && err.contains("regular file"), "{err}");
+    }
+}
+
+#[test]
+fn errors_print_each_cause_once() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = common::run_in(cwd.path(), &["hash", "/nonexistent/file"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = common::stderr(&out);
+    assert!(err.contains("No such file or directory"), "{err}");
+    common::assert_causes_once(&err);
+}

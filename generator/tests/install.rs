@@ -139,7 +139,9 @@ fn assert_refused(bytes: Vec<u8>, format: Format, expect: &str) {
     );
     let root = t.path().join("root");
     let prefix = root.join("nvshmem");
+    // An earlier install (it has lib/libnvshmem_host.so.3), so --replace applies to it.
     std::fs::create_dir_all(prefix.join("lib")).unwrap();
+    std::fs::write(prefix.join("lib/libnvshmem_host.so.3"), "old host library").unwrap();
     std::fs::write(prefix.join("lib/previous"), "keep me").unwrap();
     let before = common::snapshot(&root);
     let err = install(&archive, format, &prefix, true)
@@ -474,5 +476,168 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
         common::stderr(&out).contains("deepep-nix releases"),
         "{}",
         common::stderr(&out)
+    );
+}
+
+// ---- hostile use of `install` (issue 12): refused with the fix, nothing changed --------------
+
+/// Bytes that xz cannot shrink (so a cut lands inside a file's data).
+fn noise(n: usize) -> Vec<u8> {
+    let mut x: u32 = 0x1234_5678;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Runs `install --file archive --prefix prefix extra...` against a lock pinning `tarball`.
+fn install_pinned(
+    tarball: &[u8],
+    dir: &Path,
+    prefix: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let repo = repo_pinning(tarball, &good_wheel());
+    let t = write(dir, &format!("{TOP}.tar.xz"), tarball);
+    let mut args = vec![
+        "--file",
+        t.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run_install(repo.path(), &args)
+}
+
+#[test]
+fn replace_refuses_a_directory_that_is_not_an_earlier_install() {
+    let files = tempfile::tempdir().unwrap();
+    let work = files.path().join("work");
+    std::fs::create_dir_all(work.join("d")).unwrap();
+    std::fs::write(work.join("d/important.txt"), "keep").unwrap();
+    // An install with a foreign file next to it is not replaced either.
+    std::fs::create_dir_all(work.join("mixed/lib")).unwrap();
+    std::fs::write(work.join("mixed/lib/libnvshmem_host.so.3"), "old").unwrap();
+    std::fs::write(work.join("mixed/notes.txt"), "mine").unwrap();
+    let before = common::snapshot(&work);
+    for (dir, expect) in [("d", "lib/libnvshmem_host.so.3"), ("mixed", "notes.txt")] {
+        let out = install_pinned(&good_tar(), files.path(), &work.join(dir), &["--replace"]);
+        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+        let err = common::stderr(&out);
+        assert!(
+            err.contains("not an earlier NVSHMEM install")
+                && err.contains(expect)
+                && err.contains("remove"),
+            "{err}"
+        );
+        assert_eq!(common::snapshot(&work), before, "nothing changed");
+    }
+}
+
+#[test]
+fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
+    let files = tempfile::tempdir().unwrap();
+    let prefix = files.path().join("p");
+    std::fs::create_dir_all(prefix.join("lib")).unwrap();
+    std::fs::create_dir_all(prefix.join("include")).unwrap();
+    std::fs::write(prefix.join("lib/libnvshmem_host.so.3"), "old").unwrap();
+    std::fs::write(prefix.join("include/old.h"), "old").unwrap();
+    std::fs::write(prefix.join("License.txt"), "old").unwrap();
+    let out = install_pinned(&good_tar(), files.path(), &prefix, &["--replace"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("removed the earlier install")
+            && err.contains("include/")
+            && err.contains("lib/")
+            && err.contains("License.txt")
+            && err.contains("3 files"),
+        "{err}"
+    );
+    assert!(prefix.join("bin/nvshmem-info").is_file());
+    assert!(!prefix.join("include/old.h").exists());
+}
+
+#[test]
+fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
+    let mut tarball = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(
+            &format!("{TOP}/lib/libnvshmem_host.so.3"),
+            &noise(300_000),
+            0o644,
+        ),
+    ]);
+    tarball.truncate(tarball.len() * 2 / 3);
+    let files = tempfile::tempdir().unwrap();
+    let work = files.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let prefix = work.join("new1/new2/pfx");
+    let out = install_pinned(&tarball, files.path(), &prefix, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    // The truncated archive is named, not the temporary staging directory, and each cause
+    // is printed once.
+    assert!(
+        err.contains(&format!("{TOP}.tar.xz")) && !err.contains(".deepep-nix-install"),
+        "{err}"
+    );
+    common::assert_causes_once(&err);
+    eprintln!("{err}");
+    assert_eq!(common::snapshot(&work), vec![], "new1/new2 removed again");
+}
+
+#[test]
+fn a_regular_file_as_prefix_is_called_a_file() {
+    let files = tempfile::tempdir().unwrap();
+    let f = files.path().join("f");
+    std::fs::write(&f, "keep").unwrap();
+    for extra in [&[][..], &["--replace"][..]] {
+        let out = install_pinned(&good_tar(), files.path(), &f, extra);
+        assert_eq!(out.status.code(), Some(2));
+        let err = common::stderr(&out);
+        assert!(
+            err.contains("is a file, not a directory") && !err.contains("not empty"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&f).unwrap(), b"keep");
+    }
+}
+
+#[test]
+fn unpacked_size_is_bounded_and_the_flag_raises_the_bound() {
+    let zeros = vec![0u8; 24 << 20];
+    let bomb = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
+        E::File(&format!("{TOP}/lib/zeros"), &zeros, 0o644),
+    ]);
+    assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+    let files = tempfile::tempdir().unwrap();
+    let work = files.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let prefix = work.join("p");
+    let out = install_pinned(&bomb, files.path(), &prefix, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("unpacks to more than") && err.contains("--max-unpacked-size"),
+        "{err}"
+    );
+    assert_eq!(common::snapshot(&work), vec![]);
+    let out = install_pinned(
+        &bomb,
+        files.path(),
+        &prefix,
+        &["--max-unpacked-size", "32M"],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
+        24 << 20
     );
 }

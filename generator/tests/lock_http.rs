@@ -521,3 +521,302 @@ fn verify_refuses_a_download_larger_than_pinned() {
     );
     assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
 }
+
+// ---- hostile upstream metadata (issue 12): each is refused, names the problem, writes nothing
+
+const SHA_A: &str = "18f12807c23bc5b270581af1f9bafd540369da783e557171558887623d77842c";
+const SHA_B: &str = "c06d44aa15eed01299366509788daf174456d492df94c8a616766c43b819afab";
+
+/// An NVIDIA leaf `{relative_path, sha256, size}` as JSON text.
+fn leaf(rel: &str, sha: &str) -> String {
+    format!(r#"{{ "relative_path": "{rel}", "sha256": "{sha}", "size": "1000" }}"#)
+}
+
+/// NVIDIA's archive path for `version` and a CUDA major on x86_64.
+fn archive_path(version: &str, cuda: u32) -> String {
+    format!("libnvshmem/linux-x86_64/libnvshmem-linux-x86_64-{version}_cuda{cuda}-archive.tar.xz")
+}
+
+/// A manifest in NVIDIA's schema as text (so duplicate keys survive); `platform` is the body
+/// of `linux-x86_64`. With `variants`, `cuda_variant` lists 12 and 13.
+fn manifest_text(version: &str, variants: bool, platform: &str) -> String {
+    let cv = if variants {
+        r#""cuda_variant": ["12", "13"],"#
+    } else {
+        ""
+    };
+    format!(
+        "{{\n\"release_date\": \"2025-09-06\",\n\"release_label\": \"{version}\",\n\"release_product\": \"nvshmem\",\n\
+         \"libnvshmem\": {{\n\"name\": \"NVIDIA NVSHMEM\",\n\"version\": \"{version}\",\n{cv}\n\"linux-x86_64\": {{\n{platform}\n}}\n}}\n}}\n"
+    )
+}
+
+/// A PyPI answer for `nvidia-nvshmem-cu<cuda>` with one 3.4.5 wheel.
+fn pypi_doc(cuda: u32, filename: &str, url: &str) -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "info": { "name": format!("nvidia-nvshmem-cu{cuda}") },
+        "releases": { "3.4.5": [ {
+            "digests": { "sha256": SHA_A }, "filename": filename, "packagetype": "bdist_wheel",
+            "size": 1000, "upload_time_iso_8601": "2025-09-06T00:00:00Z", "url": url, "yanked": false } ] }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn lock_refuses_percent_encoded_traversal_in_paths_and_urls() {
+    for rel in [
+        "libnvshmem/linux-x86_64/%2e%2e/%2e%2e/%2e%2e/secret/x_cuda13-archive.tar.xz",
+        "libnvshmem/linux-x86_64/%2E%2E%2F%2E%2E%2Fsecret%2Fx_cuda13-archive.tar.xz",
+        "libnvshmem/linux-x86_64/%252e%252e/x_cuda13-archive.tar.xz",
+    ] {
+        let s = upstream();
+        let m = manifest_text("3.4.5", true, &format!("\"cuda13\": {}", leaf(rel, SHA_A)));
+        s.route("/redist/redistrib_3.4.5.json", Behaviour::ok(m));
+        let out = lock_fails_writing_nothing(&s);
+        let err = stderr(&out);
+        assert!(
+            err.contains("redistrib_3.4.5.json")
+                && err.contains("relative_path")
+                && err.contains(rel),
+            "{rel}: {err}"
+        );
+    }
+    // The same rule for a PyPI file URL.
+    let name = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl";
+    let s = upstream();
+    s.route(
+        "/pypi/nvidia-nvshmem-cu13/json",
+        Behaviour::ok(pypi_doc(
+            13,
+            name,
+            &format!("https://files.pythonhosted.org/packages/%2e%2e/%2e%2e/{name}"),
+        )),
+    );
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("nvidia-nvshmem-cu13") && err.contains("url") && err.contains(".."),
+        "{err}"
+    );
+}
+
+#[test]
+fn lock_refuses_a_wheel_filename_that_is_not_a_plain_file_name() {
+    let name = "../../../tmp/nvidia_nvshmem_cu12-3.4.5-py3-none-manylinux2014_x86_64.whl";
+    let s = upstream();
+    s.route(
+        "/pypi/nvidia-nvshmem-cu12/json",
+        Behaviour::ok(pypi_doc(
+            12,
+            name,
+            "https://files.pythonhosted.org/packages/aa/bb/cc/nvidia_nvshmem_cu12-3.4.5-py3-none-manylinux2014_x86_64.whl",
+        )),
+    );
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("filename") && err.contains(name) && err.contains("plain file name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lock_refuses_an_index_listing_one_version_under_two_names() {
+    let s = upstream();
+    s.route(
+        "/redist/",
+        Behaviour::ok(
+            r#"<a href="redistrib_3.4.5.json">x</a> <a href="redistrib_3.9.0.json">x</a>
+               <a href="redistrib_3.9.0.0.json">x</a>"#,
+        ),
+    );
+    for (name, sha) in [("3.9.0", SHA_A), ("3.9.0.0", SHA_B)] {
+        let m = manifest_text(
+            "3.9.0",
+            true,
+            &format!("\"cuda13\": {}", leaf(&archive_path("3.9.0", 13), sha)),
+        );
+        s.route(&format!("/redist/redistrib_{name}.json"), Behaviour::ok(m));
+    }
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("duplicate")
+            && err.contains("redistrib_3.9.0.json")
+            && err.contains("redistrib_3.9.0.0.json"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lock_refuses_duplicate_json_keys_naming_both() {
+    let s = upstream();
+    let platform = format!(
+        "\"cuda12\": {},\n\"cuda13\": {},\n\"cuda13\": {}",
+        leaf(&archive_path("3.4.5", 12), SHA_A),
+        leaf(&archive_path("3.4.5", 13), SHA_A),
+        leaf(&archive_path("3.4.5", 13), SHA_B)
+    );
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::ok(manifest_text("3.4.5", true, &platform)),
+    );
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("duplicate")
+            && err.contains("libnvshmem.linux-x86_64.cuda13")
+            && err.contains("line 11")
+            && err.contains("line 12"),
+        "{err}"
+    );
+    // In a PyPI answer too (a release key twice; JSON escapes do not hide it).
+    let one = String::from_utf8(pypi_doc(
+        13,
+        "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl",
+        "https://files.pythonhosted.org/packages/aa/bb/cc/nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl",
+    ))
+    .unwrap();
+    let releases = one.find("\"3.4.5\"").unwrap();
+    let doubled = format!(
+        "{}\"3.4.5\": [],\n    \"3\\u002e4.5\"{}",
+        &one[..releases],
+        &one[releases + "\"3.4.5\"".len()..]
+    );
+    let s = upstream();
+    s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::ok(doubled));
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("duplicate")
+            && err.contains("releases.3.4.5")
+            && err.contains("nvidia-nvshmem-cu13"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lock_accepts_cuda_keyed_platforms_without_cuda_variant() {
+    let s = upstream();
+    let platform = format!(
+        "\"cuda12\": {},\n\"cuda13\": {}",
+        leaf(&archive_path("3.4.5", 12), SHA_A),
+        leaf(&archive_path("3.4.5", 13), SHA_B)
+    );
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::ok(manifest_text("3.4.5", false, &platform)),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    let out = run_lock(&s, repo.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lock: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo.path().join("pkgs/nvshmem/releases.json")).unwrap(),
+    )
+    .unwrap();
+    let r = lock["releases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["version"] == "3.4.5")
+        .unwrap();
+    assert_eq!(
+        r["systems"]["x86_64-linux"]["12"]["nvidia"]["sha256"],
+        SHA_A
+    );
+    assert_eq!(
+        r["systems"]["x86_64-linux"]["13"]["nvidia"]["sha256"],
+        SHA_B
+    );
+
+    // A platform that is neither a leaf nor keyed by CUDA major: the message says so.
+    let s = upstream();
+    s.route(
+        "/redist/redistrib_3.4.5.json",
+        Behaviour::ok(manifest_text(
+            "3.4.5",
+            false,
+            &format!("\"sha256\": \"{SHA_A}\""),
+        )),
+    );
+    let err = stderr(&lock_fails_writing_nothing(&s));
+    assert!(
+        err.contains("libnvshmem.linux-x86_64")
+            && err.contains("relative_path")
+            && err.contains("cuda<major>"),
+        "{err}"
+    );
+}
+
+#[test]
+fn verify_404_hint_names_only_flags_verify_has() {
+    let body = payload();
+    let (_s, repo, dest) = verify_case(&body, Behaviour::Status(404));
+    let out = run_verify(repo.path(), dest.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("404")
+            && err.contains("--file")
+            && !err.contains("--nvidia-url")
+            && !err.contains("--pypi-url"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(dest.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn verify_reports_a_stalled_body_as_a_timeout() {
+    let body = payload();
+    let (_s, repo, dest) = verify_case(
+        &body,
+        Behaviour::Stall {
+            body: body.clone(),
+            sent: 1000,
+            stall: Duration::from_secs(6),
+        },
+    );
+    let (r, d) = (repo.path().to_str().unwrap(), dest.path().to_str().unwrap());
+    let mut a = vec![
+        "verify",
+        "--repo",
+        r,
+        "--dest",
+        d,
+        "--timeout",
+        "1",
+        "--retries",
+        "0",
+    ];
+    a.extend_from_slice(common::SELECT_3_4_5);
+    let t0 = std::time::Instant::now();
+    let out = run_in(repo.path(), &a);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("timed out") && !err.contains("decoding"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(!dest.path().join(WHEEL_NAME).exists());
+}
+
+#[test]
+fn a_hand_edited_lock_with_an_encoded_traversal_is_refused_on_load() {
+    let repo = common::temp_repo_with_committed_data();
+    let lock = repo.path().join("pkgs/nvshmem/releases.json");
+    let text = std::fs::read_to_string(&lock).unwrap();
+    let edited = text.replacen(
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/",
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/libnvshmem/%2e%2e/%2e%2e/",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&lock, &edited).unwrap();
+    let before = snapshot(repo.path());
+    let out = run_in(repo.path(), &["releases", "--brief"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("releases.json")
+            && err.contains("..")
+            && err.contains("deepep-nix lock --offline"),
+        "{err}"
+    );
+    assert_eq!(snapshot(repo.path()), before);
+}

@@ -35,6 +35,13 @@ pub enum Behaviour {
         sent: usize,
         n: usize,
     },
+    /// Declare the full length, send the first `sent` bytes, then go silent for `stall`
+    /// (the connection stays open) before closing: a stalled body.
+    Stall {
+        body: Vec<u8>,
+        sent: usize,
+        stall: Duration,
+    },
 }
 
 impl Behaviour {
@@ -182,6 +189,11 @@ fn handle(mut conn: TcpStream, st: &Arc<Mutex<State>>) -> std::io::Result<()> {
                 }
                 b = Behaviour::ok(body);
             }
+            Behaviour::Stall { body, sent, stall } => {
+                respond(&mut conn, 200, "", &body[..sent], body.len())?;
+                std::thread::sleep(stall);
+                return Ok(());
+            }
             Behaviour::Body { body, ranges } => {
                 return match range_from {
                     Some(from) if ranges && (from as usize) < body.len() => {
@@ -296,4 +308,15 @@ pub fn temp_repo_with_committed_data() -> tempfile::TempDir {
         }
     }
     t
+}
+
+/// Asserts that an error message states each cause once: no `": "`-separated part is
+/// immediately repeated (as in `premature eof: premature eof`).
+pub fn assert_causes_once(err: &str) {
+    for line in err.lines() {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for w in parts.windows(2) {
+            assert_ne!(w[0].trim(), w[1].trim(), "cause printed twice in {line:?}");
+        }
+    }
 }
