@@ -311,6 +311,7 @@ impl TestHost {
                 max_tokens: None,
                 capabilities: vec![],
                 kernels_nvshmem_version: None,
+                python_site: None,
             },
             root,
             env: BTreeMap::new(),

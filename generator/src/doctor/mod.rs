@@ -5,6 +5,8 @@
 //! fail / skip, what was found, the exact fix); each [`Capability`] is ready when none of the
 //! checks it needs failed. `docs/doctor.md` lists every check with its sources and fixes.
 
+mod container;
+mod deepep;
 mod driver;
 mod elf;
 mod host;
@@ -65,6 +67,13 @@ pub struct DoctorArgs {
     /// Default: $DEEPEP_KERNELS_NVSHMEM_VERSION; without either the comparison is skipped.
     #[arg(long, value_name = "X.Y.Z", value_parser = parse_version_arg)]
     pub kernels_nvshmem_version: Option<Version>,
+
+    /// Python site-packages directory holding DeepEP's deep_ep_cpp*.so (directly or in a
+    /// deep_ep-*.egg), its package metadata and torch; adds the deepep.* checks (the NVSHMEM the
+    /// build linked vs the library that would load, torch's own NVSHMEM, known-broken DeepEP x
+    /// NVSHMEM pairings, the IBGDA plugin, GPU architectures). Without it they are not run.
+    #[arg(long, value_name = "DIR")]
+    pub python_site: Option<PathBuf>,
 }
 
 fn existing_dir(s: &str) -> Result<PathBuf, String> {
@@ -131,6 +140,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
             args.nvshmem_dir = Some(std::env::current_dir()?.join(dir));
         }
     }
+    if let Some(dir) = &args.python_site {
+        if dir.is_relative() && is_real_root {
+            args.python_site = Some(std::env::current_dir()?.join(dir));
+        }
+    }
     let report = if is_real_root {
         run_with(&args, &env, &SystemTools::default())?
     } else {
@@ -188,6 +202,10 @@ pub fn run_with(
         unknown: &nvshmem_info.unknown_env,
     };
     knobs::check(&host, &ctx, &mut checks);
+    container::check(&host, &kind, &mut checks);
+    if let Some(site) = &args.python_site {
+        deepep::check(&host, site, &driver_info, &nvshmem_info, &mut checks);
+    }
 
     let requested: Vec<Capability> = if args.capabilities.is_empty() {
         Capability::ALL.to_vec()
