@@ -171,7 +171,8 @@ mod tests {
 
     #[test]
     fn memlock_line() {
-        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+        let text =
+            "Limit                     Soft Limit           Hard Limit           Units     \n\
 Max processes             unlimited            unlimited            processes \n\
 Max locked memory         8388608              unlimited            bytes     \n";
         assert_eq!(parse_memlock(text), Some((Some(8 << 20), None)));
@@ -179,7 +180,10 @@ Max locked memory         8388608              unlimited            bytes     \n
             parse_memlock("Max locked memory unlimited unlimited bytes\n"),
             Some((None, None))
         );
-        assert_eq!(parse_memlock("Max locked memory lots unlimited bytes\n"), None);
+        assert_eq!(
+            parse_memlock("Max locked memory lots unlimited bytes\n"),
+            None
+        );
         assert_eq!(human(8 << 20), "8 MiB");
         assert_eq!(human(65536), "64 KiB");
         assert_eq!(human(1000), "1000 bytes");

@@ -165,6 +165,9 @@ pub fn parse_arch_list(s: &str) -> Option<Vec<Image>> {
     (!out.is_empty()).then_some(out)
 }
 
+/// A GPU: index, model name, compute capability when the model is known.
+type GpuCc<'a> = (usize, &'a str, Option<(u32, u32)>);
+
 /// `1.2.1+309785a` -> (1.2.1, Some("309785a")).
 pub fn parse_deepep_version(raw: &str) -> Option<(Version, Option<String>)> {
     let (public, local) = match raw.trim().split_once('+') {
@@ -295,6 +298,76 @@ fn torch_nvshmem(host: &Host, site: &Path) -> TorchNvshmem {
     }
 }
 
+/// `deepep.torch-nvshmem`: torch's own NVSHMEM vs the one DeepEP's build recorded, or, when that
+/// is unknown (no extension, stripped), the NVSHMEM checked above (`NVSHMEM_DIR`).
+fn torch_check(
+    site: &Path,
+    torch: &TorchNvshmem,
+    recorded: Option<Version>,
+    checked: &NvshmemInfo,
+    out: &mut Vec<Check>,
+) {
+    let (reference, ref_name) = match (recorded, checked.version) {
+        (Some(v), _) => (Some(v), "DeepEP's build".to_string()),
+        (None, Some(v)) => (
+            Some(v),
+            "the NVSHMEM checked above (NVSHMEM_DIR)".to_string(),
+        ),
+        (None, None) => (None, String::new()),
+    };
+    let torch_id = "deepep.torch-nvshmem";
+    let torch_fix = format!(
+        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
+        site.join("nvidia/nvshmem").display()
+    );
+    match (&torch.torch_lib, &torch.host_lib, torch.version, reference) {
+        (None, None, _, _) => out.push(Check::ok(
+            torch_id,
+            caps::NVSHMEM,
+            format!("torch bundles no NVSHMEM ({} has neither torch/lib/libtorch_nvshmem.so nor nvidia/nvshmem/)", site.display()),
+        )),
+        (Some(tl), None, _, _) => out.push(Check::warn(
+            torch_id,
+            caps::NVSHMEM,
+            format!("{} cannot find {HOST_LIB}: torch's NVSHMEM features would fail to load", tl.display()),
+            torch_fix,
+        )),
+        (tl, Some(hl), tv, Some(rv)) if tv != Some(rv) => {
+            let by = match tl {
+                Some(tl) => format!("{} loads NVSHMEM {} ({})", tl.display(), show(tv), hl.display()),
+                None => format!("the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
+            };
+            let msg = format!("{by}; {ref_name} is NVSHMEM {rv}");
+            if tl.is_some() {
+                out.push(Check::fail(
+                    torch_id,
+                    caps::NVSHMEM,
+                    format!("{msg}: once torch has loaded its copy, deep_ep_cpp's {HOST_LIB} is that copy (same SONAME)"),
+                    torch_fix,
+                ));
+            } else {
+                out.push(Check::warn(
+                    torch_id,
+                    caps::NVSHMEM,
+                    format!("{msg}: harmless unless that directory comes first on LD_LIBRARY_PATH"),
+                    torch_fix,
+                ));
+            }
+        }
+        (tl, Some(hl), tv, rv) => out.push(Check::ok(
+            torch_id,
+            caps::NVSHMEM,
+            format!(
+                "{} NVSHMEM {} ({}){}",
+                if tl.is_some() { "torch loads" } else { "the nvidia-nvshmem wheel holds" },
+                show(tv),
+                hl.display(),
+                rv.map(|v| format!(" = {ref_name} {v}")).unwrap_or_default()
+            ),
+        )),
+    }
+}
+
 /// Runs the DeepEP checks for the Python site directory `site` (a host path).
 pub fn check(
     host: &Host,
@@ -343,13 +416,13 @@ pub fn check(
         Some(Ok(ext)) => Some(ext),
     };
     let Some(ext) = ext else {
-        for id in [
+        out.push(Check::skip(
             "deepep.nvshmem",
-            "deepep.torch-nvshmem",
-            "deepep.pairing",
-            "deepep.ibgda-plugin",
-            "deepep.arch",
-        ] {
+            caps::NVSHMEM,
+            "no DeepEP extension to inspect",
+        ));
+        torch_check(site, &torch, None, checked, out);
+        for id in ["deepep.pairing", "deepep.ibgda-plugin", "deepep.arch"] {
             out.push(Check::skip(id, caps::ALL, "no DeepEP extension to inspect"));
         }
         return;
@@ -362,14 +435,18 @@ pub fn check(
         .cloned();
     let version_text = match (&version, &parsed) {
         (Some((raw, file)), Some(_)) => format!("DeepEP {raw} ({})", file.display()),
-        (Some((raw, file)), None) => format!("DeepEP version {raw:?} unparsable ({})", file.display()),
+        (Some((raw, file)), None) => {
+            format!("DeepEP version {raw:?} unparsable ({})", file.display())
+        }
         (None, _) => "DeepEP version unknown (no deep_ep-*.dist-info/.egg-info metadata)".into(),
     };
     let recorded = ext.recorded.clone().ok().flatten();
     let nvshmem_text = match (&needed_host, &ext.recorded) {
         (None, _) => "built without NVSHMEM (DISABLE_NVSHMEM: intranode only)".to_string(),
         (Some(n), Ok(Some(v))) => format!("NVSHMEM {v} device library linked in, needs {n}"),
-        (Some(n), Ok(None)) => format!("needs {n}; the NVSHMEM device library version is not recorded (stripped symbol table)"),
+        (Some(n), Ok(None)) => format!(
+            "needs {n}; the NVSHMEM device library version is not recorded (stripped symbol table)"
+        ),
         (Some(n), Err(e)) => format!("needs {n}; NVSHMEM device version unreadable: {e}"),
     };
     let search = if ext.dynamic.search_path.is_empty() {
@@ -377,7 +454,11 @@ pub fn check(
     } else {
         format!(
             "{} {}",
-            if ext.dynamic.runpath { "RUNPATH" } else { "RPATH" },
+            if ext.dynamic.runpath {
+                "RUNPATH"
+            } else {
+                "RPATH"
+            },
             ext.dynamic.search_path.join(":")
         )
     };
@@ -457,63 +538,7 @@ pub fn check(
         },
     }
 
-    // deepep.torch-nvshmem: torch's own copy vs the build (or NVSHMEM_DIR).
-    let (reference, ref_name) = match (recorded, checked.version) {
-        (Some(v), _) => (Some(v), "DeepEP's build".to_string()),
-        (None, Some(v)) => (Some(v), "the NVSHMEM checked above (NVSHMEM_DIR)".to_string()),
-        (None, None) => (None, String::new()),
-    };
-    let torch_id = "deepep.torch-nvshmem";
-    let torch_fix = format!(
-        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
-        site.join("nvidia/nvshmem").display()
-    );
-    match (&torch.torch_lib, &torch.host_lib, torch.version, reference) {
-        (None, None, _, _) => out.push(Check::ok(
-            torch_id,
-            caps::NVSHMEM,
-            format!("torch bundles no NVSHMEM ({} has neither torch/lib/libtorch_nvshmem.so nor nvidia/nvshmem/)", site.display()),
-        )),
-        (Some(tl), None, _, _) => out.push(Check::warn(
-            torch_id,
-            caps::NVSHMEM,
-            format!("{} cannot find {HOST_LIB}: torch's NVSHMEM features would fail to load", tl.display()),
-            torch_fix,
-        )),
-        (tl, Some(hl), tv, Some(rv)) if tv != Some(rv) => {
-            let by = match tl {
-                Some(tl) => format!("{} loads NVSHMEM {} ({})", tl.display(), show(tv), hl.display()),
-                None => format!("the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
-            };
-            let msg = format!("{by}; {ref_name} is NVSHMEM {rv}");
-            if tl.is_some() {
-                out.push(Check::fail(
-                    torch_id,
-                    caps::NVSHMEM,
-                    format!("{msg}: once torch has loaded its copy, deep_ep_cpp's {HOST_LIB} is that copy (same SONAME)"),
-                    torch_fix,
-                ));
-            } else {
-                out.push(Check::warn(
-                    torch_id,
-                    caps::NVSHMEM,
-                    format!("{msg}: harmless unless that directory comes first on LD_LIBRARY_PATH"),
-                    torch_fix,
-                ));
-            }
-        }
-        (tl, Some(hl), tv, rv) => out.push(Check::ok(
-            torch_id,
-            caps::NVSHMEM,
-            format!(
-                "{} NVSHMEM {} ({}){}",
-                if tl.is_some() { "torch loads" } else { "the nvidia-nvshmem wheel holds" },
-                show(tv),
-                hl.display(),
-                rv.map(|v| format!(" = {ref_name} {v}")).unwrap_or_default()
-            ),
-        )),
-    }
+    torch_check(site, &torch, recorded, checked, out);
 
     // deepep.pairing: DeepEP <= 1.2.1 with NVSHMEM >= 3.5.19.
     let pairing_id = "deepep.pairing";
@@ -529,13 +554,21 @@ pub fn check(
     }
     let newest = in_play.iter().max_by_key(|(v, _)| *v).cloned();
     match (&parsed, &needed_host, newest) {
-        (_, None, _) => out.push(Check::skip(pairing_id, caps::NVSHMEM, "built without NVSHMEM")),
+        (_, None, _) => out.push(Check::skip(
+            pairing_id,
+            caps::NVSHMEM,
+            "built without NVSHMEM",
+        )),
         (None, _, _) => out.push(Check::skip(
             pairing_id,
             caps::NVSHMEM,
             "DeepEP version unknown (no package metadata next to the extension)",
         )),
-        (_, _, None) => out.push(Check::skip(pairing_id, caps::NVSHMEM, "NVSHMEM version unknown")),
+        (_, _, None) => out.push(Check::skip(
+            pairing_id,
+            caps::NVSHMEM,
+            "NVSHMEM version unknown",
+        )),
         (Some((dv, local)), Some(_), Some((nv, what))) => {
             let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
             if *dv > LAST_OLD_LAYOUT || nv < RC_LAYOUT_CHANGE {
@@ -579,7 +612,7 @@ pub fn check(
                 Some(f) => out.push(Check::ok(
                     plugin_id,
                     caps::INTERNODE,
-                    format!("{}", dir.join(f).display()),
+                    dir.join(f).display().to_string(),
                 )),
                 None => out.push(Check::fail(
                     plugin_id,
@@ -597,19 +630,22 @@ pub fn check(
         (ext.images.clone(), "deep_ep_cpp's .nv_fatbin".to_string())
     } else if let Some(list) = host.env("TORCH_CUDA_ARCH_LIST") {
         match parse_arch_list(list) {
-            Some(i) => (i, format!("TORCH_CUDA_ARCH_LIST={list} (the extension has no readable GPU code)")),
+            Some(i) => (
+                i,
+                format!("TORCH_CUDA_ARCH_LIST={list} (the extension has no readable GPU code)"),
+            ),
             None => (Vec::new(), String::new()),
         }
     } else {
         (Vec::new(), String::new())
     };
-    let gpus: Vec<(usize, &str, Option<(u32, u32)>)> = driver
+    let gpus: Vec<GpuCc> = driver
         .gpus
         .iter()
         .enumerate()
         .map(|(i, g)| (i, g.model.as_str(), compute_capability(&g.model)))
         .collect();
-    let known: Vec<&(usize, &str, Option<(u32, u32)>)> = gpus.iter().filter(|g| g.2.is_some()).collect();
+    let known: Vec<&GpuCc> = gpus.iter().filter(|g| g.2.is_some()).collect();
     if images.is_empty() {
         out.push(Check::skip(arch_id, caps::ALL, "the build's GPU architectures are unknown (no .nv_fatbin in the extension, TORCH_CUDA_ARCH_LIST unset)"));
     } else if known.is_empty() {
@@ -619,12 +655,19 @@ pub fn check(
             if gpus.is_empty() {
                 "no GPU to compare with".to_string()
             } else {
-                format!("compute capability of {} unknown to doctor", gpus.iter().map(|g| g.1).collect::<Vec<_>>().join(", "))
+                format!(
+                    "compute capability of {} unknown to doctor",
+                    gpus.iter().map(|g| g.1).collect::<Vec<_>>().join(", ")
+                )
             },
         ));
     } else {
-        let names = images.iter().map(|i| i.name()).collect::<Vec<_>>().join(" ");
-        let describe = |g: &(usize, &str, Option<(u32, u32)>)| {
+        let names = images
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let describe = |g: &GpuCc| {
             let cc = g.2.expect("known");
             format!("GPU {} {} (compute capability {}.{})", g.0, g.1, cc.0, cc.1)
         };
@@ -637,7 +680,14 @@ pub fn check(
             out.push(Check::ok(
                 arch_id,
                 caps::ALL,
-                format!("{} run {names} ({source})", known.iter().map(|g| describe(g)).collect::<Vec<_>>().join(", ")),
+                format!(
+                    "{} run {names} ({source})",
+                    known
+                        .iter()
+                        .map(|g| describe(g))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             ));
         } else {
             let mut ccs: Vec<String> = known
@@ -685,14 +735,24 @@ mod tests {
         assert_eq!(compute_capability("unknown model"), None);
         assert_eq!(
             parse_arch_list("9.0;10.0+PTX"),
-            Some(vec![Image::Cubin(9, 0), Image::Cubin(10, 0), Image::Ptx(10, 0)])
+            Some(vec![
+                Image::Cubin(9, 0),
+                Image::Cubin(10, 0),
+                Image::Ptx(10, 0)
+            ])
         );
-        assert_eq!(parse_arch_list("9.0a 10.3"), Some(vec![Image::Cubin(9, 0), Image::Cubin(10, 3)]));
+        assert_eq!(
+            parse_arch_list("9.0a 10.3"),
+            Some(vec![Image::Cubin(9, 0), Image::Cubin(10, 3)])
+        );
         assert_eq!(parse_arch_list("Hopper"), None);
         assert_eq!(
             parse_deepep_version("1.2.1+309785a"),
             Some((Version(1, 2, 1), Some("309785a".into())))
         );
-        assert_eq!(parse_deepep_version("1.2.1"), Some((Version(1, 2, 1), None)));
+        assert_eq!(
+            parse_deepep_version("1.2.1"),
+            Some((Version(1, 2, 1), None))
+        );
     }
 }
