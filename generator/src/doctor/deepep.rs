@@ -552,7 +552,8 @@ pub fn check(
     if let (Some(_), Some(v)) = (&torch.torch_lib, torch.version) {
         in_play.push((v, "torch's host library".into()));
     }
-    let newest = in_play.iter().max_by_key(|(v, _)| *v).cloned();
+    // The newest; among equals the first listed (max_by_key keeps the last, hence rev).
+    let newest = in_play.iter().rev().max_by_key(|(v, _)| *v).cloned();
     match (&parsed, &needed_host, newest) {
         (_, None, _) => out.push(Check::skip(
             pairing_id,
