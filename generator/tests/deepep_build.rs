@@ -172,7 +172,7 @@ fn installed_wheel_prefix_has_what_deepep_setup_py_reads() {
 }
 
 /// Compiles and links a DeepEP-shaped extension with setup.py's NVSHMEM flags against the
-/// installed prefix (`-rdc=true`, `TORCH_CUDA_ARCH_LIST=9.0` -> sm_90, the CUDA 13 CCCL include),
+/// installed prefix (`-rdc=true`, `TORCH_CUDA_ARCH_LIST=9.0` -> sm_90, `CPATH` for CUDA 13's CCCL),
 /// then checks what doctor reads from it.
 #[test]
 fn deepep_shaped_extension_builds_against_the_prefix_and_doctor_reads_it() {
@@ -217,6 +217,47 @@ fn deepep_shaped_extension_builds_against_the_prefix_and_doctor_reads_it() {
     )
     .unwrap();
     let d = dir.to_str().unwrap();
+    // CUDA 13's CCCL (`cuda/std/...`, which NVSHMEM's headers include) lives in include/cccl:
+    // nvcc adds it by itself, the host compiler that builds DeepEP's deep_ep.cpp does not.
+    // docs/deepep.md's CPATH reaches both.
+    let cpath = cuda.join("include/cccl");
+    let host_tu = build.join("deep_ep_like.cpp");
+    std::fs::write(
+        &host_tu,
+        "#include <nvshmem.h>\n#include <nvshmemx.h>\n\
+         #include <non_abi/device/threadgroup/nvshmemi_common_device_defines.cuh>\n\
+         int main() { return 0; }\n",
+    )
+    .unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let host_compile = |with_cpath: bool| {
+        let mut cmd = Command::new(&cxx);
+        cmd.arg("-fsyntax-only")
+            .arg(format!("-I{d}/include"))
+            .arg(format!("-I{}/include", cuda.display()))
+            .arg(&host_tu)
+            .env_remove("CPATH");
+        if with_cpath {
+            cmd.env("CPATH", &cpath);
+        }
+        cmd.output().unwrap()
+    };
+    let without = host_compile(false);
+    assert!(
+        !without.status.success(),
+        "the host compiler found cuda/std without CPATH"
+    );
+    assert!(
+        String::from_utf8_lossy(&without.stderr).contains("cuda/std/"),
+        "{}",
+        String::from_utf8_lossy(&without.stderr)
+    );
+    let with = host_compile(true);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
     let gencode = ["-gencode", "arch=compute_90,code=sm_90"];
     let run = |cmd: &mut Command| {
         let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -230,7 +271,7 @@ fn deepep_shaped_extension_builds_against_the_prefix_and_doctor_reads_it() {
         .args(["-O3", "-rdc=true", "-Xcompiler", "-fPIC"])
         .args(gencode)
         .arg(format!("-I{d}/include"))
-        .arg(format!("-I{}/include/cccl", cuda.display()))
+        .env("CPATH", &cpath)
         .args(["-c", "-o"])
         .arg(build.join("ext.o"))
         .arg(&src));

@@ -1607,7 +1607,7 @@ fn deepep_would_load_another_nvshmem_than_it_was_built_with() {
          (/opt/nvshmem/lib/libnvshmem_host.so.3): NVSHMEM init aborts with \"device library version does not match\"",
         "put NVSHMEM 3.8.0 first (eval \"$(deepep-nix env --prefix <NVSHMEM 3.8.0 prefix>)\"), or rebuild DeepEP \
          against /opt/nvshmem: build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" \
-         && NVCC_APPEND_FLAGS=\"-I$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)",
+         && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)",
     );
     // 3.8.0 is also past the RC layout change for DeepEP 1.2.1.
     let both = ["deepep.nvshmem", "deepep.pairing"];

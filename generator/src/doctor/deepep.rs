@@ -381,7 +381,7 @@ pub fn check(
         .as_ref()
         .and_then(|(raw, _)| parse_deepep_version(raw));
     let torch = torch_nvshmem(host, site);
-    let build_fix = "build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" && NVCC_APPEND_FLAGS=\"-I$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)";
+    let build_fix = "build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)";
 
     // deepep.extension
     let ext_path = find_extension(host, site);
