@@ -35,8 +35,9 @@ use std::path::{Path, PathBuf};
     after_help = "Prints one line per check (ok, warn, fail, skip; what was found; the fix), then a verdict per \
 capability. A fail blocks the capabilities that need the check; warn and skip do not.\n\
 Exit status: 0 every requested capability is ready, 1 one is not, 2 usage error.\n\
-Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION and the NVSHMEM_* knobs are read \
-from the environment doctor runs in."
+Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION, the NVSHMEM_* knobs and, for the \
+deepep.* checks, TORCH_CUDA_ARCH_LIST are read from the environment doctor runs in; the locked-memory limit \
+(memlock) is doctor's own."
 )]
 pub struct DoctorArgs {
     /// Print the report as JSON (checks, verdicts, exit_code) instead of the table.
