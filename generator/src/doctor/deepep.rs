@@ -72,6 +72,10 @@ pub fn fatbin_images(section: &[u8]) -> Vec<Image> {
         let (Some(hsize), Some(size)) = (u16_at(section, at + 6), u64_at(section, at + 8)) else {
             break;
         };
+        if hsize < 16 {
+            at += 8;
+            continue;
+        }
         let start = at + usize::from(hsize);
         let end = usize::try_from(size)
             .ok()
@@ -722,6 +726,44 @@ mod tests {
         assert!(!Image::Cubin(8, 6).runs_on((8, 0)));
         assert!(Image::Ptx(9, 0).runs_on((10, 0)));
         assert!(!Image::Ptx(10, 0).runs_on((9, 0)));
+    }
+
+    /// A fat binary as nvcc lays it out (see [`fatbin_images`]), entries of 64-byte headers.
+    fn fatbin(entries: &[(u16, u32)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for &(kind, arch) in entries {
+            let mut h = [0u8; 64];
+            h[0..2].copy_from_slice(&kind.to_le_bytes());
+            h[4..8].copy_from_slice(&64u32.to_le_bytes());
+            h[8..16].copy_from_slice(&8u64.to_le_bytes());
+            h[28..32].copy_from_slice(&arch.to_le_bytes());
+            body.extend_from_slice(&h);
+            body.extend_from_slice(&[0xAA; 8]);
+        }
+        let mut out = FATBIN_MAGIC.to_le_bytes().to_vec();
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.extend_from_slice(&16u16.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend(body);
+        out
+    }
+
+    #[test]
+    fn fat_binaries_are_read_and_garbage_is_survived() {
+        let mut section = fatbin(&[(2, 90), (2, 100)]);
+        section.extend(fatbin(&[(2, 90), (1, 100)]));
+        assert_eq!(
+            fatbin_images(&section),
+            vec![Image::Cubin(9, 0), Image::Cubin(10, 0), Image::Ptx(10, 0)]
+        );
+        // Every truncation and a zero-sized entry header neither panic nor loop.
+        for cut in 0..section.len() {
+            let _ = fatbin_images(&section[..cut]);
+        }
+        let mut zero = fatbin(&[(2, 90)]);
+        zero[16 + 4..16 + 8].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(fatbin_images(&zero), vec![Image::Cubin(9, 0)]);
+        assert!(fatbin_images(b"no fat binary here, just text....").is_empty());
     }
 
     #[test]
