@@ -1890,13 +1890,14 @@ fn locked_memory_limit_and_container_devices() {
     );
     assert_eq!(status(&r, "memlock"), Status::Ok);
 
-    h.write("/proc/self/limits", limits("8388608"));
+    h.write("/proc/self/limits", limits("32768"));
     let r = h.run();
     assert_found_and_fix(
         &r,
         "memlock",
-        "locked-memory limit (ulimit -l): soft 8 MiB, hard unlimited (/proc/self/limits): InfiniBand verbs pin \
-         host memory against this limit; below 1 GiB NVSHMEM's IB transports fail to register memory or create queues",
+        "locked-memory limit (ulimit -l): soft 32 KiB, hard unlimited (/proc/self/limits): InfiniBand memory \
+         registrations pin pages against this limit; libibverbs warns that a limit of 32 KiB or less \
+         \"will severely limit memory registrations\"",
         "add `* - memlock unlimited` to /etc/security/limits.d/memlock.conf and log in again; for a systemd \
          service set LimitMEMLOCK=infinity",
     );
@@ -1907,13 +1908,32 @@ fn locked_memory_limit_and_container_devices() {
     h.write("/etc/NIXOS", "");
     assert!(fix(&h.run(), "memlock").starts_with("security.pam.loginLimits = [ {"));
     h.remove("/etc/NIXOS");
-    h.write("/proc/self/limits", limits("68719476736"));
+    // A process with CAP_IPC_LOCK is not bound by the limit.
+    h.write(
+        "/proc/self/status",
+        "Name:\tdeepep-nix\nCapEff:\t0000000000004000\n",
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "memlock"), Status::Ok);
+    assert!(found(&r, "memlock")
+        .ends_with("does not apply: the process has CAP_IPC_LOCK (CapEff in /proc/self/status)"));
+    h.write(
+        "/proc/self/status",
+        "Name:\tdeepep-nix\nCapEff:\t00000000a80425fb\n",
+    );
+    assert_eq!(status(&h.run(), "memlock"), Status::Fail);
+    // Limited but above libibverbs' warning: a warning.
+    h.write("/proc/self/limits", limits("8388608"));
     let r = h.run();
     assert_eq!(status(&r, "memlock"), Status::Warn);
+    assert_eq!(
+        found(&r, "memlock"),
+        "locked-memory limit (ulimit -l): soft 8 MiB, hard unlimited (/proc/self/limits): InfiniBand memory \
+         registrations pin pages against this limit; container and MPI/NCCL setups for RDMA use unlimited"
+    );
     assert_eq!(r.exit_code, 0);
 
     // In a container: the limit's fix is the runtime's flag, and the devices are checked.
-    h.write("/proc/self/limits", limits("65536"));
     h.write("/.dockerenv", "");
     let r = h.run();
     assert!(fix(&r, "memlock").starts_with("start the container with --ulimit memlock=-1"));

@@ -1,5 +1,5 @@
-//! Process limits and container plumbing that InfiniBand needs: `RLIMIT_MEMLOCK` (verbs pin
-//! host memory against it) and, inside a container, the device nodes the host must pass in
+//! Process limits and container plumbing that InfiniBand needs: `RLIMIT_MEMLOCK` (verbs
+//! registrations pin pages against it unless the process has `CAP_IPC_LOCK`) and, inside a container, the device nodes the host must pass in
 //! (`/dev/infiniband/uverbs*`, `/dev/gdrdrv`).
 //!
 //! Both checks are added only when their input exists: `memlock` when `/proc/self/limits` can be
@@ -11,8 +11,22 @@ use super::host::{hp, Host};
 use super::report::{caps, Check};
 use super::HostKind;
 
-/// Below this a locked-memory limit fails internode; at or above it (but not unlimited) warns.
-pub const MEMLOCK_FAIL_BELOW: u64 = 1 << 30;
+/// At or below this soft limit libibverbs itself warns at start-up that the limit "will severely
+/// limit memory registrations" (rdma-core `libibverbs/init.c`, `check_memlock_limit`): a fail.
+/// Any other finite limit is a warning.
+pub const MEMLOCK_FAIL_AT_OR_BELOW: u64 = 32768;
+/// `CAP_IPC_LOCK`: a process holding it may lock memory beyond `RLIMIT_MEMLOCK`.
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether `CapEff` of `/proc/<pid>/status` text has `CAP_IPC_LOCK`.
+pub fn has_ipc_lock(status: &str) -> Option<bool> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    let caps = u64::from_str_radix(hex, 16).ok()?;
+    Some(caps & (1 << CAP_IPC_LOCK) != 0)
+}
 
 /// `Max locked memory` soft and hard limits from `/proc/<pid>/limits` text (`None` = unlimited).
 pub fn parse_memlock(limits: &str) -> Option<(Option<u64>, Option<u64>)> {
@@ -91,18 +105,28 @@ fn memlock(host: &Host, kind: &HostKind, container: bool, out: &mut Vec<Check>) 
             "add `* - memlock unlimited` to /etc/security/limits.d/memlock.conf and log in again; for a systemd service set LimitMEMLOCK=infinity",
         )
     };
+    let ipc_lock = host
+        .read_text(&hp("/proc/self/status"))
+        .ok()
+        .and_then(|t| has_ipc_lock(&t))
+        .unwrap_or(false);
     match soft {
         None => out.push(Check::ok(id, caps::INTERNODE, found)),
-        Some(b) if b < MEMLOCK_FAIL_BELOW => out.push(Check::fail(
+        Some(_) if ipc_lock => out.push(Check::ok(
             id,
             caps::INTERNODE,
-            format!("{found}: InfiniBand verbs pin host memory against this limit; below {} NVSHMEM's IB transports fail to register memory or create queues", human(MEMLOCK_FAIL_BELOW)),
+            format!("{found}; does not apply: the process has CAP_IPC_LOCK (CapEff in /proc/self/status)"),
+        )),
+        Some(b) if b <= MEMLOCK_FAIL_AT_OR_BELOW => out.push(Check::fail(
+            id,
+            caps::INTERNODE,
+            format!("{found}: InfiniBand memory registrations pin pages against this limit; libibverbs warns that a limit of {} or less \"will severely limit memory registrations\"", human(MEMLOCK_FAIL_AT_OR_BELOW)),
             fix,
         )),
         Some(_) => out.push(Check::warn(
             id,
             caps::INTERNODE,
-            format!("{found}: not unlimited, as rdma-core and NVSHMEM expect"),
+            format!("{found}: InfiniBand memory registrations pin pages against this limit; container and MPI/NCCL setups for RDMA use unlimited"),
             fix,
         )),
     }
@@ -187,5 +211,9 @@ Max locked memory         8388608              unlimited            bytes     \n
         assert_eq!(human(8 << 20), "8 MiB");
         assert_eq!(human(65536), "64 KiB");
         assert_eq!(human(1000), "1000 bytes");
+        assert_eq!(has_ipc_lock("CapEff:\t00000000a80425fb\n"), Some(false));
+        assert_eq!(has_ipc_lock("CapEff:\t000001ffffffffff\n"), Some(true));
+        assert_eq!(has_ipc_lock("CapEff:\t0000000000004000\n"), Some(true));
+        assert_eq!(has_ipc_lock("Name: x\n"), None);
     }
 }
