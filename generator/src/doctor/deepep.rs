@@ -336,7 +336,8 @@ fn torch_check(
             format!("{} cannot find {HOST_LIB}: torch's NVSHMEM features would fail to load", tl.display()),
             torch_fix,
         )),
-        (tl, Some(hl), tv, Some(rv)) if tv != Some(rv) => {
+        (tl, Some(hl), Some(tv), Some(rv)) if tv != rv => {
+            let tv = Some(tv);
             let by = match tl {
                 Some(tl) => format!("{} loads NVSHMEM {} ({})", tl.display(), show(tv), hl.display()),
                 None => format!("the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
