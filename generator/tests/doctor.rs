@@ -60,22 +60,36 @@ fn run_ok(cmd: &mut Command) {
 /// Builds a shared object `out` with SONAME `soname`, C source `src`, linked against `needed`
 /// (which become its DT_NEEDED entries), with RPATH `$ORIGIN` like NVSHMEM's libraries.
 fn shared(out: &Path, soname: &str, src: &str, needed: &[PathBuf]) {
+    shared_with_path(
+        out,
+        soname,
+        src,
+        needed,
+        "-Wl,--disable-new-dtags",
+        "${ORIGIN}",
+    );
+}
+
+/// [`shared`] with a chosen search path: `dtags` `-Wl,--enable-new-dtags` makes it a RUNPATH
+/// (what DeepEP's `-Wl,-rpath,$NVSHMEM_DIR/lib` gives with today's toolchains), else an RPATH.
+fn shared_with_path(
+    out: &Path,
+    soname: &str,
+    src: &str,
+    needed: &[PathBuf],
+    dtags: &str,
+    path: &str,
+) {
     let c = out.with_extension("c");
     std::fs::write(&c, src).unwrap();
     let mut cmd = Command::new(cc());
-    cmd.args([
-        "-shared",
-        "-fPIC",
-        "-nostdlib",
-        "-Wl,--no-as-needed",
-        "-Wl,--disable-new-dtags",
-        "-Wl,-rpath,${ORIGIN}",
-    ])
-    .arg(format!("-Wl,-soname,{soname}"))
-    .arg("-o")
-    .arg(out)
-    .arg(&c)
-    .args(needed);
+    cmd.args(["-shared", "-fPIC", "-nostdlib", "-Wl,--no-as-needed", dtags])
+        .arg(format!("-Wl,-rpath,{path}"))
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg("-o")
+        .arg(out)
+        .arg(&c)
+        .args(needed);
     run_ok(&mut cmd);
     std::fs::remove_file(c).unwrap();
 }
@@ -203,6 +217,7 @@ fn artifacts() -> &'static Artifacts {
         a.nvshmem("3.8.0", "3.4.5", 3);
         a.nvshmem("3.8.0", "3.8.0", 7);
         a.nvshmem("3.3.9", "3.3.9", 3);
+        a.nvshmem("3.6.5", "3.6.5", 3);
         a
     })
 }
@@ -311,6 +326,7 @@ impl TestHost {
                 max_tokens: None,
                 capabilities: vec![],
                 kernels_nvshmem_version: None,
+                python_site: None,
             },
             root,
             env: BTreeMap::new(),
@@ -1385,4 +1401,619 @@ fn binary_exit_codes_and_usage_errors() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--root must name an existing directory"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeepEP (`--python-site`), locked memory and container devices.
+//
+// The DeepEP extension is a real ELF shared object built here with the C compiler, shaped like
+// the `deep_ep_cpp*.so` DeepEP v1.2.1's setup.py links (`-l:libnvshmem_host.so
+// -l:libnvshmem_device.a -Wl,-rpath,$NVSHMEM_DIR/lib`): DT_NEEDED libnvshmem_host.so.3, a
+// RUNPATH, the device library's local version symbol, and a `.nv_fatbin` section. The one mock
+// is that section's content: fat-binary headers written here (magic, entry kind, arch) without
+// real GPU code, because a C compiler cannot emit CUDA images. `tests/deepep_build.rs` checks
+// the same reader against a real nvcc build linked against the real NVSHMEM wheel.
+
+const SITE: &str = "/opt/venv/lib/python3.12/site-packages";
+const EXT: &str = "deep_ep_cpp.cpython-312-x86_64-linux-gnu.so";
+
+/// Fat binary bytes with one entry per (kind 1 PTX / 2 ELF, arch such as 90), each with a
+/// 64-byte entry header and 16 bytes of payload.
+fn fatbin(images: &[(u16, u32)]) -> Vec<u8> {
+    let mut entries = Vec::new();
+    for &(kind, arch) in images {
+        let mut h = [0u8; 64];
+        h[0..2].copy_from_slice(&kind.to_le_bytes());
+        h[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
+        h[4..8].copy_from_slice(&64u32.to_le_bytes());
+        h[8..16].copy_from_slice(&16u64.to_le_bytes());
+        h[28..32].copy_from_slice(&arch.to_le_bytes());
+        entries.extend_from_slice(&h);
+        entries.extend_from_slice(&[0u8; 16]);
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(&0xBA55_ED50u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    out.extend(entries);
+    out
+}
+
+impl TestHost {
+    /// Puts a DeepEP build into the site directory: the extension (device library `device`
+    /// recorded, linked against `link_prefix`'s host library, RUNPATH `runpath`, GPU code
+    /// `images`) and, when `version` is given, `deep_ep-<version>.dist-info/METADATA`.
+    fn install_deepep(
+        &self,
+        version: Option<&str>,
+        device: Option<&str>,
+        link_prefix: &str,
+        runpath: &str,
+        images: &[(u16, u32)],
+    ) {
+        let site = self.path(SITE);
+        std::fs::create_dir_all(&site).unwrap();
+        let mut src = String::from("int deep_ep_cpp_stub;\n");
+        if let Some(d) = device {
+            let p: Vec<&str> = d.split('.').collect();
+            src.push_str(&format!(
+                "__attribute__((used)) static const int v[3] __asm__(\"_ZL27nvshmemi_device_lib_version\") = {{{}, {}, {}}};\n",
+                p[0], p[1], p[2]
+            ));
+        }
+        if !images.is_empty() {
+            let bytes: Vec<String> = fatbin(images).iter().map(|b| b.to_string()).collect();
+            src.push_str(&format!(
+                "__attribute__((used, section(\".nv_fatbin\"), aligned(8))) static const unsigned char fatbin[] = {{{}}};\n",
+                bytes.join(",")
+            ));
+        }
+        let mut needed = vec![artifacts().stub("libc.so.6")];
+        if device.is_some() {
+            needed.insert(0, self.path(link_prefix).join("lib/libnvshmem_host.so.3"));
+        }
+        shared_with_path(
+            &site.join(EXT),
+            EXT,
+            &src,
+            &needed,
+            "-Wl,--enable-new-dtags",
+            runpath,
+        );
+        if let Some(v) = version {
+            self.write(
+                &format!("{SITE}/deep_ep-{v}.dist-info/METADATA"),
+                format!("Metadata-Version: 2.1\nName: deep_ep\nVersion: {v}\n"),
+            );
+        }
+    }
+
+    /// torch with its own NVSHMEM: `torch/lib/libtorch_nvshmem.so` (RPATH
+    /// `$ORIGIN/../../nvidia/nvshmem/lib`, as torch's wheels) and the nvidia-nvshmem wheel tree
+    /// of version `v` (`None`: the wheel alone, without libtorch_nvshmem).
+    fn install_torch(&self, v: &str, with_torch_lib: bool) {
+        let wheel = format!("{SITE}/nvidia/nvshmem");
+        self.install_nvshmem(&wheel, v, v, 3);
+        if with_torch_lib {
+            let lib = self.path(&format!("{SITE}/torch/lib"));
+            std::fs::create_dir_all(&lib).unwrap();
+            shared_with_path(
+                &lib.join("libtorch_nvshmem.so"),
+                "libtorch_nvshmem.so",
+                "int torch_nvshmem;\n",
+                &[
+                    self.path(&format!("{wheel}/lib/libnvshmem_host.so.3")),
+                    artifacts().stub("libc.so.6"),
+                ],
+                "-Wl,--disable-new-dtags",
+                "$ORIGIN/../../nvidia/nvshmem/lib",
+            );
+        }
+    }
+
+    fn with_site(mut self) -> Self {
+        self.args.python_site = Some(SITE.into());
+        self
+    }
+}
+
+fn deepep_statuses(r: &Report) -> Vec<(String, Status)> {
+    statuses(r)
+        .into_iter()
+        .filter(|(id, _)| id.starts_with("deepep."))
+        .collect()
+}
+
+fn ids(list: &[(&str, Status)]) -> Vec<(String, Status)> {
+    list.iter().map(|(i, s)| (i.to_string(), *s)).collect()
+}
+
+#[test]
+fn deepep_built_against_the_loaded_nvshmem_is_ready() {
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    let text = r.render_text();
+    use Status::Ok as O;
+    assert_eq!(
+        deepep_statuses(&r),
+        ids(&[
+            ("deepep.extension", O),
+            ("deepep.nvshmem", O),
+            ("deepep.torch-nvshmem", O),
+            ("deepep.pairing", O),
+            ("deepep.ibgda-plugin", O),
+            ("deepep.arch", O),
+        ]),
+        "{text}"
+    );
+    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert_eq!(
+        found(&r, "deepep.extension"),
+        format!(
+            "{SITE}/{EXT}: DeepEP 1.2.1 ({SITE}/deep_ep-1.2.1.dist-info/METADATA); NVSHMEM 3.4.5 \
+             device library linked in, needs libnvshmem_host.so.3; RUNPATH /opt/nvshmem/lib; GPU code sm_90"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep.nvshmem"),
+        "loads NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3) = the device library it was built with"
+    );
+    assert_eq!(
+        found(&r, "deepep.pairing"),
+        "DeepEP 1.2.1 with NVSHMEM 3.4.5 (linked device library): not a known-broken pairing"
+    );
+    assert_eq!(
+        found(&r, "deepep.arch"),
+        "GPU 0 NVIDIA H200 (compute capability 9.0), GPU 1 NVIDIA H200 (compute capability 9.0) \
+         run sm_90 (deep_ep_cpp's .nv_fatbin)"
+    );
+    assert_eq!(
+        found(&r, "deepep.ibgda-plugin"),
+        "/opt/nvshmem/lib/nvshmem_transport_ibgda.so.3"
+    );
+    // Without --python-site the report is what it was.
+    let mut h = h;
+    h.args.python_site = None;
+    assert!(h.run().checks.iter().all(|c| !c.id.starts_with("deepep.")));
+}
+
+#[test]
+fn deepep_would_load_another_nvshmem_than_it_was_built_with() {
+    // Built against NVSHMEM 3.8.0 (RUNPATH gone: e.g. the build tree was deleted), the loader
+    // finds 3.4.5 on LD_LIBRARY_PATH.
+    let h = TestHost::ibgda().with_site();
+    h.install_nvshmem("/opt/nvshmem-3.8.0", "3.8.0", "3.8.0", 7);
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.8.0"),
+        "/opt/nvshmem-3.8.0",
+        "/build/gone/lib",
+        &[(2, 90)],
+    );
+    h.remove("/opt/nvshmem-3.8.0");
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep.nvshmem",
+        "built with the NVSHMEM 3.8.0 device library, but would load host library 3.4.5 \
+         (/opt/nvshmem/lib/libnvshmem_host.so.3): NVSHMEM init aborts with \"device library version does not match\"",
+        "put NVSHMEM 3.8.0 first (eval \"$(deepep-nix env --prefix <NVSHMEM 3.8.0 prefix>)\"), or rebuild DeepEP \
+         against /opt/nvshmem: build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" \
+         && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)",
+    );
+    // 3.8.0 is also past the RC layout change for DeepEP 1.2.1.
+    let both = ["deepep.nvshmem", "deepep.pairing"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    // Nothing at all to load: the loader path has no NVSHMEM either.
+    let h = h
+        .env("LD_LIBRARY_PATH", "")
+        .env("NVSHMEM_DIR", "/opt/nvshmem");
+    h.remove("/opt/nvshmem/lib/libnvshmem_host.so.3");
+    let r = h.run();
+    assert!(found(&r, "deepep.nvshmem").starts_with(&format!(
+        "libnvshmem_host.so.3 not found for {SITE}/{EXT} (RUNPATH /build/gone/lib, LD_LIBRARY_PATH, system directories)"
+    )));
+    assert_eq!(status(&r, "deepep.ibgda-plugin"), Status::Skip);
+}
+
+#[test]
+fn deepep_built_without_nvshmem_is_intranode_only() {
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep(Some("1.2.1"), None, "", "/nowhere", &[(2, 90)]);
+    let r = h.run();
+    assert!(found(&r, "deepep.extension")
+        .contains("built without NVSHMEM (DISABLE_NVSHMEM: intranode only)"));
+    assert_eq!(status(&r, "deepep.nvshmem"), Status::Fail);
+    assert_eq!(status(&r, "deepep.pairing"), Status::Skip);
+    assert_eq!(
+        verdicts(&r),
+        expect_verdicts(
+            &[],
+            &["deepep.nvshmem"],
+            &["deepep.nvshmem"],
+            &["deepep.nvshmem"]
+        )
+    );
+}
+
+#[test]
+fn torch_bundled_nvshmem_differs_from_deepeps() {
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    h.install_torch("3.8.0", true);
+    let r = h.run();
+    let torch_lib = format!("{SITE}/torch/lib/libtorch_nvshmem.so");
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "{torch_lib} loads NVSHMEM 3.8.0 ({SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3); \
+             DeepEP's build is NVSHMEM 3.4.5: once torch has loaded its copy, deep_ep_cpp's libnvshmem_host.so.3 \
+             is that copy (same SONAME)"
+        )
+    );
+    assert!(fix(&r, "deepep.torch-nvshmem").starts_with(&format!(
+        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={SITE}/nvidia/nvshmem;"
+    )));
+    let both = ["deepep.torch-nvshmem", "deepep.pairing"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    // The newest NVSHMEM in play decides the pairing: torch's 3.8.0 with DeepEP 1.2.1.
+    assert_eq!(status(&r, "deepep.pairing"), Status::Fail);
+    assert!(found(&r, "deepep.pairing")
+        .starts_with("DeepEP 1.2.1 with NVSHMEM 3.8.0 (torch's host library)"));
+
+    // Same version as DeepEP's build: fine.
+    let h2 = TestHost::ibgda().with_site();
+    h2.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    h2.install_torch("3.4.5", true);
+    let r = h2.run();
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "torch loads NVSHMEM 3.4.5 ({SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3) = DeepEP's build 3.4.5"
+        )
+    );
+
+    // The wheel alone (no libtorch_nvshmem.so) is only loaded if something puts it first.
+    h.remove(&torch_lib);
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Warn);
+
+    // No DeepEP extension: torch's NVSHMEM is compared with NVSHMEM_DIR's.
+    h.remove(&format!("{SITE}/{EXT}"));
+    h2.remove(&format!("{SITE}/{EXT}"));
+    h2.install_torch("3.8.0", true);
+    let r = h2.run();
+    assert_eq!(status(&r, "deepep.extension"), Status::Fail);
+    assert!(
+        found(&r, "deepep.torch-nvshmem")
+            .contains("the NVSHMEM checked above (NVSHMEM_DIR) is NVSHMEM 3.4.5"),
+        "{}",
+        r.render_text()
+    );
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Fail);
+}
+
+#[test]
+fn deepep_1_2_1_with_nvshmem_3_5_19_or_newer_is_refused() {
+    let h = TestHost::ibgda().with_site();
+    h.install_nvshmem("/opt/nvshmem-3.6.5", "3.6.5", "3.6.5", 3);
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.6.5"),
+        "/opt/nvshmem-3.6.5",
+        "/opt/nvshmem-3.6.5/lib",
+        &[(2, 90)],
+    );
+    // LD_LIBRARY_PATH is searched before a RUNPATH: with /opt/nvshmem/lib on it, the build
+    // would get 3.4.5.
+    let r = h.run();
+    assert!(found(&r, "deepep.nvshmem").starts_with(
+        "built with the NVSHMEM 3.6.5 device library, but would load host library 3.4.5"
+    ));
+    let h = h.env("LD_LIBRARY_PATH", "");
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep.pairing",
+        "DeepEP 1.2.1 with NVSHMEM 3.6.5 (linked device library): DeepEP <= 1.2.1 indexes IBGDA RC queue pairs \
+         in the layout of NVSHMEM < 3.5.19; from 3.5.19 on, internode and low-latency time out or hit illegal \
+         memory accesses (DeepEP #553, #764, PR #564, #696; vLLM PR #58159)",
+        "pin NVSHMEM <= 3.4.5 (deepep-nix install --version 3.4.5 ...) and rebuild DeepEP against it, or build a \
+         DeepEP that has the fix (PR #564, commit 29d31c0 on the v1 line, or PR #696)",
+    );
+    assert!(found(&r, "deepep.nvshmem").ends_with(
+        "= the device library it was built with; the NVSHMEM checked above is 3.4.5 (/opt/nvshmem/lib)"
+    ), "{}", found(&r, "deepep.nvshmem"));
+    assert_eq!(
+        verdicts(&r),
+        expect_verdicts(
+            &[],
+            &["deepep.pairing"],
+            &["deepep.pairing"],
+            &["deepep.pairing"]
+        )
+    );
+    // 1.2.1+<revision>: builds of the v1 branch after the fix say 1.2.1 too.
+    h.remove(&format!("{SITE}/deep_ep-1.2.1.dist-info"));
+    h.write(
+        &format!("{SITE}/deep_ep-1.2.1+309785a.dist-info/METADATA"),
+        "Name: deep_ep\nVersion: 1.2.1+309785a\n",
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.pairing"), Status::Warn);
+    assert!(fix(&r, "deepep.pairing")
+        .starts_with("check in the DeepEP checkout: git merge-base --is-ancestor 29d31c0 309785a"));
+    // An egg install (python setup.py install) carries the version in EGG-INFO/PKG-INFO.
+    h.remove(&format!("{SITE}/deep_ep-1.2.1+309785a.dist-info"));
+    let egg = format!("{SITE}/deep_ep-1.1.0-py3.12-linux-x86_64.egg");
+    h.write(&format!("{egg}/EGG-INFO/PKG-INFO"), "Version: 1.1.0\n");
+    std::fs::rename(
+        h.path(&format!("{SITE}/{EXT}")),
+        h.path(&format!("{egg}/{EXT}")),
+    )
+    .unwrap();
+    let r = h.run();
+    assert!(found(&r, "deepep.extension").starts_with(&format!("{egg}/{EXT}: DeepEP 1.1.0")));
+    assert_eq!(status(&r, "deepep.pairing"), Status::Fail);
+    // No metadata: unknown, not guessed.
+    h.remove(&format!("{egg}/EGG-INFO"));
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.pairing"), Status::Skip);
+}
+
+#[test]
+fn deepep_nvshmem_without_the_ibgda_plugin() {
+    let h = TestHost::ibgda().with_site();
+    h.install_nvshmem("/opt/nvshmem-noibgda", "3.4.5", "3.4.5", 3);
+    h.remove("/opt/nvshmem-noibgda/lib/nvshmem_transport_ibgda.so.3");
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem-noibgda",
+        "/opt/nvshmem-noibgda/lib",
+        &[(2, 90)],
+    );
+    let r = h.env("LD_LIBRARY_PATH", "").run();
+    assert_found_and_fix(
+        &r,
+        "deepep.ibgda-plugin",
+        "no nvshmem_transport_ibgda.so.* in /opt/nvshmem-noibgda/lib next to the host library DeepEP loads: \
+         that NVSHMEM was built without IBGDA",
+        "use an NVSHMEM with IBGDA (NVIDIA's tarball and the nvidia-nvshmem wheels ship it: deepep-nix install), \
+         or rebuild NVSHMEM from source with NVSHMEM_IBGDA_SUPPORT=1; then rebuild DeepEP against it",
+    );
+    assert_eq!(
+        verdicts(&r),
+        expect_verdicts(&[], &[], &["deepep.ibgda-plugin"], &["deepep.ibgda-plugin"])
+    );
+}
+
+#[test]
+fn gpu_compute_capability_vs_the_builds_architectures() {
+    let h = TestHost::ibgda().with_site();
+    for bus in ["0000:18:00.0", "0000:2a:00.0"] {
+        let p = format!("/proc/driver/nvidia/gpus/{bus}/information");
+        let text = std::fs::read_to_string(h.path(&p)).unwrap();
+        h.write(&p, text.replace("NVIDIA H200", "NVIDIA B200"));
+    }
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep.arch",
+        "GPU 0 NVIDIA B200 (compute capability 10.0), GPU 1 NVIDIA B200 (compute capability 10.0) cannot run \
+         the build's GPU code sm_90 (deep_ep_cpp's .nv_fatbin)",
+        "rebuild DeepEP for these GPUs: TORCH_CUDA_ARCH_LIST=\"10.0\" pip install --no-build-isolation . \
+         (DeepEP's setup.py defaults to 9.0)",
+    );
+    assert!(r
+        .verdicts
+        .iter()
+        .all(|v| v.blocked_by == vec!["deepep.arch".to_string()]));
+    // PTX of an older architecture is compiled by the driver for newer GPUs.
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90), (1, 90)],
+    );
+    let r = h.run();
+    assert_eq!(
+        status(&r, "deepep.arch"),
+        Status::Ok,
+        "{}",
+        found(&r, "deepep.arch")
+    );
+    // No GPU code in the extension: TORCH_CUDA_ARCH_LIST of the build environment is used.
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[],
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.arch"), Status::Skip);
+    let r = h.env("TORCH_CUDA_ARCH_LIST", "9.0;10.0").run();
+    assert_eq!(
+        found(&r, "deepep.arch"),
+        "GPU 0 NVIDIA B200 (compute capability 10.0), GPU 1 NVIDIA B200 (compute capability 10.0) run \
+         sm_90 sm_100 (TORCH_CUDA_ARCH_LIST=9.0;10.0 (the extension has no readable GPU code))"
+    );
+}
+
+#[test]
+fn locked_memory_limit_and_container_devices() {
+    let limits = |soft: &str| {
+        format!(
+            "Limit                     Soft Limit           Hard Limit           Units     \n\
+             Max locked memory         {soft:<20} unlimited            bytes     \n"
+        )
+    };
+    let h = TestHost::ibgda();
+    // No /proc/self/limits in the tree and no container marker: neither check is added.
+    let r = h.run();
+    assert!(r.check("memlock").is_none() && r.check("container.devices").is_none());
+
+    h.write("/proc/self/limits", limits("unlimited"));
+    let r = h.run();
+    assert_eq!(
+        found(&r, "memlock"),
+        "locked-memory limit (ulimit -l): soft unlimited, hard unlimited (/proc/self/limits)"
+    );
+    assert_eq!(status(&r, "memlock"), Status::Ok);
+
+    h.write("/proc/self/limits", limits("32768"));
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "memlock",
+        "locked-memory limit (ulimit -l): soft 32 KiB, hard unlimited (/proc/self/limits): InfiniBand memory \
+         registrations pin pages against this limit; libibverbs warns that a limit of 32 KiB or less \
+         \"will severely limit memory registrations\"",
+        "add `* - memlock unlimited` to /etc/security/limits.d/memlock.conf and log in again; for a systemd \
+         service set LimitMEMLOCK=infinity",
+    );
+    assert_eq!(
+        verdicts(&r),
+        expect_verdicts(&[], &[], &["memlock"], &["memlock"])
+    );
+    h.write("/etc/NIXOS", "");
+    assert!(fix(&h.run(), "memlock").starts_with("security.pam.loginLimits = [ {"));
+    h.remove("/etc/NIXOS");
+    // A process with CAP_IPC_LOCK is not bound by the limit.
+    h.write(
+        "/proc/self/status",
+        "Name:\tdeepep-nix\nCapEff:\t0000000000004000\n",
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "memlock"), Status::Ok);
+    assert!(found(&r, "memlock")
+        .ends_with("does not apply: the process has CAP_IPC_LOCK (CapEff in /proc/self/status)"));
+    h.write(
+        "/proc/self/status",
+        "Name:\tdeepep-nix\nCapEff:\t00000000a80425fb\n",
+    );
+    assert_eq!(status(&h.run(), "memlock"), Status::Fail);
+    // Limited but above libibverbs' warning: a warning.
+    h.write("/proc/self/limits", limits("8388608"));
+    let r = h.run();
+    assert_eq!(status(&r, "memlock"), Status::Warn);
+    assert_eq!(
+        found(&r, "memlock"),
+        "locked-memory limit (ulimit -l): soft 8 MiB, hard unlimited (/proc/self/limits): InfiniBand memory \
+         registrations pin pages against this limit; container and MPI/NCCL setups for RDMA use unlimited"
+    );
+    assert_eq!(r.exit_code, 0);
+
+    // In a container: the limit's fix is the runtime's flag, and the devices are checked.
+    h.write("/.dockerenv", "");
+    let r = h.run();
+    assert!(fix(&r, "memlock").starts_with("start the container with --ulimit memlock=-1"));
+    assert_eq!(
+        found(&r, "container.devices"),
+        "in a container (/.dockerenv): /dev/infiniband: uverbs0, /dev/gdrdrv"
+    );
+    h.remove("/dev/infiniband");
+    h.remove("/dev/gdrdrv");
+    let r = h.run();
+    assert_eq!(
+        found(&r, "container.devices"),
+        "in a container (/.dockerenv), not passed in: /dev/infiniband/uverbs* (the host has mlx5_0), \
+         /dev/gdrdrv (the host kernel has gdrdrv loaded)"
+    );
+    assert!(fix(&r, "container.devices").starts_with(
+        "pass the devices in: docker/podman run --device=/dev/infiniband --device=/dev/gdrdrv --ulimit memlock=-1"
+    ));
+    assert_eq!(status(&r, "container.devices"), Status::Fail);
+    // Only gdrdrv missing: CPU-assisted IBGDA works without it (a warning).
+    std::fs::create_dir_all(h.path("/dev/infiniband")).unwrap();
+    h.write("/dev/infiniband/uverbs0", "");
+    h.write("/proc/self/limits", limits("unlimited"));
+    let r = h.run();
+    assert_eq!(status(&r, "container.devices"), Status::Warn);
+    // Podman's marker and systemd's `container=` work the same way.
+    h.remove("/.dockerenv");
+    let h = h.env("container", "podman");
+    let r = h.run();
+    assert!(found(&r, "container.devices")
+        .starts_with("in a container (container=podman in the environment)"));
+}
+
+#[test]
+fn deepep_checks_in_json_and_from_the_binary() {
+    let h = TestHost::ibgda();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let root = h.root.path().to_str().unwrap().to_string();
+    let out = bin()
+        .args(["doctor", "--root", &root, "--json", "--python-site", SITE])
+        .env_clear()
+        .env("NVSHMEM_DIR", "/opt/nvshmem")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let checks = json["checks"].as_array().unwrap();
+    let get = |id: &str| {
+        checks
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no {id}"))
+    };
+    assert_eq!(get("deepep.nvshmem")["status"], "ok");
+    assert_eq!(
+        get("deepep.pairing")["needed_by"],
+        serde_json::json!(["low-latency", "internode-ibgda", "internode-cpu-ibgda"])
+    );
+    assert_eq!(get("deepep.arch")["status"], "ok");
+    // A site without DeepEP: the failure names the fix.
+    let out = bin()
+        .args(["doctor", "--root", &root, "--json", "--python-site", "/opt"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ext = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "deepep.extension")
+        .unwrap();
+    assert_eq!(ext["status"], "fail");
+    assert!(ext["fix"].as_str().unwrap().contains("--python-site"));
 }

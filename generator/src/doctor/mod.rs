@@ -5,6 +5,8 @@
 //! fail / skip, what was found, the exact fix); each [`Capability`] is ready when none of the
 //! checks it needs failed. `docs/doctor.md` lists every check with its sources and fixes.
 
+mod container;
+mod deepep;
 mod driver;
 mod elf;
 mod host;
@@ -33,8 +35,9 @@ use std::path::{Path, PathBuf};
     after_help = "Prints one line per check (ok, warn, fail, skip; what was found; the fix), then a verdict per \
 capability. A fail blocks the capabilities that need the check; warn and skip do not.\n\
 Exit status: 0 every requested capability is ready, 1 one is not, 2 usage error.\n\
-Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION and the NVSHMEM_* knobs are read \
-from the environment doctor runs in."
+Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION, the NVSHMEM_* knobs and, for the \
+deepep.* checks, TORCH_CUDA_ARCH_LIST are read from the environment doctor runs in; the locked-memory limit \
+(memlock) is doctor's own."
 )]
 pub struct DoctorArgs {
     /// Print the report as JSON (checks, verdicts, exit_code) instead of the table.
@@ -65,6 +68,13 @@ pub struct DoctorArgs {
     /// Default: $DEEPEP_KERNELS_NVSHMEM_VERSION; without either the comparison is skipped.
     #[arg(long, value_name = "X.Y.Z", value_parser = parse_version_arg)]
     pub kernels_nvshmem_version: Option<Version>,
+
+    /// Python site-packages directory holding DeepEP's deep_ep_cpp*.so (directly or in a
+    /// deep_ep-*.egg), its package metadata and torch; adds the deepep.* checks (the NVSHMEM the
+    /// build linked vs the library that would load, torch's own NVSHMEM, known-broken DeepEP x
+    /// NVSHMEM pairings, the IBGDA plugin, GPU architectures). Without it they are not run.
+    #[arg(long, value_name = "DIR")]
+    pub python_site: Option<PathBuf>,
 }
 
 fn existing_dir(s: &str) -> Result<PathBuf, String> {
@@ -131,6 +141,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
             args.nvshmem_dir = Some(std::env::current_dir()?.join(dir));
         }
     }
+    if let Some(dir) = &args.python_site {
+        if dir.is_relative() && is_real_root {
+            args.python_site = Some(std::env::current_dir()?.join(dir));
+        }
+    }
     let report = if is_real_root {
         run_with(&args, &env, &SystemTools::default())?
     } else {
@@ -188,6 +203,10 @@ pub fn run_with(
         unknown: &nvshmem_info.unknown_env,
     };
     knobs::check(&host, &ctx, &mut checks);
+    container::check(&host, &kind, &mut checks);
+    if let Some(site) = &args.python_site {
+        deepep::check(&host, site, &driver_info, &nvshmem_info, &mut checks);
+    }
 
     let requested: Vec<Capability> = if args.capabilities.is_empty() {
         Capability::ALL.to_vec()

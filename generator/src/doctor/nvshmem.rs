@@ -404,7 +404,6 @@ pub fn header_version(text: &str) -> Option<Version> {
 /// objects: three 32-bit ints).
 pub fn device_archive_version(bytes: &[u8]) -> Result<Option<Version>, String> {
     use object::read::archive::ArchiveFile;
-    use object::{Endianness, Object, ObjectSection, ObjectSymbol};
     let archive = ArchiveFile::parse(bytes).map_err(|e| format!("not an ar archive: {e}"))?;
     for member in archive.members() {
         let member = member.map_err(|e| format!("bad archive member: {e}"))?;
@@ -414,35 +413,52 @@ pub fn device_archive_version(bytes: &[u8]) -> Result<Option<Version>, String> {
         let Ok(obj) = object::File::parse(data) else {
             continue;
         };
-        for sym in obj.symbols() {
-            if sym.name() != Ok(DEVICE_VERSION_SYMBOL) {
-                continue;
-            }
-            let Some(section) = sym
-                .section_index()
-                .and_then(|i| obj.section_by_index(i).ok())
-            else {
-                continue;
-            };
-            let Ok(sdata) = section.data() else { continue };
-            let off = usize::try_from(sym.address()).map_err(|_| "symbol offset out of range")?;
-            let Some(raw) = sdata.get(off..off + 12) else {
-                return Err(format!("{DEVICE_VERSION_SYMBOL} lies outside its section"));
-            };
-            let endian = if obj.is_little_endian() {
-                Endianness::Little
-            } else {
-                Endianness::Big
-            };
-            let word = |i: usize| {
-                let b = [raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]];
-                match endian {
-                    Endianness::Little => u32::from_le_bytes(b),
-                    Endianness::Big => u32::from_be_bytes(b),
-                }
-            };
-            return Ok(Some(Version(word(0), word(1), word(2))));
+        if let Some(v) = object_device_version(&obj)? {
+            return Ok(Some(v));
         }
+    }
+    Ok(None)
+}
+
+/// Version stored by [`DEVICE_VERSION_SYMBOL`] in one object file, or in a shared object that
+/// linked `libnvshmem_device.a` (DeepEP's `deep_ep_cpp*.so` keeps the local symbol in its
+/// `.symtab` unless stripped).
+pub fn object_device_version(obj: &object::File) -> Result<Option<Version>, String> {
+    use object::{Endianness, Object, ObjectSection, ObjectSymbol};
+    for sym in obj.symbols() {
+        if sym.name() != Ok(DEVICE_VERSION_SYMBOL) {
+            continue;
+        }
+        let Some(section) = sym
+            .section_index()
+            .and_then(|i| obj.section_by_index(i).ok())
+        else {
+            continue;
+        };
+        let Ok(sdata) = section.data() else { continue };
+        // In a relocatable object the value is an offset into the section; in a linked object
+        // it is an address.
+        let off = sym
+            .address()
+            .checked_sub(section.address())
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or("symbol offset out of range")?;
+        let Some(raw) = sdata.get(off..off + 12) else {
+            return Err(format!("{DEVICE_VERSION_SYMBOL} lies outside its section"));
+        };
+        let endian = if obj.is_little_endian() {
+            Endianness::Little
+        } else {
+            Endianness::Big
+        };
+        let word = |i: usize| {
+            let b = [raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]];
+            match endian {
+                Endianness::Little => u32::from_le_bytes(b),
+                Endianness::Big => u32::from_be_bytes(b),
+            }
+        };
+        return Ok(Some(Version(word(0), word(1), word(2))));
     }
     Ok(None)
 }
@@ -641,7 +657,7 @@ fn loader(host: &Host, checked: &Path, checked_version: Option<Version>, out: &m
     }
 }
 
-fn same_file(host: &Host, a: &Path, b: &Path) -> bool {
+pub(super) fn same_file(host: &Host, a: &Path, b: &Path) -> bool {
     match (
         std::fs::canonicalize(host.real(a)),
         std::fs::canonicalize(host.real(b)),

@@ -1,0 +1,802 @@
+//! DeepEP checks (`--python-site DIR`): what a built `deep_ep_cpp*.so` records (the NVSHMEM
+//! device library linked into it, the host library it needs and where it looks for it, its GPU
+//! code), which NVSHMEM host library would load for it, torch's own NVSHMEM, the DeepEP x NVSHMEM
+//! pairings known to break, the IBGDA plugin next to that host library, and the GPUs' compute
+//! capability against the build's architectures. Nothing is imported or loaded.
+
+use super::driver::DriverInfo;
+use super::elf::{self, DynInfo, Resolution};
+use super::host::Host;
+use super::nvshmem::{self, banner_versions, NvshmemInfo, Version, HOST_LIB};
+use super::report::{caps, Check};
+use std::path::{Path, PathBuf};
+
+/// First NVSHMEM that stores RC queue pairs QP-major in the IBGDA device state
+/// (NVIDIA/nvshmem@ce9d487, per DeepEP PR #696).
+pub const RC_LAYOUT_CHANGE: Version = Version(3, 5, 19);
+/// Last DeepEP release whose IBGDA code indexes RC queue pairs PE-major (tag v1.2.1,
+/// `csrc/kernels/ibgda_device.cuh` `ibgda_get_rc`).
+pub const LAST_OLD_LAYOUT: Version = Version(1, 2, 1);
+/// The fix on DeepEP's v1 line (PR #564), after the v1.2.1 tag but with the same version.
+const FIX_COMMIT: &str = "29d31c0";
+
+/// Fat binary header magic (`.nv_fatbin` section of CUDA objects).
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// A GPU code image in a fat binary: cubin (`sm_XY`) or PTX (`compute_XY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Image {
+    Cubin(u32, u32),
+    Ptx(u32, u32),
+}
+
+impl Image {
+    fn name(self) -> String {
+        match self {
+            Image::Cubin(a, b) => format!("sm_{a}{b}"),
+            Image::Ptx(a, b) => format!("compute_{a}{b} (PTX)"),
+        }
+    }
+
+    /// Whether a GPU of compute capability `cc` can run this image: a cubin runs on GPUs of
+    /// its major version and an equal or higher minor; PTX is compiled for any equal or newer
+    /// GPU by the driver.
+    fn runs_on(self, cc: (u32, u32)) -> bool {
+        match self {
+            Image::Cubin(a, b) => cc.0 == a && cc.1 >= b,
+            Image::Ptx(a, b) => cc >= (a, b),
+        }
+    }
+}
+
+/// The images of every fat binary in `.nv_fatbin` (header: magic u32, version u16, header size
+/// u16, payload size u64; each entry: kind u16 (1 PTX, 2 ELF), u16, header size u32, payload
+/// size u64, ..., arch u32 at offset 28 (e.g. 90), as nvcc writes them).
+pub fn fatbin_images(section: &[u8]) -> Vec<Image> {
+    let u16_at = |d: &[u8], o: usize| d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at = |d: &[u8], o: usize| {
+        d.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |d: &[u8], o: usize| {
+        d.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    let mut images = Vec::new();
+    let mut at = 0usize;
+    while at + 16 <= section.len() {
+        if u32_at(section, at) != Some(FATBIN_MAGIC) {
+            at += 8; // headers are 8-byte aligned
+            continue;
+        }
+        let (Some(hsize), Some(size)) = (u16_at(section, at + 6), u64_at(section, at + 8)) else {
+            break;
+        };
+        if hsize < 16 {
+            at += 8;
+            continue;
+        }
+        let start = at + usize::from(hsize);
+        let end = usize::try_from(size)
+            .ok()
+            .and_then(|s| start.checked_add(s))
+            .map_or(section.len(), |e| e.min(section.len()));
+        let mut e = start;
+        while e + 32 <= end {
+            let (Some(kind), Some(eh), Some(es), Some(arch)) = (
+                u16_at(section, e),
+                u32_at(section, e + 4),
+                u64_at(section, e + 8),
+                u32_at(section, e + 28),
+            ) else {
+                break;
+            };
+            let (major, minor) = (arch / 10, arch % 10);
+            match kind {
+                1 => images.push(Image::Ptx(major, minor)),
+                2 => images.push(Image::Cubin(major, minor)),
+                _ => {}
+            }
+            let Some(next) = usize::try_from(es)
+                .ok()
+                .and_then(|s| e.checked_add(eh as usize)?.checked_add(s))
+            else {
+                break;
+            };
+            if eh == 0 || next <= e {
+                break;
+            }
+            e = next;
+        }
+        at = (end.max(at + 16) + 7) & !7;
+    }
+    images.sort();
+    images.dedup();
+    images
+}
+
+/// Compute capability of an NVIDIA data-centre or workstation GPU from its model name
+/// (`/proc/driver/nvidia/gpus/*/information`), or `None` for models not in the table.
+pub fn compute_capability(model: &str) -> Option<(u32, u32)> {
+    let m = model.to_ascii_uppercase();
+    const TABLE: &[(&str, (u32, u32))] = &[
+        ("B300", (10, 3)),
+        ("B200", (10, 0)),
+        ("B100", (10, 0)),
+        ("RTX PRO 6000 BLACKWELL", (12, 0)),
+        ("RTX 50", (12, 0)),
+        ("H200", (9, 0)),
+        ("H100", (9, 0)),
+        ("H800", (9, 0)),
+        ("H20", (9, 0)),
+        ("L40", (8, 9)),
+        ("L4", (8, 9)),
+        ("RTX 40", (8, 9)),
+        ("A100", (8, 0)),
+        ("A800", (8, 0)),
+        ("A30", (8, 0)),
+        ("A40", (8, 6)),
+        ("A10", (8, 6)),
+        ("RTX 30", (8, 6)),
+        ("V100", (7, 0)),
+        ("T4", (7, 5)),
+    ];
+    TABLE
+        .iter()
+        .find(|(k, _)| {
+            m.split(|c: char| !c.is_ascii_alphanumeric() && c != ' ')
+                .any(|part| part.contains(k))
+        })
+        .map(|(_, cc)| *cc)
+}
+
+/// `TORCH_CUDA_ARCH_LIST` entries (`9.0;10.0`, `9.0 10.0+PTX`, `9.0a`) as images.
+pub fn parse_arch_list(s: &str) -> Option<Vec<Image>> {
+    let mut out = Vec::new();
+    for tok in s.split([';', ' ', ',']).filter(|t| !t.is_empty()) {
+        let (arch, ptx) = match tok.strip_suffix("+PTX") {
+            Some(a) => (a, true),
+            None => (tok, false),
+        };
+        let arch = arch.trim_end_matches(['a', 'f']);
+        let (maj, min) = arch.split_once('.')?;
+        let cc = (maj.parse().ok()?, min.parse().ok()?);
+        out.push(Image::Cubin(cc.0, cc.1));
+        if ptx {
+            out.push(Image::Ptx(cc.0, cc.1));
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// A GPU: index, model name, compute capability when the model is known.
+type GpuCc<'a> = (usize, &'a str, Option<(u32, u32)>);
+
+/// `1.2.1+309785a` -> (1.2.1, Some("309785a")).
+pub fn parse_deepep_version(raw: &str) -> Option<(Version, Option<String>)> {
+    let (public, local) = match raw.trim().split_once('+') {
+        Some((p, l)) => (p, Some(l.to_string())),
+        None => (raw.trim(), None),
+    };
+    Some((Version::parse(public)?, local))
+}
+
+/// What the site directory holds.
+struct Extension {
+    path: PathBuf,
+    dynamic: DynInfo,
+    /// `_ZL27nvshmemi_device_lib_version` of the linked-in `libnvshmem_device.a`.
+    recorded: Result<Option<Version>, String>,
+    images: Vec<Image>,
+}
+
+/// `deep_ep_cpp*.so` directly in `site` or in a `deep_ep-*.egg` directory of it.
+fn find_extension(host: &Host, site: &Path) -> Option<PathBuf> {
+    let is_ext = |n: &str| n.starts_with("deep_ep_cpp") && n.contains(".so");
+    let names = host.list_dir(site).unwrap_or_default();
+    if let Some(n) = names.iter().find(|n| is_ext(n)) {
+        return Some(site.join(n));
+    }
+    names
+        .iter()
+        .filter(|n| n.starts_with("deep_ep-") && n.ends_with(".egg"))
+        .find_map(|egg| {
+            host.list_dir(&site.join(egg))
+                .unwrap_or_default()
+                .into_iter()
+                .find(|n| is_ext(n))
+                .map(|n| site.join(egg).join(n))
+        })
+}
+
+/// DeepEP's version from its package metadata (`Version:` of a dist-info `METADATA`, an
+/// egg-info `PKG-INFO` or an egg's `EGG-INFO/PKG-INFO`), with the file it came from.
+fn find_version(host: &Host, site: &Path) -> Option<(String, PathBuf)> {
+    let names = host.list_dir(site).unwrap_or_default();
+    for n in names.iter().filter(|n| n.starts_with("deep_ep-")) {
+        let candidates = [
+            site.join(n).join("METADATA"),
+            site.join(n).join("PKG-INFO"),
+            site.join(n).join("EGG-INFO/PKG-INFO"),
+        ];
+        for file in candidates {
+            if let Ok(text) = host.read_text(&file) {
+                if let Some(v) = text.lines().find_map(|l| l.strip_prefix("Version:")) {
+                    return Some((v.trim().to_string(), file));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn read_extension(host: &Host, path: &Path) -> Result<Extension, String> {
+    use object::{Object, ObjectSection};
+    let bytes = host
+        .read_bytes(path, elf::LIB_CAP)
+        .map_err(|e| format!("{} {e}", path.display()))?;
+    let dynamic = elf::parse_dyn(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let obj = object::File::parse(&*bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let recorded = nvshmem::object_device_version(&obj);
+    let images = obj
+        .section_by_name(".nv_fatbin")
+        .and_then(|s| s.data().ok())
+        .map(fatbin_images)
+        .unwrap_or_default();
+    Ok(Extension {
+        path: path.to_path_buf(),
+        dynamic,
+        recorded,
+        images,
+    })
+}
+
+fn version_at(host: &Host, p: &Path) -> Option<Version> {
+    host.read_bytes(p, elf::LIB_CAP)
+        .ok()
+        .and_then(|b| banner_versions(&b).into_iter().next())
+}
+
+fn show(v: Option<Version>) -> String {
+    v.map_or("of unknown version".into(), |v| v.to_string())
+}
+
+/// The NVSHMEM host library torch loads: `torch/lib/libtorch_nvshmem.so` resolves
+/// `libnvshmem_host.so.3` through its RUNPATH (the `nvidia-nvshmem-cu12/cu13` wheel).
+struct TorchNvshmem {
+    torch_lib: Option<PathBuf>,
+    host_lib: Option<PathBuf>,
+    version: Option<Version>,
+}
+
+fn torch_nvshmem(host: &Host, site: &Path) -> TorchNvshmem {
+    let torch_lib = site.join("torch/lib/libtorch_nvshmem.so");
+    let wheel_lib = site.join("nvidia/nvshmem/lib").join(HOST_LIB);
+    if host.exists(&torch_lib) {
+        let resolved = host
+            .read_bytes(&torch_lib, elf::LIB_CAP)
+            .ok()
+            .and_then(|b| elf::parse_dyn(&b).ok())
+            .and_then(|d| {
+                match elf::resolve(host, HOST_LIB, torch_lib.parent().unwrap_or(site), &d) {
+                    Resolution::Found(p) => Some(p),
+                    Resolution::Missing { .. } => None,
+                }
+            });
+        let version = resolved.as_deref().and_then(|p| version_at(host, p));
+        return TorchNvshmem {
+            torch_lib: Some(torch_lib),
+            host_lib: resolved,
+            version,
+        };
+    }
+    let present = host.exists(&wheel_lib);
+    TorchNvshmem {
+        torch_lib: None,
+        version: if present {
+            version_at(host, &wheel_lib)
+        } else {
+            None
+        },
+        host_lib: present.then_some(wheel_lib),
+    }
+}
+
+/// `deepep.torch-nvshmem`: torch's own NVSHMEM vs the one DeepEP's build recorded, or, when that
+/// is unknown (no extension, stripped), the NVSHMEM checked above (`NVSHMEM_DIR`).
+fn torch_check(
+    site: &Path,
+    torch: &TorchNvshmem,
+    recorded: Option<Version>,
+    checked: &NvshmemInfo,
+    out: &mut Vec<Check>,
+) {
+    let (reference, ref_name) = match (recorded, checked.version) {
+        (Some(v), _) => (Some(v), "DeepEP's build".to_string()),
+        (None, Some(v)) => (
+            Some(v),
+            "the NVSHMEM checked above (NVSHMEM_DIR)".to_string(),
+        ),
+        (None, None) => (None, String::new()),
+    };
+    let torch_id = "deepep.torch-nvshmem";
+    let torch_fix = format!(
+        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
+        site.join("nvidia/nvshmem").display()
+    );
+    match (&torch.torch_lib, &torch.host_lib, torch.version, reference) {
+        (None, None, _, _) => out.push(Check::ok(
+            torch_id,
+            caps::NVSHMEM,
+            format!("torch bundles no NVSHMEM ({} has neither torch/lib/libtorch_nvshmem.so nor nvidia/nvshmem/)", site.display()),
+        )),
+        (Some(tl), None, _, _) => out.push(Check::warn(
+            torch_id,
+            caps::NVSHMEM,
+            format!("{} cannot find {HOST_LIB}: torch's NVSHMEM features would fail to load", tl.display()),
+            torch_fix,
+        )),
+        (tl, Some(hl), Some(tv), Some(rv)) if tv != rv => {
+            let tv = Some(tv);
+            let by = match tl {
+                Some(tl) => format!("{} loads NVSHMEM {} ({})", tl.display(), show(tv), hl.display()),
+                None => format!("the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
+            };
+            let msg = format!("{by}; {ref_name} is NVSHMEM {rv}");
+            if tl.is_some() {
+                out.push(Check::fail(
+                    torch_id,
+                    caps::NVSHMEM,
+                    format!("{msg}: once torch has loaded its copy, deep_ep_cpp's {HOST_LIB} is that copy (same SONAME)"),
+                    torch_fix,
+                ));
+            } else {
+                out.push(Check::warn(
+                    torch_id,
+                    caps::NVSHMEM,
+                    format!("{msg}: harmless unless that directory comes first on LD_LIBRARY_PATH"),
+                    torch_fix,
+                ));
+            }
+        }
+        (tl, Some(hl), tv, rv) => out.push(Check::ok(
+            torch_id,
+            caps::NVSHMEM,
+            format!(
+                "{} NVSHMEM {} ({}){}",
+                if tl.is_some() { "torch loads" } else { "the nvidia-nvshmem wheel holds" },
+                show(tv),
+                hl.display(),
+                rv.map(|v| format!(" = {ref_name} {v}")).unwrap_or_default()
+            ),
+        )),
+    }
+}
+
+/// Runs the DeepEP checks for the Python site directory `site` (a host path).
+pub fn check(
+    host: &Host,
+    site: &Path,
+    driver: &DriverInfo,
+    checked: &NvshmemInfo,
+    out: &mut Vec<Check>,
+) {
+    let version = find_version(host, site);
+    let parsed = version
+        .as_ref()
+        .and_then(|(raw, _)| parse_deepep_version(raw));
+    let torch = torch_nvshmem(host, site);
+    let build_fix = "build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)";
+
+    // deepep.extension
+    let ext_path = find_extension(host, site);
+    let ext = match ext_path.as_deref().map(|p| read_extension(host, p)) {
+        None => {
+            out.push(Check::fail(
+                "deepep.extension",
+                caps::ALL,
+                format!("no deep_ep_cpp*.so in {} (nor in a deep_ep-*.egg there)", site.display()),
+                format!("pass --python-site the directory holding deep_ep_cpp*.so (python3 -c 'import deep_ep_cpp; print(deep_ep_cpp.__file__)'), or {build_fix}"),
+            ));
+            None
+        }
+        Some(Err(e)) => {
+            out.push(Check::fail("deepep.extension", caps::ALL, e, build_fix));
+            None
+        }
+        Some(Ok(ext)) if ext.dynamic.ident != super::rdma::native_ident() => {
+            out.push(Check::fail(
+                "deepep.extension",
+                caps::ALL,
+                format!(
+                    "{} is {}, this host runs {}",
+                    ext.path.display(),
+                    ext.dynamic.ident.describe(),
+                    super::rdma::native_ident().describe()
+                ),
+                build_fix,
+            ));
+            None
+        }
+        Some(Ok(ext)) => Some(ext),
+    };
+    let Some(ext) = ext else {
+        out.push(Check::skip(
+            "deepep.nvshmem",
+            caps::NVSHMEM,
+            "no DeepEP extension to inspect",
+        ));
+        torch_check(site, &torch, None, checked, out);
+        for id in ["deepep.pairing", "deepep.ibgda-plugin", "deepep.arch"] {
+            out.push(Check::skip(id, caps::ALL, "no DeepEP extension to inspect"));
+        }
+        return;
+    };
+    let needed_host = ext
+        .dynamic
+        .needed
+        .iter()
+        .find(|n| n.starts_with("libnvshmem_host"))
+        .cloned();
+    let version_text = match (&version, &parsed) {
+        (Some((raw, file)), Some(_)) => format!("DeepEP {raw} ({})", file.display()),
+        (Some((raw, file)), None) => {
+            format!("DeepEP version {raw:?} unparsable ({})", file.display())
+        }
+        (None, _) => "DeepEP version unknown (no deep_ep-*.dist-info/.egg-info metadata)".into(),
+    };
+    let recorded = ext.recorded.clone().ok().flatten();
+    let nvshmem_text = match (&needed_host, &ext.recorded) {
+        (None, _) => "built without NVSHMEM (DISABLE_NVSHMEM: intranode only)".to_string(),
+        (Some(n), Ok(Some(v))) => format!("NVSHMEM {v} device library linked in, needs {n}"),
+        (Some(n), Ok(None)) => format!(
+            "needs {n}; the NVSHMEM device library version is not recorded (stripped symbol table)"
+        ),
+        (Some(n), Err(e)) => format!("needs {n}; NVSHMEM device version unreadable: {e}"),
+    };
+    let search = if ext.dynamic.search_path.is_empty() {
+        "no RPATH/RUNPATH".to_string()
+    } else {
+        format!(
+            "{} {}",
+            if ext.dynamic.runpath {
+                "RUNPATH"
+            } else {
+                "RPATH"
+            },
+            ext.dynamic.search_path.join(":")
+        )
+    };
+    let images = if ext.images.is_empty() {
+        "no GPU code found (.nv_fatbin)".to_string()
+    } else {
+        ext.images
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    out.push(Check::ok(
+        "deepep.extension",
+        caps::ALL,
+        format!(
+            "{}: {version_text}; {nvshmem_text}; {search}; GPU code {images}",
+            ext.path.display()
+        ),
+    ));
+
+    // deepep.nvshmem: the host library that would load for it.
+    let ext_dir = ext.path.parent().unwrap_or(site).to_path_buf();
+    let mut loads: Option<(PathBuf, Option<Version>)> = None;
+    match &needed_host {
+        None => out.push(Check::fail(
+            "deepep.nvshmem",
+            caps::NVSHMEM,
+            format!("{} was built without NVSHMEM: low-latency and internode are compiled out", ext.path.display()),
+            build_fix,
+        )),
+        Some(name) => match elf::resolve(host, name, &ext_dir, &ext.dynamic) {
+            Resolution::Missing { skipped } => out.push(Check::fail(
+                "deepep.nvshmem",
+                caps::NVSHMEM,
+                format!(
+                    "{name} not found for {} ({search}, LD_LIBRARY_PATH, system directories){}",
+                    ext.path.display(),
+                    if skipped.is_empty() { String::new() } else { format!(" [skipped: {}]", skipped.join("; ")) }
+                ),
+                format!(
+                    "make the NVSHMEM it was built against{} findable: eval \"$(deepep-nix env --prefix <that prefix>)\", or rebuild: {build_fix}",
+                    recorded.map(|v| format!(" ({v})")).unwrap_or_default()
+                ),
+            )),
+            Resolution::Found(p) => {
+                let hv = version_at(host, &p);
+                loads = Some((p.clone(), hv));
+                let also = match (&checked.lib_dir, checked.version) {
+                    (Some(dir), cv) if !nvshmem::same_file(host, &dir.join(HOST_LIB), &p) => {
+                        format!("; the NVSHMEM checked above is {} ({})", show(cv), dir.display())
+                    }
+                    _ => String::new(),
+                };
+                match (recorded, hv) {
+                    (Some(rv), Some(hv)) if rv != hv => out.push(Check::fail(
+                        "deepep.nvshmem",
+                        caps::NVSHMEM,
+                        format!(
+                            "built with the NVSHMEM {rv} device library, but would load host library {hv} ({}){also}: NVSHMEM init aborts with \"device library version does not match\"",
+                            p.display()
+                        ),
+                        format!("put NVSHMEM {rv} first (eval \"$(deepep-nix env --prefix <NVSHMEM {rv} prefix>)\"), or rebuild DeepEP against {}: {build_fix}", p.parent().and_then(Path::parent).unwrap_or(Path::new("/")).display()),
+                    )),
+                    (Some(rv), Some(_)) => out.push(Check::ok(
+                        "deepep.nvshmem",
+                        caps::NVSHMEM,
+                        format!("loads NVSHMEM {rv} ({}) = the device library it was built with{also}", p.display()),
+                    )),
+                    (_, hv) => out.push(Check::ok(
+                        "deepep.nvshmem",
+                        caps::NVSHMEM,
+                        format!("loads {} (NVSHMEM {}); the build's device version is not recorded{also}", p.display(), show(hv)),
+                    )),
+                }
+            }
+        },
+    }
+
+    torch_check(site, &torch, recorded, checked, out);
+
+    // deepep.pairing: DeepEP <= 1.2.1 with NVSHMEM >= 3.5.19.
+    let pairing_id = "deepep.pairing";
+    let mut in_play: Vec<(Version, String)> = Vec::new();
+    if let Some(v) = recorded {
+        in_play.push((v, "linked device library".into()));
+    }
+    if let Some((p, Some(v))) = &loads {
+        in_play.push((*v, format!("host library {}", p.display())));
+    }
+    if let (Some(_), Some(v)) = (&torch.torch_lib, torch.version) {
+        in_play.push((v, "torch's host library".into()));
+    }
+    // The newest; among equals the first listed (max_by_key keeps the last, hence rev).
+    let newest = in_play.iter().rev().max_by_key(|(v, _)| *v).cloned();
+    match (&parsed, &needed_host, newest) {
+        (_, None, _) => out.push(Check::skip(
+            pairing_id,
+            caps::NVSHMEM,
+            "built without NVSHMEM",
+        )),
+        (None, _, _) => out.push(Check::skip(
+            pairing_id,
+            caps::NVSHMEM,
+            "DeepEP version unknown (no package metadata next to the extension)",
+        )),
+        (_, _, None) => out.push(Check::skip(
+            pairing_id,
+            caps::NVSHMEM,
+            "NVSHMEM version unknown",
+        )),
+        (Some((dv, local)), Some(_), Some((nv, what))) => {
+            let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
+            if *dv > LAST_OLD_LAYOUT || nv < RC_LAYOUT_CHANGE {
+                out.push(Check::ok(
+                    pairing_id,
+                    caps::NVSHMEM,
+                    format!("DeepEP {raw} with NVSHMEM {nv} ({what}): not a known-broken pairing"),
+                ));
+            } else {
+                let found = format!("DeepEP {raw} with NVSHMEM {nv} ({what}): DeepEP <= {LAST_OLD_LAYOUT} indexes IBGDA RC queue pairs in the layout of NVSHMEM < {RC_LAYOUT_CHANGE}; from {RC_LAYOUT_CHANGE} on, internode and low-latency time out or hit illegal memory accesses (DeepEP #553, #764, PR #564, #696; vLLM PR #58159)");
+                let fix = format!("pin NVSHMEM <= 3.4.5 (deepep-nix install --version 3.4.5 ...) and rebuild DeepEP against it, or build a DeepEP that has the fix (PR #564, commit {FIX_COMMIT} on the v1 line, or PR #696)");
+                match local {
+                    Some(rev) if *dv == LAST_OLD_LAYOUT => out.push(Check::warn(
+                        pairing_id,
+                        caps::NVSHMEM,
+                        format!("{found}. Revision {rev}: builds of DeepEP's v1 branch after PR #564 (commit {FIX_COMMIT}) have the fix and the same version 1.2.1, the v1.2.1 tag does not"),
+                        format!("check in the DeepEP checkout: git merge-base --is-ancestor {FIX_COMMIT} {rev} && echo fixed; if not fixed: {fix}"),
+                    )),
+                    _ => out.push(Check::fail(pairing_id, caps::NVSHMEM, found, fix)),
+                }
+            }
+        }
+    }
+
+    // deepep.ibgda-plugin: next to the host library DeepEP loads.
+    let plugin_id = "deepep.ibgda-plugin";
+    match &loads {
+        None => out.push(Check::skip(
+            plugin_id,
+            caps::INTERNODE,
+            "no NVSHMEM host library found for DeepEP",
+        )),
+        Some((p, _)) => {
+            let dir = p.parent().unwrap_or(Path::new("/"));
+            let plugin = host
+                .list_dir(dir)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|n| n.starts_with("nvshmem_transport_ibgda.so"));
+            match plugin {
+                Some(f) => out.push(Check::ok(
+                    plugin_id,
+                    caps::INTERNODE,
+                    dir.join(f).display().to_string(),
+                )),
+                None => out.push(Check::fail(
+                    plugin_id,
+                    caps::INTERNODE,
+                    format!("no nvshmem_transport_ibgda.so.* in {} next to the host library DeepEP loads: that NVSHMEM was built without IBGDA", dir.display()),
+                    "use an NVSHMEM with IBGDA (NVIDIA's tarball and the nvidia-nvshmem wheels ship it: deepep-nix install), or rebuild NVSHMEM from source with NVSHMEM_IBGDA_SUPPORT=1; then rebuild DeepEP against it",
+                )),
+            }
+        }
+    }
+
+    // deepep.arch: GPU compute capabilities vs the build's GPU code.
+    let arch_id = "deepep.arch";
+    let (images, source) = if !ext.images.is_empty() {
+        (ext.images.clone(), "deep_ep_cpp's .nv_fatbin".to_string())
+    } else if let Some(list) = host.env("TORCH_CUDA_ARCH_LIST") {
+        match parse_arch_list(list) {
+            Some(i) => (
+                i,
+                format!("TORCH_CUDA_ARCH_LIST={list} (the extension has no readable GPU code)"),
+            ),
+            None => (Vec::new(), String::new()),
+        }
+    } else {
+        (Vec::new(), String::new())
+    };
+    let gpus: Vec<GpuCc> = driver
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (i, g.model.as_str(), compute_capability(&g.model)))
+        .collect();
+    let known: Vec<&GpuCc> = gpus.iter().filter(|g| g.2.is_some()).collect();
+    if images.is_empty() {
+        out.push(Check::skip(arch_id, caps::ALL, "the build's GPU architectures are unknown (no .nv_fatbin in the extension, TORCH_CUDA_ARCH_LIST unset)"));
+    } else if known.is_empty() {
+        out.push(Check::skip(
+            arch_id,
+            caps::ALL,
+            if gpus.is_empty() {
+                "no GPU to compare with".to_string()
+            } else {
+                format!(
+                    "compute capability of {} unknown to doctor",
+                    gpus.iter().map(|g| g.1).collect::<Vec<_>>().join(", ")
+                )
+            },
+        ));
+    } else {
+        let names = images
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let describe = |g: &GpuCc| {
+            let cc = g.2.expect("known");
+            format!("GPU {} {} (compute capability {}.{})", g.0, g.1, cc.0, cc.1)
+        };
+        let bad: Vec<String> = known
+            .iter()
+            .filter(|g| !images.iter().any(|i| i.runs_on(g.2.expect("known"))))
+            .map(|g| describe(g))
+            .collect();
+        if bad.is_empty() {
+            out.push(Check::ok(
+                arch_id,
+                caps::ALL,
+                format!(
+                    "{} run {names} ({source})",
+                    known
+                        .iter()
+                        .map(|g| describe(g))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        } else {
+            let mut ccs: Vec<String> = known
+                .iter()
+                .map(|g| {
+                    let cc = g.2.expect("known");
+                    format!("{}.{}", cc.0, cc.1)
+                })
+                .collect();
+            ccs.sort();
+            ccs.dedup();
+            out.push(Check::fail(
+                arch_id,
+                caps::ALL,
+                format!("{} cannot run the build's GPU code {names} ({source})", bad.join(", ")),
+                format!("rebuild DeepEP for these GPUs: TORCH_CUDA_ARCH_LIST=\"{}\" pip install --no-build-isolation . (DeepEP's setup.py defaults to 9.0)", ccs.join(";")),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_and_compatibility() {
+        assert!(Image::Cubin(9, 0).runs_on((9, 0)));
+        assert!(!Image::Cubin(9, 0).runs_on((10, 0)));
+        assert!(Image::Cubin(8, 0).runs_on((8, 6)));
+        assert!(!Image::Cubin(8, 6).runs_on((8, 0)));
+        assert!(Image::Ptx(9, 0).runs_on((10, 0)));
+        assert!(!Image::Ptx(10, 0).runs_on((9, 0)));
+    }
+
+    /// A fat binary as nvcc lays it out (see [`fatbin_images`]), entries of 64-byte headers.
+    fn fatbin(entries: &[(u16, u32)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for &(kind, arch) in entries {
+            let mut h = [0u8; 64];
+            h[0..2].copy_from_slice(&kind.to_le_bytes());
+            h[4..8].copy_from_slice(&64u32.to_le_bytes());
+            h[8..16].copy_from_slice(&8u64.to_le_bytes());
+            h[28..32].copy_from_slice(&arch.to_le_bytes());
+            body.extend_from_slice(&h);
+            body.extend_from_slice(&[0xAA; 8]);
+        }
+        let mut out = FATBIN_MAGIC.to_le_bytes().to_vec();
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.extend_from_slice(&16u16.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend(body);
+        out
+    }
+
+    #[test]
+    fn fat_binaries_are_read_and_garbage_is_survived() {
+        let mut section = fatbin(&[(2, 90), (2, 100)]);
+        section.extend(fatbin(&[(2, 90), (1, 100)]));
+        assert_eq!(
+            fatbin_images(&section),
+            vec![Image::Cubin(9, 0), Image::Cubin(10, 0), Image::Ptx(10, 0)]
+        );
+        // Every truncation and a zero-sized entry header neither panic nor loop.
+        for cut in 0..section.len() {
+            let _ = fatbin_images(&section[..cut]);
+        }
+        let mut zero = fatbin(&[(2, 90)]);
+        zero[16 + 4..16 + 8].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(fatbin_images(&zero), vec![Image::Cubin(9, 0)]);
+        assert!(fatbin_images(b"no fat binary here, just text....").is_empty());
+    }
+
+    #[test]
+    fn model_names_and_arch_lists() {
+        assert_eq!(compute_capability("NVIDIA H200"), Some((9, 0)));
+        assert_eq!(compute_capability("NVIDIA H20"), Some((9, 0)));
+        assert_eq!(compute_capability("NVIDIA B200"), Some((10, 0)));
+        assert_eq!(compute_capability("NVIDIA A100-SXM4-80GB"), Some((8, 0)));
+        assert_eq!(compute_capability("NVIDIA A10"), Some((8, 6)));
+        assert_eq!(compute_capability("NVIDIA L40S"), Some((8, 9)));
+        assert_eq!(compute_capability("Tesla V100-SXM2-32GB"), Some((7, 0)));
+        assert_eq!(compute_capability("unknown model"), None);
+        assert_eq!(
+            parse_arch_list("9.0;10.0+PTX"),
+            Some(vec![
+                Image::Cubin(9, 0),
+                Image::Cubin(10, 0),
+                Image::Ptx(10, 0)
+            ])
+        );
+        assert_eq!(
+            parse_arch_list("9.0a 10.3"),
+            Some(vec![Image::Cubin(9, 0), Image::Cubin(10, 3)])
+        );
+        assert_eq!(parse_arch_list("Hopper"), None);
+        assert_eq!(
+            parse_deepep_version("1.2.1+309785a"),
+            Some((Version(1, 2, 1), Some("309785a".into())))
+        );
+        assert_eq!(
+            parse_deepep_version("1.2.1"),
+            Some((Version(1, 2, 1), None))
+        );
+    }
+}
