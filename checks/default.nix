@@ -1,7 +1,9 @@
 # `nix flake check` checks for one system. None needs a GPU (those are in gpuChecks); most need
 # network for sources (NVIDIA tarballs, GitHub, crates), the VM test needs KVM.
 #   pure                 checks/pure.nix (the same tests CI runs with Debian's Nix 2.8)
-#   module-lib-eval      the module through lib.evalModules with stub NixOS option declarations
+#   module-stand-ins     the module over the NixOS stand-ins (checks/module), stand-in module system
+#   module-coverage      every option the module defines or reads is declared by a sourced stand-in
+#   module-lib-eval      the same cases through nixpkgs' lib.evalModules
 #   module-nixos-eval    the module inside real NixOS (eval-config), several configurations
 #   module-vm            NixOS VM boots with services.deepep (x86_64-linux only)
 #   generator-reproducible  `deepep-nix lock --offline --check` / `render --check` on the repo
@@ -34,6 +36,11 @@ let
 in
 {
   pure = evalCheck "deepep-pure-tests" (import ./pure.nix);
+
+  # The module over the NixOS stand-ins with the stand-in module system (what CI runs without
+  # nixpkgs), and the stand-ins' option coverage and provenance.
+  module-stand-ins = evalCheck "deepep-module-stand-ins" (import ./module/lib-eval.nix { lib = import ./module/mini-lib.nix; });
+  module-coverage = evalCheck "deepep-module-coverage" (import ./module/coverage.nix { lib = import ./module/mini-lib.nix; });
 
 
 

@@ -10,9 +10,11 @@
 #   4. The texts of the key evaluation errors (3.3.9 + CUDA 13, PyPI-only release with the
 #      NVIDIA source, unknown IBGDA method); the module's /dev/gdrdrv script, run in a private
 #      mount namespace with a fake /proc/devices (checks/gdrdrv-node.sh).
-#   5. The NixOS module through nixpkgs' lib.evalModules (checks/module/lib-eval.nix), only when
-#      a nixpkgs `lib` directory is given in NIXPKGS_LIB (nixpkgs itself cannot be had offline;
-#      otherwise reported as skipped).
+#   5. The NixOS module: every case of checks/module/cases.nix over the NixOS stand-ins
+#      (checks/module/stand-ins.nix) through checks/module/mini-lib.nix (a small module system:
+#      nixpkgs cannot be had offline), and also through nixpkgs' real lib.evalModules when a
+#      nixpkgs `lib` directory is given in NIXPKGS_LIB; the option-coverage and provenance check
+#      (checks/module/coverage.nix), and that it fails when a stand-in is missing or unsourced.
 #   6. The flake with nixpkgs replaced by checks/stub-nixpkgs (a tiny stand-in; it cannot build
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
 #      every package/dev shell derivation and pinned source, the overlay, the module names.
@@ -100,16 +102,38 @@ else
   fail "gdrdrv device-node script"; printf '%s\n' "${out:-}"; cat "$log"
 fi
 
-# ---------------------------------------------------------------- 5. module with nixpkgs' lib
-if [ -n "${NIXPKGS_LIB:-}" ]; then
-  if out=$(nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib "import ${NIXPKGS_LIB}" 2>"$log"); then
-    pass "module through lib.evalModules: $out"
+# ---------------------------------------------------------------- 5. the NixOS module
+mini="import $repo/checks/module/mini-lib.nix"
+module_cases() { # LABEL LIB-EXPR
+  if out=$(nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib "$2" 2>"$log"); then
+    pass "module cases over the NixOS stand-ins, $1: $(grep -o '"ok"' <<<"$out" | wc -l) cases ok"
   else
-    fail "module through lib.evalModules"; grep -v "^warning:" "$log" || true
+    fail "module cases over the NixOS stand-ins, $1"; grep -v "^warning:" "$log" || true
   fi
+}
+module_cases "checks/module/mini-lib.nix" "$mini"
+if [ -n "${NIXPKGS_LIB:-}" ]; then
+  module_cases "nixpkgs' lib.evalModules" "import ${NIXPKGS_LIB}"
 else
-  skip "module through lib.evalModules" "set NIXPKGS_LIB=<nixpkgs>/lib to run checks/module/lib-eval.nix"
+  skip "module cases through nixpkgs' lib.evalModules" "set NIXPKGS_LIB=<nixpkgs>/lib to run them there too"
 fi
+if out=$(nix-instantiate --eval --strict --json checks/module/coverage.nix --arg lib "$mini" 2>"$log"); then
+  pass "option coverage and provenance of the stand-ins: $(printf '%s' "$out" | grep -o '"defines":\[[^]]*\]' | grep -o '","' | wc -l | awk '{print $1 + 1}') option paths defined, $(printf '%s' "$out" | grep -o '"reads":\[[^]]*\]' | grep -o '","' | wc -l | awk '{print $1 + 1}') read, all declared"
+else
+  fail "option coverage and provenance of the stand-ins"; grep -v "^warning:" "$log" || true
+fi
+# The same check must fail when a stand-in the module needs is missing, or has no source.
+cov="a: import $repo/checks/module/coverage.nix ({ lib = $mini; } // a)"
+standins="import $repo/checks/module/stand-ins.nix { }"
+expect_error "option coverage fails without the modprobe.nix stand-in" \
+  "($cov) { standIns = builtins.filter (s: s.mirrors != \"nixos/modules/system/boot/modprobe.nix\") ($standins); }" \
+  "modules/deepep.nix defines boot.extraModprobeConfig, which no stand-in declares"
+expect_error "option coverage fails without the kernel.nix stand-in" \
+  "($cov) { standIns = builtins.filter (s: s.mirrors != \"nixos/modules/system/boot/kernel.nix\") ($standins); }" \
+  "modules/deepep.nix reads config.boot.kernelParams, which is no declared option"
+expect_error "provenance fails for a stand-in without its nixpkgs file" \
+  "($cov) { standIns = map (s: removeAttrs s [ \"mirrors\" ]) ($standins); }" \
+  "names no nixpkgs file"
 
 # ---------------------------------------------------------------- 6. flake structure
 if [ -f checks/stub-nixpkgs/flake.nix ]; then
