@@ -18,6 +18,8 @@
 #   6. The flake with nixpkgs replaced by checks/stub-nixpkgs (a tiny stand-in; it cannot build
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
 #      every package/dev shell derivation and pinned source, the overlay, the module names.
+#      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
+#      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
 #      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
@@ -182,6 +184,36 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
       fail "devShells.$sys evaluate"; grep -v "^warning:" "$log" || true
     fi
   done
+  # One CUDA major for NVSHMEM, the kernels, the dev shells' nvcc and the GPU check's NCCL
+  # (checks/cuda-major.nix; the stub's pkgs.cudaPackages is CUDA 12, as at many nixpkgs
+  # revisions, so anything taking the toolkit from the scope shows up here).
+  for sys in x86_64-linux aarch64-linux; do
+    if out=$(nix eval --raw "${stub[@]}" ".#checks.$sys.cuda-major.result" 2>"$log"); then
+      pass "one CUDA major ($sys): $(grep -o 'CUDA [0-9]*' <<<"$out" | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
+    else
+      fail "one CUDA major ($sys)"; grep -v "^warning:" "$log" || true
+    fi
+  done
+  # ... and the check fails when an output takes the toolkit from the scope: the kernels
+  # without NVSHMEM and a dev shell built with pkgs.cudaPackages (what callPackage fills in).
+  stubpkgs="import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; }"
+  expect_error "one CUDA major: fails for an output with pkgs.cudaPackages" "let
+      pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; };
+      shell = pkgs.mkShell { packages = [ pkgs.cudaPackages.cuda_nvcc ]; };
+    in import $repo/checks/cuda-major.nix {
+      inherit pkgs; inherit (ours) cudaMajor;
+      packages = ours.packages // { deepep-kernels-no-nvshmem = pkgs.callPackage $repo/pkgs/deepep-kernels/package.nix { nvshmem = null; }; };
+      devShells = { default = shell; no-nvshmem = shell; };
+      gpuChecks.kernels = ours.packages.deepep-kernels.gpuCheck;
+    }" "packages.deepep-kernels-no-nvshmem (toolkit): 12, expected 13"
+  expect_error "deepep-kernels refuses NVSHMEM and a toolkit of different CUDA majors" \
+    "let pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; }; in (pkgs.callPackage $repo/pkgs/deepep-kernels/package.nix { inherit (ours.packages) nvshmem; }).drvPath" \
+    "NVSHMEM 3.4.5 is the CUDA 13 build but cudaPackages is CUDA 12"
+  if out=$(nix eval --json "${stub[@]}" .#checks.x86_64-linux.unfree-names.result 2>"$log"); then
+    pass "allowUnfreePredicate: the driver packages' real pnames (nvidia-x11, nvidia-dc, nvidia-settings, nvidia-persistenced, fabricmanager)"
+  else
+    fail "allowUnfreePredicate names"; grep -v "^warning:" "$log" || true
+  fi
   if nix eval --raw "${stub[@]}" .#packages.x86_64-linux --apply 'ps: (ps.nvshmem_3_3_9.override { cudaMajor = "13"; }).drvPath' >/dev/null 2>"$log"; then
     fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; } evaluated"
   elif grep -qF "NVSHMEM 3.3.9 has no CUDA 13 build" "$log"; then

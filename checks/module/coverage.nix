@@ -61,8 +61,9 @@ let
   try = f: default: let r = builtins.tryEval f; in if r.success then r.value else default;
   definedPaths = path: v:
     if optionOf path != null then [ path ]
-    else concatMap (x: if try (isGroup x) false then concatMap (n: definedPaths (path ++ [ n ]) x.${n}) (attrNames x) else [ path ])
-      (try (open v) [ null ]);
+    else
+      concatMap (x: if try (isGroup x) false then concatMap (n: definedPaths (path ++ [ n ]) x.${n}) (attrNames x) else [ path ])
+        (try (open v) [ null ]);
   defines = unique (definedPaths [ ] (moduleValue.config or { }));
   undeclaredDefines = filter (p: optionOf p == null) defines;
 

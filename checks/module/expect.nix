@@ -29,8 +29,9 @@ let
     else if nixosConf == null then (if ours e.modprobe == [ ] then true else fail "/etc/modprobe.d/nixos.conf" "the module's lines" null)
     else lib.all (l: lib.elem l confLines || fail "/etc/modprobe.d/nixos.conf line" l nixosConf) (ours e.modprobe)
       && (if lib.any (lib.hasInfix "NVreg_RegistryDwords") (ours e.modprobe)
-    then same "`options nvidia` lines of nixos.conf with NVreg_RegistryDwords=" 1
-      (lib.length (lib.filter (l: lib.hasPrefix "options nvidia " l && builtins.match ".*[[:space:]]\"?NVreg_RegistryDwords=.*" l != null) confLines))
+    then
+      same "`options nvidia` lines of nixos.conf with NVreg_RegistryDwords=" 1
+        (lib.length (lib.filter (l: lib.hasPrefix "options nvidia " l && builtins.match ".*[[:space:]]\"?NVreg_RegistryDwords=.*" l != null) confLines))
     else true);
 
   # The boot-time check (deepep-doctor.service). Whatever the case, a unit that exists has the

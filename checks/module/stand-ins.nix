@@ -119,12 +119,12 @@
         options.systemd.services = mkOption {
           type = types.attrsOf (types.submodule {
             options = {
-            description = mkOption { type = types.str; default = ""; };
-            wantedBy = mkOption { type = types.listOf unitName; default = [ ]; };
-            after = mkOption { type = types.listOf unitName; default = [ ]; };
-            environment = mkOption { type = types.attrsOf (types.nullOr (types.oneOf [ types.str types.path types.package ])); default = { }; };
-            path = mkOption { type = types.listOf (types.oneOf [ types.package types.str ]); default = [ ]; };
-            serviceConfig = mkOption { type = types.attrsOf (types.oneOf [ types.bool types.int types.str (types.listOf types.str) ]); default = { }; };
+              description = mkOption { type = types.str; default = ""; };
+              wantedBy = mkOption { type = types.listOf unitName; default = [ ]; };
+              after = mkOption { type = types.listOf unitName; default = [ ]; };
+              environment = mkOption { type = types.attrsOf (types.nullOr (types.oneOf [ types.str types.path types.package ])); default = { }; };
+              path = mkOption { type = types.listOf (types.oneOf [ types.package types.str ]); default = [ ]; };
+              serviceConfig = mkOption { type = types.attrsOf (types.oneOf [ types.bool types.int types.str (types.listOf types.str) ]); default = { }; };
             };
           });
           default = { };
