@@ -124,7 +124,13 @@ if out=$(nix-instantiate --eval --strict --json checks/module/coverage.nix --arg
 else
   fail "option coverage and provenance of the stand-ins"; grep -v "^warning:" "$log" || true
 fi
-# The same check must fail when a stand-in the module needs is missing, or has no source.
+# The stand-in module system refuses what nixpkgs' refuses (the cases above rely on it).
+mini_eval="m: ($mini).evalModules { modules = [ { options.a = ($mini).mkOption { type = ($mini).types.bool; default = false; }; } m ]; }"
+expect_error "mini-lib: an undeclared option is an error also under mkIf false" \
+  "(($mini_eval) { config = ($mini).mkIf false { b.c = 1; }; }).config.a" "b' does not exist. Definition values"
+expect_error "mini-lib: a definition of the wrong type is an error" \
+  "(($mini_eval) { a = \"yes\"; }).config.a" "a' is not of type"
+# The coverage check must fail when a stand-in the module needs is missing, or has no source.
 cov="a: import $repo/checks/module/coverage.nix ({ lib = $mini; } // a)"
 standins="import $repo/checks/module/stand-ins.nix { }"
 expect_error "option coverage fails without the modprobe.nix stand-in" \

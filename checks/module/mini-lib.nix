@@ -1,7 +1,8 @@
 # A small stand-in for nixpkgs' module system (lib.evalModules, mkOption, mkIf, mkMerge,
 # mkOverride, the option types the module and the NixOS stand-ins use) plus the few list/string
-# functions they call. It exists because CI has no nixpkgs (scripts/nix-checks.sh, step 5): with it, the services.deepep cases run on every CI run; with
-# NIXPKGS_LIB set, the same cases run through nixpkgs' real lib (run.nix picks).
+# functions they call. It exists because CI has no nixpkgs (scripts/nix-checks.sh, step 5):
+# with it, the services.deepep cases run on every CI run; with NIXPKGS_LIB set, the same cases
+# also run through nixpkgs' real lib (checks/module/lib-eval.nix takes either).
 #
 # Semantics follow nixpkgs' lib/modules.nix and lib/types.nix for what is implemented:
 #   - defining an undeclared option is an error, also under `mkIf false` (the definition is
