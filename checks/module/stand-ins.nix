@@ -190,7 +190,9 @@
           }
           (lib.mkIf nvidiaEnabled {
             boot.extraModulePackages = modulePackages true;
-            boot.kernelModules = [ "nvidia" "nvidia_modeset" "nvidia_drm" ] ++ lib.optional useOpenModules "nvidia_uvm";
+            # (nvidia, nvidia_modeset, nvidia_drm are added only with services.xserver.enable,
+            # which the module neither sets nor reads; left out here.)
+            boot.kernelModules = lib.optional useOpenModules "nvidia_uvm";
             boot.kernelParams = lib.optional useOpenModules "nvidia.NVreg_OpenRmEnableUnsupportedGpus=1";
           })
           (lib.mkIf cfg.datacenter.enable {
