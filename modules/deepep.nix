@@ -130,7 +130,6 @@ in
           options.
         '';
       };
-
     };
 
     gdrcopy = {
@@ -336,7 +335,7 @@ in
           assertion = features.driverOptions -> streamMemOpsContradictions == [ ];
           message = ''
             NVreg_EnableStreamMemOPs is set to ${
-              lib.concatMapStringsSep " and " (c: "${toString c.value} in ${c.where}") streamMemOpsContradictions
+              lib.concatMapStringsSep " and " (c: "${if c.value == null then "(no value)" else c.value} in ${c.where}") streamMemOpsContradictions
             }, but services.deepep.ibgda.method = "${cfg.ibgda.method}" sets NVreg_EnableStreamMemOPs=1
             (GPU-initiated IBGDA needs it); which one the driver takes depends on the order of the
             lines. Remove your setting, or use services.deepep.ibgda.method = "gdrcopy" or "none".'';
