@@ -13,7 +13,11 @@
       # and the driver packages the NixOS VM test builds. Consumers of the overlay or the module
       # keep their own nixpkgs config (they need to allow the same).
       unfreeLicenses = [ lib.licenses.nvidiaCuda.shortName lib.licenses.nvidiaCudaRedist.shortName (import ./pkgs/nvshmem/license.nix).shortName ];
-      unfreeNames = [ "nvidia-x11" "nvidia-settings" "nvidia-persistenced" "nvidia-fabricmanager" ];
+      # The driver packages' pnames, as nixpkgs names them (checks/default.nix, unfree-names):
+      # pkgs/os-specific/linux/nvidia-x11/generic.nix "nvidia-x11", or "nvidia-dc" for the
+      # datacenter drivers; settings.nix "nvidia-settings"; persistenced.nix "nvidia-persistenced";
+      # fabricmanager.nix "fabricmanager".
+      unfreeNames = [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" ];
       allowUnfreePredicate = pkg:
         lib.elem (lib.getName pkg) unfreeNames
         || lib.all (l: (l.free or true) || lib.elem (l.shortName or "") unfreeLicenses) (lib.toList (pkg.meta.license or [ ]));
@@ -80,6 +84,7 @@
         inherit nixpkgs system;
         ours = ours.${system};
         deepepModule = self.nixosModules.deepep;
+        outputs = { packages = self.packages.${system}; devShells = self.devShells.${system}; gpuChecks = self.gpuChecks.${system}; };
       });
 
       # Run on a builder with the "cuda" system feature (docs/nix.md, "GPU runner"):

@@ -1,7 +1,11 @@
 # `nix flake check` checks for one system. None needs a GPU (those are in gpuChecks); most need
 # network for sources (NVIDIA tarballs, GitHub, crates), the VM test needs KVM.
 #   pure                 checks/pure.nix (the same tests CI runs with Debian's Nix 2.8)
-#   module-lib-eval      the module through lib.evalModules with stub NixOS option declarations
+#   cuda-major           NVSHMEM, kernels, dev shells' nvcc, GPU check's NCCL: one CUDA major
+#   module-stand-ins     the module over the NixOS stand-ins (checks/module), stand-in module system
+#   module-coverage      every option the module defines or reads is declared by a sourced stand-in
+#   module-lib-eval      the same cases through nixpkgs' lib.evalModules
+#   unfree-names         the driver packages' real pnames are allowed as unfree, nothing else
 #   module-nixos-eval    the module inside real NixOS (eval-config), several configurations
 #   module-vm            NixOS VM boots with services.deepep (x86_64-linux only)
 #   generator-reproducible  `deepep-nix lock --offline --check` / `render --check` on the repo
@@ -13,6 +17,8 @@
 , system
 , ours
 , deepepModule
+, # this flake's packages, devShells and gpuChecks for `system`
+  outputs
 ,
 }:
 let
@@ -34,6 +40,33 @@ let
 in
 {
   pure = evalCheck "deepep-pure-tests" (import ./pure.nix);
+
+  # One CUDA major for NVSHMEM, the kernels, the dev shells' nvcc, the GPU check's NCCL.
+  cuda-major = evalCheck "deepep-cuda-major" (import ./cuda-major.nix {
+    inherit pkgs;
+    inherit (ours) cudaMajor;
+    inherit (outputs) packages devShells gpuChecks;
+  });
+
+  # The module over the NixOS stand-ins with the stand-in module system (what CI runs without
+  # nixpkgs), and the stand-ins' option coverage and provenance.
+  module-stand-ins = evalCheck "deepep-module-stand-ins" (import ./module/lib-eval.nix { lib = import ./module/mini-lib.nix; });
+  module-coverage = evalCheck "deepep-module-coverage" (import ./module/coverage.nix { lib = import ./module/mini-lib.nix; });
+
+  # The unfree packages the NixOS VM test and the HGX configuration pull in are allowed by our
+  # nixpkgs instance under their real pnames (nixpkgs pkgs/os-specific/linux/nvidia-x11/:
+  # generic.nix "nvidia-x11" / "nvidia-dc", settings.nix, persistenced.nix, fabricmanager.nix),
+  # and an unrelated unfree package is not.
+  unfree-names = evalCheck "deepep-unfree-names" (
+    let
+      unfree = pname: { inherit pname; version = "1"; name = "${pname}-1"; meta.license = { free = false; shortName = "unfree"; }; };
+      allowed = map (n: { name = n; allowed = pkgs.config.allowUnfreePredicate (unfree n); })
+        [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" "some-other-unfree-package" ];
+      wrong = lib.filter (a: a.allowed != (a.name != "some-other-unfree-package")) allowed;
+    in
+    if wrong == [ ] then allowed
+    else throw "flake.nix allowUnfreePredicate: wrong answer for ${lib.concatMapStringsSep ", " (a: "${a.name} (${if a.allowed then "allowed" else "refused"})") wrong}"
+  );
 
 
 

@@ -24,7 +24,8 @@ runCommand "deepep-kernels-gpu-check-${deepep-kernels.version}"
   NCCL_SOCKET_IFNAME = "lo";
   NVSHMEM_DIR = "${nvshmem}";
   LD_LIBRARY_PATH = lib.makeLibraryPath [ (lib.getLib nvshmem) (lib.getLib cudaPackages.nccl) ] + ":/run/opengl-driver/lib";
-  passthru = { inherit deepep-kernels; };
+  # The NCCL on LD_LIBRARY_PATH (the kernels' toolkit's; checks/cuda-major.nix compares it).
+  passthru = { inherit deepep-kernels; inherit (cudaPackages) nccl; };
 }
   ''
     set -euo pipefail

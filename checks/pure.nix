@@ -80,12 +80,53 @@ let
     };
     noConflictForRepeatedEqualValues = { expr = m.conflictingRegistryDwords [ "A=1" "A=1" ]; expected = [ ]; };
     registryDwordsSettingsCounted = {
-      expr = map m.registryDwordsSettings [
+      expr = map (t: m.registryDwordsSettings { modprobe = t; }) [
         ""
         ''options nvidia NVreg_RegistryDwords="A=1;"''
         "options nvidia NVreg_RegistryDwords=\"A=1;\"\noptions nvidia NVreg_RegistryDwords=\"B=1;\"\n"
+        # quoted as a whole word, as nvidia.nix writes its own options
+        ''options nvidia "NVreg_RegistryDwords=A=1;"''
+        # a line continued with '\'
+        "options nvidia NVreg_EnableStreamMemOPs=1 \\\n  NVreg_RegistryDwords=A=1\n"
       ];
-      expected = [ 0 1 2 ];
+      expected = [ 0 1 2 1 1 ];
+    };
+    # Only the parameter NVreg_RegistryDwords of module nvidia in an `options` line counts.
+    registryDwordsLookalikesNotCounted = {
+      expr = map (t: m.registryDwordsSettings { modprobe = t; }) [
+        ''options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:01:00.0;RmFoo=1"''
+        "# options nvidia NVreg_RegistryDwords=\"A=1;\""
+        "   # NVreg_RegistryDwords is set by services.deepep"
+        "options nvidia_uvm NVreg_RegistryDwords=A=1"
+        "install nvidia /bin/true NVreg_RegistryDwords=A=1"
+        "options nvidia-drm modeset=1"
+      ];
+      expected = [ 0 0 0 0 0 0 ];
+    };
+    registryDwordsInKernelParams = {
+      expr = map (kp: m.registryDwordsSettings { kernelParams = kp; }) [
+        [ ''nvidia.NVreg_RegistryDwords="A=1;"'' ]
+        [ ''"nvidia.NVreg_RegistryDwords=A=1; B=2"'' ]
+        [ "nvidia.NVreg_RegistryDwordsPerDevice=x" "nvidia_uvm.NVreg_RegistryDwords=x" "NVreg_RegistryDwords=x" ]
+      ];
+      expected = [ 1 1 0 ];
+    };
+    modprobeOptionsParsed = {
+      expr = m.modprobeOptions "options nvidia-drm modeset=1 fbdev\noptions nvidia NVreg_RegistryDwords=\"A=1; B=2\" \"NVreg_X=3\"\nblacklist nouveau\n";
+      expected = [
+        { module = "nvidia_drm"; params = [{ name = "modeset"; value = "1"; } { name = "fbdev"; value = null; }]; }
+        { module = "nvidia"; params = [{ name = "NVreg_RegistryDwords"; value = "A=1; B=2"; } { name = "NVreg_X"; value = "3"; }]; }
+      ];
+    };
+    streamMemOpsContradictionsFound = {
+      expr = m.streamMemOpsContradictions {
+        modprobe = "options nvidia NVreg_EnableStreamMemOPs=1\noptions nvidia NVreg_EnableStreamMemOPs=0\noptions nvidia_uvm NVreg_EnableStreamMemOPs=0\n";
+        kernelParams = [ "nvidia.NVreg_EnableStreamMemOPs=0" "nvidia.NVreg_EnableStreamMemOPs=1" "quiet" ];
+      };
+      expected = [
+        { where = "boot.extraModprobeConfig"; value = "0"; }
+        { where = "boot.kernelParams"; value = "0"; }
+      ];
     };
 
     # ---- modules/lib.nix: udev and environment

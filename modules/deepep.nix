@@ -1,8 +1,10 @@
 # services.deepep: a host set up for DeepEP-style expert-parallel communication over NVSHMEM.
 #
 # - nvidia driver options for GPU-initiated IBGDA (one `options nvidia` line with
-#   NVreg_EnableStreamMemOPs=1 and a single merged NVreg_RegistryDwords), also in the initrd
-#   when nvidia loads there;
+#   NVreg_EnableStreamMemOPs=1 and a single merged NVreg_RegistryDwords) in
+#   boot.extraModprobeConfig, which NixOS writes to /etc/modprobe.d/nixos.conf; both initrd
+#   flavours copy that file (nixos/modules/system/boot/stage-1.nix, systemd/initrd.nix), so the
+#   options also apply when nvidia loads in stage 1;
 # - GDRCopy's gdrdrv kernel module, /dev/gdrdrv (udev), libgdrapi on the system;
 # - NVSHMEM on the system and its runtime knobs exported (only those that are set);
 # - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards;
@@ -45,9 +47,40 @@ let
 
   conflicts = pure.conflictingRegistryDwords cfg.ibgda.registryDwords;
 
-  # NVreg_RegistryDwords given anywhere else than through this module.
-  dwordsInKernelParams = lib.filter (p: lib.hasPrefix "nvidia.NVreg_RegistryDwords=" p) config.boot.kernelParams;
-  dwordsSettings = pure.registryDwordsSettings config.boot.extraModprobeConfig + lib.length dwordsInKernelParams;
+  # Every nvidia driver setting NixOS passes: boot.extraModprobeConfig (this module's line, the
+  # user's and nvidia.nix's own) and boot.kernelParams.
+  driverSettings = { modprobe = config.boot.extraModprobeConfig; kernelParams = config.boot.kernelParams; };
+  # NVreg_RegistryDwords settings, this module's included (at most one may exist).
+  dwordsSettings = pure.registryDwordsSettings driverSettings;
+  # The user's NVreg_EnableStreamMemOPs values other than the 1 this module writes.
+  streamMemOpsContradictions = pure.streamMemOpsContradictions driverSettings;
+
+  # nixos/modules/hardware/video/nvidia.nix: hardware.nvidia.enabled is true with "nvidia" in
+  # services.xserver.videoDrivers or with hardware.nvidia.datacenter.enable. With the driver off,
+  # hardware.nvidia.open must not be read (its default reads the absent driver's version).
+  # (Option paths outside services.deepep are written out in full: checks/module/coverage.nix
+  # finds them in this file's text.)
+  nvidiaOn = config.hardware.nvidia.enabled;
+  openSetting = if nvidiaOn then config.hardware.nvidia.open else null;
+
+  # The kernel-module flavour NixOS actually loads: nvidia.nix puts either the driver's open
+  # modules (`package.open`) or the proprietary ones into boot.extraModulePackages, depending on
+  # hardware.nvidia.open and, in datacenter mode, on the nixpkgs revision (before nixpkgs PR
+  # #511778 it always installed the proprietary ones there). gdrdrv is built for the open
+  # flavour (pkgs/gdrcopy/gdrdrv.nix) and DMA-BUF needs it, so both follow this, not the option.
+  openPackage = if nvidiaOn then config.hardware.nvidia.package.open or null else null;
+  openModulesLoaded = openPackage != null
+    && lib.any (p: (p.outPath or null) == openPackage.outPath) config.boot.extraModulePackages;
+  flavourProblem =
+    if openSetting == null then
+      "hardware.nvidia.open is not set (null, its default for drivers >= 560), so NixOS installs the proprietary kernel modules"
+    else if openSetting == false then
+      "hardware.nvidia.open = false installs the proprietary kernel modules"
+    else if openPackage == null then
+      "the driver package ${config.hardware.nvidia.package.name or "?"} has no open kernel modules (hardware.nvidia.package.open)"
+    else if config.hardware.nvidia.datacenter.enable then
+      "hardware.nvidia.open = true, but in datacenter mode (hardware.nvidia.datacenter.enable, set by services.deepep.fabricManager.enable) this nixpkgs installs the proprietary kernel modules of ${config.hardware.nvidia.package.name or "the driver"} anyway (nixpkgs before PR #511778, or a datacenter driver older than 570)"
+    else "hardware.nvidia.open = true, but boot.extraModulePackages does not contain the driver's open modules (${openPackage.name or "?"})";
 
   nvshmemVersion = cfg.nvshmem.package.version or "unknown";
 
@@ -71,8 +104,9 @@ in
         description = ''
           How NVSHMEM's IBGDA transport drives the NIC.
           - "driver": GPU-initiated; sets `options nvidia NVreg_EnableStreamMemOPs=1
-            NVreg_RegistryDwords="PeerMappingOverride=1;"` (applied when the nvidia module loads,
-            i.e. after a reboot).
+            NVreg_RegistryDwords="PeerMappingOverride=1;"` in /etc/modprobe.d/nixos.conf (also in
+            the initrd's copy when nvidia loads in stage 1). The driver reads them when it loads:
+            they take effect after a reboot.
           - "gdrcopy": CPU-assisted with the gdrcopy backend; builds and loads gdrdrv, creates
             /dev/gdrdrv and installs libgdrapi.
           - "both": all of the above (NVSHMEM picks the GPU handler when the driver allows it).
@@ -90,18 +124,10 @@ in
           module and the user may add to this list; the entries are joined with ';' into the single
           NVreg_RegistryDwords value this module writes (the driver reads only one). With
           `method = "driver"` or `"both"` this module adds "PeerMappingOverride=1". Do not set
-          NVreg_RegistryDwords anywhere else (boot.extraModprobeConfig, boot.kernelParams): that is
-          refused by an assertion. Only used when the method sets driver options.
-        '';
-      };
-
-      initrd = mkOption {
-        type = types.bool;
-        default = lib.elem "nvidia" config.boot.initrd.kernelModules;
-        defaultText = literalExpression ''lib.elem "nvidia" config.boot.initrd.kernelModules'';
-        description = ''
-          Also write the modprobe lines to boot.initrd.extraModprobeConfig. Needed when the nvidia
-          module is loaded in stage 1 (options are read when a module loads).
+          NVreg_RegistryDwords anywhere else (an `options nvidia` line in boot.extraModprobeConfig,
+          `nvidia.NVreg_RegistryDwords=` in boot.kernelParams): that is refused by an assertion, as
+          is an NVreg_EnableStreamMemOPs other than 1 there. Only used when the method sets driver
+          options.
         '';
       };
     };
@@ -272,12 +298,23 @@ in
 
       assertions = [
         {
-          assertion = config.hardware.nvidia.enabled;
+          assertion = nvidiaOn;
           message = ''
-            services.deepep needs the nvidia driver. Enable it with
+            services.deepep needs the nvidia driver, which is not enabled. Enable it with
               services.xserver.videoDrivers = [ "nvidia" ];   # also right on headless hosts
-            or, on NVSwitch (HGX) systems, services.deepep.fabricManager.enable = true, and set
-            hardware.nvidia.open = true.'';
+              hardware.nvidia.open = true;
+            or, on NVSwitch (HGX) boards, with services.deepep.fabricManager.enable = true (the
+            datacenter driver; not together with services.xserver.videoDrivers = [ "nvidia" ],
+            which NixOS refuses).'';
+        }
+        {
+          # NixOS writes boot.extraModprobeConfig only with boot.modprobeConfig.enable
+          # (nixos/modules/system/boot/modprobe.nix).
+          assertion = modprobeText != "" -> config.boot.modprobeConfig.enable;
+          message = ''
+            services.deepep.ibgda.method = "${cfg.ibgda.method}" writes nvidia/gdrdrv options to
+            /etc/modprobe.d/nixos.conf, but boot.modprobeConfig.enable = false makes NixOS write no
+            such file. Enable it, or use services.deepep.ibgda.method = "none".'';
         }
         {
           assertion = conflicts == [ ];
@@ -289,27 +326,38 @@ in
         {
           assertion = features.driverOptions -> dwordsSettings <= 1;
           message = ''
-            NVreg_RegistryDwords is set outside services.deepep (boot.extraModprobeConfig or
-            boot.kernelParams); the nvidia driver would see only one of the values. Move the entries
-            into services.deepep.ibgda.registryDwords (a list; they are joined with ';').'';
+            NVreg_RegistryDwords is set outside services.deepep (an `options nvidia` line in
+            boot.extraModprobeConfig or nvidia.NVreg_RegistryDwords= in boot.kernelParams); the
+            nvidia driver would see only one of the values. Move the entries into
+            services.deepep.ibgda.registryDwords (a list; they are joined with ';').'';
+        }
+        {
+          assertion = features.driverOptions -> streamMemOpsContradictions == [ ];
+          message = ''
+            NVreg_EnableStreamMemOPs is set to ${
+              lib.concatMapStringsSep " and " (c: "${if c.value == null then "(no value)" else c.value} in ${c.where}") streamMemOpsContradictions
+            }, but services.deepep.ibgda.method = "${cfg.ibgda.method}" sets NVreg_EnableStreamMemOPs=1
+            (GPU-initiated IBGDA needs it); which one the driver takes depends on the order of the
+            lines. Remove your setting, or use services.deepep.ibgda.method = "gdrcopy" or "none".'';
         }
         {
           assertion = knobs.cumemGranularity == null || knobs.cumemGranularity >= pure.minCumemGranularity;
           message = "services.deepep.nvshmem.cumemGranularity = ${toString knobs.cumemGranularity} is below 256 MiB; use at least ${toString pure.minCumemGranularity} (DeepEP uses 536870912) or null.";
         }
         {
-          assertion = features.gdrcopy -> config.hardware.nvidia.open;
+          assertion = (nvidiaOn && features.gdrcopy) -> openModulesLoaded;
           message = ''
             services.deepep.ibgda.method = "${cfg.ibgda.method}" builds gdrdrv for the open nvidia kernel
             modules, which does not load next to the proprietary ones${
               lib.optionalString pkgs.stdenv.hostPlatform.isAarch64 " (and on aarch64/Grace the proprietary-flavour gdrdrv is not supported)"
-            }. Set hardware.nvidia.open = true, or use ibgda.method = "driver".'';
+            }: ${flavourProblem}. Set hardware.nvidia.open = true (with a driver and nixpkgs that
+            install the open modules), or use ibgda.method = "driver".'';
         }
         {
-          assertion = cfg.ibgda.method != "none" -> (config.hardware.nvidia.open || cfg.peermem.enable);
+          assertion = (nvidiaOn && cfg.ibgda.method != "none") -> (openModulesLoaded || cfg.peermem.enable);
           message = ''
             IBGDA registers GPU memory with the NIC through DMA-BUF, which needs the open nvidia kernel
-            modules. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
+            modules: ${flavourProblem}. Set hardware.nvidia.open = true (or, on a MLNX_OFED kernel,
             services.deepep.peermem.enable = true), or services.deepep.ibgda.method = "none".'';
         }
         {
@@ -325,7 +373,6 @@ in
           "services.deepep.ibgda.registryDwords is set but ibgda.method = \"${cfg.ibgda.method}\" writes no nvidia options; the dwords are ignored (use method \"driver\" or \"both\").";
 
       boot.extraModprobeConfig = modprobeText;
-      boot.initrd.extraModprobeConfig = mkIf cfg.ibgda.initrd modprobeText;
 
       boot.extraModulePackages = optional features.gdrcopy cfg.gdrcopy.kernelModule;
       boot.kernelModules = optional features.gdrcopy "gdrdrv" ++ optional cfg.peermem.enable "nvidia_peermem";
@@ -344,11 +391,11 @@ in
         # gdrdrv and nvidia are loaded by systemd-modules-load; nvidia-persistenced initialises
         # the GPUs and the fabric manager brings up NVSwitch NVLink (when they run).
         after = [ "systemd-modules-load.service" ]
-          ++ optional config.hardware.nvidia.nvidiaPersistenced "nvidia-persistenced.service"
-          ++ optional config.hardware.nvidia.datacenter.enable "nvidia-fabricmanager.service";
+          ++ optional (nvidiaOn && config.hardware.nvidia.nvidiaPersistenced) "nvidia-persistenced.service"
+          ++ optional (nvidiaOn && config.hardware.nvidia.datacenter.enable) "nvidia-fabricmanager.service";
         environment = cfg.environment;
         # nvidia-smi (the driver's bin output), for doctor's NVLink check.
-        path = [ (lib.getBin config.hardware.nvidia.package) ];
+        path = optional nvidiaOn (lib.getBin config.hardware.nvidia.package);
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;

@@ -34,10 +34,22 @@ let
     else if isString v then v
     else throw "deepep: module parameter values must be bool, int or string";
 
-  # Number of non-overlapping occurrences of `needle` in `haystack`.
-  countOccurrences = needle: haystack:
-    let parts = split needle haystack;
-    in (length parts - 1) / 2;
+  # Module names: kmod and the kernel treat '-' and '_' alike ("nvidia-uvm" is "nvidia_uvm").
+  normaliseModule = builtins.replaceStrings [ "-" ] [ "_" ];
+
+  # The words of one modprobe.d line: runs of non-blanks, where a double-quoted part may hold
+  # blanks (`NVreg_RegistryDwords="A=1; B=2"` is one word).
+  modprobeWords = line:
+    map head (filter builtins.isList (split "(([^[:space:]\"]|\"[^\"]*\")+)" line));
+
+  # `name=value` (quotes anywhere in the word removed, as modprobe does) -> { name; value; };
+  # a bare `name` has the value null.
+  parseParam = word:
+    let
+      w = builtins.replaceStrings [ "\"" ] [ "" ] word;
+      m = match "([^=]*)=(.*)" w;
+    in
+    if m == null then { name = w; value = null; } else { name = head m; value = builtins.elemAt m 1; };
 in
 rec {
   # ---------------------------------------------------------------- IBGDA methods
@@ -111,8 +123,9 @@ rec {
     in
     if parts == [ ] then "" else "options nvidia ${concatStringsSep " " parts}";
 
-  # All lines the module contributes to boot.extraModprobeConfig (and, when nvidia loads in
-  # stage 1, to boot.initrd.extraModprobeConfig), newline-terminated; "" when nothing applies.
+  # All lines the module contributes to boot.extraModprobeConfig (NixOS writes it to
+  # /etc/modprobe.d/nixos.conf, which both initrd flavours copy), newline-terminated; "" when
+  # nothing applies.
   renderModprobeConfig = { method, registryDwords ? [ ], gdrdrvParams ? { } }:
     let
       features = methodFeatures method;
@@ -123,9 +136,54 @@ rec {
     in
     concatStringsSep "" (map (l: l + "\n") lines);
 
-  # How many places set NVreg_RegistryDwords in a modprobe text (more than one is a conflict:
-  # the driver keeps only one of them).
-  registryDwordsSettings = text: countOccurrences "NVreg_RegistryDwords" text;
+  # ---------------------------------------------------------------- reading modprobe.d text
+
+  # The `options` commands of a modprobe.d text (modprobe.d(5)): one command per line, a line
+  # ending in '\' continues on the next, lines whose first non-blank is '#' are comments.
+  #   "options nvidia-drm modeset=1 fbdev"
+  #   -> [ { module = "nvidia_drm"; params = [ { name = "modeset"; value = "1"; } { name = "fbdev"; value = null; } ]; } ]
+  modprobeOptions = text:
+    let
+      joined = builtins.replaceStrings [ "\\\n" ] [ "" ] text;
+      lines = filter builtins.isString (split "\n" joined);
+      commands = filter (ws: ws != [ ] && match "#.*" (head ws) == null) (map modprobeWords lines);
+      options = filter (ws: head ws == "options" && length ws >= 2) commands;
+    in
+    map
+      (ws: {
+        module = normaliseModule (builtins.elemAt ws 1);
+        params = map parseParam (builtins.genList (i: builtins.elemAt ws (i + 2)) (length ws - 2));
+      })
+      options;
+
+  # The values a modprobe.d text gives to parameter `param` of kernel module `module`, in order.
+  modprobeParamValues = module: param: text:
+    concatMap (o: map (p: p.value) (filter (p: p.name == param) o.params))
+      (filter (o: o.module == normaliseModule module) (modprobeOptions text));
+
+  # The same for kernel command-line parameters (`module.param=value`, the whole word or the
+  # value possibly double-quoted).
+  kernelParamValues = module: param: kernelParams:
+    concatMap
+      (kp:
+        let m = match "([^.=]+)\\.([^=]+)=(.*)" (builtins.replaceStrings [ "\"" ] [ "" ] kp);
+        in if m != null && normaliseModule (head m) == normaliseModule module && builtins.elemAt m 1 == param then [ (builtins.elemAt m 2) ] else [ ])
+      kernelParams;
+
+  # How many places set NVreg_RegistryDwords of the nvidia module (more than one is a conflict:
+  # the driver keeps only one of them). Other parameters (NVreg_RegistryDwordsPerDevice),
+  # other modules and comments do not count.
+  registryDwordsSettings = { modprobe ? "", kernelParams ? [ ] }:
+    length (modprobeParamValues "nvidia" "NVreg_RegistryDwords" modprobe)
+    + length (kernelParamValues "nvidia" "NVreg_RegistryDwords" kernelParams);
+
+  # NVreg_EnableStreamMemOPs values other than "1" (the value the driver methods write), each as
+  # { where; value; }: a user's setting that contradicts the module.
+  streamMemOpsContradictions = { modprobe ? "", kernelParams ? [ ] }:
+    map (v: { where = "boot.extraModprobeConfig"; value = v; })
+      (filter (v: v != "1") (modprobeParamValues "nvidia" "NVreg_EnableStreamMemOPs" modprobe))
+    ++ map (v: { where = "boot.kernelParams"; value = v; })
+      (filter (v: v != "1") (kernelParamValues "nvidia" "NVreg_EnableStreamMemOPs" kernelParams));
 
   # ---------------------------------------------------------------- /dev/gdrdrv
 

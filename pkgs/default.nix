@@ -25,10 +25,16 @@
 let
   nvshmemLib = import ./nvshmem/lib.nix;
 
-  gdrcopy = pkgs.callPackage ./gdrcopy/package.nix {
-    # The library/tools' CUDA only matters for the tools; CUDA 13 matches the default NVSHMEM.
-    cudaPackages = pkgs.cudaPackages_13 or pkgs.cudaPackages;
-  };
+  # The one CUDA major of the default outputs: the default NVSHMEM (`nvshmem`), the kernels
+  # built against it (and with them the dev shells' nvcc and CUDA_HOME and the GPU check's
+  # NCCL), gdrcopy's tools. It is chosen here, from pkgs/nvshmem/lib.nix's defaultCudaMajor.
+  # callPackage fills a function argument that has a default from the package set when the
+  # set has that name (pkgs.cudaPackages: CUDA 12 at many nixpkgs revisions), so `cudaPackages`
+  # is always passed explicitly; checks/cuda-major.nix proves the outputs agree.
+  cudaMajor = nvshmemLib.defaultCudaMajor;
+  cudaPackages = pkgs."cudaPackages_${cudaMajor}" or (throw "deepep-nix: this nixpkgs has no cudaPackages_${cudaMajor} (the CUDA major of the default NVSHMEM, pkgs/nvshmem/lib.nix defaultCudaMajor); use a newer nixpkgs.");
+
+  gdrcopy = pkgs.callPackage ./gdrcopy/package.nix { inherit cudaPackages; };
 
   mkNvshmem = { version, cudaMajor }:
     pkgs.callPackage ./nvshmem/package.nix {
@@ -54,7 +60,7 @@ let
 
   # passthru.gpuCheck: runs the GPU tests and a quick benchmark (needs the "cuda" system feature).
   deepep-kernels =
-    let base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem; };
+    let base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem cudaPackages; };
     in base.overrideAttrs (old: {
       passthru = old.passthru // {
         gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; };
@@ -66,12 +72,12 @@ in
     inherit gdrcopy deepep-kernels;
     deepep-kernels-no-nvshmem = pkgs.callPackage ./deepep-kernels/package.nix {
       nvshmem = null;
-      inherit (nvshmem) cudaPackages;
+      inherit cudaPackages;
     };
     deepep-nix = pkgs.callPackage ./deepep-nix/package.nix { };
   };
 
-  inherit missing;
+  inherit missing cudaMajor;
 
   # gdrdrv for a kernel package set and nvidia driver (the NixOS module passes its own).
   gdrdrvFor = kernelPackages: nvidia_x11:

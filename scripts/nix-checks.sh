@@ -10,12 +10,16 @@
 #   4. The texts of the key evaluation errors (3.3.9 + CUDA 13, PyPI-only release with the
 #      NVIDIA source, unknown IBGDA method); the module's /dev/gdrdrv script, run in a private
 #      mount namespace with a fake /proc/devices (checks/gdrdrv-node.sh).
-#   5. The NixOS module through nixpkgs' lib.evalModules (checks/module/lib-eval.nix), only when
-#      a nixpkgs `lib` directory is given in NIXPKGS_LIB (nixpkgs itself cannot be had offline;
-#      otherwise reported as skipped).
+#   5. The NixOS module: every case of checks/module/cases.nix over the NixOS stand-ins
+#      (checks/module/stand-ins.nix) through checks/module/mini-lib.nix (a small module system:
+#      nixpkgs cannot be had offline), and also through nixpkgs' real lib.evalModules when a
+#      nixpkgs `lib` directory is given in NIXPKGS_LIB; the option-coverage and provenance check
+#      (checks/module/coverage.nix), and that it fails when a stand-in is missing or unsourced.
 #   6. The flake with nixpkgs replaced by checks/stub-nixpkgs (a tiny stand-in; it cannot build
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
 #      every package/dev shell derivation and pinned source, the overlay, the module names.
+#      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
+#      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
 #      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
@@ -100,16 +104,44 @@ else
   fail "gdrdrv device-node script"; printf '%s\n' "${out:-}"; cat "$log"
 fi
 
-# ---------------------------------------------------------------- 5. module with nixpkgs' lib
-if [ -n "${NIXPKGS_LIB:-}" ]; then
-  if out=$(nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib "import ${NIXPKGS_LIB}" 2>"$log"); then
-    pass "module through lib.evalModules: $out"
+# ---------------------------------------------------------------- 5. the NixOS module
+mini="import $repo/checks/module/mini-lib.nix"
+module_cases() { # LABEL LIB-EXPR
+  if out=$(nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib "$2" 2>"$log"); then
+    pass "module cases over the NixOS stand-ins, $1: $(grep -o '"ok"' <<<"$out" | wc -l) cases ok"
   else
-    fail "module through lib.evalModules"; grep -v "^warning:" "$log" || true
+    fail "module cases over the NixOS stand-ins, $1"; grep -v "^warning:" "$log" || true
   fi
+}
+module_cases "checks/module/mini-lib.nix" "$mini"
+if [ -n "${NIXPKGS_LIB:-}" ]; then
+  module_cases "nixpkgs' lib.evalModules" "import ${NIXPKGS_LIB}"
 else
-  skip "module through lib.evalModules" "set NIXPKGS_LIB=<nixpkgs>/lib to run checks/module/lib-eval.nix"
+  skip "module cases through nixpkgs' lib.evalModules" "set NIXPKGS_LIB=<nixpkgs>/lib to run them there too"
 fi
+if out=$(nix-instantiate --eval --strict --json checks/module/coverage.nix --arg lib "$mini" 2>"$log"); then
+  pass "option coverage and provenance of the stand-ins: $(printf '%s' "$out" | grep -o '"defines":\[[^]]*\]' | grep -o '","' | wc -l | awk '{print $1 + 1}') option paths defined, $(printf '%s' "$out" | grep -o '"reads":\[[^]]*\]' | grep -o '","' | wc -l | awk '{print $1 + 1}') read, all declared"
+else
+  fail "option coverage and provenance of the stand-ins"; grep -v "^warning:" "$log" || true
+fi
+# The stand-in module system refuses what nixpkgs' refuses (the cases above rely on it).
+mini_eval="m: ($mini).evalModules { modules = [ { options.a = ($mini).mkOption { type = ($mini).types.bool; default = false; }; } m ]; }"
+expect_error "mini-lib: an undeclared option is an error also under mkIf false" \
+  "(($mini_eval) { config = ($mini).mkIf false { b.c = 1; }; }).config.a" "b' does not exist. Definition values"
+expect_error "mini-lib: a definition of the wrong type is an error" \
+  "(($mini_eval) { a = \"yes\"; }).config.a" "a' is not of type"
+# The coverage check must fail when a stand-in the module needs is missing, or has no source.
+cov="a: import $repo/checks/module/coverage.nix ({ lib = $mini; } // a)"
+standins="import $repo/checks/module/stand-ins.nix { }"
+expect_error "option coverage fails without the modprobe.nix stand-in" \
+  "($cov) { standIns = builtins.filter (s: s.mirrors != \"nixos/modules/system/boot/modprobe.nix\") ($standins); }" \
+  "modules/deepep.nix defines boot.extraModprobeConfig, which no stand-in declares"
+expect_error "option coverage fails without the kernel.nix stand-in" \
+  "($cov) { standIns = builtins.filter (s: s.mirrors != \"nixos/modules/system/boot/kernel.nix\") ($standins); }" \
+  "modules/deepep.nix reads config.boot.kernelParams, which is no declared option"
+expect_error "provenance fails for a stand-in without its nixpkgs file" \
+  "($cov) { standIns = map (s: removeAttrs s [ \"mirrors\" ]) ($standins); }" \
+  "names no nixpkgs file"
 
 # ---------------------------------------------------------------- 6. flake structure
 if [ -f checks/stub-nixpkgs/flake.nix ]; then
@@ -158,6 +190,36 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
       fail "devShells.$sys evaluate"; grep -v "^warning:" "$log" || true
     fi
   done
+  # One CUDA major for NVSHMEM, the kernels, the dev shells' nvcc and the GPU check's NCCL
+  # (checks/cuda-major.nix; the stub's pkgs.cudaPackages is CUDA 12, as at many nixpkgs
+  # revisions, so anything taking the toolkit from the scope shows up here).
+  for sys in x86_64-linux aarch64-linux; do
+    if out=$(nix eval --raw "${stub[@]}" ".#checks.$sys.cuda-major.result" 2>"$log"); then
+      pass "one CUDA major ($sys): $(grep -o 'CUDA [0-9]*' <<<"$out" | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
+    else
+      fail "one CUDA major ($sys)"; grep -v "^warning:" "$log" || true
+    fi
+  done
+  # ... and the check fails when an output takes the toolkit from the scope: the kernels
+  # without NVSHMEM and a dev shell built with pkgs.cudaPackages (what callPackage fills in).
+  stubpkgs="import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; }"
+  expect_error "one CUDA major: fails for an output with pkgs.cudaPackages" "let
+      pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; };
+      shell = pkgs.mkShell { packages = [ pkgs.cudaPackages.cuda_nvcc ]; };
+    in import $repo/checks/cuda-major.nix {
+      inherit pkgs; inherit (ours) cudaMajor;
+      packages = ours.packages // { deepep-kernels-no-nvshmem = pkgs.callPackage $repo/pkgs/deepep-kernels/package.nix { nvshmem = null; }; };
+      devShells = { default = shell; no-nvshmem = shell; };
+      gpuChecks.kernels = ours.packages.deepep-kernels.gpuCheck;
+    }" "packages.deepep-kernels-no-nvshmem (toolkit): 12, expected 13"
+  expect_error "deepep-kernels refuses NVSHMEM and a toolkit of different CUDA majors" \
+    "let pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; }; in (pkgs.callPackage $repo/pkgs/deepep-kernels/package.nix { inherit (ours.packages) nvshmem; }).drvPath" \
+    "NVSHMEM 3.4.5 is the CUDA 13 build but cudaPackages is CUDA 12"
+  if out=$(nix eval --json "${stub[@]}" .#checks.x86_64-linux.unfree-names.result 2>"$log"); then
+    pass "allowUnfreePredicate: the driver packages' real pnames (nvidia-x11, nvidia-dc, nvidia-settings, nvidia-persistenced, fabricmanager)"
+  else
+    fail "allowUnfreePredicate names"; grep -v "^warning:" "$log" || true
+  fi
   if nix eval --raw "${stub[@]}" .#packages.x86_64-linux --apply 'ps: (ps.nvshmem_3_3_9.override { cudaMajor = "13"; }).drvPath' >/dev/null 2>"$log"; then
     fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; } evaluated"
   elif grep -qF "NVSHMEM 3.3.9 has no CUDA 13 build" "$log"; then

@@ -1,14 +1,15 @@
 # Configurations of services.deepep and what they must produce. Shared by
-#   lib-eval.nix    nixpkgs' lib.evalModules with stub declarations of the NixOS options the
-#                   module sets (needs only nixpkgs' lib)
-#   nixos-eval.nix  real NixOS (nixos/lib/eval-config.nix; a flake check)
-# `packages` are the package values the case sets explicitly (lib-eval passes stubs; NixOS uses
-# the module's defaults when a case leaves them out).
+#   lib-eval.nix    the module over the NixOS stand-ins (stand-ins.nix), through nixpkgs' real
+#                   lib.evalModules (NIXPKGS_LIB) or checks/module/mini-lib.nix (CI)
+#   nixos-eval.nix  real NixOS at the pinned nixpkgs (nixos/lib/eval-config.nix; a flake check)
+# Package values are set explicitly by lib-eval (stubs); NixOS uses the module's defaults.
 #
 # expect (every field optional):
-#   modprobe        exact text the module adds to boot.extraModprobeConfig
-#   initrdModprobe  exact text it adds to boot.initrd.extraModprobeConfig
-#   kernelModules   boot.kernelModules (the module's contribution; the cases add none of their own)
+#   modprobe        the lines the module adds to boot.extraModprobeConfig (compared as the lines
+#                   that carry NVreg_EnableStreamMemOPs / NVreg_RegistryDwords / `options
+#                   gdrdrv`); they must also be lines of /etc/modprobe.d/nixos.conf, the file both
+#                   initrd flavours copy, with NVreg_RegistryDwords on one line only
+#   kernelModules   boot.kernelModules among gdrdrv / nvidia_peermem
 #   gdrdrvPackage   whether the gdrdrv package is in boot.extraModulePackages
 #   env             exact environment.variables the module sets
 #   udevGdrdrv      whether the udev rules contain the gdrdrv rule
@@ -19,24 +20,41 @@
 #                   for its fixed shape (see expect.nix)
 #   doctorAfter     deepep-doctor.service's `after`
 #   failed          substrings that must each appear in some failed assertion's message
-#                   ([] = no assertion may fail)
+#                   ([] = no assertion may fail); a case that expects failures must still
+#                   evaluate (an evaluation error fails the case)
 #
 # `nvidia` (default true) is how the driver is enabled: true = services.xserver.videoDrivers
 # (also right on headless hosts), "datacenter" = through services.deepep.fabricManager (NixOS
-# refuses both at once), false = not at all.
+# refuses both at once), false = not at all. `standIns` are the arguments of stand-ins.nix
+# (lib-eval only), `system` the host platform (lib-eval only; nixos-eval runs the cases of the
+# flake's system).
 let
-  nvidiaOn = { hardware.nvidia.open = true; };
+  openModules = { hardware.nvidia.open = true; };
   driverLine = ''options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;"'';
   cap = c: "--capability ${c}";
   nvlinkCaps = "doctor ${cap "intranode"} ${cap "low-latency"}";
+  dmabuf = "DMA-BUF, which needs the open nvidia kernel";
 in
 [
   {
-    name = "default";
-    module = nvidiaOn // { services.deepep.enable = true; };
+    # The README's NixOS example.
+    name = "readme-example";
+    module = openModules // {
+      services.deepep = { enable = true; ibgda.method = "both"; };
+    };
     expect = {
       modprobe = driverLine + "\n";
-      initrdModprobe = "";
+      kernelModules = [ "gdrdrv" ];
+      gdrdrvPackage = true;
+      udevGdrdrv = true;
+      failed = [ ];
+    };
+  }
+  {
+    name = "method-driver";
+    module = openModules // { services.deepep.enable = true; };
+    expect = {
+      modprobe = driverLine + "\n";
       kernelModules = [ ];
       gdrdrvPackage = false;
       env = { NVSHMEM_QP_DEPTH = "1024"; NVSHMEM_MAX_TEAMS = "7"; };
@@ -49,15 +67,25 @@ in
     };
   }
   {
-    name = "both-merged-dwords-initrd";
+    # nvidia loads in stage 1: the options reach it through nixos.conf, which both initrd
+    # flavours copy; the module needs (and has) nothing initrd-specific.
+    name = "nvidia-in-stage-1";
+    module = openModules // {
+      boot.initrd.kernelModules = [ "nvidia" ];
+      services.deepep.enable = true;
+    };
+    expect = { modprobe = driverLine + "\n"; failed = [ ]; };
+  }
+  {
+    # HGX: the datacenter driver (fabric manager), open modules, every method's files, a
+    # registry dword from another module merged into the one line.
+    name = "hgx-fabric-manager-both";
     nvidia = "datacenter";
     module = {
       imports = [
-        # Another module adding its own dword: merged, never a second line.
         { services.deepep.ibgda.registryDwords = [ "RmProfilingAdminOnly=0" ]; }
       ];
       hardware.nvidia.open = true;
-      boot.initrd.kernelModules = [ "nvidia" ];
       services.deepep = {
         enable = true;
         ibgda.method = "both";
@@ -76,10 +104,6 @@ in
     };
     expect = {
       modprobe = ''
-        options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;RmProfilingAdminOnly=0;"
-        options gdrdrv use_persistent_mapping=1
-      '';
-      initrdModprobe = ''
         options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;RmProfilingAdminOnly=0;"
         options gdrdrv use_persistent_mapping=1
       '';
@@ -103,8 +127,27 @@ in
     };
   }
   {
+    # The same board with a nixpkgs whose datacenter mode installs the proprietary modules
+    # whatever hardware.nvidia.open says (before nixpkgs PR #511778): gdrdrv (open flavour)
+    # and DMA-BUF would not work, which the assertions say.
+    name = "hgx-datacenter-proprietary-modules";
+    nvidia = "datacenter";
+    standIns.datacenterHonoursOpen = false;
+    module = openModules // {
+      services.deepep = { enable = true; ibgda.method = "both"; fabricManager.enable = true; };
+    };
+    expect.failed = [ "in datacenter mode" "builds gdrdrv for the open nvidia kernel" dmabuf ];
+  }
+  {
+    # The README example plus the fabric manager: NixOS refuses X11 and datacenter drivers
+    # together (its own assertion); the docs say to drop services.xserver.videoDrivers.
+    name = "hgx-with-xserver-video-driver";
+    module = openModules // { services.deepep = { enable = true; fabricManager.enable = true; }; };
+    expect.failed = [ "Data Center drivers at the same time" ];
+  }
+  {
     name = "gdrcopy-only";
-    module = nvidiaOn // {
+    module = openModules // {
       services.deepep = {
         enable = true;
         ibgda.method = "gdrcopy";
@@ -124,10 +167,9 @@ in
   }
   {
     name = "none";
-    module = { services.deepep = { enable = true; ibgda.method = "none"; }; };
+    module = { services.deepep = { enable = true; ibgda.method = "none"; }; hardware.nvidia.open = false; };
     expect = {
       modprobe = "";
-      initrdModprobe = "";
       kernelModules = [ ];
       gdrdrvPackage = false;
       udevGdrdrv = false;
@@ -136,8 +178,10 @@ in
     };
   }
   {
+    # Disabled, and no nvidia driver at all: nothing is written, nothing fails.
     name = "disabled";
-    module = { services.deepep.ibgda.method = "both"; };
+    nvidia = false;
+    module = { services.deepep.enable = false; };
     expect = {
       modprobe = "";
       env = { };
@@ -150,10 +194,54 @@ in
     };
   }
   {
+    name = "disabled-with-settings";
+    module = { services.deepep.ibgda.method = "both"; hardware.nvidia.open = true; };
+    expect = { modprobe = ""; kernelModules = [ ]; doctorArgs = null; failed = [ ]; };
+  }
+  {
+    # No nvidia driver: the module's message, not an evaluation error (hardware.nvidia.open's
+    # default cannot be read then).
+    name = "no-nvidia-driver";
+    nvidia = false;
+    module = { services.deepep = { enable = true; ibgda.method = "both"; }; };
+    expect.failed = [ "needs the nvidia driver" ];
+  }
+  {
+    # hardware.nvidia.open left unset (null for drivers >= 560): NixOS' own assertion and ours,
+    # no evaluation error.
+    name = "open-unset";
+    module = { services.deepep = { enable = true; ibgda.method = "both"; }; };
+    expect.failed = [ "hardware.nvidia.open" "hardware.nvidia.open is not set" dmabuf ];
+  }
+  {
+    name = "gdrcopy-needs-open-modules";
+    module = {
+      hardware.nvidia.open = false;
+      services.deepep = { enable = true; ibgda.method = "gdrcopy"; };
+    };
+    expect.failed = [ "Set hardware.nvidia.open = true" dmabuf "hardware.nvidia.open = false installs the proprietary" ];
+  }
+  {
+    # aarch64 (Grace): the same, with the aarch64 note; the driver method works as on x86_64.
+    name = "aarch64-gdrcopy-proprietary";
+    system = "aarch64-linux";
+    module = {
+      hardware.nvidia.open = false;
+      services.deepep = { enable = true; ibgda.method = "gdrcopy"; };
+    };
+    expect.failed = [ "on aarch64/Grace the proprietary-flavour gdrdrv is not supported" ];
+  }
+  {
+    name = "aarch64-driver";
+    system = "aarch64-linux";
+    module = openModules // { services.deepep.enable = true; };
+    expect = { modprobe = driverLine + "\n"; failed = [ ]; };
+  }
+  {
     # Capabilities from two modules, out of order and repeated: each once, in doctor's order;
     # the ordering follows persistenced (off here).
     name = "doctor-capabilities-merged";
-    module = nvidiaOn // {
+    module = openModules // {
       imports = [{ services.deepep.doctor.capabilities = [ "low-latency" ]; }];
       services.deepep = {
         enable = true;
@@ -169,17 +257,17 @@ in
   }
   {
     name = "doctor-disabled";
-    module = nvidiaOn // { services.deepep = { enable = true; doctor.enable = false; }; };
+    module = openModules // { services.deepep = { enable = true; doctor.enable = false; }; };
     expect = { doctorArgs = null; failed = [ ]; };
   }
   {
     name = "doctor-no-capabilities";
-    module = nvidiaOn // { services.deepep = { enable = true; doctor.capabilities = [ ]; }; };
+    module = openModules // { services.deepep = { enable = true; doctor.capabilities = [ ]; }; };
     expect.failed = [ "services.deepep.doctor.capabilities is empty" "services.deepep.doctor.enable = false" ];
   }
   {
     name = "conflicting-dwords";
-    module = nvidiaOn // {
+    module = openModules // {
       services.deepep = {
         enable = true;
         ibgda.registryDwords = [ "PeerMappingOverride=0" ];
@@ -189,31 +277,72 @@ in
   }
   {
     name = "dwords-set-elsewhere";
-    module = nvidiaOn // {
+    module = openModules // {
       boot.extraModprobeConfig = ''options nvidia NVreg_RegistryDwords="RmFoo=1;"'';
       services.deepep.enable = true;
     };
     expect.failed = [ "Move the entries" ];
   }
   {
+    name = "dwords-set-in-kernel-params";
+    module = openModules // {
+      boot.kernelParams = [ ''nvidia.NVreg_RegistryDwords="RmFoo=1;"'' ];
+      services.deepep.enable = true;
+    };
+    expect.failed = [ "Move the entries" ];
+  }
+  {
+    # Neither a different parameter (NVreg_RegistryDwordsPerDevice) nor a comment nor another
+    # module's option is a second NVreg_RegistryDwords.
+    name = "dwords-lookalikes-accepted";
+    module = openModules // {
+      boot.extraModprobeConfig = ''
+        # NVreg_RegistryDwords comes from services.deepep
+        options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:01:00.0;RmFoo=1"
+        options nvidia_uvm NVreg_RegistryDwords=whatever
+      '';
+      services.deepep.enable = true;
+    };
+    expect = { modprobe = driverLine + "\n"; failed = [ ]; };
+  }
+  {
+    name = "stream-mem-ops-contradiction-modprobe";
+    module = openModules // {
+      boot.extraModprobeConfig = "options nvidia NVreg_EnableStreamMemOPs=0\n";
+      services.deepep.enable = true;
+    };
+    expect.failed = [ "NVreg_EnableStreamMemOPs is set to 0 in boot.extraModprobeConfig" "sets NVreg_EnableStreamMemOPs=1" ];
+  }
+  {
+    name = "stream-mem-ops-contradiction-kernel-params";
+    module = openModules // {
+      boot.kernelParams = [ "nvidia.NVreg_EnableStreamMemOPs=0" ];
+      services.deepep = { enable = true; ibgda.method = "both"; };
+    };
+    expect.failed = [ "NVreg_EnableStreamMemOPs is set to 0 in boot.kernelParams" "sets NVreg_EnableStreamMemOPs=1" ];
+  }
+  {
+    # Without driver options (method "none"/"gdrcopy") the user's value stands.
+    name = "stream-mem-ops-user-value-without-driver-method";
+    module = openModules // {
+      boot.kernelParams = [ "nvidia.NVreg_EnableStreamMemOPs=0" ];
+      services.deepep = { enable = true; ibgda.method = "gdrcopy"; };
+    };
+    expect.failed = [ ];
+  }
+  {
+    name = "modprobe-config-disabled";
+    module = openModules // {
+      boot.modprobeConfig.enable = false;
+      services.deepep.enable = true;
+    };
+    expect.failed = [ "boot.modprobeConfig.enable = false" ];
+  }
+  {
     name = "granularity-too-small";
-    module = nvidiaOn // {
+    module = openModules // {
       services.deepep = { enable = true; nvshmem.cumemGranularity = 1048576; };
     };
     expect.failed = [ "below 256 MiB" ];
-  }
-  {
-    name = "gdrcopy-needs-open-modules";
-    module = {
-      hardware.nvidia.open = false;
-      services.deepep = { enable = true; ibgda.method = "gdrcopy"; };
-    };
-    expect.failed = [ "Set hardware.nvidia.open = true" "DMA-BUF" ];
-  }
-  {
-    name = "no-nvidia-driver";
-    nvidia = false;
-    module = nvidiaOn // { services.deepep.enable = true; };
-    expect.failed = [ "needs the nvidia driver" ];
   }
 ]

@@ -1,11 +1,12 @@
 # Compares one evaluated configuration with a case of cases.nix; used by lib-eval.nix and
 # nixos-eval.nix so both check exactly the same things.
-#   check case config { nvshmemDir; gdrdrvPackage; doctorPackage; }  ->  "ok" or throw
-# The module's own contribution is isolated where NixOS adds text of its own:
-# boot.extraModprobeConfig is compared exactly (the cases set it only where they test the
-# conflict), nixos.conf is checked in nixos-eval.nix.
+#   check case config { nvshmemDir; gdrdrvPackage; doctorPackage; nixosConf; }  ->  "ok" or throw
+# nixosConf is the text of /etc/modprobe.d/nixos.conf (the file both initrd flavours copy).
+# The module's own contribution is isolated where NixOS adds text of its own (nvidia.nix's
+# softdep line, blacklists): modprobe lines are compared as the lines that carry what the module
+# writes.
 { lib }:
-c: config: { nvshmemDir, gdrdrvPackage, doctorPackage, exactModprobe ? true }:
+c: config: { nvshmemDir, gdrdrvPackage, doctorPackage, nixosConf }:
 let
   e = c.expect;
   enabled = config.services.deepep.enable;
@@ -14,14 +15,24 @@ let
   same = field: want: got: if want == got then true else fail field want got;
   opt = field: got: if e ? ${field} then same field e.${field} got else true;
 
-  # With exactModprobe = false (real NixOS, where other modules may add lines of their own),
-  # the module's lines are compared as the subset of lines that mention what it writes.
-  ours = text: lib.filter (l: lib.hasInfix "NVreg_EnableStreamMemOPs" l || lib.hasInfix "NVreg_RegistryDwords" l || lib.hasPrefix "options gdrdrv" l)
+  # The lines that carry what the module writes (its nvidia line has NVreg_EnableStreamMemOPs=1).
+  ours = text: lib.filter (l: (lib.hasPrefix "options nvidia " l && lib.hasInfix "NVreg_EnableStreamMemOPs=1" l) || lib.hasPrefix "options gdrdrv " l)
     (lib.splitString "\n" text);
   modprobeOpt = field: got:
     if !(e ? ${field}) then true
-    else if exactModprobe then same field e.${field} got
     else same field (ours e.${field}) (ours got);
+
+  # nixos.conf has the module's lines (and NVreg_RegistryDwords on one line only).
+  confLines = if nixosConf == null then [ ] else lib.splitString "\n" nixosConf;
+  nixosConfOk =
+    if !(e ? modprobe) then true
+    else if nixosConf == null then (if ours e.modprobe == [ ] then true else fail "/etc/modprobe.d/nixos.conf" "the module's lines" null)
+    else lib.all (l: lib.elem l confLines || fail "/etc/modprobe.d/nixos.conf line" l nixosConf) (ours e.modprobe)
+      && (if lib.any (lib.hasInfix "NVreg_RegistryDwords") (ours e.modprobe)
+    then
+      same "`options nvidia` lines of nixos.conf with NVreg_RegistryDwords=" 1
+        (lib.length (lib.filter (l: lib.hasPrefix "options nvidia " l && builtins.match ".*[[:space:]]\"?NVreg_RegistryDwords=.*" l != null) confLines))
+    else true);
 
   # The boot-time check (deepep-doctor.service). Whatever the case, a unit that exists has the
   # fixed shape: started by multi-user.target, oneshot, remains active, exit 1 (not ready) is
@@ -56,7 +67,7 @@ let
   # Everything else is only meaningful for configurations that evaluate without failures.
   valuesOk = lib.all (x: x) [
     (modprobeOpt "modprobe" config.boot.extraModprobeConfig)
-    (modprobeOpt "initrdModprobe" config.boot.initrd.extraModprobeConfig)
+    nixosConfOk
     (opt "kernelModules" (lib.filter (m: lib.elem m [ "gdrdrv" "nvidia_peermem" ]) config.boot.kernelModules))
     (opt "gdrdrvPackage" (lib.elem gdrdrvPackage config.boot.extraModulePackages))
     (opt "env" (builtins.removeAttrs config.services.deepep.environment [ "NVSHMEM_DIR" ]))

@@ -1,14 +1,15 @@
-# Evaluates modules/deepep.nix with nixpkgs' lib.evalModules over stub declarations of the NixOS
-# options it touches (stub-nixos.nix) and checks every case of cases.nix. Needs nixpkgs' `lib`
-# only (e.g. the nix-community/nixpkgs.lib repository):
-#   nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib 'import <path>/lib'
+# Evaluates modules/deepep.nix over the NixOS stand-ins (stand-ins.nix) for every case of
+# cases.nix and checks the results (expect.nix). `lib` is either nixpkgs' real lib (its
+# lib.evalModules) or checks/module/mini-lib.nix (CI, where nixpkgs cannot be had):
+#   nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib 'import <nixpkgs>/lib'
+#   nix-instantiate --eval --strict --json checks/module/lib-eval.nix --arg lib 'import ./checks/module/mini-lib.nix'
 # Returns { <case> = "ok"; } or throws naming the case, the field, what was expected and got.
 { lib }:
 let
   cases = import ./cases.nix;
 
   stubDrv = name: extra:
-    derivation { inherit name; system = "x86_64-linux"; builder = "/bin/sh"; } // extra;
+    derivation { inherit name; system = "x86_64-linux"; builder = "/bin/sh"; outputs = extra.outputs or [ "out" ]; } // removeAttrs extra [ "outputs" ];
 
   # Packages the module would otherwise take from nixpkgs (not available here).
   packages = {
@@ -18,29 +19,45 @@ let
     services.deepep.doctor.package = stubDrv "deepep-nix-0.1.0" { };
   };
 
-  pkgs = {
+  # A driver as pkgs/os-specific/linux/nvidia-x11/generic.nix builds it: outputs out and bin
+  # (the proprietary kernel modules and nvidia-smi), passthru.open (the open kernel modules,
+  # open.nix, pname "nvidia-open"). pname "nvidia-x11", or "nvidia-dc" for the datacenter
+  # drivers (which also carry passthru.fabricmanager, pname "fabricmanager").
+  driver = pname: version: extra:
+    stubDrv "${pname}-${version}-6.12.0" ({ inherit pname version; outputs = [ "out" "bin" ]; } // extra) // {
+      open = stubDrv "nvidia-open-6.12.0-${version}" { pname = "nvidia-open"; inherit version; };
+    };
+
+  pkgsFor = system: {
     writeShellScript = name: _text: "/stub/${name}";
     coreutils = stubDrv "coreutils" { };
     gawk = stubDrv "gawk" { };
-    stdenv.hostPlatform.isAarch64 = false;
+    stdenv.hostPlatform = { inherit system; isAarch64 = system == "aarch64-linux"; };
+    linuxPackages.nvidiaPackages = {
+      stable = driver "nvidia-x11" "580.95.05" { };
+      dc = driver "nvidia-dc" "580.95.05" { fabricmanager = stubDrv "fabricmanager-580.95.05" { pname = "fabricmanager"; }; };
+    };
   };
 
   evalCase = c: lib.evalModules {
-    modules = [
+    modules = map (s: s.module) (import ./stand-ins.nix (c.standIns or { }))
+      ++ [
       ../../modules/deepep.nix
-      (import ./stub-nixos.nix { nvidiaEnabled = (c.nvidia or true) != false; })
       packages
       c.module
-      { _module.args.pkgs = pkgs; }
-    ];
+    ] ++ lib.optional ((c.nvidia or true) == true) { services.xserver.videoDrivers = [ "nvidia" ]; };
+    specialArgs.pkgs = pkgsFor (c.system or "x86_64-linux");
   };
 
   check = import ./expect.nix { inherit lib; };
 in
 lib.listToAttrs (map
-  (c: lib.nameValuePair c.name (check c (evalCase c).config {
+  (c:
+  let config = (evalCase c).config;
+  in lib.nameValuePair c.name (check c config {
     nvshmemDir = "${packages.services.deepep.nvshmem.package}";
     gdrdrvPackage = packages.services.deepep.gdrcopy.kernelModule;
     doctorPackage = packages.services.deepep.doctor.package;
+    nixosConf = config.environment.etc."modprobe.d/nixos.conf".text or null;
   }))
   cases)

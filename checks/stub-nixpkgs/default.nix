@@ -1,4 +1,5 @@
-# `import nixpkgs { system; config; }` for the stub (config is accepted and ignored).
+# `import nixpkgs { system; config; }` for the stub. Like nixpkgs, the package set carries the
+# config it was given as `config` (checks/default.nix reads config.allowUnfreePredicate).
 { system, config ? { } }:
 assert builtins.isAttrs config;
-import ./pkgs.nix { inherit system; }
+import ./pkgs.nix { inherit system; } // { inherit config; }

@@ -82,7 +82,11 @@ let
 
     runCommand = name: env: buildCommand: mkDerivation (env // { inherit name buildCommand; });
     symlinkJoin = { name, paths }: mkDerivation { inherit name; paths = toString paths; };
-    mkShell = attrs: mkDerivation (removeAttrs attrs [ "packages" ] // { name = attrs.name or "nix-shell"; });
+    # As nixpkgs' mkShell: `packages` go to nativeBuildInputs.
+    mkShell = attrs: mkDerivation (removeAttrs attrs [ "packages" ] // {
+      name = attrs.name or "nix-shell";
+      nativeBuildInputs = (attrs.packages or [ ]) ++ (attrs.nativeBuildInputs or [ ]);
+    });
     writeShellScript = name: text: mkDerivation { inherit name text; };
     rustPlatform.buildRustPackage = attrs:
       assert builtins.pathExists attrs.cargoLock.lockFile;

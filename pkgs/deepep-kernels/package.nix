@@ -4,6 +4,11 @@
 # and lib/libnvshmem_device.a; empty = build without the NVSHMEM kernels, like DeepEP's
 # DISABLE_NVSHMEM). `nvshmem = null` gives that second variant.
 #
+# cudaPackages is the toolkit (nvcc, cudart, NVRTC, NCCL); it has no default, because
+# callPackage would fill it from the package set (pkgs.cudaPackages) instead of from nvshmem:
+# pass it (pkgs/default.nix passes the one CUDA major of the default outputs). It must be
+# NVSHMEM's CUDA major: cubins linked against libnvshmem_device.a of another major are broken.
+#
 # The binaries load libcuda, NVRTC, NCCL and libnvshmem_host at run time (dlopen from the
 # executable searches the executable's RUNPATH), so their RUNPATH gets the driver directory
 # and the library directories of exactly the packages they were built against.
@@ -12,10 +17,11 @@
 , symlinkJoin
 , autoAddDriverRunpath
 , nvshmem ? null
-, cudaPackages ? if nvshmem != null then nvshmem.cudaPackages else throw "deepep-kernels: pass cudaPackages when nvshmem = null"
+, cudaPackages
 ,
 }:
 let
+  toolkitMajor = cudaPackages.cudaMajorVersion or "unknown";
   src = import ../workspace-src.nix { inherit lib; } [ ];
 
   # The toolkit layout build.rs expects under CUDA_HOME.
@@ -28,6 +34,8 @@ let
     [ "${lib.getLib cudaPackages.cuda_nvrtc}/lib" "${lib.getLib cudaPackages.nccl}/lib" ]
     ++ lib.optional (nvshmem != null) "${lib.getLib nvshmem}/lib";
 in
+assert nvshmem == null || nvshmem.cudaMajor == toolkitMajor
+  || throw "deepep-kernels: NVSHMEM ${nvshmem.version} is the CUDA ${nvshmem.cudaMajor} build but cudaPackages is CUDA ${toolkitMajor}; pass cudaPackages = nvshmem.cudaPackages (or an NVSHMEM of the toolkit's major).";
 rustPlatform.buildRustPackage {
   pname = "deepep-kernels" + lib.optionalString (nvshmem == null) "-no-nvshmem";
   version = (lib.importTOML ../../Cargo.toml).workspace.package.version;
