@@ -63,6 +63,14 @@ in
     expr = [ (refuse "1.2.1" "3.7.2" [ "rc-qp-layout-3.5.19" ]) (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.7.2"; knownFixes = [ "rc-qp-layout-3.5.19" ]; }) ];
     expected = [ "accepted" "untested" ];
   };
+  deepEpKnownFixesNeedAnotherSource = {
+    expr = [
+      (matches ".*knownFixes = [[] \"rc-qp-layout-3.5.19\" []] but the source is the pinned release.*" (d.knownFixesProblem { knownFixes = [ "rc-qp-layout-3.5.19" ]; customSource = false; }))
+      (d.knownFixesProblem { knownFixes = [ "rc-qp-layout-3.5.19" ]; customSource = true; })
+      (d.knownFixesProblem { knownFixes = [ ]; customSource = false; })
+    ];
+    expected = [ true null null ];
+  };
   deepEpNewerDeepEpNotCoveredByTheRule = { expr = status "3.6.5" == "broken" && d.pairingStatus { deepep = "1.3.0"; nvshmem = "3.6.5"; } == "untested"; expected = true; };
   deepEpNvshmemBelowMinimumRefused = { expr = fails (refuse "1.2.1" "3.3.8" [ ]); expected = true; };
   deepEpRangeBoundsInclusive = {

@@ -1,4 +1,4 @@
-# `import nixpkgs { system; config; }` for the stub (config is accepted and ignored).
+# `import nixpkgs { system; config; }` for the stub (of config, only cudaSupport is read).
 { system, config ? { } }:
 assert builtins.isAttrs config;
-import ./pkgs.nix { inherit system; }
+import ./pkgs.nix { inherit system; cudaSupport = config.cudaSupport or false; }

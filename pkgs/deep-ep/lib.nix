@@ -48,6 +48,12 @@ rec {
             ${concatStringsSep "\n  " r.sources}'')
         rules);
 
+  # knownFixes is a claim about a source other than the pinned release (which has none of the
+  # fixes: that is why the rules exist); without src or patches it would only hide a rule.
+  knownFixesProblem = { knownFixes, customSource }:
+    if knownFixes == [ ] || customSource then null
+    else "deep-ep: knownFixes = [ ${quoteAll knownFixes} ] but the source is the pinned release, which has none of them; pass the fixed source as src (or its patches as patches) together with knownFixes.";
+
   # The fetchFromGitHub arguments of a pinned DeepEP release, or null.
   sourceFor = version: pairings.sources.${version} or null;
 

@@ -40,7 +40,7 @@
         DeepEP <= 1.2.1 picks a peer's RC queue pair from NVSHMEM's IBGDA device state as
         rcs[pe * num_rc_per_pe * num_devices + id] (csrc/kernels/ibgda_device.cuh, ibgda_get_rc),
         the PE-major layout of NVSHMEM <= 3.4.5. NVSHMEM 3.5.19 added QP-specific APIs and stores
-        RC QPs QP-major, PE-interleaved, so DeepEP writes to another PE's QP: internode dispatch
+        RC QPs QP-major, PE-interleaved, so DeepEP posts work on a QP of another PE: internode dispatch
         times out ("DeepEP error: timeout (dispatch CPU)") or the first RDMA dispatch faults with
         an illegal memory access.'';
       fix = "pin NVSHMEM <= 3.4.5 (nvshmem_3_4_5, the default `nvshmem`), or build a DeepEP that has the fix (DeepEP PR #564, merged to main 2026-01-20 as 29d31c0 but lost again in the v2 restructure, or PR #696) and declare it with knownFixes = [ \"rc-qp-layout-3.5.19\" ]; no tagged DeepEP release has it yet";
