@@ -14,9 +14,12 @@
       # keep their own nixpkgs config (they need to allow the same).
       unfreeLicenses = [ lib.licenses.nvidiaCuda.shortName lib.licenses.nvidiaCudaRedist.shortName (import ./pkgs/nvshmem/license.nix).shortName ];
       unfreeNames = [ "nvidia-x11" "nvidia-settings" "nvidia-persistenced" "nvidia-fabricmanager" ];
+      # torch with CUDA (packages.deep-ep) also needs cuDNN, cuSPARSELt and cuTENSOR (licence
+      # names: nixpkgs pkgs/development/cuda-modules/_cuda/lib/licenses.nix).
+      torchCudaLicenses = [ "cuDNN EULA" "cuSPARSELt EULA" "cuTENSOR EULA" ];
       allowUnfreePredicate = pkg:
         lib.elem (lib.getName pkg) unfreeNames
-        || lib.all (l: (l.free or true) || lib.elem (l.shortName or "") unfreeLicenses) (lib.toList (pkg.meta.license or [ ]));
+        || lib.all (l: (l.free or true) || lib.elem (l.shortName or "") (unfreeLicenses ++ torchCudaLicenses)) (lib.toList (pkg.meta.license or [ ]));
 
       pkgsFor = forAllSystems (system: import nixpkgs {
         inherit system;
