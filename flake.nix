@@ -18,9 +18,12 @@
       # datacenter drivers; settings.nix "nvidia-settings"; persistenced.nix "nvidia-persistenced";
       # fabricmanager.nix "fabricmanager".
       unfreeNames = [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" ];
+      # torch with CUDA (packages.deep-ep) also needs cuDNN, cuSPARSELt and cuTENSOR (licence
+      # names: nixpkgs pkgs/development/cuda-modules/_cuda/lib/licenses.nix).
+      torchCudaLicenses = [ "cuDNN EULA" "cuSPARSELt EULA" "cuTENSOR EULA" ];
       allowUnfreePredicate = pkg:
         lib.elem (lib.getName pkg) unfreeNames
-        || lib.all (l: (l.free or true) || lib.elem (l.shortName or "") unfreeLicenses) (lib.toList (pkg.meta.license or [ ]));
+        || lib.all (l: (l.free or true) || lib.elem (l.shortName or "") (unfreeLicenses ++ torchCudaLicenses)) (lib.toList (pkg.meta.license or [ ]));
 
       pkgsFor = forAllSystems (system: import nixpkgs {
         inherit system;
@@ -63,6 +66,15 @@
         {
           default = mkDevShell { inherit (p) nvshmem; kernels = p.deepep-kernels; };
           no-nvshmem = mkDevShell { nvshmem = null; kernels = p.deepep-kernels-no-nvshmem; };
+          # Python with torch (CUDA on, NVSHMEM's CUDA major) and DeepEP built against `nvshmem`;
+          # DeepEP's tests run from a checkout: python tests/test_intranode.py --num-processes 2
+          deep-ep = pkgs.mkShell {
+            packages = [ p.deep-ep.pythonEnv ];
+            NVSHMEM_DIR = "${p.deep-ep.nvshmem}";
+            shellHook = ''
+              echo "deepep-nix DeepEP shell: deep_ep ${p.deep-ep.version} + torch, NVSHMEM ${p.deep-ep.nvshmem.version} (CUDA ${p.deep-ep.nvshmem.cudaMajor}), TORCH_CUDA_ARCH_LIST ${p.deep-ep.torchCudaArchList}"
+            '';
+          };
         });
 
       nixosModules = {
@@ -75,7 +87,15 @@
       # evaluate to an error that names what exists.
       overlays.default = final: prev:
         let s = import ./pkgs { pkgs = final; inherit (prev.stdenv.hostPlatform) system; };
-        in s.missing // s.packages // { deepepGdrdrvFor = s.gdrdrvFor; };
+        in s.missing // s.packages // {
+          deepepGdrdrvFor = s.gdrdrvFor;
+          # python3Packages.deep-ep (every Python's package set): DeepEP against this flake's
+          # `nvshmem`, with that package set's torch (which needs config.cudaSupport = true and
+          # NVSHMEM's CUDA major; pkgs/deep-ep/package.nix refuses anything else).
+          pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
+            (pyFinal: _: { deep-ep = pyFinal.callPackage ./pkgs/deep-ep/package.nix { inherit (final) nvshmem; }; })
+          ];
+        };
 
       # Everything that needs no GPU (but network for sources, and KVM for the VM test).
       # GPU checks are in `gpuChecks`, so `nix flake check` works on CPU-only builders.
@@ -89,8 +109,12 @@
 
       # Run on a builder with the "cuda" system feature (docs/nix.md, "GPU runner"):
       #   nix build .#gpuChecks.x86_64-linux.kernels
+      #   nix build .#gpuChecks.x86_64-linux.deep-ep
       gpuChecks = forAllSystems (system: {
         kernels = ours.${system}.packages.deepep-kernels.gpuCheck;
+        # DeepEP's tests/test_intranode.py and tests/test_low_latency.py against packages.deep-ep.
+        deep-ep = ours.${system}.packages.deep-ep.gpuCheck;
+        deep-ep-no-nvshmem = ours.${system}.packages.deep-ep-no-nvshmem.gpuCheck;
       });
 
       formatter = forAllSystems (system: pkgsFor.${system}.nixpkgs-fmt);

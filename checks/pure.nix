@@ -1,5 +1,6 @@
 # Pure evaluation tests: the module's rendering helpers (modules/lib.nix), the NVSHMEM release
-# selection (pkgs/nvshmem/lib.nix) and the generated release data (pkgs/nvshmem/releases.nix).
+# selection (pkgs/nvshmem/lib.nix), the generated release data (pkgs/nvshmem/releases.nix) and
+# the DeepEP package rules and pairing data (checks/deep-ep-pure.nix).
 # Builtins only, so Debian's Nix 2.8 runs them in CI:
 #   nix-instantiate --eval --strict --json checks/pure.nix
 # Evaluates to { passed = N; names = [ ... ]; } or throws listing every failing test with what
@@ -262,7 +263,9 @@ let
     };
     attrVersion = { expr = n.attrVersion "3.3.20"; expected = "3_3_20"; };
     licenseIsUnfree = { expr = [ license.free license.shortName ]; expected = [ false "NVSHMEM SLA" ]; };
-  };
+  }
+  # DeepEP package rules and DeepEP x NVSHMEM pairing data (pkgs/deep-ep).
+  // import ./deep-ep-pure.nix;
 
   results = map (name: { inherit name; t = tests.${name}; }) (attrNames tests);
   failed = filter (r: r.t.expr != r.t.expected) results;

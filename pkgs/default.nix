@@ -8,6 +8,9 @@
 #   deepep-kernels                   kernels + deepep-bench / deepep-gpu-tests against `nvshmem`
 #   deepep-kernels-no-nvshmem        the same without NVSHMEM (DeepEP's DISABLE_NVSHMEM build)
 #   deepep-nix                       the CLI
+#   deep-ep                          DeepEP 1.2.1 (Python deep_ep) against `nvshmem`, with torch
+#                                    from this nixpkgs with CUDA on and NVSHMEM's CUDA major
+#   deep-ep-no-nvshmem               the same, intranode only (DeepEP's DISABLE_NVSHMEM build)
 #
 # `packages` holds only combinations that exist for the host system. `missing` binds every
 # absent nvshmem_<v>_cuda<M> to the evaluation error that says what exists; the overlay
@@ -66,9 +69,18 @@ let
         gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; };
       };
     });
+
+  # DeepEP needs torch with CUDA support of NVSHMEM's CUDA major: this nixpkgs with
+  # config.cudaSupport = true (pkgsCuda, pkgs/top-level/variants.nix) and that major's CUDA
+  # package set as the default one (cudaPackages_<M>.pkgs; nixpkgs manual, "Using
+  # cudaPackages.pkgs"). passthru.gpuCheck runs DeepEP's own intranode and low-latency tests.
+  deepEpPython = (pkgs.pkgsCuda or pkgs)."cudaPackages_${nvshmem.cudaMajor}".pkgs.python3Packages;
+  mkDeepEp = deepEpPython.callPackage ./deep-ep/package.nix;
 in
 {
   packages = nvshmemPackages // {
+    deep-ep = mkDeepEp { inherit nvshmem; };
+    deep-ep-no-nvshmem = mkDeepEp { nvshmem = null; };
     inherit gdrcopy deepep-kernels;
     deepep-kernels-no-nvshmem = pkgs.callPackage ./deepep-kernels/package.nix {
       nvshmem = null;

@@ -17,7 +17,8 @@
 #      (checks/module/coverage.nix), and that it fails when a stand-in is missing or unsourced.
 #   6. The flake with nixpkgs replaced by checks/stub-nixpkgs (a tiny stand-in; it cannot build
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
-#      every package/dev shell derivation and pinned source, the overlay, the module names.
+#      every package/dev shell derivation and pinned source, the overlay, the module names,
+#      DeepEP's pairing refusal / accepted pairing / CUDA-major check through the flake.
 #      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
@@ -161,7 +162,7 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   for sys in x86_64-linux aarch64-linux; do
     if out=$(nix eval --json "${stub[@]}" ".#packages.$sys" --apply builtins.attrNames 2>"$log"); then
       missing=()
-      for want in default nvshmem nvshmem_3_3_9 nvshmem_3_3_9_cuda12 nvshmem_3_4_5_cuda13 nvshmem_3_8_0 gdrcopy deepep-kernels deepep-kernels-no-nvshmem deepep-nix; do
+      for want in default nvshmem nvshmem_3_3_9 nvshmem_3_3_9_cuda12 nvshmem_3_4_5_cuda13 nvshmem_3_8_0 gdrcopy deepep-kernels deepep-kernels-no-nvshmem deepep-nix deep-ep deep-ep-no-nvshmem; do
         grep -q "\"$want\"" <<<"$out" || missing+=("$want")
       done
       unwanted=$(grep -o '"nvshmem_3_3_9_cuda13"' <<<"$out" || true)
@@ -226,6 +227,48 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     pass "nvshmem_3_3_9.override { cudaMajor = \"13\"; } is refused"
   else
     fail "nvshmem_3_3_9.override { cudaMajor = \"13\"; }: unexpected error"; cat "$log"
+  fi
+  # DeepEP (pkgs/deep-ep): a known-broken DeepEP x NVSHMEM pairing is refused with the fix in
+  # the message; the default pairing is accepted and known good; a CUDA-major mismatch between
+  # torch and NVSHMEM is refused; the intranode-only build leaves NVSHMEM_DIR unset.
+  deepep_eval() { nix eval --raw "${stub[@]}" .#packages.x86_64-linux --apply "$1" 2>"$log"; }
+  if deepep_eval 'ps: (ps.deep-ep.override { nvshmem = ps.nvshmem_3_6_5; }).drvPath' >/dev/null; then
+    fail "deep-ep with NVSHMEM 3.6.5 evaluated, expected the known-broken pairing refused"
+  elif grep -qF 'DeepEP 1.2.1 with NVSHMEM 3.6.5 is a known-broken pairing' "$log" && grep -qF 'Fix: pin NVSHMEM <= 3.4.5 (nvshmem_3_4_5' "$log"; then
+    pass "deep-ep.override { nvshmem = nvshmem_3_6_5; } is refused, naming the fix"
+  else
+    fail "deep-ep with NVSHMEM 3.6.5: unexpected error"; cat "$log"
+  fi
+  if out=$(deepep_eval 'ps: "${ps.deep-ep.pairing} ${ps.deep-ep.nvshmem.version} ${ps.deep-ep.TORCH_CUDA_ARCH_LIST} ${builtins.baseNameOf ps.deep-ep.drvPath}"') \
+    && [[ "$out" == "good 3.4.5 9.0;10.0 "*-deep-ep-1.2.1.drv ]]; then
+    pass "deep-ep: DeepEP 1.2.1 + NVSHMEM 3.4.5 accepted ($out)"
+  else
+    fail "deep-ep default pairing: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+  if deepep_eval 'ps: (ps.deep-ep.override { nvshmem = ps.nvshmem_3_4_5_cuda12; }).drvPath' >/dev/null; then
+    fail "deep-ep with a CUDA 12 NVSHMEM under CUDA 13 torch evaluated"
+  elif grep -qF 'torch is built for CUDA 13 but NVSHMEM 3.4.5 for CUDA 12' "$log"; then
+    pass "deep-ep with torch CUDA 13 and NVSHMEM CUDA 12 is refused"
+  else
+    fail "deep-ep CUDA-major mismatch: unexpected error"; cat "$log"
+  fi
+  if out=$(deepep_eval 'ps: "${ps.deep-ep-no-nvshmem.pairing} ${ps.deep-ep-no-nvshmem.NVSHMEM_DIR or "unset"} ${ps.deep-ep-no-nvshmem.DISABLE_SM90_FEATURES}"') && [ "$out" = "no-nvshmem unset 0" ]; then
+    pass "deep-ep-no-nvshmem: NVSHMEM_DIR unset"
+  else
+    fail "deep-ep-no-nvshmem: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+  # python3Packages.deep-ep from the overlay, on a CUDA-enabled stub package set: torch of CUDA
+  # 12 (the stub's default) is refused against the CUDA 13 `nvshmem`; cudaPackages_13.pkgs works.
+  pyoverlay_expr="let
+      flake = builtins.getFlake \"git+file://$repo\";
+      withOverlay = prev: let final = prev // flake.overlays.default final prev; in final;
+      cuda = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; config.cudaSupport = true; };
+      pyDeepEp = f: ((builtins.head f.pythonPackagesExtensions) f.python3Packages { }).deep-ep;
+    in [ (builtins.tryEval (pyDeepEp (withOverlay cuda)).drvPath).success (pyDeepEp (withOverlay cuda.cudaPackages_13.pkgs)).pairing ]"
+  if out=$(nix eval --impure --json --expr "$pyoverlay_expr" 2>"$log") && [ "$out" = '[false,"good"]' ]; then
+    pass "overlays.default python3Packages.deep-ep: $out"
+  else
+    fail "overlays.default python3Packages.deep-ep: ${out:-}"; grep -v "^warning:" "$log" || true
   fi
   # The overlay applied to the stub package set as nixpkgs applies overlays (final = prev //
   # overlay final prev): its names must not depend on `final`, or this recurses forever.

@@ -3,7 +3,12 @@
 # evaluating its drvPath evaluates those (e.g. fetchurl of a pinned artifact, which checks the
 # hash). passthru, meta and finalAttrs.finalPackage behave as in nixpkgs; `.override` and
 # `.overrideAttrs` exist.
-{ system }:
+#
+# CUDA/Python (for pkgs/deep-ep): `cudaMajor` picks the default `cudaPackages`, `cudaSupport`
+# stands for config.cudaSupport; `pkgsCuda` and `cudaPackages_<M>.pkgs` are the variants nixpkgs
+# documents, and python3Packages.torch carries the passthru nixpkgs' torch has (cudaSupport,
+# cudaPackages, cudaCapabilities: the capabilities here are made up).
+{ system, cudaMajor ? "12", cudaSupport ? false }:
 let
   lib = import ./lib.nix;
   inherit (builtins) functionArgs intersectAttrs isAttrs isFunction isPath isString mapAttrs removeAttrs;
@@ -47,11 +52,21 @@ let
 
   cudaSet = major: {
     cudaMajorVersion = major;
+    cudaMajorMinorVersion = "${major}.0";
+    flags.cudaCapabilities = [ "7.5" "8.0" "9.0" "10.0" ];
+    backendStdenv = pkgs.stdenv;
+    pkgs = import ./pkgs.nix { inherit system cudaSupport; cudaMajor = major; };
+    libcublas = multi "libcublas-${major}" [ "out" "lib" "dev" "include" ];
+    libcusolver = multi "libcusolver-${major}" [ "out" "lib" "dev" "include" ];
+    libcusparse = multi "libcusparse-${major}" [ "out" "lib" "dev" "include" ];
     cuda_nvcc = multi "cuda_nvcc-${major}" [ "out" "bin" "dev" "include" ];
     cuda_cudart = multi "cuda_cudart-${major}" [ "out" "lib" "dev" "include" "stubs" ];
     cuda_cccl = stub "cuda_cccl-${major}";
     cuda_nvrtc = multi "cuda_nvrtc-${major}" [ "out" "lib" ];
     nccl = multi "nccl-cuda${major}" [ "out" "dev" ];
+  } // lib.optionalAttrs (major == "13") {
+    # nvcc's crt headers, a package of their own from CUDA 13 on.
+    cuda_crt = multi "cuda_crt-${major}" [ "out" "include" ];
   };
 
   fakeHash = "sha256-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
@@ -94,7 +109,11 @@ let
 
     cudaPackages_12 = cudaSet "12";
     cudaPackages_13 = cudaSet "13";
-    cudaPackages = pkgs.cudaPackages_12;
+    cudaPackages = pkgs."cudaPackages_${cudaMajor}";
+    pkgsCuda = import ./pkgs.nix { inherit system cudaMajor; cudaSupport = true; };
+
+    pythonPackagesExtensions = [ ];
+    python3Packages = python3Packages;
 
     linuxPackages = {
       inherit kernel;
@@ -122,9 +141,24 @@ let
     "clippy"
     "rustfmt"
     "nixpkgs-fmt"
+    "ninja"
   ]
     stub // {
     rdma-core = multi "rdma-core" [ "out" "lib" "dev" ];
   };
+
+  # buildPythonPackage: mkDerivation, overridable like nixpkgs' (`.override { stdenv; }`).
+  python3Packages = {
+    callPackage = callPackageWith (pkgs // python3Packages);
+    buildPythonPackage = { __functor = _: mkDerivation; override = _: python3Packages.buildPythonPackage; };
+    python = stub "python3-3.12" // {
+      withPackages = f: mkDerivation { name = "python3-3.12-env"; paths = toString (f python3Packages); };
+    };
+    torch = stub "python3.12-torch-2.9.0" // {
+      inherit cudaSupport;
+      inherit (pkgs) cudaPackages;
+      cudaCapabilities = if cudaSupport then [ "8.0" "9.0" "10.0" ] else [ ];
+    };
+  } // lib.genAttrs [ "setuptools" "numpy" "pybind11" ] (n: stub "python3.12-${n}");
 in
 pkgs

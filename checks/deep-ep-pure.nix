@@ -1,0 +1,126 @@
+# Pure tests of the DeepEP package rules (pkgs/deep-ep/lib.nix) and pairing data
+# (pkgs/deep-ep/pairings.nix); merged into checks/pure.nix's tests, so Debian's Nix 2.8 runs them
+# in CI. Same shape: name = { expr; expected; }.
+let
+  d = import ../pkgs/deep-ep/lib.nix;
+  data = d.pairings;
+  nvshmemReleases = import ../pkgs/nvshmem/releases.nix;
+  nvshmemLib = import ../pkgs/nvshmem/lib.nix;
+
+  inherit (builtins) all filter length match tryEval;
+
+  fails = e: !(tryEval (builtins.deepSeq e e)).success;
+  matches = re: s: s != null && match re s != null;
+
+  # What the package throws for a pairing (package.nix throws pairingProblem when not null).
+  refuse = deepep: nvshmem: knownFixes:
+    let p = d.pairingProblem { inherit deepep nvshmem knownFixes; };
+    in if p == null then "accepted" else throw p;
+
+  status = nvshmem: d.pairingStatus { deepep = "1.2.1"; inherit nvshmem; };
+in
+{
+  # ---- pairing data
+  deepEpPairingDataWellFormed = {
+    expr = all
+      (r: r ? id && r ? why && r ? fix && r ? modes && r ? deepep && r ? nvshmem
+        && length r.sources >= 1 && all (s: matches "https://github.com/.*" s) r.sources)
+      data.broken;
+    expected = true;
+  };
+  deepEpPinnedSourceIsTheTagWithItsNarHash = {
+    expr = data.sources."1.2.1";
+    expected = { owner = "deepseek-ai"; repo = "DeepEP"; tag = "v1.2.1"; hash = "sha256-xURR3uBAwKjDTNEG9p/vRRhH4Ldiz/u6kD/a+DPn5/Q="; nvshmemMinimum = "3.3.9"; };
+  };
+  deepEpRcQpRuleCitesTheUpstreamThreads = {
+    expr = map (n: builtins.any (s: matches ".*${n}.*" s) (builtins.head (filter (r: r.id == "rc-qp-layout-3.5.19") data.broken)).sources)
+      [ "DeepEP/issues/553" "DeepEP/pull/564" "DeepEP/issues/764" "DeepEP/pull/696" "vllm/pull/58159" ];
+    expected = [ true true true true true ];
+  };
+
+  # ---- the refusal and the accepted pairings
+  deepEp121WithNvshmem3519Refused = { expr = fails (refuse "1.2.1" "3.5.19" [ ]); expected = true; };
+  deepEp121WithNvshmem345Accepted = { expr = refuse "1.2.1" "3.4.5" [ ]; expected = "accepted"; };
+  deepEpRefusalNamesTheFix = {
+    expr =
+      let msg = d.pairingProblem { deepep = "1.2.1"; nvshmem = "3.6.5"; }; in
+      map (re: matches re msg) [
+        "deep-ep: DeepEP 1.2.1 with NVSHMEM 3.6.5 is a known-broken pairing for internode and low-latency.*"
+        ".*Fix: pin NVSHMEM <= 3.4.5 \\(nvshmem_3_4_5.*"
+        ".*DeepEP PR #564.*PR #696.*knownFixes = [[] \"rc-qp-layout-3.5.19\" []].*"
+        ".*withNvshmem = false.*"
+      ];
+    expected = [ true true true true ];
+  };
+  # Every NVSHMEM release in this repository's data, against DeepEP 1.2.1: refused from 3.5.19 on.
+  deepEp121AgainstEveryNvshmemRelease = {
+    expr = map (v: { inherit v; s = status v; }) (nvshmemLib.versions nvshmemReleases);
+    expected = map (v: { inherit v; s = if v == "3.4.5" then "good" else if builtins.compareVersions v "3.5.19" >= 0 then "broken" else "untested"; })
+      (nvshmemLib.versions nvshmemReleases);
+  };
+  deepEpDefaultNvshmemIsKnownGood = { expr = status nvshmemLib.defaultVersion; expected = "good"; };
+  deepEpKnownFixLiftsTheRule = {
+    expr = [ (refuse "1.2.1" "3.7.2" [ "rc-qp-layout-3.5.19" ]) (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.7.2"; knownFixes = [ "rc-qp-layout-3.5.19" ]; }) ];
+    expected = [ "accepted" "untested" ];
+  };
+  deepEpKnownFixesNeedAnotherSource = {
+    expr = [
+      (matches ".*knownFixes = [[] \"rc-qp-layout-3.5.19\" []] but the source is the pinned release.*" (d.knownFixesProblem { knownFixes = [ "rc-qp-layout-3.5.19" ]; customSource = false; }))
+      (d.knownFixesProblem { knownFixes = [ "rc-qp-layout-3.5.19" ]; customSource = true; })
+      (d.knownFixesProblem { knownFixes = [ ]; customSource = false; })
+    ];
+    expected = [ true null null ];
+  };
+  deepEpNewerDeepEpNotCoveredByTheRule = { expr = status "3.6.5" == "broken" && d.pairingStatus { deepep = "1.3.0"; nvshmem = "3.6.5"; } == "untested"; expected = true; };
+  deepEpNvshmemBelowMinimumRefused = { expr = fails (refuse "1.2.1" "3.3.8" [ ]); expected = true; };
+  deepEpRangeBoundsInclusive = {
+    expr = map (v: d.inRange v { atLeast = "3.5.19"; atMost = "3.6.5"; }) [ "3.4.5" "3.5.19" "3.6.5" "3.7.0" "3.5.9" ];
+    expected = [ false true true false false ];
+  };
+  deepEpUnpinnedVersionNeedsSrc = {
+    expr = [ (d.sourceProblem "1.2.1") (matches ".*no pinned source for DeepEP 9.9.9.*pass src = .*" (d.sourceProblem "9.9.9")) ];
+    expected = [ null true ];
+  };
+
+  # ---- TORCH_CUDA_ARCH_LIST
+  deepEpArchFromNixpkgsKeeps90AndNewer = {
+    expr = d.archPlan { capabilities = [ "10.0" "7.5" "9.0" "8.6" "12.0" ]; withNvshmem = true; fromNixpkgs = true; };
+    expected = { problem = null; archList = "9.0;10.0;12.0"; disableSm90Features = false; dropped = [ "7.5" "8.6" ]; };
+  };
+  deepEpArchHopperSpecific = {
+    expr = (d.archPlan { capabilities = [ "9.0a" ]; withNvshmem = true; fromNixpkgs = true; }).archList;
+    expected = "9.0a";
+  };
+  deepEpArchNixpkgsWithoutHopperRefused = {
+    expr = matches "deep-ep: none of nixpkgs' CUDA capabilities \\(\"8.0\", \"8.6\"\\) is 9.0 or newer.*config.cudaCapabilities.*"
+      (d.archPlan { capabilities = [ "8.6" "8.0" ]; withNvshmem = true; fromNixpkgs = true; }).problem;
+    expected = true;
+  };
+  deepEpArchExplicitSm80NeedsNoNvshmem = {
+    expr = [
+      (matches ".*DISABLE_SM90_FEATURES=1.*withNvshmem = false.*" (d.archPlan { capabilities = [ "8.0" "9.0" ]; withNvshmem = true; fromNixpkgs = false; }).problem)
+      (d.archPlan { capabilities = [ "8.0" "9.0" ]; withNvshmem = false; fromNixpkgs = false; })
+    ];
+    expected = [ true { problem = null; archList = "8.0;9.0"; disableSm90Features = true; dropped = [ ]; } ];
+  };
+  deepEpArchBelow80Refused = {
+    expr = matches ".*below 8.0 \\(\"7.5\"\\).*" (d.archPlan { capabilities = [ "7.5" ]; withNvshmem = false; fromNixpkgs = false; }).problem;
+    expected = true;
+  };
+  deepEpArchEmptyRefused = { expr = (d.archPlan { capabilities = [ ]; withNvshmem = false; fromNixpkgs = false; }).problem != null; expected = true; };
+
+  # ---- one CUDA major for torch, DeepEP and NVSHMEM
+  deepEpCudaMajorsAgree = {
+    expr = d.cudaProblem { torchCudaSupport = true; torchCudaMajor = "13"; nvshmemVersion = "3.4.5"; nvshmemCudaMajor = "13"; };
+    expected = null;
+  };
+  deepEpCudaMajorMismatchRefused = {
+    expr = d.cudaProblem { torchCudaSupport = true; torchCudaMajor = "12"; nvshmemVersion = "3.4.5"; nvshmemCudaMajor = "13"; };
+    expected = "deep-ep: torch is built for CUDA 12 but NVSHMEM 3.4.5 for CUDA 13; DeepEP, torch and NVSHMEM must share one CUDA major: use nvshmem_3_4_5_cuda12 or a torch from cudaPackages_13.pkgs (nixpkgs manual, \"Using cudaPackages.pkgs\").";
+  };
+  deepEpTorchWithoutCudaRefused = {
+    expr = matches ".*without CUDA.*cudaSupport = true.*" (d.cudaProblem { torchCudaSupport = false; torchCudaMajor = null; });
+    expected = true;
+  };
+  deepEpNoNvshmemOnlyNeedsTorchCuda = { expr = d.cudaProblem { torchCudaSupport = true; torchCudaMajor = "12"; }; expected = null; };
+}
