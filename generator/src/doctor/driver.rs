@@ -765,7 +765,7 @@ fn option_off(
             caps::GPU_IBGDA,
             format!("{found} in the running driver, but {src} sets it: reboot pending"),
             kind.fix(
-                "reboot (the nvidia module reads its options only when it loads; services.deepep also writes them to boot.initrd.extraModprobeConfig for initrd-loaded drivers)",
+                "reboot (the nvidia module reads its options only when it loads; services.deepep writes them to /etc/modprobe.d/nixos.conf, which both NixOS initrd flavours copy, so initrd-loaded drivers get them too)",
                 "reboot, or reload the nvidia module: stop all GPU processes, then sudo modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia_peermem gdrdrv nvidia && sudo modprobe nvidia; if nvidia is loaded from the initramfs, run sudo update-initramfs -u (Debian/Ubuntu) or sudo dracut -f (RHEL) first",
             ),
         ),
