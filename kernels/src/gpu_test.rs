@@ -59,6 +59,11 @@ impl Ctx<'_> {
     pub fn fit_sms(&self, num_sms: usize) -> usize {
         num_sms.min(self.gpu.sm_count() as usize).max(1)
     }
+    /// [`Ctx::fit_sms`] for kernels that need an even block count (internode: `num_sms / 2`
+    /// channels of a sender and a receiver block), at least 2.
+    pub fn fit_sms_even(&self, num_sms: usize) -> usize {
+        (self.fit_sms(num_sms) & !1).max(2)
+    }
     /// [`Ctx::fit_sms`] applied to an intranode config.
     pub fn fit_config(&self, c: crate::config::Config) -> crate::config::Config {
         crate::config::Config { num_sms: self.fit_sms(c.num_sms), ..c }

@@ -204,7 +204,7 @@ pub fn num_sms(num_sms: usize, max_sms: Option<usize>) -> Result<()> {
     }
     if let Some(m) = max_sms {
         if num_sms > m {
-            return bad(format!("num_sms {num_sms} exceeds the {m} SMs of this GPU; use at most {}", m & !1));
+            return bad(format!("num_sms {num_sms} exceeds the {m} SMs this rank may use (the GPU's, or its share when several ranks share it); use at most {}", m & !1));
         }
     }
     Ok(())

@@ -133,7 +133,7 @@ impl InternodeConfig {
         if let Some(m) = device_sms {
             if self.num_sms > m {
                 return bad(format!(
-                    "internode num_sms {} exceeds the {m} SMs of this GPU; use at most {m}",
+                    "internode num_sms {} exceeds the {m} SMs this rank may use (the GPU's, or its share when several ranks share it); use at most {m}",
                     self.num_sms
                 ));
             }
