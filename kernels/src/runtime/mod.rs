@@ -15,6 +15,7 @@
 
 pub mod comm;
 pub mod cupti;
+pub mod exchange;
 pub mod gpu;
 pub mod launcher;
 pub mod memory;
@@ -22,6 +23,7 @@ pub mod nccl;
 pub mod timing;
 
 pub use comm::Comm;
+pub use exchange::Exchange;
 pub use gpu::{Args, Gpu, Kernel, LaunchCfg, Module};
 pub use memory::{DeviceBuffer, HostMapped, IpcBuffer, Pod};
 
