@@ -135,7 +135,7 @@ class Buffer:
 
     num_sms: int = 20
 
-    def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  explicitly_destroy: bool = False, comm=None) -> None:
         # Everything checkable without torch or a GPU comes first.
@@ -539,9 +539,9 @@ class Buffer:
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
-        torch = _torch()
         if dispatch_wait_recv_cost_stats is not None:
             raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+        torch = _torch()
         _need(x, "x", torch.bfloat16, 2)
         _need(topk_idx, "topk_idx", torch.int64, 2)
         n, hidden = x.shape
@@ -595,11 +595,11 @@ class Buffer:
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
-        torch = _torch()
         if use_logfmt:
             raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
         if combine_wait_recv_cost_stats is not None:
             raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+        torch = _torch()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
         _need(x, "x", torch.bfloat16, 3)
