@@ -194,20 +194,34 @@ def test_intranode_max_tokens_inverts_the_buffer_size():
 
 # --- the opt-in deep_ep shim -----------------------------------------------------------------
 
+# Where the installed deepep_kernels lives (a venv's site-packages, or a pip --target folder on
+# PYTHONPATH on the GPU machine): child interpreters get only that, plus what a test adds.
+PKG_SITE = os.path.dirname(os.path.dirname(os.path.abspath(deepep_kernels.__file__)))
+
+
 def run_py(code, env_extra=None, cwd=None):
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = PKG_SITE
     env.pop("DEEPEP_KERNELS_SHADOW_DEEP_EP", None)
-    env.update(env_extra or {})
+    env_extra = dict(env_extra or {})
+    if "PYTHONPATH" in env_extra:
+        env_extra["PYTHONPATH"] += os.pathsep + PKG_SITE
+    env.update(env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True, text=True)
 
 
 def shim_path():
     # cwd outside the source tree so that the installed package answers
-    out = subprocess.run([sys.executable, "-m", "deepep_kernels.shim"], capture_output=True, text=True, check=True, cwd="/")
+    out = subprocess.run([sys.executable, "-m", "deepep_kernels.shim"], capture_output=True, text=True, check=True, cwd="/",
+                         env=dict(os.environ, PYTHONPATH=PKG_SITE))
     return out.stdout.strip()
 
 
+def real_deepep_installed():
+    return run_py("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('deep_ep') else 1)", cwd="/").returncode == 0
+
+
+@pytest.mark.skipif(real_deepep_installed(), reason="a real DeepEP is installed in this environment")
 def test_deep_ep_is_not_importable_without_opting_in(tmp_path):
     r = run_py("import deep_ep", cwd=tmp_path)
     assert r.returncode != 0 and "No module named 'deep_ep'" in r.stderr
