@@ -88,6 +88,24 @@ def _need(t, what: str, dtype, ndim: int) -> None:
         raise ValueError(f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); call .contiguous() first")
 
 
+def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool, environ=None) -> dict:
+    """The NVSHMEM variables to set from DeepEP's Buffer arguments in low-latency mode. Like
+    DeepEP, P2P and the QP count overwrite the environment and ``allow_mnnvl=False`` forces
+    ``NVSHMEM_DISABLE_MNNVL=1``; ``allow_mnnvl=True`` leaves an exported value alone (DeepEP
+    leaves NVSHMEM's default, detection on, which is "0" here because the kernels crate would
+    otherwise default it to "1"; its knobs keep exported values, nvshmem/knobs.rs)."""
+    environ = os.environ if environ is None else environ
+    out = {
+        "NVSHMEM_DISABLE_P2P": "0" if allow_nvlink_for_low_latency_mode else "1",
+        "NVSHMEM_IBGDA_NUM_RC_PER_PE": str(num_qps_per_rank),
+    }
+    if not allow_mnnvl:
+        out["NVSHMEM_DISABLE_MNNVL"] = "1"
+    elif "NVSHMEM_DISABLE_MNNVL" not in environ:
+        out["NVSHMEM_DISABLE_MNNVL"] = "0"
+    return out
+
+
 def _unsupported(name: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"deepep_kernels does not support {name}: {why}")
 
@@ -145,12 +163,6 @@ class Buffer:
             raise ValueError(f"num_rdma_bytes={num_rdma_bytes!r} must be a non-negative int (bytes of the low-latency buffer)")
         if low_latency_mode and num_qps_per_rank <= 0:
             raise ValueError(f"num_qps_per_rank={num_qps_per_rank} must be > 0 in low-latency mode")
-        if not allow_nvlink_for_low_latency_mode:
-            raise _unsupported("allow_nvlink_for_low_latency_mode=False",
-                               "the low-latency kernels always use NVLink where NVSHMEM maps a peer; set it to True "
-                               "(DEEPEP_LL_TRANSPORT=put forces NVSHMEM puts but still over NVSHMEM's P2P transport)")
-        if allow_mnnvl:
-            raise _unsupported("allow_mnnvl=True", "multi-node NVLink domains are not tested with these kernels; set it to False")
         if group is None and comm is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
         self._runtime = None
@@ -196,6 +208,7 @@ class Buffer:
 
         if low_latency_mode:
             self._locate_nvshmem()
+            os.environ.update(nvshmem_env(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl))
 
         def all_gather_bytes(data: bytes) -> List[bytes]:
             return [bytes(x) for x in all_gather_object(bytes(data))]
@@ -232,13 +245,16 @@ class Buffer:
         return torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
 
     def _begin(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool) -> None:
-        if allocate_on_comm_stream and (previous_event is None or not async_finish):
-            raise ValueError("allocate_on_comm_stream=True needs previous_event and async_finish=True (as in DeepEP)")
+        # Like DeepEP, an EventOverlap without an event (from a call without async_finish) counts
+        # as no previous event.
+        handle = getattr(previous_event, "event", None)
+        if previous_event is not None and not isinstance(previous_event, EventOverlap):
+            raise TypeError(f"previous_event must be an EventOverlap (from Buffer.capture() or an earlier call), got {type(previous_event).__name__}")
+        if allocate_on_comm_stream and (handle is None or not async_finish):
+            raise ValueError("allocate_on_comm_stream=True needs a previous_event with an event and async_finish=True (as in DeepEP)")
         rt = self._rt()
-        if previous_event is not None:
-            if not isinstance(previous_event, EventOverlap) or previous_event.event is None:
-                raise ValueError("previous_event must be an EventOverlap with an event (from Buffer.capture() or an async_finish call)")
-            rt.comm_wait_event(previous_event.event.event)
+        if handle is not None:
+            rt.comm_wait_event(handle.event)
         else:
             rt.comm_wait_stream(_torch().cuda.current_stream().cuda_stream)
 

@@ -147,12 +147,18 @@ def test_buffer_constructor_checks_come_before_torch():
         Buffer(None)
     with pytest.raises(ValueError, match="num_nvl_bytes=-1"):
         Buffer(None, num_nvl_bytes=-1)
-    with pytest.raises(NotImplementedError, match="allow_mnnvl=True"):
-        Buffer(None, allow_mnnvl=True)
-    with pytest.raises(NotImplementedError, match="allow_nvlink_for_low_latency_mode=False"):
-        Buffer(None, low_latency_mode=True, allow_nvlink_for_low_latency_mode=False)
     with pytest.raises(ValueError, match="num_qps_per_rank=0"):
         Buffer(None, low_latency_mode=True, num_qps_per_rank=0)
+
+
+def test_low_latency_flags_become_deepeps_nvshmem_variables():
+    from deepep_kernels.buffer import nvshmem_env
+
+    # vLLM passes allow_mnnvl=True; DeepEP then leaves MNNVL detection on
+    assert nvshmem_env(24, True, True, {}) == {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24", "NVSHMEM_DISABLE_MNNVL": "0"}
+    assert nvshmem_env(24, True, True, {"NVSHMEM_DISABLE_MNNVL": "1"}) == {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24"}
+    assert nvshmem_env(9, False, False, {"NVSHMEM_DISABLE_MNNVL": "0"}) == {
+        "NVSHMEM_DISABLE_P2P": "1", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "9", "NVSHMEM_DISABLE_MNNVL": "1"}
 
 
 def test_unsupported_low_latency_options_raise_not_implemented_naming_them():

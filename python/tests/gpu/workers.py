@@ -6,6 +6,7 @@ here, never by the package under test."""
 import torch
 
 from deepep_kernels import Buffer, EventOverlap, _native
+from deepep_kernels.utils import EventHandle
 from harness import gather
 
 HIDDEN = 2048
@@ -107,7 +108,8 @@ def intranode(rank, world, group):
 
     # fresh BF16 dispatch with alignment 4
     rx, ri, rw, counts, handle, ev = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                                  num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, expert_alignment=4)
+                                                  num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, expert_alignment=4,
+                                                  previous_event=ev)  # an EventOverlap without event, as Megatron passes it
     ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
     check_equal("recv_x", rx, ex)
     check_equal("recv_topk_idx", ri, ei)
@@ -163,10 +165,12 @@ def intranode(rank, world, group):
     cx1, cw1, _ = buf.combine(y, handle, bias=b0.to(dev))
     assert cw1 is None
 
-    # previous_event + async_finish + allocate_on_comm_stream
-    prev = Buffer.capture()
-    rxa, _, _, _, handle_a, eva = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                                               topk_idx=idxd, topk_weights=wd, previous_event=prev, async_finish=True,
+    # previous_event + async_finish + allocate_on_comm_stream, Megatron's fused_a2a sequence
+    prev = EventOverlap(EventHandle())
+    pr2, _, pe2, ir2, lev = buf.get_dispatch_layout(idxd, num_experts, previous_event=prev, async_finish=True, allocate_on_comm_stream=True)
+    assert lev.event is not None
+    rxa, _, _, _, handle_a, eva = buf.dispatch(xd, num_tokens_per_rank=pr2, is_token_in_rank=ir2, num_tokens_per_expert=pe2,
+                                               topk_idx=idxd, topk_weights=wd, previous_event=lev, async_finish=True,
                                                allocate_on_comm_stream=True)
     assert isinstance(eva, EventOverlap) and eva.event is not None
     eva.current_stream_wait()
