@@ -114,11 +114,13 @@ class Handle:
     """The communication handle of an intranode dispatch (opaque; pass it to ``combine`` or to a
     cached ``dispatch``). Unlike DeepEP's 6-tuple it cannot be unpacked."""
 
-    __slots__ = ("native", "num_recv_tokens", "hidden", "num_tokens", "num_topk", "buffer_generation")
+    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "buffer_generation")
 
-    def __init__(self, native: _native.Handle, hidden: int, generation: int) -> None:
+    def __init__(self, native: _native.Handle, hidden: int, generation: int, num_worst_tokens: int = 0) -> None:
         self.native = native
         self.num_recv_tokens = native.num_recv_tokens
+        # rows of the dispatch outputs (num_worst_tokens when given, as in DeepEP)
+        self.num_rows = num_worst_tokens or native.num_recv_tokens
         self.num_tokens = native.num_tokens
         self.num_topk = native.num_topk
         self.hidden = hidden
@@ -301,6 +303,14 @@ class Buffer:
             rt.intranode_create(want[0], want[1])
             self._generation += 1
 
+    def _check_capacity(self, n: int, hidden: int) -> None:
+        max_tokens, _ = self._rt().intranode_dims()
+        if n > max_tokens:
+            need = _native.intranode_buffer_bytes(self.group_size, n, hidden)
+            raise ValueError(f"dispatch of {n} tokens: num_nvl_bytes={self.num_nvl_bytes} holds {max_tokens} tokens of hidden {hidden} "
+                             f"per rank on {self.group_size} ranks; create the Buffer with num_nvl_bytes >= {need} "
+                             f"(or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing it with Config.get_nvl_buffer_size_hint)")
+
     def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
         if not self.low_latency_mode:
             raise ValueError("low-latency calls need Buffer(..., low_latency_mode=True)")
@@ -441,11 +451,13 @@ class Buffer:
             if not isinstance(handle, Handle):
                 raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
             self._ensure_intranode(hidden)
+            self._check_capacity(n, hidden)
             if handle.buffer_generation != self._generation:
                 raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
             self._begin(previous_event, async_finish, allocate_on_comm_stream)
             nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, None, handle.native, 1, config.num_sms)
-            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, 0, allocate_on_comm_stream)
+            padded = handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0
+            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, padded, allocate_on_comm_stream)
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
 
@@ -462,6 +474,7 @@ class Buffer:
         if num_worst_tokens < 0:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
         self._ensure_intranode(hidden)
+        self._check_capacity(n, hidden)
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, (topk_idx.data_ptr(), topk_weights.data_ptr(), k),
                          (num_tokens_per_rank.data_ptr(), num_tokens_per_expert.data_ptr(), is_token_in_rank.data_ptr(), num_experts),
@@ -471,7 +484,7 @@ class Buffer:
                              "(at most num_ranks * num_tokens)")
         recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, num_worst_tokens, allocate_on_comm_stream)
         counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
-        h = Handle(nd.handle(), hidden, self._generation)
+        h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens)
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
@@ -508,9 +521,12 @@ class Buffer:
             raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
         _need(x, "x", torch.bfloat16, 2)
         m, hidden = x.shape
-        if m != handle.num_recv_tokens:
-            raise ValueError(f"combine: x has {m} rows but the handle's dispatch received {handle.num_recv_tokens} "
-                             "(pass the expert outputs in the order of recv_x; with num_worst_tokens, slice them to the received count)")
+        if m not in (handle.num_recv_tokens, handle.num_rows):
+            raise ValueError(f"combine: x has {m} rows but the handle's dispatch produced {handle.num_rows} "
+                             f"({handle.num_recv_tokens} received); pass the expert outputs in the order of recv_x")
+        # rows past the received count (num_worst_tokens padding) take no part, as in DeepEP
+        m = handle.num_recv_tokens
+        x = x[:m]
         if handle.buffer_generation != self._generation:
             raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
         if bias is None:
@@ -530,8 +546,9 @@ class Buffer:
         k = None
         if topk_weights is not None:
             _need(topk_weights, "topk_weights", torch.float32, 2)
-            if topk_weights.shape[0] != m:
-                raise ValueError(f"topk_weights must have {m} rows (one per received token), got {topk_weights.shape[0]}")
+            if topk_weights.shape[0] not in (m, handle.num_rows):
+                raise ValueError(f"topk_weights must have {handle.num_rows} rows (one per dispatched row), got {topk_weights.shape[0]}")
+            topk_weights = topk_weights[:m]
             k = topk_weights.shape[1]
         config = self.get_combine_config(self.group_size) if config is None else config
         self._begin(previous_event, async_finish, allocate_on_comm_stream)

@@ -148,6 +148,15 @@ def intranode(rank, world, group):
     check_equal("worst recv_x[:M]", wx[:m], ex)
     check_equal("worst recv_topk_idx[:M]", wi[:m], ei)
     assert bool((wi[m:] == -1).all()), "rows past the received count must have top-k id -1"
+    # combine and cached dispatch with the padded handle (DeepEP passes W rows around)
+    wc, wcw, _ = buf.combine(wx, whandle, topk_weights=ww)
+    sends = torch.stack([torch.tensor([any(d * LOCAL_EXPERTS <= e < (d + 1) * LOCAL_EXPERTS for e in row.tolist()) for row in idx])
+                         for d in range(world)], 1)
+    check_equal("worst combine", wc, (x.float() * sends.sum(1, keepdim=True).float()).to(torch.bfloat16))
+    torch.testing.assert_close(wcw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
+    wx2, _, _, _, _, _ = buf.dispatch(xd, handle=whandle)
+    assert wx2.shape[0] == worst
+    check_equal("worst cached recv_x[:M]", wx2[:m], ex)
 
     # combine: y_d = recv_x * (d+1) in bf16, weights, two biases
     y = (rx.float() * (rank + 1)).to(torch.bfloat16)
