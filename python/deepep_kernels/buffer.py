@@ -211,6 +211,8 @@ class Buffer:
         if low_latency_mode:
             self._locate_nvshmem()
             os.environ.update(nvshmem_env(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl))
+            # Refuse a host library other than the cubins' NVSHMEM release now, with the fix.
+            _native.nvshmem_host_check()
 
         def all_gather_bytes(data: bytes) -> List[bytes]:
             return [bytes(x) for x in all_gather_object(bytes(data))]

@@ -667,6 +667,20 @@ fn nvshmem_device_version() -> Option<(u32, u32, u32)> {
     deepep_kernels::cubins::NVSHMEM_VERSION
 }
 
+/// Load the NVSHMEM host library the low-latency mode would use (`$NVSHMEM_DIR/lib`, else the
+/// loader's search path) and check its version against the device library the cubins were
+/// linked with. Returns (path, version); raises RuntimeError naming the fix on a mismatch or
+/// when it cannot be loaded. No GPU needed.
+#[pyfunction]
+fn nvshmem_host_check() -> PyResult<(String, String)> {
+    use deepep_kernels::nvshmem::binding::{HostLib, Version};
+    let expected = deepep_kernels::cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
+        PyNotImplementedError::new_err("this wheel was built without NVSHMEM kernels (NVSHMEM_DIR unset at build time); rebuild it with python/scripts/build-wheel.sh")
+    })?;
+    let lib = HostLib::load(Some(expected)).map_err(py_err)?;
+    Ok((lib.path().display().to_string(), lib.version().to_string()))
+}
+
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -696,6 +710,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_sm90_compiled, m)?)?;
     m.add_function(wrap_pyfunction!(nvshmem_device_version, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(nvshmem_host_check, m)?)?;
     m.add_function(wrap_pyfunction!(capture, m)?)?;
     Ok(())
 }

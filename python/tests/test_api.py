@@ -205,7 +205,7 @@ def test_intranode_max_tokens_inverts_the_buffer_size():
 PKG_SITE = os.path.dirname(os.path.dirname(os.path.abspath(deepep_kernels.__file__)))
 
 
-def run_py(code, env_extra=None, cwd=None):
+def run_py(code, env_extra=None, cwd="/"):
     env = dict(os.environ)
     env["PYTHONPATH"] = PKG_SITE
     env.pop("DEEPEP_KERNELS_SHADOW_DEEP_EP", None)
@@ -284,3 +284,23 @@ def test_install_in_code(tmp_path):
     site = fake_real_deepep(tmp_path)
     r = run_py("import deepep_kernels.shim; deepep_kernels.shim.install()", {"PYTHONPATH": site}, cwd=tmp_path)
     assert r.returncode != 0 and "would shadow a real DeepEP" in r.stderr
+
+
+def test_nvshmem_host_library_is_the_cubins_release():
+    # scripts/test-all.sh exports NVSHMEM_DIR of the pinned pip toolchain (NVSHMEM 3.4.5)
+    if not os.environ.get("NVSHMEM_DIR"):
+        pytest.skip("NVSHMEM_DIR is not set (the toolchain's NVSHMEM 3.4.5)")
+    path, version = _native.nvshmem_host_check()
+    assert version == "3.4.5" and path.endswith("libnvshmem_host.so.3"), (path, version)
+
+
+def test_nvshmem_host_library_missing_names_the_fix(tmp_path):
+    r = run_py("""
+        import deepep_kernels._native as n
+        try:
+            n.nvshmem_host_check()
+        except RuntimeError as e:
+            print(e)
+    """, {"NVSHMEM_DIR": str(tmp_path), "LD_LIBRARY_PATH": ""}, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert "cannot load the NVSHMEM host library" in r.stdout and "set NVSHMEM_DIR" in r.stdout, r.stdout
