@@ -137,7 +137,7 @@ class LowLatencyHandle:
     """The handle of a low-latency dispatch (opaque, valid while its dispatch is one of the
     two most recent on the Buffer)."""
 
-    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts")
+    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "__weakref__")
 
     def __init__(self, native, num_max: int, hidden: int, num_experts: int) -> None:
         self.native = native
@@ -221,6 +221,15 @@ class Buffer:
         self._generation = 0
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
+        # Views of the low-latency buffer halves, by (address, dtype, shape): made once (outside any
+        # CUDA-graph capture when warmed up) and reused; they hold no reference to the Rust
+        # buffer, so no view can delay the collective free of the symmetric memory.
+        self._ll_views: dict = {}
+        # Low-latency handles handed out (weakly): destroy() releases their hold on the
+        # symmetric memory before freeing it collectively.
+        import weakref
+
+        self._ll_handles = weakref.WeakSet()
 
     # --- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -324,6 +333,7 @@ class Buffer:
             raise ValueError(f"num_rdma_bytes={self.num_rdma_bytes} is too small for the low-latency buffer of {num_max} tokens, hidden {hidden}, "
                              f"{num_experts} experts on {self.group_size} ranks ({need} bytes); size it with "
                              "Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)")
+        self._release_ll_refs()
         rt.ll_create(num_max, hidden, num_experts)
 
     # --- static API --------------------------------------------------------------------------
@@ -367,10 +377,16 @@ class Buffer:
         return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
 
     # --- buffer-level API --------------------------------------------------------------------
+    def _release_ll_refs(self) -> None:
+        for h in list(self._ll_handles):
+            h.native = None
+        self._ll_views.clear()
+
     def destroy(self) -> None:
         if not self.explicitly_destroy:
             raise RuntimeError("`explicitly_destroy` flag must be set to call destroy()")
         rt = self._rt()
+        self._release_ll_refs()
         rt.destroy()
         self._runtime = None
         self._next_combine_buffers = []
@@ -593,16 +609,16 @@ class Buffer:
         rt = self._rt()
         self._begin(None, async_finish, False)
         r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0, return_recv_hook)
-        dev = self._device
         shape = tuple(r.recv_x_shape)
-        recv_x = _view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, r, dev)
+        recv_x = self._ll_view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape)
         recv_scales = None
         if r.recv_scales is not None:
             sp, sd, sshape = r.recv_scales
-            phys = _view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape), r, dev)
+            phys = self._ll_view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape))
             recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
-        recv_count = _view(r.recv_count_ptr, torch.int32, (shape[0],), r, dev)
+        recv_count = self._ll_view(r.recv_count_ptr, torch.int32, (shape[0],))
         handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        self._ll_handles.add(handle)
         native_hook = r.take_hook()
         stats = cumulative_local_expert_recv_stats
 
@@ -616,6 +632,16 @@ class Buffer:
         ev = self._end(async_finish, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
         hook = self._make_hook(native_hook, add_stats) if return_recv_hook else None
         return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, hook
+
+    def _ll_view(self, ptr: int, dtype, shape):
+        key = (ptr, dtype, shape)
+        t = self._ll_views.get(key)
+        if t is None:
+            # no owner: the memory lives as long as the low-latency buffer (until destroy() or
+            # its re-creation, which drop these cached views)
+            t = _view(ptr, dtype, shape, None, self._device)
+            self._ll_views[key] = t
+        return t
 
     def _make_hook(self, native_hook, after: Callable[[], None]) -> Callable[[], None]:
         def hook() -> None:
@@ -637,6 +663,8 @@ class Buffer:
         torch = _torch()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
+        if handle.native is None:
+            raise ValueError("this low-latency handle's buffer was destroyed or re-created; dispatch again")
         _need(x, "x", torch.bfloat16, 3)
         _need(topk_idx, "topk_idx", torch.int64, 2)
         _need(topk_weights, "topk_weights", torch.float32, 2)
