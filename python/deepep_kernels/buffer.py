@@ -273,6 +273,9 @@ class Buffer:
 
     def _end(self, async_finish: bool, tensors: Tuple[Any, ...], record: bool = True) -> EventOverlap:
         torch = _torch()
+        if not async_finish:
+            self._rt().stream_wait_comm(torch.cuda.current_stream().cuda_stream)
+            return EventOverlap(None)
         ev = self._rt().record_comm()
         if async_finish:
             if record:
@@ -281,8 +284,6 @@ class Buffer:
                     if isinstance(t, torch.Tensor):
                         t.record_stream(comm)
             return EventOverlap(EventHandle(ev), tensors if not record else None)
-        ev.wait_on(torch.cuda.current_stream().cuda_stream)
-        return EventOverlap(None)
 
     def _alloc_ctx(self, allocate_on_comm_stream: bool):
         torch = _torch()
@@ -650,7 +651,7 @@ class Buffer:
             rt.comm_wait_stream(torch.cuda.current_stream().cuda_stream)
             rt.ll_recv(native_hook)
             after()
-            rt.record_comm().wait_on(torch.cuda.current_stream().cuda_stream)
+            rt.stream_wait_comm(torch.cuda.current_stream().cuda_stream)
 
         return hook
 

@@ -320,6 +320,10 @@ struct Runtime {
     ll_dims: Option<(usize, usize, usize)>,
     comm: Comm,
     id: u64,
+    /// Events reused for the stream joins (no create/destroy per call, nothing destroyed while a
+    /// CUDA graph is being captured right after it was recorded).
+    joins: Vec<Event>,
+    next_join: usize,
     gpu: Box<Gpu>,
 }
 
@@ -327,7 +331,14 @@ fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
     Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
 }
 
+/// Size of the [`Runtime`]'s join-event ring.
+const JOIN_EVENTS: usize = 8;
+
 impl Runtime {
+    fn join_event(&mut self) -> &Event {
+        self.next_join = (self.next_join + 1) % self.joins.len();
+        &self.joins[self.next_join]
+    }
     fn gpu_static(&self) -> &'static Gpu {
         // SAFETY: `gpu` is boxed (stable address), never replaced, and dropped after every
         // buffer that borrows it (field order of `Runtime`).
@@ -356,7 +367,8 @@ impl Runtime {
         let gpu = Box::new(Gpu::new(device, rank).map_err(py_err)?);
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Runtime { intra: None, intra_dims: None, ll: None, ll_dims: None, comm, id, gpu })
+        let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
+        Ok(Runtime { intra: None, intra_dims: None, ll: None, ll_dims: None, comm, id, joins, next_join: 0, gpu })
     }
 
     #[getter]
@@ -380,9 +392,18 @@ impl Runtime {
         self.gpu.cu_stream() as usize as u64
     }
     /// The comm stream waits for the work queued so far on `stream`.
-    fn comm_wait_stream(&self, stream: u64) -> PyResult<()> {
-        let e = Event::recorded_on(stream)?;
-        e.wait_raw(self.gpu.cu_stream())
+    fn comm_wait_stream(&mut self, stream: u64) -> PyResult<()> {
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(as_stream(stream))?;
+        e.wait_raw(comm)
+    }
+    /// `stream` waits for the work queued so far on the comm stream.
+    fn stream_wait_comm(&mut self, stream: u64) -> PyResult<()> {
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(comm)?;
+        e.wait_raw(as_stream(stream))
     }
     /// The comm stream waits for `event`.
     fn comm_wait_event(&self, event: &Event) -> PyResult<()> {
