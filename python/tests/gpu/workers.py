@@ -169,7 +169,8 @@ def intranode(rank, world, group):
         sent = torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in idx])
         contrib = (x.float() * (d + 1)).to(torch.bfloat16).float()
         acc = acc + torch.where(sent[:, None], contrib, torch.zeros_like(contrib))
-    torch.testing.assert_close(cx.cpu().float(), acc.to(torch.bfloat16).float(), rtol=0, atol=0)
+    # one bf16 rounding of an f32 sum: allow one bf16 ulp for a different summation order
+    torch.testing.assert_close(cx.cpu().float(), acc.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-2)
     torch.testing.assert_close(cw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
     cx1, cw1, _ = buf.combine(y, handle, bias=b0.to(dev))
     assert cw1 is None
@@ -275,9 +276,11 @@ def low_latency(rank, world, group):
             c = len(rows)
             deq = (q[le, :c].float().view(c, HIDDEN // 128, 128) * s[le, :c].float()[:, :, None]).view(c, HIDDEN).cpu()
             if c:
-                got = sorted(deq.tolist(), key=lambda r: r[:4])
-                exp = sorted(torch.stack(rows).float().tolist(), key=lambda r: r[:4])
-                torch.testing.assert_close(torch.tensor(got), torch.tensor(exp), rtol=0.07, atol=0.07)
+                # slot order is nondeterministic: match each received row to its nearest source row
+                exp = torch.stack(rows).float()
+                nearest = torch.cdist(deq, exp).argmin(dim=1)
+                assert sorted(nearest.tolist()) == list(range(c)), f"fp8 rows of local expert {le} are not a permutation of the sent rows"
+                torch.testing.assert_close(deq, exp[nearest], rtol=0.07, atol=0.07)
             if round_scale:
                 sv = s[le, :c].float().cpu()
                 assert bool((torch.log2(sv) == torch.log2(sv).round()).all()), "round_scale gives powers of two"
