@@ -22,7 +22,7 @@ import socket
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 from . import _native
-from .config import Config, default_max_tokens
+from .config import Config
 from .utils import EventHandle, EventOverlap
 
 # The hidden size the NVLink buffer is first sized for when get_dispatch_layout runs before any

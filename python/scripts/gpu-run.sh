@@ -8,6 +8,7 @@
 #   RANKS         rank counts to run (default: 2 4 8). 2 ranks use up to two GPUs; 4 and 8 ranks
 #                 run on ONE GPU (oversubscribed; DEEPEP_TEST_GPUS=1), exchanging through gloo.
 # Environment: PYTHON (default python3), DEEPEP_TEST_TIMEOUT_S (per rank count, default 300),
+#   DEEPEP_BENCH=1 (also run python/scripts/bench.py at 2 ranks into $OUT/bench.log),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
@@ -16,7 +17,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}
-[ $# -ge 1 ] || { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
   wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
@@ -52,5 +53,10 @@ for r in "${ranks[@]}"; do
 done
 "$py" -m pytest -q -p no:cacheprovider "$tests" --ignore="$tests/gpu" >"$out/cpu-tests.log" 2>&1 || rc=1
 echo "cpu tests: $(tail -n1 "$out/cpu-tests.log")" | tee -a "$out/summary.txt"
+if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
+  echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
+  timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1
+  cat "$out/bench.log" | tail -n 12 | tee -a "$out/summary.txt"
+fi
 rm -rf "$site"
 exit $rc
