@@ -46,7 +46,7 @@ if [ "$cargo_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
 # pytest's summary line, e.g. "46 passed, 1 skipped in 0.61s" or "2 failed, 44 passed in 0.70s"
 py_summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error)' "$log_dir/py.log" | tail -n1 || true)
 py_passed=$(echo "$py_summary" | grep -Eo '[0-9]+ passed' | awk '{print $1}' || true)
-py_failed=$(echo "$py_summary" | grep -Eo '[0-9]+ (failed|error)' | awk '{s+=$1} END {print s+0}')
+py_failed=$( (echo "$py_summary" | grep -Eo '[0-9]+ (failed|error)' || true) | awk '{s+=$1} END {print s+0}')
 py_passed=${py_passed:-0}
 if [ "$py_rc" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi
 echo "python: $py_passed passed, $py_failed failed ($py_summary)"

@@ -702,6 +702,22 @@ fn nvshmem_host_check() -> PyResult<(String, String)> {
     Ok((lib.path().display().to_string(), lib.version().to_string()))
 }
 
+/// Diagnostic (no GPU): build the [`Comm`] a `Runtime` would use over `all_gather` and run, with
+/// the GIL released as in the buffer calls, an all-gather of `data`, a broadcast from rank
+/// `world - 1`, a barrier and an all-gather of `rank` as u64. Returns (gathered, broadcast, ranks).
+#[pyfunction]
+fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, all_gather: Py<PyAny>) -> PyResult<(Vec<Vec<u8>>, Vec<u8>, Vec<u64>)> {
+    let comm = Comm::with_exchange(rank, world, rank, world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
+    without_gil(py, || -> deepep_kernels::Result<_> {
+        let all = comm.all_gather(&data)?;
+        let b = comm.broadcast(world - 1, &data)?;
+        comm.barrier()?;
+        let ranks = comm.all_gather_u64(rank as u64)?;
+        Ok((all, b, ranks))
+    })
+    .map_err(py_err)
+}
+
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -732,6 +748,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvshmem_device_version, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(nvshmem_host_check, m)?)?;
+    m.add_function(wrap_pyfunction!(_exchange_selftest, m)?)?;
     m.add_function(wrap_pyfunction!(capture, m)?)?;
     Ok(())
 }

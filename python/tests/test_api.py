@@ -304,3 +304,64 @@ def test_nvshmem_host_library_missing_names_the_fix(tmp_path):
     """, {"NVSHMEM_DIR": str(tmp_path), "LD_LIBRARY_PATH": ""}, cwd="/")
     assert r.returncode == 0, r.stderr
     assert "cannot load the NVSHMEM host library" in r.stdout and "set NVSHMEM_DIR" in r.stdout, r.stdout
+
+
+class ThreadGroup:
+    """An all-gather between threads of this process. Stands in for a torch.distributed group
+    (no torch here); the code under test is the real extension's exchange path."""
+
+    def __init__(self, world):
+        import threading
+
+        self.world = world
+        self.slots = [None] * world
+        self.round = threading.Barrier(world)
+        self.taken = threading.Barrier(world)
+
+    def member(self, rank):
+        def all_gather(data):
+            assert isinstance(data, bytes)
+            self.slots[rank] = data
+            self.round.wait(timeout=30)
+            out = list(self.slots)
+            self.taken.wait(timeout=30)
+            return out
+
+        return all_gather
+
+
+def test_ranks_meet_through_the_callers_all_gather_with_the_gil_released():
+    import threading
+
+    world, results, errors = 3, {}, []
+    group = ThreadGroup(world)
+
+    def run(r):
+        try:
+            results[r] = _native._exchange_selftest(r, world, bytes([r]) * (r + 1), group.member(r))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for r in range(world):
+        gathered, bcast, ranks = results[r]
+        assert gathered == [bytes([s]) * (s + 1) for s in range(world)]
+        assert bytes(bcast) == bytes([world - 1]) * world
+        assert ranks == list(range(world))
+
+
+def test_a_failing_all_gather_is_a_runtime_error_naming_it():
+    def broken(data):
+        raise ConnectionError("peer gone")
+
+    with pytest.raises(RuntimeError, match="the process group's all_gather failed: .*peer gone"):
+        _native._exchange_selftest(0, 2, b"x", broken)
+    with pytest.raises(RuntimeError, match="must return a list of bytes"):
+        _native._exchange_selftest(0, 2, b"x", lambda d: (d, d))
+    with pytest.raises(RuntimeError, match="returned 1 contributions"):
+        _native._exchange_selftest(0, 2, b"x", lambda d: [d])
