@@ -198,7 +198,7 @@ impl Handle {
 }
 
 /// The layout counts of one `get_dispatch_layout` (kernel-owned; copy them out before dropping).
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct NativeLayout {
     inner: Layout,
 }
@@ -213,7 +213,7 @@ impl NativeLayout {
 
 /// Views of one intranode dispatch's outputs in the NVLink buffer (valid until the next dispatch
 /// on the same buffer).
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct NativeDispatch {
     out: DispatchOutput,
     runtime_id: u64,
@@ -252,7 +252,7 @@ impl NativeDispatch {
 }
 
 /// The low-latency dispatch handle (valid while its dispatch is one of the two most recent).
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct NativeLlHandle {
     inner: LlHandle,
     runtime_id: u64,
@@ -275,14 +275,14 @@ impl NativeLlHandle {
 }
 
 /// The receive half of a low-latency call made with `return_recv_hook` (launch once).
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct NativeHook {
     hook: Option<LlHook>,
     runtime_id: u64,
 }
 
 /// Views of one low-latency dispatch's outputs in the symmetric buffer.
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct NativeLlDispatch {
     #[pyo3(get)]
     recv_x_ptr: u64,
@@ -309,10 +309,23 @@ impl NativeLlDispatch {
     }
 }
 
+// Thread safety of the classes below. PyTorch calls into the Buffer from other threads than the
+// one that created it (autograd runs backward passes, e.g. Megatron's combine in
+// FusedDispatch.backward, on its device threads), so the classes cannot be `unsendable`.
+// SAFETY: PyO3 serialises access to each object (a `&mut self` method holds an exclusive borrow
+// for its whole duration, also while the GIL is released, and a concurrent call gets a
+// "already borrowed" error instead of running); the CUDA handles inside are valid on any thread
+// of the process: every launch binds the primary context first (`Gpu::launch`), and the event
+// and stream calls here run where torch has made that same primary context current.
+macro_rules! thread_safe {
+    ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
+}
+thread_safe!(Handle, NativeLayout, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, Runtime);
+
 static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One rank's buffers. Field order is drop order: the buffers borrow `gpu` and go first.
-#[pyclass(module = "deepep_kernels._native", unsendable)]
+#[pyclass(module = "deepep_kernels._native")]
 struct Runtime {
     intra: Option<intranode::Buffer<'static>>,
     intra_dims: Option<(usize, usize)>,
@@ -335,6 +348,11 @@ fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
 const JOIN_EVENTS: usize = 8;
 
 impl Runtime {
+    /// Make this rank's (primary) context current on the calling thread: PyTorch may call from
+    /// threads where no CUDA call ran yet.
+    fn bind(&self) -> PyResult<()> {
+        self.gpu.bind().map_err(py_err)
+    }
     fn join_event(&mut self) -> &Event {
         self.next_join = (self.next_join + 1) % self.joins.len();
         &self.joins[self.next_join]
@@ -393,6 +411,7 @@ impl Runtime {
     }
     /// The comm stream waits for the work queued so far on `stream`.
     fn comm_wait_stream(&mut self, stream: u64) -> PyResult<()> {
+        self.bind()?;
         let comm = self.gpu.cu_stream();
         let e = self.join_event();
         e.record_raw(as_stream(stream))?;
@@ -400,6 +419,7 @@ impl Runtime {
     }
     /// `stream` waits for the work queued so far on the comm stream.
     fn stream_wait_comm(&mut self, stream: u64) -> PyResult<()> {
+        self.bind()?;
         let comm = self.gpu.cu_stream();
         let e = self.join_event();
         e.record_raw(comm)?;
@@ -407,16 +427,19 @@ impl Runtime {
     }
     /// The comm stream waits for `event`.
     fn comm_wait_event(&self, event: &Event) -> PyResult<()> {
+        self.bind()?;
         event.wait_raw(self.gpu.cu_stream())
     }
     /// An event recorded on the comm stream now.
     fn record_comm(&self) -> PyResult<Event> {
+        self.bind()?;
         Event::recorded_on(self.comm_stream())
     }
 
     /// Create (collectively) the NVLink buffer for up to `max_tokens` tokens per rank and rows of
     /// up to `hidden` channels; replaces an earlier one.
     fn intranode_create(&mut self, py: Python<'_>, max_tokens: usize, hidden: usize) -> PyResult<()> {
+        self.bind()?;
         self.intra = None;
         self.intra_dims = None;
         let gpu = self.gpu_static();
@@ -433,6 +456,7 @@ impl Runtime {
 
     /// Layout counts of `topk_idx` (i64 `[n, k]` at `topk_ptr`), launched on the comm stream.
     fn get_dispatch_layout(&mut self, topk_ptr: u64, n: usize, k: usize, num_experts: usize) -> PyResult<NativeLayout> {
+        self.bind()?;
         let t = tensor_of(&self.gpu, topk_ptr, DType::I64, &[n, k]);
         let layout = self.intra()?.dispatch_layout(&t, num_experts).map_err(py_err)?;
         Ok(NativeLayout { inner: layout })
@@ -456,6 +480,7 @@ impl Runtime {
         expert_alignment: usize,
         num_sms: usize,
     ) -> PyResult<NativeDispatch> {
+        self.bind()?;
         let gpu = self.gpu_static();
         let (xp, xd, n, h) = x;
         let xt = tensor_of(gpu, xp, parse_dtype(&xd)?, &[n, h]);
@@ -517,6 +542,7 @@ impl Runtime {
         num_sms: usize,
     ) -> PyResult<()> {
         self.check_owner(handle.runtime_id, "handle")?;
+        self.bind()?;
         let gpu = self.gpu_static();
         let n = handle.inner.num_tokens;
         let yt = tensor_of(gpu, y, DType::Bf16, &[m, hidden]);
@@ -539,6 +565,7 @@ impl Runtime {
 
     /// Create (collectively) the low-latency buffer; replaces an earlier one.
     fn ll_create(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
+        self.bind()?;
         if let Some(old) = self.ll.take() {
             without_gil(py, move || drop(old));
         }
@@ -559,6 +586,7 @@ impl Runtime {
     /// stream. No host wait.
     #[allow(clippy::too_many_arguments)]
     fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool) -> PyResult<NativeLlDispatch> {
+        self.bind()?;
         let gpu = self.gpu_static();
         let id = self.id;
         let xt = tensor_of(gpu, x, DType::Bf16, &[n, hidden]);
@@ -583,6 +611,7 @@ impl Runtime {
     /// (`[n, hidden]`) with this rank's `topk_idx` / `topk_weights` (`[n, k]`), on the comm stream.
     #[allow(clippy::too_many_arguments)]
     fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool) -> PyResult<Option<NativeHook>> {
+        self.bind()?;
         self.check_owner(handle.runtime_id, "low-latency handle")?;
         let gpu = self.gpu_static();
         let id = self.id;
@@ -598,6 +627,7 @@ impl Runtime {
 
     /// Launch the receive half of a hooked low-latency call on the comm stream (once).
     fn ll_recv(&mut self, mut hook: PyRefMut<'_, NativeHook>) -> PyResult<()> {
+        self.bind()?;
         self.check_owner(hook.runtime_id, "hook")?;
         let h = hook.hook.take().ok_or_else(|| PyRuntimeError::new_err("this receive hook was already called; each hook runs once"))?;
         self.ll()?.recv(h).map_err(py_err)
@@ -614,6 +644,7 @@ impl Runtime {
 
     /// Wait for the comm stream (GIL released).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        self.bind()?;
         let gpu = self.gpu_static();
         without_gil(py, || gpu.sync("deepep_kernels Runtime.synchronize")).map_err(py_err)
     }
@@ -621,6 +652,7 @@ impl Runtime {
     /// Release the buffers (collective: the low-latency buffer's drop and NVSHMEM finalize
     /// synchronize all ranks).
     fn destroy(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.bind()?;
         let gpu = self.gpu_static();
         let had_ll = self.ll.is_some();
         let intra = self.intra.take();
