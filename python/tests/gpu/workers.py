@@ -175,6 +175,25 @@ def intranode(rank, world, group):
     cx1, cw1, _ = buf.combine(y, handle, bias=b0.to(dev))
     assert cw1 is None
 
+    # from another thread, as autograd runs Megatron's backward combine
+    import threading
+
+    box = {}
+
+    def other_thread():
+        torch.cuda.set_device(dev)
+        try:
+            box["out"] = buf.combine(y, handle, topk_weights=rw, bias=(b0.to(dev), b1.to(dev)))[0]
+            torch.cuda.current_stream().synchronize()
+        except BaseException as e:  # reported below
+            box["err"] = e
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert "err" not in box, box.get("err")
+    check_equal("combine from another thread", box["out"], cx.cpu())
+
     # previous_event + async_finish + allocate_on_comm_stream, Megatron's fused_a2a sequence
     prev = EventOverlap(EventHandle())
     pr2, _, pe2, ir2, lev = buf.get_dispatch_layout(idxd, num_experts, previous_event=prev, async_finish=True, allocate_on_comm_stream=True)
