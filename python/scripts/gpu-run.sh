@@ -53,6 +53,10 @@ for r in "${ranks[@]}"; do
 done
 "$py" -m pytest -q -p no:cacheprovider "$tests" --ignore="$tests/gpu" >"$out/cpu-tests.log" 2>&1 || rc=1
 echo "cpu tests: $(tail -n1 "$out/cpu-tests.log")" | tee -a "$out/summary.txt"
+echo "== example: python/examples/moe_deep_ep.py written for deep_ep, through the shim, 2 ranks -> $out/example.log" | tee -a "$out/summary.txt"
+PYTHONPATH="$("$py" -m deepep_kernels.shim):$PYTHONPATH" timeout -k 10 "$timeout_s" \
+  "$py" -m torch.distributed.run --standalone --nproc-per-node 2 "$here/../examples/moe_deep_ep.py" >"$out/example.log" 2>&1 || rc=1
+grep -E "^rank|Error|error" "$out/example.log" | tail -n 6 | tee -a "$out/summary.txt"
 if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
   echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
   timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1
