@@ -4,6 +4,7 @@
 #   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks)
 #   3. the generator's determinism check on the committed files (lock --offline --check)
 #   4. Nix: parse, pure evaluation tests, deadnix, formatter (Debian's Nix 2.8, installed if missing)
+#   5. the Python wheel (python/, maturin abi3, dev profile) and its CPU tests with pytest (no torch)
 # Prints a final line "total: N passed, M failed" and exits non-zero on any failure.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,9 +34,24 @@ cargo run --quiet --locked -p deepep-nix -- verify --file "$DEEPEP_NVSHMEM_WHEEL
 step "Nix checks"
 bash scripts/nix-checks.sh
 
+step "Python wheel (maturin, abi3) + CPU tests (pytest; no GPU, no torch)"
+set +e
+bash python/scripts/build-wheel.sh --dev --test 2>&1 | tee "$log_dir/py.log"
+py_rc=${PIPESTATUS[0]}
+set -e
+
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log_dir/cargo.log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log_dir/cargo.log" | awk '{s+=$1} END {print s+0}')
 if [ "$cargo_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+# pytest's summary line, e.g. "46 passed, 1 skipped in 0.61s" or "2 failed, 44 passed in 0.70s"
+py_summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error)' "$log_dir/py.log" | tail -n1 || true)
+py_passed=$(echo "$py_summary" | grep -Eo '[0-9]+ passed' | awk '{print $1}' || true)
+py_failed=$( (echo "$py_summary" | grep -Eo '[0-9]+ (failed|error)' || true) | awk '{s+=$1} END {print s+0}')
+py_passed=${py_passed:-0}
+if [ "$py_rc" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi
+echo "python: $py_passed passed, $py_failed failed ($py_summary)"
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
 echo
 echo "total: $passed passed, $failed failed"
-[ "$cargo_rc" -eq 0 ] && [ "$failed" -eq 0 ]
+[ "$cargo_rc" -eq 0 ] && [ "$py_rc" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -16,6 +16,8 @@
 //! - `packed_recv_count` `[L]` i32, and the [`LlHandle`] (`src_info` `[L, R·num_max]` i32,
 //!   `layout_range` `[L, R]` i64 = `(begin << 32) | count`).
 
+pub mod raw;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -136,6 +136,8 @@ pub struct Comm {
     env: RankEnv,
     timeout: Duration,
     links: Mutex<Links>,
+    /// Set by [`Comm::with_exchange`]: the caller's all-gather carries every collective.
+    external: Option<std::sync::Arc<dyn super::exchange::Exchange>>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -162,7 +164,7 @@ impl Comm {
     /// A world of one (no network).
     pub fn single() -> Comm {
         let env = RankEnv { rank: 0, world: 1, local_rank: 0, local_world: 1, master_addr: "127.0.0.1".into(), master_port: 0 };
-        Comm { env, timeout: Duration::from_secs(1), links: Mutex::new(Links { peers: vec![None], seq: 0, early: vec![None] }) }
+        Comm { env, timeout: Duration::from_secs(1), links: Mutex::new(Links { peers: vec![None], seq: 0, early: vec![None] }), external: None }
     }
 
     /// Join explicitly: `join_timeout` bounds the whole rendezvous, `op_timeout` each collective.
@@ -180,7 +182,16 @@ impl Comm {
             s.set_nodelay(true).ok();
         }
         let early = vec![None; env.world];
-        Ok(Comm { env, timeout: op_timeout, links: Mutex::new(Links { peers, seq: 0, early }) })
+        Ok(Comm { env, timeout: op_timeout, links: Mutex::new(Links { peers, seq: 0, early }), external: None })
+    }
+
+    /// See [`Comm::with_exchange`] (`runtime/exchange.rs`).
+    pub(crate) fn from_exchange(env: RankEnv, exchange: std::sync::Arc<dyn super::exchange::Exchange>) -> Result<Comm> {
+        env.validate()?;
+        let mut c = Comm::single();
+        c.env = env;
+        c.external = Some(exchange);
+        Ok(c)
     }
 
     fn where_(env: &RankEnv) -> String {
@@ -355,6 +366,10 @@ impl Comm {
     /// The core of every collective: rank 0 is the hub. Every rank sends one frame per
     /// collective; rank 0 answers every frame exactly once (the result, or an abort).
     fn exchange(&self, op: Op, root: usize, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if let Some(ex) = &self.external {
+            let root = (op == Op::Broadcast).then_some(root);
+            return super::exchange::run(ex.as_ref(), self.env.rank, self.env.world, op.name(), root, data);
+        }
         let mut links = self.links.lock().unwrap();
         links.seq += 1;
         let seq = links.seq;

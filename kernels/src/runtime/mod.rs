@@ -1,6 +1,7 @@
 //! Host runtime shared by every kernel family: one process per GPU.
 //!
-//! - [`comm::Comm`]: rendezvous and small host collectives over TCP (torchrun-compatible env).
+//! - [`comm::Comm`]: rendezvous and small host collectives over TCP (torchrun-compatible env),
+//!   or over a caller's all-gather ([`exchange`], e.g. a Python binding's process group).
 //! - [`launcher`]: `--nproc N` spawns N ranks of the current binary and reports any rank's failure.
 //! - [`gpu::Gpu`]: context for `LOCAL_RANK`, a stream, embedded-cubin modules (raw `CUmodule`
 //!   exposed for `nvshmemx_cumodule_init`), `cuLaunchKernelEx` launches with the diagnostic record
@@ -15,6 +16,7 @@
 
 pub mod comm;
 pub mod cupti;
+pub mod exchange;
 pub mod gpu;
 pub mod launcher;
 pub mod memory;
@@ -22,6 +24,7 @@ pub mod nccl;
 pub mod timing;
 
 pub use comm::Comm;
+pub use exchange::Exchange;
 pub use gpu::{Args, Gpu, Kernel, LaunchCfg, Module};
 pub use memory::{DeviceBuffer, HostMapped, IpcBuffer, Pod};
 

@@ -1,0 +1,697 @@
+"""``Buffer``: DeepEP v1.2.1's ``deep_ep.Buffer`` over the deepep-nix kernels.
+
+Same names, arguments, return tuples and semantics as DeepEP's ``deep_ep/buffer.py`` for what
+Megatron-LM (``fused_a2a.py``), vLLM (DeepEP all2all managers) and SGLang (DeepEP dispatcher)
+use. Differences are listed in docs/python.md; anything not supported raises
+``NotImplementedError`` naming it.
+
+Streams: kernels run on the Buffer's comm stream (``get_comm_stream()``). Before each call the
+comm stream waits for ``previous_event`` or, without one, for the current stream; after it, the
+current stream waits for the comm stream unless ``async_finish`` (then the returned
+``EventOverlap`` carries the event). Outputs DeepEP returns as fresh tensors are allocated with
+``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``).
+The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
+at most two low-latency results are alive at once applies literally).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from . import _native
+from .config import Config
+from .utils import EventHandle, EventOverlap
+
+# The hidden size the NVLink buffer is first sized for when get_dispatch_layout runs before any
+# dispatch (a dispatch with another hidden re-creates it, collectively).
+DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
+
+_DISPATCH_CONFIGS = {
+    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128), 24: (8, 288, 32, 128),
+    32: (32, 288, 32, 128), 64: (20, 288, 28, 128), 128: (20, 560, 32, 128), 144: (32, 720, 12, 128), 160: (28, 720, 12, 128),
+}
+_COMBINE_CONFIGS = {
+    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128), 24: (1, 288, 8, 128),
+    32: (1, 288, 8, 128), 64: (1, 288, 20, 128), 128: (1, 560, 12, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
+}
+
+# SM count assumed by get_low_latency_rdma_size_hint when no GPU is visible (H100/H200).
+_DEFAULT_LL_GRID = 132
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only where torch is missing
+        raise ImportError("deepep_kernels.Buffer needs PyTorch (torch with CUDA) at run time; install torch first") from e
+    return torch
+
+
+class _Raw:
+    """A device range exposed through ``__cuda_array_interface__`` (wrapped zero-copy by
+    ``torch.as_tensor``); keeps ``owner`` alive as long as the tensor lives."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
+        self._owner = owner
+
+
+def _view(ptr: int, dtype, shape, owner: Any, device):
+    torch = _torch()
+    shape = tuple(int(s) for s in shape)
+    elem = dtype.itemsize
+    nbytes = math.prod(shape) * elem
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    raw = torch.as_tensor(_Raw(ptr, nbytes, owner), device=device)
+    return raw.view(dtype).view(shape)
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _need(t, what: str, dtype, ndim: int) -> None:
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{what} must be on a CUDA device (got {t.device}); move it with .cuda()")
+    if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
+        raise ValueError(f"{what} must be {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{what} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); call .contiguous() first")
+
+
+def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool, environ=None) -> dict:
+    """The NVSHMEM variables to set from DeepEP's Buffer arguments in low-latency mode. Like
+    DeepEP, P2P and the QP count overwrite the environment and ``allow_mnnvl=False`` forces
+    ``NVSHMEM_DISABLE_MNNVL=1``; ``allow_mnnvl=True`` leaves an exported value alone (DeepEP
+    leaves NVSHMEM's default, detection on, which is "0" here because the kernels crate would
+    otherwise default it to "1"; its knobs keep exported values, nvshmem/knobs.rs)."""
+    environ = os.environ if environ is None else environ
+    out = {
+        "NVSHMEM_DISABLE_P2P": "0" if allow_nvlink_for_low_latency_mode else "1",
+        "NVSHMEM_IBGDA_NUM_RC_PER_PE": str(num_qps_per_rank),
+    }
+    if not allow_mnnvl:
+        out["NVSHMEM_DISABLE_MNNVL"] = "1"
+    elif "NVSHMEM_DISABLE_MNNVL" not in environ:
+        out["NVSHMEM_DISABLE_MNNVL"] = "0"
+    return out
+
+
+def _unsupported(name: str, why: str) -> NotImplementedError:
+    return NotImplementedError(f"deepep_kernels does not support {name}: {why}")
+
+
+class Handle:
+    """The communication handle of an intranode dispatch (opaque; pass it to ``combine`` or to a
+    cached ``dispatch``). Unlike DeepEP's 6-tuple it cannot be unpacked."""
+
+    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "buffer_generation")
+
+    def __init__(self, native: _native.Handle, hidden: int, generation: int, num_worst_tokens: int = 0) -> None:
+        self.native = native
+        self.num_recv_tokens = native.num_recv_tokens
+        # rows of the dispatch outputs (num_worst_tokens when given, as in DeepEP)
+        self.num_rows = num_worst_tokens or native.num_recv_tokens
+        self.num_tokens = native.num_tokens
+        self.num_topk = native.num_topk
+        self.hidden = hidden
+        self.buffer_generation = generation
+
+    def __iter__(self):
+        raise _unsupported("unpacking the dispatch handle", "it is an opaque object here (DeepEP's is a tuple of its ring-buffer prefix matrices); pass it back unchanged")
+
+    def __repr__(self) -> str:
+        return f"deepep_kernels.Handle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, hidden={self.hidden})"
+
+
+class LowLatencyHandle:
+    """The handle of a low-latency dispatch (opaque, valid while its dispatch is one of the
+    two most recent on the Buffer)."""
+
+    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "__weakref__")
+
+    def __init__(self, native, num_max: int, hidden: int, num_experts: int) -> None:
+        self.native = native
+        self.num_max_dispatch_tokens_per_rank = num_max
+        self.hidden = hidden
+        self.num_experts = num_experts
+
+    def __iter__(self):
+        raise _unsupported("unpacking the low-latency handle", "it is an opaque object here; pass it back unchanged")
+
+
+class Buffer:
+    """DeepEP's ``Buffer``: intranode (NVLink) normal dispatch/combine and low-latency
+    dispatch/combine over the ranks of ``group``."""
+
+    num_sms: int = 20
+
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, comm=None) -> None:
+        # Everything checkable without torch or a GPU comes first.
+        if not isinstance(num_nvl_bytes, int) or num_nvl_bytes < 0:
+            raise ValueError(f"num_nvl_bytes={num_nvl_bytes!r} must be a non-negative int (bytes of the NVLink buffer)")
+        if not isinstance(num_rdma_bytes, int) or num_rdma_bytes < 0:
+            raise ValueError(f"num_rdma_bytes={num_rdma_bytes!r} must be a non-negative int (bytes of the low-latency buffer)")
+        if low_latency_mode and num_qps_per_rank <= 0:
+            raise ValueError(f"num_qps_per_rank={num_qps_per_rank} must be > 0 in low-latency mode")
+        if group is None and comm is None:
+            raise ValueError("Either 'group' or 'comm' must be provided.")
+        self._runtime = None
+        self.explicitly_destroy = explicitly_destroy
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+
+        torch = _torch()
+        if group is not None:
+            import torch.distributed as dist
+
+            self.rank = group.rank()
+            self.group = group
+            self.group_size = group.size()
+
+            def all_gather_object(obj):
+                out = [None] * self.group_size
+                dist.all_gather_object(out, obj, group)
+                return out
+        else:
+            self.rank = comm.Get_rank()
+            self.group = comm
+            self.group_size = comm.Get_size()
+
+            def all_gather_object(obj):
+                return comm.allgather(obj)
+
+        self._all_gather_object = all_gather_object
+        if not torch.cuda.is_available():
+            raise RuntimeError("deepep_kernels.Buffer needs a CUDA device (torch.cuda.is_available() is False)")
+        # Device selection is explicit: this rank's GPU is torch's current device (set it with
+        # torch.cuda.set_device before creating the Buffer; several ranks may share one GPU).
+        self._device_index = torch.cuda.current_device()
+        self._device = torch.device("cuda", self._device_index)
+
+        # Where every rank runs: ranks on this host and this rank's index among them.
+        hosts = all_gather_object(socket.gethostname())
+        me = hosts[self.rank]
+        local = [r for r, h in enumerate(hosts) if h == me]
+        self._num_hosts = len(set(hosts))
+        local_rank, local_world = local.index(self.rank), len(local)
+
+        if low_latency_mode:
+            self._locate_nvshmem()
+            os.environ.update(nvshmem_env(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl))
+            # Refuse a host library other than the cubins' NVSHMEM release now, with the fix.
+            _native.nvshmem_host_check()
+
+        def all_gather_bytes(data: bytes) -> List[bytes]:
+            return [bytes(x) for x in all_gather_object(bytes(data))]
+
+        self._runtime = _native.Runtime(self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes)
+        self._generation = 0
+        self._next_combine_buffers: List[Any] = []
+        self._next_combine_parity = 0
+        # Views of the low-latency buffer halves, by (address, dtype, shape): made once (outside any
+        # CUDA-graph capture when warmed up) and reused; they hold no reference to the Rust
+        # buffer, so no view can delay the collective free of the symmetric memory.
+        self._ll_views: dict = {}
+        # Low-latency handles handed out (weakly): destroy() releases their hold on the
+        # symmetric memory before freeing it collectively.
+        import weakref
+
+        self._ll_handles = weakref.WeakSet()
+
+    # --- helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def _locate_nvshmem() -> None:
+        """Point NVSHMEM_DIR at the pip ``nvidia-nvshmem-cu13`` wheel (torch's) when unset. The
+        kernels crate then loads its host library and refuses a version other than the one the
+        cubins were linked against, naming the fix."""
+        if os.environ.get("NVSHMEM_DIR"):
+            return
+        try:
+            import nvidia.nvshmem as m  # type: ignore
+        except ImportError:
+            return
+        for d in list(getattr(m, "__path__", [])):
+            if os.path.exists(os.path.join(d, "lib", "libnvshmem_host.so.3")):
+                os.environ["NVSHMEM_DIR"] = d
+                return
+
+    def _rt(self):
+        if self._runtime is None:
+            raise RuntimeError("this Buffer was destroyed; create a new one")
+        return self._runtime
+
+    def _comm_torch_stream(self):
+        torch = _torch()
+        return torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
+
+    def _begin(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool) -> None:
+        # Like DeepEP, an EventOverlap without an event (from a call without async_finish) counts
+        # as no previous event.
+        handle = getattr(previous_event, "event", None)
+        if previous_event is not None and not isinstance(previous_event, EventOverlap):
+            raise TypeError(f"previous_event must be an EventOverlap (from Buffer.capture() or an earlier call), got {type(previous_event).__name__}")
+        if allocate_on_comm_stream and (handle is None or not async_finish):
+            raise ValueError("allocate_on_comm_stream=True needs a previous_event with an event and async_finish=True (as in DeepEP)")
+        rt = self._rt()
+        if handle is not None:
+            rt.comm_wait_event(handle.event)
+        else:
+            rt.comm_wait_stream(_torch().cuda.current_stream().cuda_stream)
+
+    def _end(self, async_finish: bool, tensors: Tuple[Any, ...], record: bool = True) -> EventOverlap:
+        torch = _torch()
+        if not async_finish:
+            self._rt().stream_wait_comm(torch.cuda.current_stream().cuda_stream)
+            return EventOverlap(None)
+        ev = self._rt().record_comm()
+        if async_finish:
+            if record:
+                comm = self._comm_torch_stream()
+                for t in tensors:
+                    if isinstance(t, torch.Tensor):
+                        t.record_stream(comm)
+            return EventOverlap(EventHandle(ev), tensors if not record else None)
+
+    def _alloc_ctx(self, allocate_on_comm_stream: bool):
+        torch = _torch()
+        if allocate_on_comm_stream:
+            return torch.cuda.stream(self._comm_torch_stream())
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _ensure_intranode(self, hidden: Optional[int]) -> None:
+        if self._num_hosts > 1:
+            raise _unsupported("normal (non-low-latency) dispatch across hosts",
+                               f"the group spans {self._num_hosts} hosts and the internode mode is not bound yet; use the low-latency mode")
+        if self.num_nvl_bytes == 0:
+            raise ValueError("this Buffer has num_nvl_bytes=0; create it with num_nvl_bytes from Config.get_nvl_buffer_size_hint for normal dispatch")
+        rt = self._rt()
+        dims = rt.intranode_dims()
+        if hidden is None:
+            if dims is not None:
+                return
+            hidden = int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168"))
+        want = (_native.intranode_max_tokens(self.group_size, hidden, self.num_nvl_bytes), hidden)
+        if want[0] == 0:
+            need = _native.intranode_buffer_bytes(self.group_size, 1, hidden)
+            raise ValueError(f"num_nvl_bytes={self.num_nvl_bytes} cannot hold one token of hidden {hidden} for {self.group_size} ranks "
+                             f"(needs >= {need}); size it with Config.get_nvl_buffer_size_hint")
+        if dims != want:
+            # Collective: every rank dispatches the same hidden, so every rank re-creates here.
+            rt.intranode_create(want[0], want[1])
+            self._generation += 1
+
+    def _check_capacity(self, n: int, hidden: int) -> None:
+        max_tokens, _ = self._rt().intranode_dims()
+        if n > max_tokens:
+            need = _native.intranode_buffer_bytes(self.group_size, n, hidden)
+            raise ValueError(f"dispatch of {n} tokens: num_nvl_bytes={self.num_nvl_bytes} holds {max_tokens} tokens of hidden {hidden} "
+                             f"per rank on {self.group_size} ranks; create the Buffer with num_nvl_bytes >= {need} "
+                             f"(or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing it with Config.get_nvl_buffer_size_hint)")
+
+    def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
+        if not self.low_latency_mode:
+            raise ValueError("low-latency calls need Buffer(..., low_latency_mode=True)")
+        rt = self._rt()
+        if rt.ll_dims() == (num_max, hidden, num_experts):
+            return
+        need = _native.ll_buffer_bytes(self.group_size, num_experts, num_max, hidden, rt.sm_count)
+        if need > self.num_rdma_bytes:
+            raise ValueError(f"num_rdma_bytes={self.num_rdma_bytes} is too small for the low-latency buffer of {num_max} tokens, hidden {hidden}, "
+                             f"{num_experts} experts on {self.group_size} ranks ({need} bytes); size it with "
+                             "Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)")
+        self._release_ll_refs()
+        rt.ll_create(num_max, hidden, num_experts)
+
+    # --- static API --------------------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        return _native.is_sm90_compiled()
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        if not isinstance(new_num_sms, int) or new_num_sms <= 0 or new_num_sms % 2 != 0:
+            raise ValueError(f"The SM count must be even (and positive), got {new_num_sms!r}")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream (to pass as ``previous_event``)."""
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+        grid = _DEFAULT_LL_GRID
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                grid = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        except ImportError:
+            pass
+        return _native.ll_buffer_bytes(num_ranks, num_experts, num_max_dispatch_tokens_per_rank, hidden, grid)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        if num_ranks not in _DISPATCH_CONFIGS:
+            raise ValueError(f"Unsupported number of EP ranks: {num_ranks} (supported: {sorted(_DISPATCH_CONFIGS)})")
+        return Config(Buffer.num_sms, *_DISPATCH_CONFIGS[num_ranks])
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        if num_ranks not in _COMBINE_CONFIGS:
+            raise ValueError(f"Unsupported number of EP ranks: {num_ranks} (supported: {sorted(_COMBINE_CONFIGS)})")
+        return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
+
+    # --- buffer-level API --------------------------------------------------------------------
+    def _release_ll_refs(self) -> None:
+        for h in list(self._ll_handles):
+            h.native = None
+        self._ll_views.clear()
+
+    def destroy(self) -> None:
+        if not self.explicitly_destroy:
+            raise RuntimeError("`explicitly_destroy` flag must be set to call destroy()")
+        rt = self._rt()
+        self._release_ll_refs()
+        rt.destroy()
+        self._runtime = None
+        self._next_combine_buffers = []
+
+    def get_comm_stream(self):
+        return self._comm_torch_stream()
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+        """This rank's raw NVLink (or low-latency symmetric) buffer from byte ``offset`` as a
+        1-D ``dtype`` tensor, or its first ``size.numel()`` elements shaped ``size``."""
+        torch = _torch()
+        ptr, nbytes = self._rt().local_buffer(use_rdma_buffer)
+        if offset < 0 or offset > nbytes:
+            raise ValueError(f"offset {offset} is outside the {nbytes}-byte buffer")
+        elem = dtype.itemsize
+        t = _view(ptr + offset, dtype, ((nbytes - offset) // elem,), self, self._device)
+        if size is None:
+            return t
+        size = torch.Size(size)
+        if t.numel() < size.numel():
+            raise ValueError(f"size {tuple(size)} needs {size.numel()} elements but the buffer holds {t.numel()} from offset {offset}")
+        return t[: size.numel()].view(size)
+
+    # --- intranode normal mode ---------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        torch = _torch()
+        _need(topk_idx, "topk_idx", torch.int64, 2)
+        self._ensure_intranode(None)
+        rt = self._rt()
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        n, k = topk_idx.shape
+        nl = rt.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts)
+        p_rank, p_expert, p_in = nl.ptrs()
+        r = self.group_size
+        with self._alloc_ctx(allocate_on_comm_stream):
+            per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
+            per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
+            in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
+        with torch.cuda.stream(self._comm_torch_stream()):
+            per_rank.copy_(_view(p_rank, torch.int32, (r,), nl, self._device))
+            per_expert.copy_(_view(p_expert, torch.int32, (num_experts,), nl, self._device))
+            in_rank.copy_(_view(p_in, torch.bool, (n, r), nl, self._device))
+        ev = self._end(async_finish, (topk_idx, per_rank, per_expert, in_rank))
+        return per_rank, None, per_expert, in_rank, ev
+
+    def dispatch(self, x, handle: Optional[Handle] = None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        torch = _torch()
+        x, x_scales = x if isinstance(x, tuple) else (x, None)
+        _need(x, "x", (torch.bfloat16, torch.float8_e4m3fn) if x_scales is not None else torch.bfloat16, 2)
+        if x_scales is None and x.dtype != torch.bfloat16:
+            raise ValueError(f"x must be bfloat16, or a (float8_e4m3fn x, float32 scales) tuple; got {x.dtype}")
+        if num_tokens_per_rdma_rank is not None:
+            raise _unsupported("num_tokens_per_rdma_rank", "it belongs to the internode mode, which is not bound; pass None within one host")
+        if not isinstance(expert_alignment, int) or expert_alignment < 1:
+            raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
+        config = self.get_dispatch_config(self.group_size) if config is None else config
+        n, hidden = x.shape
+        scales_arg = None
+        if x_scales is not None:
+            if x.dtype != torch.float8_e4m3fn:
+                raise ValueError("with scales, x must be float8_e4m3fn")
+            if x_scales.dtype != torch.float32 or x_scales.dim() != 2 or x_scales.shape[0] != n:
+                raise ValueError(f"x scales must be float32 [num_tokens={n}, hidden/128], got {x_scales.dtype} {tuple(x_scales.shape)}")
+            if x_scales.is_contiguous():
+                scales_arg = (x_scales.data_ptr(), x_scales.shape[1], False)
+            elif x_scales.t().is_contiguous():
+                scales_arg = (x_scales.data_ptr(), x_scales.shape[1], True)
+            else:
+                raise ValueError(f"x scales must be row-major or column-major, got strides {x_scales.stride()}")
+        rt = self._rt()
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("a cached dispatch (handle given) takes no topk_idx / topk_weights")
+            if num_worst_tokens:
+                raise ValueError("num_worst_tokens applies to a fresh dispatch (with topk_idx), not a cached one")
+            if not isinstance(handle, Handle):
+                raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+            self._ensure_intranode(hidden)
+            self._check_capacity(n, hidden)
+            if handle.buffer_generation != self._generation:
+                raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
+            self._begin(previous_event, async_finish, allocate_on_comm_stream)
+            nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, None, handle.native, 1, config.num_sms)
+            padded = handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0
+            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, padded, allocate_on_comm_stream)
+            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
+
+        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None or topk_idx is None or topk_weights is None:
+            raise ValueError("a fresh dispatch needs num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert (from get_dispatch_layout), "
+                             "topk_idx and topk_weights")
+        _need(topk_idx, "topk_idx", torch.int64, 2)
+        _need(topk_weights, "topk_weights", torch.float32, 2)
+        _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
+        _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
+        _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
+        k = topk_idx.shape[1]
+        num_experts = num_tokens_per_expert.shape[0]
+        if num_worst_tokens < 0:
+            raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
+        self._ensure_intranode(hidden)
+        self._check_capacity(n, hidden)
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, (topk_idx.data_ptr(), topk_weights.data_ptr(), k),
+                         (num_tokens_per_rank.data_ptr(), num_tokens_per_expert.data_ptr(), is_token_in_rank.data_ptr(), num_experts),
+                         None, expert_alignment, config.num_sms)
+        if num_worst_tokens and nd.num_recv_tokens > num_worst_tokens:
+            raise ValueError(f"num_worst_tokens={num_worst_tokens} but this rank received {nd.num_recv_tokens} tokens; raise num_worst_tokens "
+                             "(at most num_ranks * num_tokens)")
+        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, num_worst_tokens, allocate_on_comm_stream)
+        counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
+        h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens)
+        ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
+                                      recv_x, recv_scales, recv_idx, recv_w))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
+
+    def _copy_out(self, nd, x, hidden: int, k: Optional[int], num_worst_tokens: int, allocate_on_comm_stream: bool):
+        """torch-owned copies of a dispatch's outputs (views of the NVLink buffer), queued on the
+        comm stream right after the dispatch kernel."""
+        torch = _torch()
+        m = nd.num_recv_tokens
+        rows = num_worst_tokens if num_worst_tokens else m
+        dev = self._device
+        scales = nd.recv_scales
+        with self._alloc_ctx(allocate_on_comm_stream):
+            recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=dev)
+            recv_scales = torch.empty((rows, scales[1]), dtype=torch.float32, device=dev) if scales is not None else None
+            recv_idx = torch.empty((rows, k), dtype=torch.int64, device=dev) if k is not None else None
+            recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev) if k is not None else None
+        with torch.cuda.stream(self._comm_torch_stream()):
+            recv_x[:m].copy_(_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, dev))
+            if scales is not None:
+                recv_scales[:m].copy_(_view(scales[0], torch.float32, (m, scales[1]), nd, dev))
+            if k is not None:
+                recv_idx[:m].copy_(_view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, dev))
+                recv_w[:m].copy_(_view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, dev))
+                if rows > m:
+                    recv_idx[m:].fill_(-1)
+                    recv_w[m:].zero_()
+        return recv_x, recv_scales, recv_idx, recv_w
+
+    def combine(self, x, handle: Handle, topk_weights=None, bias: Union[Any, Tuple[Any, Any]] = None, config: Optional[Config] = None,
+                previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        torch = _torch()
+        if not isinstance(handle, Handle):
+            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+        _need(x, "x", torch.bfloat16, 2)
+        m, hidden = x.shape
+        if m not in (handle.num_recv_tokens, handle.num_rows):
+            raise ValueError(f"combine: x has {m} rows but the handle's dispatch produced {handle.num_rows} "
+                             f"({handle.num_recv_tokens} received); pass the expert outputs in the order of recv_x")
+        # rows past the received count (num_worst_tokens padding) take no part, as in DeepEP
+        m = handle.num_recv_tokens
+        x = x[:m]
+        if handle.buffer_generation != self._generation:
+            raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
+        if bias is None:
+            b0 = b1 = None
+        elif isinstance(bias, tuple):
+            if len(bias) != 2:
+                raise ValueError(f"bias must be a tensor or a pair of tensors, got a {len(bias)}-tuple")
+            b0, b1 = bias
+        else:
+            b0, b1 = bias, None
+        n = handle.num_tokens
+        for b, name in ((b0, "bias[0]"), (b1, "bias[1]")):
+            if b is not None:
+                _need(b, name, torch.bfloat16, 2)
+                if tuple(b.shape) != (n, hidden):
+                    raise ValueError(f"{name} must be [{n}, {hidden}], got {tuple(b.shape)}")
+        k = None
+        if topk_weights is not None:
+            _need(topk_weights, "topk_weights", torch.float32, 2)
+            if topk_weights.shape[0] not in (m, handle.num_rows):
+                raise ValueError(f"topk_weights must have {handle.num_rows} rows (one per dispatched row), got {topk_weights.shape[0]}")
+            topk_weights = topk_weights[:m]
+            k = topk_weights.shape[1]
+        config = self.get_combine_config(self.group_size) if config is None else config
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        with self._alloc_ctx(allocate_on_comm_stream):
+            out = torch.empty((n, hidden), dtype=torch.bfloat16, device=self._device)
+            out_w = torch.empty((n, k), dtype=torch.float32, device=self._device) if k is not None else None
+        self._rt().combine(x.data_ptr(), m, hidden, handle.native,
+                           (topk_weights.data_ptr(), k) if k is not None else None,
+                           b0.data_ptr() if b0 is not None else None, b1.data_ptr() if b1 is not None else None,
+                           out.data_ptr(), out_w.data_ptr() if out_w is not None else None, config.num_sms)
+        ev = self._end(async_finish, (x, topk_weights, b0, b1, out, out_w))
+        return out, out_w, ev
+
+    # --- low-latency mode --------------------------------------------------------------------
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Creates the low-latency buffer for these sizes if needed (collective). Our buffer is
+        separate from the NVLink one and self-resetting, so nothing else needs cleaning."""
+        self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        if dispatch_wait_recv_cost_stats is not None:
+            raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+        torch = _torch()
+        _need(x, "x", torch.bfloat16, 2)
+        _need(topk_idx, "topk_idx", torch.int64, 2)
+        n, hidden = x.shape
+        if topk_idx.shape[0] != n:
+            raise ValueError(f"topk_idx has {topk_idx.shape[0]} rows but x has {n}")
+        if n > num_max_dispatch_tokens_per_rank:
+            raise ValueError(f"x has {n} tokens, more than num_max_dispatch_tokens_per_rank={num_max_dispatch_tokens_per_rank}")
+        local_experts = num_experts // self.group_size
+        if cumulative_local_expert_recv_stats is not None:
+            _need(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats", torch.int32, 1)
+            if cumulative_local_expert_recv_stats.shape[0] != local_experts:
+                raise ValueError(f"cumulative_local_expert_recv_stats must be [{local_experts}] (local experts)")
+        self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        rt = self._rt()
+        self._begin(None, async_finish, False)
+        r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0, return_recv_hook)
+        shape = tuple(r.recv_x_shape)
+        recv_x = self._ll_view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape)
+        recv_scales = None
+        if r.recv_scales is not None:
+            sp, sd, sshape = r.recv_scales
+            phys = self._ll_view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape))
+            recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
+        recv_count = self._ll_view(r.recv_count_ptr, torch.int32, (shape[0],))
+        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        self._ll_handles.add(handle)
+        native_hook = r.take_hook()
+        stats = cumulative_local_expert_recv_stats
+
+        def add_stats():
+            if stats is not None:
+                with torch.cuda.stream(self._comm_torch_stream()):
+                    stats.add_(recv_count)
+
+        if not return_recv_hook:
+            add_stats()
+        ev = self._end(async_finish, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
+        hook = self._make_hook(native_hook, add_stats) if return_recv_hook else None
+        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, hook
+
+    def _ll_view(self, ptr: int, dtype, shape):
+        key = (ptr, dtype, shape)
+        t = self._ll_views.get(key)
+        if t is None:
+            # no owner: the memory lives as long as the low-latency buffer (until destroy() or
+            # its re-creation, which drop these cached views)
+            t = _view(ptr, dtype, shape, None, self._device)
+            self._ll_views[key] = t
+        return t
+
+    def _make_hook(self, native_hook, after: Callable[[], None]) -> Callable[[], None]:
+        def hook() -> None:
+            torch = _torch()
+            rt = self._rt()
+            rt.comm_wait_stream(torch.cuda.current_stream().cuda_stream)
+            rt.ll_recv(native_hook)
+            after()
+            rt.stream_wait_comm(torch.cuda.current_stream().cuda_stream)
+
+        return hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
+        if use_logfmt:
+            raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
+        if combine_wait_recv_cost_stats is not None:
+            raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+        torch = _torch()
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
+        if handle.native is None:
+            raise ValueError("this low-latency handle's buffer was destroyed or re-created; dispatch again")
+        _need(x, "x", torch.bfloat16, 3)
+        _need(topk_idx, "topk_idx", torch.int64, 2)
+        _need(topk_weights, "topk_weights", torch.float32, 2)
+        n = handle.native.num_tokens
+        if out is None:
+            out = torch.empty((n, handle.hidden), dtype=torch.bfloat16, device=self._device)
+        else:
+            _need(out, "out", torch.bfloat16, 2)
+        rt = self._rt()
+        self._begin(None, async_finish, False)
+        native_hook = rt.ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(), return_recv_hook)
+        ev = self._end(async_finish, (x, topk_idx, topk_weights, out), record=False)
+        hook = self._make_hook(native_hook, lambda: None) if return_recv_hook else None
+        return out, ev, hook
+
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle):
+        """A bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
+        tensor to write the expert outputs into and pass to ``low_latency_combine(...,
+        zero_copy=True)``. Two are kept and handed out alternately (like DeepEP's two buffer
+        halves); the combine reads it in place."""
+        torch = _torch()
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("handle must come from low_latency_dispatch on this Buffer")
+        shape = (handle.num_experts // self.group_size, self.group_size * handle.num_max_dispatch_tokens_per_rank, handle.hidden)
+        if not self._next_combine_buffers or tuple(self._next_combine_buffers[0].shape) != shape:
+            self._next_combine_buffers = [torch.empty(shape, dtype=torch.bfloat16, device=self._device) for _ in range(2)]
+        t = self._next_combine_buffers[self._next_combine_parity]
+        self._next_combine_parity ^= 1
+        return t

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Run the deepep_kernels GPU tests on the GPU machine (torch with CUDA and pytest installed there,
+# no network, no Rust needed).
+#
+# Usage: python/scripts/gpu-run.sh WHEEL_OR_DIR [RANKS...]
+#   WHEEL_OR_DIR  the deepep_kernels-*-cp39-abi3-*.whl built by python/scripts/build-wheel.sh
+#                 (or the folder holding it, e.g. target/wheels)
+#   RANKS         rank counts to run (default: 2 4 8). 2 ranks use up to two GPUs; 4 and 8 ranks
+#                 run on ONE GPU (oversubscribed; DEEPEP_TEST_GPUS=1), exchanging through gloo.
+# Environment: PYTHON (default python3), DEEPEP_TEST_TIMEOUT_S (per rank count, default 300),
+#   DEEPEP_BENCH=1 (also run python/scripts/bench.py at 2 ranks into $OUT/bench.log),
+#   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
+#   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
+# The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
+# first on PYTHONPATH; the machine's torch is used as is.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+tests="$here/../tests"
+py=${PYTHON:-python3}
+[ $# -ge 1 ] || { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+src=$1; shift
+if [ -d "$src" ]; then
+  wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
+else
+  wheel=$src
+fi
+[ -n "${wheel:-}" ] && [ -f "$wheel" ] || { echo "gpu-run: no deepep_kernels wheel at '$src'; build one with python/scripts/build-wheel.sh" >&2; exit 2; }
+ranks=("$@"); [ ${#ranks[@]} -gt 0 ] || ranks=(2 4 8)
+out=${OUT:-$PWD/gpu-run-logs}
+mkdir -p "$out"
+site=$(mktemp -d /tmp/deepep-site.XXXXXX)
+echo "gpu-run: installing $wheel into $site" | tee "$out/summary.txt"
+"$py" -m pip install --no-index --no-deps --target "$site" "$wheel" >"$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+"$py" - <<'PY' 2>&1 | tee -a "$out/summary.txt"
+import torch, deepep_kernels, deepep_kernels._native as n
+print("deepep_kernels", deepep_kernels.__version__, "from", deepep_kernels.__file__)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())
+print("cubins sm90:", n.is_sm90_compiled(), "NVSHMEM device lib:", n.nvshmem_device_version())
+PY
+timeout_s=${DEEPEP_TEST_TIMEOUT_S:-300}
+rc=0
+for r in "${ranks[@]}"; do
+  if [ "$r" -le 2 ]; then gpus=${DEEPEP_TEST_GPUS:-2}; else gpus=1; fi
+  log="$out/gpu-ranks$r.log"
+  echo "== $r ranks on $gpus GPU(s), limit ${timeout_s}s -> $log" | tee -a "$out/summary.txt"
+  DEEPEP_TEST_RANKS=$r DEEPEP_TEST_GPUS=$gpus timeout -k 10 "$timeout_s" \
+    "$py" -m pytest -v -rs -p no:cacheprovider "$tests/gpu" >"$log" 2>&1
+  code=$?
+  [ $code -eq 124 ] && echo "   timed out after ${timeout_s}s" | tee -a "$out/summary.txt"
+  tail -n 3 "$log" | tee -a "$out/summary.txt"
+  [ $code -eq 0 ] || rc=1
+done
+"$py" -m pytest -q -p no:cacheprovider "$tests" --ignore="$tests/gpu" >"$out/cpu-tests.log" 2>&1 || rc=1
+echo "cpu tests: $(tail -n1 "$out/cpu-tests.log")" | tee -a "$out/summary.txt"
+echo "== example: python/examples/moe_deep_ep.py written for deep_ep, through the shim, 2 ranks -> $out/example.log" | tee -a "$out/summary.txt"
+PYTHONPATH="$("$py" -m deepep_kernels.shim):$PYTHONPATH" timeout -k 10 "$timeout_s" \
+  "$py" -m torch.distributed.run --standalone --nproc-per-node 2 "$here/../examples/moe_deep_ep.py" >"$out/example.log" 2>&1 || rc=1
+grep -E "^rank|Error|error" "$out/example.log" | tail -n 6 | tee -a "$out/summary.txt"
+if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
+  echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
+  timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1
+  cat "$out/bench.log" | tail -n 12 | tee -a "$out/summary.txt"
+fi
+rm -rf "$site"
+exit $rc

@@ -1,0 +1,806 @@
+//! `deepep_kernels._native`: the PyO3 extension under the `deepep_kernels` Python package.
+//!
+//! This layer only moves device addresses, shapes and CUDA handles between Python and the
+//! `deepep-kernels` crate; the `deep_ep`-compatible API (argument names, return tuples,
+//! `torch` allocation of outputs) lives in `python/deepep_kernels/buffer.py`. Nothing here links
+//! libtorch: tensors arrive as `data_ptr()` integers and the caller's CUDA stream as the raw
+//! `CUstream` handle (`torch.cuda.current_stream().cuda_stream`).
+//!
+//! Streams: every kernel runs on the [`Gpu`]'s own non-blocking stream (DeepEP's "comm stream",
+//! exposed as `comm_stream()`); the Python layer orders it against the caller's stream with the
+//! event helpers below (`comm_wait_stream`, `stream_wait_comm`, [`Event`]). All of them are
+//! legal inside CUDA-graph capture (event record / stream wait join the comm stream into the
+//! capture).
+//!
+//! Context: [`Gpu::new`] retains the device's primary context (cudarc `CudaContext::new` calls
+//! `cuDevicePrimaryCtxRetain`), the same context PyTorch uses, so pointers and events are
+//! shared with torch without copies.
+
+use deepep_kernels::config::{buffer_size_hint, Config};
+use deepep_kernels::error::EpError;
+use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Handle as IntraHandle, Layout};
+use deepep_kernels::nvshmem::low_latency::{LlDispatchOpts, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
+use deepep_kernels::runtime::{self as rt, Comm, Exchange, Gpu};
+use deepep_kernels::tensor::{DType, Tensor};
+use cudarc::driver::sys;
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use std::sync::Arc;
+
+/// Python exception for a crate error: bad arguments are `ValueError`, unsupported requests
+/// `NotImplementedError`, everything else (CUDA, NVSHMEM, timeouts, rendezvous) `RuntimeError`.
+fn py_err(e: EpError) -> PyErr {
+    match e {
+        EpError::InvalidArgument(m) => PyValueError::new_err(m),
+        EpError::Unsupported(m) => PyNotImplementedError::new_err(m),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+fn cuda(res: sys::CUresult, what: &str) -> PyResult<()> {
+    rt::check(res, || what.to_string()).map_err(py_err)
+}
+
+/// Runs `f` with the GIL released. The closure stays on this thread (PyO3 runs it
+/// synchronously); the wrapper only lifts the `Send` bound that CUDA handle types lack.
+fn without_gil<T, F: FnOnce() -> T>(py: Python<'_>, f: F) -> T {
+    struct AssertSend<V>(V);
+    // SAFETY: `allow_threads` runs the closure on the calling thread before returning, so
+    // neither the closure nor its result ever moves to another thread.
+    unsafe impl<V> Send for AssertSend<V> {}
+    let w = AssertSend(f);
+    let out = py.allow_threads(move || {
+        let w = w;
+        AssertSend((w.0)())
+    });
+    out.0
+}
+
+fn parse_dtype(name: &str) -> PyResult<DType> {
+    Ok(match name {
+        "bfloat16" => DType::Bf16,
+        "float32" => DType::F32,
+        "int32" => DType::I32,
+        "int64" => DType::I64,
+        "uint8" => DType::U8,
+        "float8_e4m3fn" => DType::Fp8E4m3,
+        "bool" => DType::Bool,
+        other => return Err(PyValueError::new_err(format!("dtype {other} is not one the kernels take (bfloat16, float8_e4m3fn, float32, int32, int64, bool)"))),
+    })
+}
+
+/// A CUDA event in the current (primary) context. `EventOverlap.event` holds one.
+#[pyclass(module = "deepep_kernels._native")]
+struct Event {
+    raw: sys::CUevent,
+}
+// SAFETY: CUDA event handles may be used from any thread of the process.
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    fn create() -> PyResult<Event> {
+        rt::require_cuda().map_err(py_err)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the caller's (torch's primary) context is current.
+        cuda(unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")?;
+        Ok(Event { raw })
+    }
+    fn record_raw(&self, stream: sys::CUstream) -> PyResult<()> {
+        // SAFETY: valid event; `stream` is a live stream of this context (caller's contract).
+        cuda(unsafe { sys::cuEventRecord(self.raw, stream) }, "cuEventRecord")
+    }
+    fn wait_raw(&self, stream: sys::CUstream) -> PyResult<()> {
+        // SAFETY: as above.
+        cuda(unsafe { sys::cuStreamWaitEvent(stream, self.raw, 0) }, "cuStreamWaitEvent")
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe {
+            sys::cuEventDestroy_v2(self.raw);
+        }
+    }
+}
+
+fn as_stream(s: u64) -> sys::CUstream {
+    s as usize as sys::CUstream
+}
+
+#[pymethods]
+impl Event {
+    /// A new event recorded on the raw stream handle `stream`.
+    #[staticmethod]
+    fn recorded_on(stream: u64) -> PyResult<Event> {
+        let e = Event::create()?;
+        e.record_raw(as_stream(stream))?;
+        Ok(e)
+    }
+    /// Make `stream` wait for this event (no host wait).
+    fn wait_on(&self, stream: u64) -> PyResult<()> {
+        self.wait_raw(as_stream(stream))
+    }
+    /// Block the host until the event completed (GIL released).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let raw = self.raw as usize;
+        // SAFETY: valid event.
+        let res = without_gil(py, || unsafe { sys::cuEventSynchronize(raw as sys::CUevent) });
+        cuda(res, "cuEventSynchronize")
+    }
+    /// Whether the work before the event has completed.
+    fn query(&self) -> bool {
+        // SAFETY: valid event.
+        unsafe { sys::cuEventQuery(self.raw) == sys::CUresult::CUDA_SUCCESS }
+    }
+}
+
+/// The caller's all-gather (`torch.distributed.all_gather_object` over the Buffer's group):
+/// a Python callable `f(bytes) -> list[bytes]`.
+struct PyExchange {
+    f: Py<PyAny>,
+}
+
+impl Exchange for PyExchange {
+    fn all_gather(&self, data: &[u8]) -> deepep_kernels::Result<Vec<Vec<u8>>> {
+        Python::with_gil(|py| {
+            let out = self
+                .f
+                .call1(py, (PyBytes::new(py, data),))
+                .map_err(|e| EpError::Rendezvous(format!("the process group's all_gather failed: {e}")))?;
+            let list = out.bind(py).downcast::<PyList>().map_err(|_| EpError::Rendezvous("the all_gather callable must return a list of bytes".into()))?.clone();
+            list.iter()
+                .map(|item| item.extract::<Vec<u8>>().map_err(|_| EpError::Rendezvous("the all_gather callable returned a non-bytes element".into())))
+                .collect()
+        })
+    }
+}
+
+/// What a fresh or cached intranode dispatch hands to combine / the next cached dispatch.
+#[pyclass(module = "deepep_kernels._native", frozen)]
+struct Handle {
+    inner: IntraHandle,
+    runtime_id: u64,
+}
+
+#[pymethods]
+impl Handle {
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.inner.num_tokens
+    }
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.inner.num_recv_tokens
+    }
+    #[getter]
+    fn num_topk(&self) -> usize {
+        self.inner.num_topk
+    }
+    #[getter]
+    fn num_experts(&self) -> usize {
+        self.inner.num_experts
+    }
+    /// `rank_prefix_matrix` (DeepEP's first handle element) as a host list, row-major `[R, R]`.
+    fn rank_prefix_matrix(&self) -> Vec<i32> {
+        let r = (self.inner.count_matrix.len() as f64).sqrt() as usize;
+        self.inner.rank_prefix_matrix(r)
+    }
+    /// Device address of `recv_src_idx` (i32 `[M]`) and of `is_token_in_rank` (bool `[N, R]`).
+    fn recv_src_idx_ptr(&self) -> u64 {
+        self.inner.recv_src_idx.ptr()
+    }
+    fn is_token_in_rank_ptr(&self) -> u64 {
+        self.inner.is_token_in_rank.ptr()
+    }
+}
+
+/// The layout counts of one `get_dispatch_layout` (kernel-owned; copy them out before dropping).
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeLayout {
+    inner: Layout,
+}
+
+#[pymethods]
+impl NativeLayout {
+    /// (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank) device addresses.
+    fn ptrs(&self) -> (u64, u64, u64) {
+        (self.inner.num_tokens_per_rank.ptr(), self.inner.num_tokens_per_expert.ptr(), self.inner.is_token_in_rank.ptr())
+    }
+}
+
+/// Views of one intranode dispatch's outputs in the NVLink buffer (valid until the next dispatch
+/// on the same buffer).
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeDispatch {
+    out: DispatchOutput,
+    runtime_id: u64,
+}
+
+#[pymethods]
+impl NativeDispatch {
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.out.recv_x.shape()[0]
+    }
+    #[getter]
+    fn recv_x_ptr(&self) -> u64 {
+        self.out.recv_x.ptr()
+    }
+    /// (ptr, num_scales) of the f32 row-major `[M, S]` received scales (FP8 only).
+    #[getter]
+    fn recv_scales(&self) -> Option<(u64, usize)> {
+        self.out.recv_scales.as_ref().map(|t| (t.ptr(), t.shape()[1]))
+    }
+    #[getter]
+    fn recv_topk_idx_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_idx.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn recv_topk_weights_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_weights.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
+        self.out.num_recv_tokens_per_expert.clone()
+    }
+    fn handle(&self) -> Handle {
+        Handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+    }
+}
+
+/// The low-latency dispatch handle (valid while its dispatch is one of the two most recent).
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeLlHandle {
+    inner: LlHandle,
+    runtime_id: u64,
+}
+
+#[pymethods]
+impl NativeLlHandle {
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.inner.num_tokens
+    }
+    #[getter]
+    fn num_topk(&self) -> usize {
+        self.inner.num_topk
+    }
+    #[getter]
+    fn hidden(&self) -> usize {
+        self.inner.hidden
+    }
+}
+
+/// The receive half of a low-latency call made with `return_recv_hook` (launch once).
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeHook {
+    hook: Option<LlHook>,
+    runtime_id: u64,
+}
+
+/// Views of one low-latency dispatch's outputs in the symmetric buffer.
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeLlDispatch {
+    #[pyo3(get)]
+    recv_x_ptr: u64,
+    /// (ptr, dtype name, physical shape) of the scales (FP8 only).
+    #[pyo3(get)]
+    recv_scales: Option<(u64, String, Vec<usize>)>,
+    #[pyo3(get)]
+    recv_count_ptr: u64,
+    #[pyo3(get)]
+    recv_x_shape: Vec<usize>,
+    handle: Option<NativeLlHandle>,
+    hook: Option<NativeHook>,
+    // Keep the views' owner alive as long as the Python side holds this object.
+    _keep: Vec<Tensor>,
+}
+
+#[pymethods]
+impl NativeLlDispatch {
+    fn take_handle(&mut self) -> PyResult<NativeLlHandle> {
+        self.handle.take().ok_or_else(|| PyRuntimeError::new_err("handle already taken"))
+    }
+    fn take_hook(&mut self) -> Option<NativeHook> {
+        self.hook.take()
+    }
+}
+
+// Thread safety of the classes below. PyTorch calls into the Buffer from other threads than the
+// one that created it (autograd runs backward passes, e.g. Megatron's combine in
+// FusedDispatch.backward, on its device threads), so the classes cannot be `unsendable`.
+// SAFETY: PyO3 serialises access to each object (a `&mut self` method holds an exclusive borrow
+// for its whole duration, also while the GIL is released, and a concurrent call gets a
+// "already borrowed" error instead of running); the CUDA handles inside are valid on any thread
+// of the process: every launch binds the primary context first (`Gpu::launch`), and the event
+// and stream calls here run where torch has made that same primary context current.
+macro_rules! thread_safe {
+    ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
+}
+thread_safe!(Handle, NativeLayout, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, Runtime);
+
+static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// One rank's buffers. Field order is drop order: the buffers borrow `gpu` and go first.
+#[pyclass(module = "deepep_kernels._native")]
+struct Runtime {
+    intra: Option<intranode::Buffer<'static>>,
+    intra_dims: Option<(usize, usize)>,
+    ll: Option<LowLatencyBuffer<'static>>,
+    ll_dims: Option<(usize, usize, usize)>,
+    comm: Comm,
+    id: u64,
+    /// Events reused for the stream joins (no create/destroy per call, nothing destroyed while a
+    /// CUDA graph is being captured right after it was recorded).
+    joins: Vec<Event>,
+    next_join: usize,
+    gpu: Box<Gpu>,
+}
+
+fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
+    Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
+}
+
+/// Size of the [`Runtime`]'s join-event ring.
+const JOIN_EVENTS: usize = 8;
+
+impl Runtime {
+    /// Make this rank's (primary) context current on the calling thread: PyTorch may call from
+    /// threads where no CUDA call ran yet.
+    fn bind(&self) -> PyResult<()> {
+        self.gpu.bind().map_err(py_err)
+    }
+    fn join_event(&mut self) -> &Event {
+        self.next_join = (self.next_join + 1) % self.joins.len();
+        &self.joins[self.next_join]
+    }
+    fn gpu_static(&self) -> &'static Gpu {
+        // SAFETY: `gpu` is boxed (stable address), never replaced, and dropped after every
+        // buffer that borrows it (field order of `Runtime`).
+        unsafe { &*(self.gpu.as_ref() as *const Gpu) }
+    }
+    fn intra(&mut self) -> PyResult<&mut intranode::Buffer<'static>> {
+        self.intra.as_mut().ok_or_else(|| PyRuntimeError::new_err("the intranode buffer is not created (destroyed, or num_nvl_bytes was 0)"))
+    }
+    fn ll(&mut self) -> PyResult<&mut LowLatencyBuffer<'static>> {
+        self.ll.as_mut().ok_or_else(|| PyRuntimeError::new_err("the low-latency buffer is not created (destroyed, or low_latency_mode was off)"))
+    }
+    fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
+        if id != self.id {
+            return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Runtime {
+    /// Bind `device` (torch's current device ordinal) for `rank` of `world` and use `all_gather`
+    /// (a `bytes -> list[bytes]` callable over the caller's process group) for every exchange.
+    #[new]
+    fn new(device: usize, rank: usize, world: usize, local_rank: usize, local_world: usize, all_gather: Py<PyAny>) -> PyResult<Runtime> {
+        let gpu = Box::new(Gpu::new(device, rank).map_err(py_err)?);
+        let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
+        let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
+        Ok(Runtime { intra: None, intra_dims: None, ll: None, ll_dims: None, comm, id, joins, next_join: 0, gpu })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    #[getter]
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+    #[getter]
+    fn device(&self) -> usize {
+        self.gpu.ordinal()
+    }
+    #[getter]
+    fn sm_count(&self) -> u32 {
+        self.gpu.sm_count()
+    }
+    /// Raw handle of the comm stream (wrap with `torch.cuda.ExternalStream`).
+    fn comm_stream(&self) -> u64 {
+        self.gpu.cu_stream() as usize as u64
+    }
+    /// The comm stream waits for the work queued so far on `stream`.
+    fn comm_wait_stream(&mut self, stream: u64) -> PyResult<()> {
+        self.bind()?;
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(as_stream(stream))?;
+        e.wait_raw(comm)
+    }
+    /// `stream` waits for the work queued so far on the comm stream.
+    fn stream_wait_comm(&mut self, stream: u64) -> PyResult<()> {
+        self.bind()?;
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(comm)?;
+        e.wait_raw(as_stream(stream))
+    }
+    /// The comm stream waits for `event`.
+    fn comm_wait_event(&self, event: &Event) -> PyResult<()> {
+        self.bind()?;
+        event.wait_raw(self.gpu.cu_stream())
+    }
+    /// An event recorded on the comm stream now.
+    fn record_comm(&self) -> PyResult<Event> {
+        self.bind()?;
+        Event::recorded_on(self.comm_stream())
+    }
+
+    /// Create (collectively) the NVLink buffer for up to `max_tokens` tokens per rank and rows of
+    /// up to `hidden` channels; replaces an earlier one.
+    fn intranode_create(&mut self, py: Python<'_>, max_tokens: usize, hidden: usize) -> PyResult<()> {
+        self.bind()?;
+        self.intra = None;
+        self.intra_dims = None;
+        let gpu = self.gpu_static();
+        let comm = &self.comm;
+        let b = without_gil(py, || intranode::Buffer::new(gpu, comm, max_tokens, hidden)).map_err(py_err)?;
+        self.intra = Some(b);
+        self.intra_dims = Some((max_tokens, hidden));
+        Ok(())
+    }
+    /// (max_tokens, hidden) of the NVLink buffer, if created.
+    fn intranode_dims(&self) -> Option<(usize, usize)> {
+        self.intra_dims
+    }
+
+    /// Layout counts of `topk_idx` (i64 `[n, k]` at `topk_ptr`), launched on the comm stream.
+    fn get_dispatch_layout(&mut self, topk_ptr: u64, n: usize, k: usize, num_experts: usize) -> PyResult<NativeLayout> {
+        self.bind()?;
+        let t = tensor_of(&self.gpu, topk_ptr, DType::I64, &[n, k]);
+        let layout = self.intra()?.dispatch_layout(&t, num_experts).map_err(py_err)?;
+        Ok(NativeLayout { inner: layout })
+    }
+
+    /// Intranode dispatch on the comm stream. `x`: (ptr, dtype, n, hidden); `scales`: (ptr,
+    /// num_scales, column_major) for FP8; fresh routing: `topk` = (idx_ptr, weights_ptr, k) and
+    /// `layout` = (num_tokens_per_rank_ptr, num_tokens_per_expert_ptr, is_token_in_rank_ptr,
+    /// num_experts); or a cached `handle`. A fresh dispatch blocks the host (GIL released) until
+    /// the received counts are known, like DeepEP without `num_worst_tokens`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, scales, topk, layout, handle, expert_alignment, num_sms))]
+    fn dispatch(
+        &mut self,
+        py: Python<'_>,
+        x: (u64, String, usize, usize),
+        scales: Option<(u64, usize, bool)>,
+        topk: Option<(u64, u64, usize)>,
+        layout: Option<(u64, u64, u64, usize)>,
+        handle: Option<PyRef<'_, Handle>>,
+        expert_alignment: usize,
+        num_sms: usize,
+    ) -> PyResult<NativeDispatch> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let (xp, xd, n, h) = x;
+        let xt = tensor_of(gpu, xp, parse_dtype(&xd)?, &[n, h]);
+        let st = match scales {
+            Some((p, s, false)) => Some(tensor_of(gpu, p, DType::F32, &[n, s])),
+            Some((p, s, true)) => Some(tensor_of(gpu, p, DType::F32, &[s, n]).t().map_err(py_err)?),
+            None => None,
+        };
+        let config = Config::with_sms(num_sms);
+        let id = self.id;
+        let out = match (topk, layout, handle) {
+            (Some((ip, wp, k)), Some((pr, pe, itr, e)), None) => {
+                let r = self.comm.world();
+                let lay = Layout {
+                    num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
+                    num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
+                    is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
+                    num_tokens: n,
+                    num_experts: e,
+                };
+                let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
+                let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
+                let mut a = DispatchArgs::fresh(&xt, &lay, &idx, &w).expert_alignment(expert_alignment).config(config);
+                if let Some(s) = st.as_ref() {
+                    a = a.scales(s);
+                }
+                let buf = self.intra()?;
+                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            }
+            (None, None, Some(hd)) => {
+                self.check_owner(hd.runtime_id, "handle")?;
+                let mut a = DispatchArgs::cached(&xt, &hd.inner).config(config);
+                if let Some(s) = st.as_ref() {
+                    a = a.scales(s);
+                }
+                let buf = self.intra()?;
+                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            }
+            _ => return Err(PyValueError::new_err("dispatch needs either topk + layout (fresh) or a handle (cached), not both")),
+        };
+        Ok(NativeDispatch { out, runtime_id: id })
+    }
+
+    /// Intranode combine of bf16 `y` (`[m, hidden]`) into the caller's `out` (bf16 `[N, hidden]`)
+    /// and, with `weights` = (ptr, k), `out_weights` (f32 `[N, k]`), on the comm stream.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (y, m, hidden, handle, weights, bias0, bias1, out, out_weights, num_sms))]
+    fn combine(
+        &mut self,
+        y: u64,
+        m: usize,
+        hidden: usize,
+        handle: PyRef<'_, Handle>,
+        weights: Option<(u64, usize)>,
+        bias0: Option<u64>,
+        bias1: Option<u64>,
+        out: u64,
+        out_weights: Option<u64>,
+        num_sms: usize,
+    ) -> PyResult<()> {
+        self.check_owner(handle.runtime_id, "handle")?;
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let n = handle.inner.num_tokens;
+        let yt = tensor_of(gpu, y, DType::Bf16, &[m, hidden]);
+        let wt = weights.map(|(p, k)| tensor_of(gpu, p, DType::F32, &[m, k]));
+        let b0 = bias0.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
+        let b1 = bias1.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
+        let ot = tensor_of(gpu, out, DType::Bf16, &[n, hidden]);
+        let owt = match (weights, out_weights) {
+            (Some((_, k)), Some(p)) => Some(tensor_of(gpu, p, DType::F32, &[n, k])),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("combine: out_weights must be given exactly when weights are")),
+        };
+        let mut a = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(num_sms));
+        if let Some(w) = wt.as_ref() {
+            a = a.weights(w);
+        }
+        self.intra()?.combine_into(a, &ot, owt.as_ref()).map_err(py_err)?;
+        Ok(())
+    }
+
+    /// Create (collectively) the low-latency buffer; replaces an earlier one.
+    fn ll_create(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
+        self.bind()?;
+        if let Some(old) = self.ll.take() {
+            without_gil(py, move || drop(old));
+        }
+        self.ll_dims = None;
+        let gpu = self.gpu_static();
+        let comm = &self.comm;
+        let b = without_gil(py, || LowLatencyBuffer::new(gpu, comm, num_max, hidden, num_experts, None)).map_err(py_err)?;
+        self.ll = Some(b);
+        self.ll_dims = Some((num_max, hidden, num_experts));
+        Ok(())
+    }
+    /// (num_max_dispatch_tokens_per_rank, hidden, num_experts) of the low-latency buffer.
+    fn ll_dims(&self) -> Option<(usize, usize, usize)> {
+        self.ll_dims
+    }
+
+    /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`), on the comm
+    /// stream. No host wait.
+    #[allow(clippy::too_many_arguments)]
+    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool) -> PyResult<NativeLlDispatch> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let id = self.id;
+        let xt = tensor_of(gpu, x, DType::Bf16, &[n, hidden]);
+        let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
+        let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
+        let out = self.ll()?.dispatch(&xt, &it, opts).map_err(py_err)?;
+        let recv_scales = out.packed_recv_x_scales.as_ref().map(|t| (t.ptr(), if t.dtype() == DType::I32 { "int32" } else { "float32" }.to_string(), t.shape().to_vec()));
+        let mut keep = vec![out.packed_recv_x.clone(), out.packed_recv_count.clone()];
+        keep.extend(out.packed_recv_x_scales.clone());
+        Ok(NativeLlDispatch {
+            recv_x_ptr: out.packed_recv_x.ptr(),
+            recv_x_shape: out.packed_recv_x.shape().to_vec(),
+            recv_scales,
+            recv_count_ptr: out.packed_recv_count.ptr(),
+            handle: Some(NativeLlHandle { inner: out.handle, runtime_id: id }),
+            hook: out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }),
+            _keep: keep,
+        })
+    }
+
+    /// Low-latency combine of bf16 `y` (`[L, R·num_max, hidden]`) into the caller's bf16 `out`
+    /// (`[n, hidden]`) with this rank's `topk_idx` / `topk_weights` (`[n, k]`), on the comm stream.
+    #[allow(clippy::too_many_arguments)]
+    fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool) -> PyResult<Option<NativeHook>> {
+        self.bind()?;
+        self.check_owner(handle.runtime_id, "low-latency handle")?;
+        let gpu = self.gpu_static();
+        let id = self.id;
+        let (n, k, h) = (handle.inner.num_tokens, handle.inner.num_topk, handle.inner.hidden);
+        let lay: LlLayout = self.ll()?.layout().clone();
+        let yt = tensor_of(gpu, y, DType::Bf16, &[lay.num_local_experts(), lay.num_ranks * lay.num_max, h]);
+        let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
+        let wt = tensor_of(gpu, weights, DType::F32, &[n, k]);
+        let ot = tensor_of(gpu, out, DType::Bf16, &[n, h]);
+        let r = self.ll()?.combine_into(&yt, &it, &wt, &handle.inner, &ot, return_hook).map_err(py_err)?;
+        Ok(r.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }))
+    }
+
+    /// Launch the receive half of a hooked low-latency call on the comm stream (once).
+    fn ll_recv(&mut self, mut hook: PyRefMut<'_, NativeHook>) -> PyResult<()> {
+        self.bind()?;
+        self.check_owner(hook.runtime_id, "hook")?;
+        let h = hook.hook.take().ok_or_else(|| PyRuntimeError::new_err("this receive hook was already called; each hook runs once"))?;
+        self.ll()?.recv(h).map_err(py_err)
+    }
+
+    /// (device address, bytes) of the local NVLink buffer (`rdma=False`) or symmetric buffer.
+    fn local_buffer(&self, rdma: bool) -> PyResult<(u64, usize)> {
+        if rdma {
+            self.ll.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no low-latency (RDMA) buffer: create the Buffer with low_latency_mode=True and run clean_low_latency_buffer or a low-latency dispatch first"))
+        } else {
+            self.intra.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no NVLink buffer: create the Buffer with num_nvl_bytes > 0 and run a dispatch first"))
+        }
+    }
+
+    /// Wait for the comm stream (GIL released).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        without_gil(py, || gpu.sync("deepep_kernels Runtime.synchronize")).map_err(py_err)
+    }
+
+    /// Release the buffers (collective: the low-latency buffer's drop and NVSHMEM finalize
+    /// synchronize all ranks).
+    fn destroy(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let had_ll = self.ll.is_some();
+        let intra = self.intra.take();
+        let ll = self.ll.take();
+        self.intra_dims = None;
+        self.ll_dims = None;
+        let comm = &self.comm;
+        without_gil(py, move || -> deepep_kernels::Result<()> {
+            gpu.sync("destroying the buffers")?;
+            drop(intra);
+            drop(ll);
+            if had_ll {
+                deepep_kernels::nvshmem::finalize();
+            }
+            comm.barrier()
+        })
+        .map_err(py_err)
+    }
+}
+
+/// Bytes of one rank's NVLink buffer for `max_tokens` tokens of `hidden` channels.
+#[pyfunction]
+fn intranode_buffer_bytes(num_ranks: usize, max_tokens: usize, hidden: usize) -> PyResult<usize> {
+    buffer_size_hint(num_ranks, max_tokens, hidden).map_err(py_err)
+}
+
+/// Largest per-rank token count whose NVLink buffer fits in `bytes` (0 if none).
+#[pyfunction]
+fn intranode_max_tokens(num_ranks: usize, hidden: usize, bytes: usize) -> usize {
+    let fits = |t: usize| buffer_size_hint(num_ranks, t, hidden).map(|b| b <= bytes).unwrap_or(false);
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, 1usize);
+    while fits(hi) && hi < (1 << 24) {
+        lo = hi;
+        hi *= 2;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    lo
+}
+
+/// Bytes of one rank's low-latency symmetric buffer (`grid`: SMs the kernels use).
+#[pyfunction]
+fn ll_buffer_bytes(num_ranks: usize, num_experts: usize, num_max: usize, hidden: usize, grid: usize) -> PyResult<usize> {
+    LlLayout::new(num_ranks, num_experts, num_max, hidden, grid).map(|l| l.total_bytes).map_err(py_err)
+}
+
+/// Whether the embedded sm_90a cubins of the intranode and low-latency kernels are present.
+#[pyfunction]
+fn is_sm90_compiled() -> bool {
+    deepep_kernels::cubins::get("intranode").is_some() && deepep_kernels::cubins::get("layout").is_some()
+}
+
+/// NVSHMEM version the device code was linked against, or None without NVSHMEM kernels.
+#[pyfunction]
+fn nvshmem_device_version() -> Option<(u32, u32, u32)> {
+    deepep_kernels::cubins::NVSHMEM_VERSION
+}
+
+/// Load the NVSHMEM host library the low-latency mode would use (`$NVSHMEM_DIR/lib`, else the
+/// loader's search path) and check its version against the device library the cubins were
+/// linked with. Returns (path, version); raises RuntimeError naming the fix on a mismatch or
+/// when it cannot be loaded. No GPU needed.
+#[pyfunction]
+fn nvshmem_host_check() -> PyResult<(String, String)> {
+    use deepep_kernels::nvshmem::binding::{HostLib, Version};
+    let expected = deepep_kernels::cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
+        PyNotImplementedError::new_err("this wheel was built without NVSHMEM kernels (NVSHMEM_DIR unset at build time); rebuild it with python/scripts/build-wheel.sh")
+    })?;
+    let lib = HostLib::load(Some(expected)).map_err(py_err)?;
+    Ok((lib.path().display().to_string(), lib.version().to_string()))
+}
+
+/// Diagnostic (no GPU): build the [`Comm`] a `Runtime` would use over `all_gather` and run, with
+/// the GIL released as in the buffer calls, an all-gather of `data`, a broadcast from rank
+/// `world - 1`, a barrier and an all-gather of `rank` as u64. Returns (gathered, broadcast, ranks).
+#[pyfunction]
+fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, all_gather: Py<PyAny>) -> PyResult<(Vec<Vec<u8>>, Vec<u8>, Vec<u64>)> {
+    let comm = Comm::with_exchange(rank, world, rank, world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
+    without_gil(py, || -> deepep_kernels::Result<_> {
+        let all = comm.all_gather(&data)?;
+        let b = comm.broadcast(world - 1, &data)?;
+        comm.barrier()?;
+        let ranks = comm.all_gather_u64(rank as u64)?;
+        Ok((all, b, ranks))
+    })
+    .map_err(py_err)
+}
+
+/// Whether an NVIDIA driver (`libcuda`) can be loaded.
+#[pyfunction]
+fn cuda_available() -> bool {
+    rt::cuda_available()
+}
+
+/// An event recorded on the raw stream `stream` (DeepEP's `Buffer.capture()`).
+#[pyfunction]
+fn capture(stream: u64) -> PyResult<Event> {
+    Event::recorded_on(stream)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Runtime>()?;
+    m.add_class::<Event>()?;
+    m.add_class::<Handle>()?;
+    m.add_class::<NativeLayout>()?;
+    m.add_class::<NativeDispatch>()?;
+    m.add_class::<NativeLlDispatch>()?;
+    m.add_class::<NativeLlHandle>()?;
+    m.add_class::<NativeHook>()?;
+    m.add_function(wrap_pyfunction!(intranode_buffer_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(intranode_max_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(ll_buffer_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(is_sm90_compiled, m)?)?;
+    m.add_function(wrap_pyfunction!(nvshmem_device_version, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(nvshmem_host_check, m)?)?;
+    m.add_function(wrap_pyfunction!(_exchange_selftest, m)?)?;
+    m.add_function(wrap_pyfunction!(capture, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_is_the_largest_count_that_fits() {
+        let bytes = buffer_size_hint(8, 4096, 7168).unwrap();
+        assert_eq!(intranode_max_tokens(8, 7168, bytes), 4096);
+        assert_eq!(intranode_max_tokens(8, 7168, bytes - 1), 4095);
+        assert_eq!(intranode_max_tokens(8, 7168, 10), 0);
+    }
+
+    #[test]
+    fn dtype_names_map_to_kernel_dtypes() {
+        assert_eq!(parse_dtype("bfloat16").unwrap(), DType::Bf16);
+        assert_eq!(parse_dtype("float8_e4m3fn").unwrap(), DType::Fp8E4m3);
+        assert!(parse_dtype("float16").is_err());
+    }
+}

@@ -1,0 +1,352 @@
+"""Per-rank bodies of the GPU tests. Each checks deepep_kernels against an independent torch
+computation (on the CPU, from every rank's inputs gathered through the gloo group) of the
+contract in the project's docs (ep-contract.md section 7): the expected values are computed
+here, never by the package under test."""
+
+import torch
+
+from deepep_kernels import Buffer, EventOverlap, _native
+from deepep_kernels.utils import EventHandle
+from harness import gather
+
+HIDDEN = 2048
+TOPK = 4
+LOCAL_EXPERTS = 4
+
+
+def make_routing(rank, world, n, num_experts, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    scores = torch.rand(n, num_experts, generator=g)
+    idx = scores.topk(TOPK, dim=1).indices.to(torch.int64)
+    # some unused slots (-1), like the DeepEP tests
+    drop = torch.rand(n, TOPK, generator=g) < 0.1
+    idx[drop] = -1
+    w = torch.rand(n, TOPK, generator=g, dtype=torch.float32)
+    x = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    return x, idx, w
+
+
+def expected_layout(idx, world, num_experts):
+    local = num_experts // world
+    per_expert = torch.zeros(num_experts, dtype=torch.int32)
+    in_rank = torch.zeros(idx.shape[0], world, dtype=torch.bool)
+    for t in range(idx.shape[0]):
+        for e in idx[t].tolist():
+            if e >= 0:
+                per_expert[e] += 1
+                in_rank[t, e // local] = True
+    return in_rank.sum(0).to(torch.int32), per_expert, in_rank
+
+
+def expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=1, all_scales=None):
+    """Rows this rank receives, ordered by source rank, then source token."""
+    local = num_experts // world
+    lo, hi = rank * local, (rank + 1) * local
+    xs, ss, ids, ws, src = [], [], [], [], []
+    counts = [0] * local
+    for s in range(world):
+        for t in range(all_idx[s].shape[0]):
+            row = all_idx[s][t]
+            if not any(lo <= e < hi for e in row.tolist()):
+                continue
+            xs.append(all_x[s][t])
+            if all_scales is not None:
+                ss.append(all_scales[s][t])
+            mine = torch.where((row >= lo) & (row < hi), row - lo, torch.full_like(row, -1))
+            ids.append(mine)
+            ws.append(torch.where(mine >= 0, all_w[s][t], torch.zeros_like(all_w[s][t])))
+            src.append((s, t))
+            for e in mine.tolist():
+                if e >= 0:
+                    counts[e] += 1
+    counts = [(c + alignment - 1) // alignment * alignment for c in counts]
+    m = len(xs)
+    dtype = all_x[0].dtype
+    x = torch.stack(xs) if m else torch.empty(0, HIDDEN, dtype=dtype)
+    sc = (torch.stack(ss) if m else torch.empty(0, all_scales[0].shape[1])) if all_scales is not None else None
+    i = torch.stack(ids) if m else torch.empty(0, TOPK, dtype=torch.int64)
+    w = torch.stack(ws) if m else torch.empty(0, TOPK)
+    return x, sc, i, w, counts, src
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16)
+
+
+def check_equal(name, got, want):
+    got = got.cpu()
+    if got.dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        ok = torch.equal(bits(got), bits(want))
+    else:
+        ok = torch.equal(got, want)
+    assert ok, f"{name}: got {got.shape} {got.flatten()[:8]} want {want.shape} {want.flatten()[:8]}"
+
+
+def intranode(rank, world, group):
+    """Layout, fresh/cached dispatch (BF16, FP8 row- and column-major scales), expert alignment,
+    num_worst_tokens, combine with weights and two biases, previous_event/async_finish/
+    allocate_on_comm_stream, and two micro-batches alive at once."""
+    num_experts = LOCAL_EXPERTS * world
+    nvl_bytes = _native.intranode_buffer_bytes(world, 512, 7168)
+    buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
+    assert buf.group_size == world and buf.rank == rank
+    cs = buf.get_comm_stream()
+    assert cs.cuda_stream == buf._rt().comm_stream()
+    n = 96 + 13 * rank
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=1)
+    all_x, all_idx, all_w = zip(*gather(group, (x, idx, w)))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+
+    # layout
+    per_rank, per_rdma, per_expert, in_rank, ev = buf.get_dispatch_layout(idxd, num_experts)
+    assert per_rdma is None and ev.event is None
+    want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
+    check_equal("num_tokens_per_rank", per_rank, want_rank)
+    check_equal("num_tokens_per_expert", per_expert, want_expert)
+    check_equal("is_token_in_rank", in_rank, want_in)
+
+    # fresh BF16 dispatch with alignment 4
+    rx, ri, rw, counts, handle, ev = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                                  num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, expert_alignment=4,
+                                                  previous_event=ev)  # an EventOverlap without event, as Megatron passes it
+    ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
+    check_equal("recv_x", rx, ex)
+    check_equal("recv_topk_idx", ri, ei)
+    check_equal("recv_topk_weights", rw, ew)
+    assert counts == ecounts, (counts, ecounts)
+    assert isinstance(counts, list) and ev.event is None
+
+    # cached dispatch of other data along the same routes
+    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
+    all_x2 = gather(group, x2)
+    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
+    assert (a, b, c, d) == (None, None, None, None)
+    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
+
+    # FP8 with row-major and column-major scales
+    g = torch.Generator().manual_seed(77 + rank)
+    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
+    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
+    all_xq, all_sc = zip(*gather(group, (xq, sc)))
+    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
+    for colmajor in (False, True):
+        scd = sc.to(dev)
+        if colmajor:
+            scd = scd.t().contiguous().t()
+        (rq, rs), _, _, _, _, _ = buf.dispatch((xq.to(dev), scd), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                               num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
+        check_equal(f"fp8 recv_x (colmajor={colmajor})", rq, exq)
+        check_equal(f"fp8 recv_scales (colmajor={colmajor})", rs, esc)
+
+    # num_worst_tokens: W rows, no counts list, padded top-k ids are -1
+    worst = sum(t.shape[0] for t in all_idx)
+    wx, wi, ww, wcounts, whandle, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                                   num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, num_worst_tokens=worst)
+    m = ex.shape[0]
+    assert wx.shape[0] == worst and wcounts == []
+    check_equal("worst recv_x[:M]", wx[:m], ex)
+    check_equal("worst recv_topk_idx[:M]", wi[:m], ei)
+    assert bool((wi[m:] == -1).all()), "rows past the received count must have top-k id -1"
+    # combine and cached dispatch with the padded handle (DeepEP passes W rows around)
+    wc, wcw, _ = buf.combine(wx, whandle, topk_weights=ww)
+    sends = torch.stack([torch.tensor([any(d * LOCAL_EXPERTS <= e < (d + 1) * LOCAL_EXPERTS for e in row.tolist()) for row in idx])
+                         for d in range(world)], 1)
+    check_equal("worst combine", wc, (x.float() * sends.sum(1, keepdim=True).float()).to(torch.bfloat16))
+    torch.testing.assert_close(wcw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
+    wx2, _, _, _, _, _ = buf.dispatch(xd, handle=whandle)
+    assert wx2.shape[0] == worst
+    check_equal("worst cached recv_x[:M]", wx2[:m], ex)
+
+    # combine: y_d = recv_x * (d+1) in bf16, weights, two biases
+    y = (rx.float() * (rank + 1)).to(torch.bfloat16)
+    b0 = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    b1 = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    cx, cw, ev = buf.combine(y, handle, topk_weights=rw, bias=(b0.to(dev), b1.to(dev)))
+    local = num_experts // world
+    acc = b0.float() + b1.float()
+    for d in range(world):
+        sent = torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in idx])
+        contrib = (x.float() * (d + 1)).to(torch.bfloat16).float()
+        acc = acc + torch.where(sent[:, None], contrib, torch.zeros_like(contrib))
+    # one bf16 rounding of an f32 sum: allow one bf16 ulp for a different summation order
+    torch.testing.assert_close(cx.cpu().float(), acc.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-2)
+    torch.testing.assert_close(cw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
+    cx1, cw1, _ = buf.combine(y, handle, bias=b0.to(dev))
+    assert cw1 is None
+
+    # from another thread, as autograd runs Megatron's backward combine
+    import threading
+
+    box = {}
+
+    def other_thread():
+        torch.cuda.set_device(dev)
+        try:
+            box["out"] = buf.combine(y, handle, topk_weights=rw, bias=(b0.to(dev), b1.to(dev)))[0]
+            torch.cuda.current_stream().synchronize()
+        except BaseException as e:  # reported below
+            box["err"] = e
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert "err" not in box, box.get("err")
+    check_equal("combine from another thread", box["out"], cx.cpu())
+
+    # previous_event + async_finish + allocate_on_comm_stream, Megatron's fused_a2a sequence
+    prev = EventOverlap(EventHandle())
+    pr2, _, pe2, ir2, lev = buf.get_dispatch_layout(idxd, num_experts, previous_event=prev, async_finish=True, allocate_on_comm_stream=True)
+    assert lev.event is not None
+    rxa, _, _, _, handle_a, eva = buf.dispatch(xd, num_tokens_per_rank=pr2, is_token_in_rank=ir2, num_tokens_per_expert=pe2,
+                                               topk_idx=idxd, topk_weights=wd, previous_event=lev, async_finish=True,
+                                               allocate_on_comm_stream=True)
+    assert isinstance(eva, EventOverlap) and eva.event is not None
+    eva.current_stream_wait()
+    check_equal("async recv_x", rxa, ex)
+
+    # two micro-batches: dispatch A, dispatch B, then use both
+    xb, idxb, wb = make_routing(rank, world, 64 + 7 * rank, num_experts, seed=2)
+    all_xb, all_idxb, all_wb = zip(*gather(group, (xb, idxb, wb)))
+    pr_b, _, pe_b, ir_b, _ = buf.get_dispatch_layout(idxb.to(dev), num_experts)
+    rxb, _, rwb, _, handle_b, _ = buf.dispatch(xb.to(dev), num_tokens_per_rank=pr_b, is_token_in_rank=ir_b, num_tokens_per_expert=pe_b,
+                                               topk_idx=idxb.to(dev), topk_weights=wb.to(dev))
+    exb, _, _, _, _, _ = expected_recv(all_xb, all_idxb, all_wb, rank, world, num_experts)
+    check_equal("micro-batch A recv_x after B's dispatch", rxa, ex)
+    check_equal("micro-batch B recv_x", rxb, exb)
+    ca, _, _ = buf.combine(rxa, handle_a)
+    cb, _, _ = buf.combine(rxb, handle_b)
+    for name, c, xx, ii in (("A", ca, x, idx), ("B", cb, xb, idxb)):
+        sends = torch.stack([torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in ii]) for d in range(world)], 1)
+        want = (xx.float() * sends.sum(1, keepdim=True).float()).to(torch.bfloat16)
+        check_equal(f"micro-batch {name} combine", c, want)
+
+    # the raw local buffer
+    t = buf.get_local_buffer_tensor(torch.int32)
+    assert t.dtype == torch.int32 and t.numel() * 4 <= nvl_bytes and t.is_cuda
+    t2 = buf.get_local_buffer_tensor(torch.bfloat16, size=(4, 8), offset=256)
+    assert t2.shape == (4, 8) and t2.data_ptr() == t.data_ptr() + 256
+    torch.cuda.synchronize()
+    buf.destroy()
+
+
+def ll_expected(all_x, all_idx, rank, world, num_experts):
+    """Per local expert: the multiset of rows it receives (each selection separately)."""
+    local = num_experts // world
+    out = []
+    for le in range(local):
+        e = rank * local + le
+        rows = [all_x[s][t] for s in range(world) for t in range(all_idx[s].shape[0]) for k in all_idx[s][t].tolist() if k == e]
+        out.append(rows)
+    return out
+
+
+def row_keys(rows):
+    return sorted(tuple(r.view(torch.int16).tolist()) for r in rows)
+
+
+def low_latency(rank, world, group):
+    """BF16 and FP8 dispatch, combine, hooks, cumulative stats, zero-copy combine, and a
+    captured CUDA graph of dispatch + combine replayed with new inputs."""
+    num_experts = LOCAL_EXPERTS * world
+    num_max = 32
+    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
+    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=num_experts // world, explicitly_destroy=True)
+    buf.clean_low_latency_buffer(num_max, HIDDEN, num_experts)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n = 20 + rank
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=3)
+    all_x, all_idx = zip(*gather(group, (x, idx)))
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    want = ll_expected(all_x, all_idx, rank, world, num_experts)
+    stats = torch.zeros(num_experts // world, dtype=torch.int32, device=dev)
+
+    def check_bf16(rx, cnt, what):
+        assert rx.shape == (num_experts // world, world * num_max, HIDDEN) and rx.dtype == torch.bfloat16
+        got_counts = cnt.cpu().tolist()
+        assert got_counts == [len(r) for r in want], (what, got_counts)
+        for le, rows in enumerate(want):
+            assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"{what}: rows of local expert {le}"
+
+    def expected_combine(y_factor=1.0):
+        acc = torch.zeros(n, HIDDEN)
+        for k in range(TOPK):
+            sel = idx[:, k] >= 0
+            acc += torch.where(sel[:, None], w[:, k : k + 1] * (x.float() * y_factor).to(torch.bfloat16).float(), torch.zeros(n, HIDDEN))
+        return acc.to(torch.bfloat16)
+
+    # plain BF16 dispatch + combine, with stats
+    rx, cnt, h, ev, hook = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, cumulative_local_expert_recv_stats=stats, use_fp8=False)
+    assert hook is None and ev.event is None
+    check_bf16(rx, cnt, "bf16 dispatch")
+    assert stats.cpu().tolist() == [len(r) for r in want]
+    out, ev, hook = buf.low_latency_combine(rx, idxd, wd, h)
+    torch.testing.assert_close(out.cpu().float(), expected_combine().float(), rtol=1e-2, atol=1e-2)
+
+    # FP8 dispatch: dequantized rows match x within e4m3 precision
+    for round_scale, ue8m0 in ((False, False), (True, False), (True, True)):
+        (q, s), cnt, h8, _, _ = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=True, round_scale=round_scale, use_ue8m0=ue8m0)
+        assert q.dtype == torch.float8_e4m3fn
+        if ue8m0:
+            assert s.dtype == torch.int32 and s.shape == (num_experts // world, world * num_max, HIDDEN // 512)
+            continue
+        assert s.shape == (num_experts // world, world * num_max, HIDDEN // 128) and s.stride(1) == 1, "scales are a column-major view"
+        for le, rows in enumerate(want):
+            c = len(rows)
+            deq = (q[le, :c].float().view(c, HIDDEN // 128, 128) * s[le, :c].float()[:, :, None]).view(c, HIDDEN).cpu()
+            if c:
+                # slot order is nondeterministic: match each received row to its nearest source row
+                exp = torch.stack(rows).float()
+                nearest = torch.cdist(deq, exp).argmin(dim=1)
+                assert sorted(nearest.tolist()) == list(range(c)), f"fp8 rows of local expert {le} are not a permutation of the sent rows"
+                torch.testing.assert_close(deq, exp[nearest], rtol=0.07, atol=0.07)
+            if round_scale:
+                sv = s[le, :c].float().cpu()
+                assert bool((torch.log2(sv) == torch.log2(sv).round()).all()), "round_scale gives powers of two"
+
+    # hooks: send now, receive on call
+    rx, cnt, h, _, hook = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, cumulative_local_expert_recv_stats=stats, use_fp8=False,
+                                                   return_recv_hook=True)
+    assert callable(hook)
+    hook()
+    check_bf16(rx, cnt, "hooked dispatch")
+    assert stats.cpu().tolist() == [2 * len(r) for r in want]
+    out, _, chook = buf.low_latency_combine(rx, idxd, wd, h, return_recv_hook=True)
+    chook()
+    torch.testing.assert_close(out.cpu().float(), expected_combine().float(), rtol=1e-2, atol=1e-2)
+
+    # zero-copy combine through get_next_low_latency_combine_buffer, into a given out
+    rx, cnt, h, _, _ = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)
+    zbuf = buf.get_next_low_latency_combine_buffer(h)
+    zbuf.copy_(rx)
+    given = torch.empty(n, HIDDEN, dtype=torch.bfloat16, device=dev)
+    out, _, _ = buf.low_latency_combine(zbuf, idxd, wd, h, zero_copy=True, out=given)
+    assert out.data_ptr() == given.data_ptr()
+    torch.testing.assert_close(out.cpu().float(), expected_combine().float(), rtol=1e-2, atol=1e-2)
+
+    # CUDA graph: capture dispatch (with a hook) + combine on static tensors, replay with new x
+    sx = xd.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture
+        r0, _, h0, _, _ = buf.low_latency_dispatch(sx, idxd, num_max, num_experts, use_fp8=False)
+        buf.low_latency_combine(r0, idxd, wd, h0)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    gather(group, "captured")  # every rank finished the warm-up before anyone captures
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grx, gcnt, gh, _, ghook = buf.low_latency_dispatch(sx, idxd, num_max, num_experts, use_fp8=False, return_recv_hook=True)
+        ghook()
+        gout, _, _ = buf.low_latency_combine(grx, idxd, wd, gh)
+    for factor in (3.0, -0.5):
+        sx.copy_((x.float() * factor).to(torch.bfloat16).to(dev))
+        torch.cuda.synchronize()
+        gather(group, factor)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(gout.cpu().float(), expected_combine(factor).float(), rtol=1e-2, atol=2e-2)
+    gather(group, "replayed")
+    del graph
+    torch.cuda.synchronize()
+    buf.destroy()

@@ -1,0 +1,367 @@
+"""CPU tests of the deepep_kernels wheel: API shape against DeepEP v1.2.1, argument checks,
+configs and size hints, and the opt-in deep_ep shim. They need no GPU and no torch."""
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import deepep_kernels
+from deepep_kernels import Buffer, Config, EventOverlap, _native
+from deepep_kernels.utils import EventHandle
+
+
+def params(f):
+    return [(p.name, p.default) for p in inspect.signature(f).parameters.values() if p.name != "self"]
+
+
+E = inspect.Parameter.empty
+
+# The parameter lists of deep_ep v1.2.1 (deep_ep/buffer.py at tag v1.2.1), names and defaults.
+DEEPEP_V121 = {
+    "__init__": [("group", E), ("num_nvl_bytes", 0), ("num_rdma_bytes", 0), ("low_latency_mode", False), ("num_qps_per_rank", 24),
+                 ("allow_nvlink_for_low_latency_mode", True), ("allow_mnnvl", False), ("explicitly_destroy", False), ("comm", None)],
+    "get_dispatch_layout": [("topk_idx", E), ("num_experts", E), ("previous_event", None), ("async_finish", False), ("allocate_on_comm_stream", False)],
+    "dispatch": [("x", E), ("handle", None), ("num_tokens_per_rank", None), ("num_tokens_per_rdma_rank", None), ("is_token_in_rank", None),
+                 ("num_tokens_per_expert", None), ("topk_idx", None), ("topk_weights", None), ("expert_alignment", 1), ("num_worst_tokens", 0),
+                 ("config", None), ("previous_event", None), ("async_finish", False), ("allocate_on_comm_stream", False)],
+    "combine": [("x", E), ("handle", E), ("topk_weights", None), ("bias", None), ("config", None), ("previous_event", None),
+                ("async_finish", False), ("allocate_on_comm_stream", False)],
+    "low_latency_dispatch": [("x", E), ("topk_idx", E), ("num_max_dispatch_tokens_per_rank", E), ("num_experts", E),
+                             ("cumulative_local_expert_recv_stats", None), ("dispatch_wait_recv_cost_stats", None), ("use_fp8", True),
+                             ("round_scale", False), ("use_ue8m0", False), ("async_finish", False), ("return_recv_hook", False)],
+    "low_latency_combine": [("x", E), ("topk_idx", E), ("topk_weights", E), ("handle", E), ("use_logfmt", False), ("zero_copy", False),
+                            ("async_finish", False), ("return_recv_hook", False), ("out", None), ("combine_wait_recv_cost_stats", None)],
+    "clean_low_latency_buffer": [("num_max_dispatch_tokens_per_rank", E), ("hidden", E), ("num_experts", E)],
+    "get_next_low_latency_combine_buffer": [("handle", E)],
+    "get_local_buffer_tensor": [("dtype", E), ("size", None), ("offset", 0), ("use_rdma_buffer", False)],
+    "get_comm_stream": [],
+    "destroy": [],
+    "get_low_latency_rdma_size_hint": [("num_max_dispatch_tokens_per_rank", E), ("hidden", E), ("num_ranks", E), ("num_experts", E)],
+    "get_dispatch_config": [("num_ranks", E)],
+    "get_combine_config": [("num_ranks", E)],
+    "set_num_sms": [("new_num_sms", E)],
+    "is_sm90_compiled": [],
+    "capture": [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPEP_V121))
+def test_buffer_methods_have_deepep_names_and_defaults(name):
+    assert params(getattr(Buffer, name)) == DEEPEP_V121[name]
+
+
+def test_static_methods_are_static():
+    for name in ["is_sm90_compiled", "set_num_sms", "capture", "get_low_latency_rdma_size_hint", "get_dispatch_config", "get_combine_config"]:
+        assert isinstance(inspect.getattr_static(Buffer, name), staticmethod), name
+
+
+def test_package_exports_and_version():
+    assert deepep_kernels.__version__ == _native.__version__ == "0.1.0"
+    for name in ["Buffer", "Config", "EventOverlap", "EventHandle"]:
+        assert hasattr(deepep_kernels, name)
+    assert Buffer.num_sms == 20
+
+
+def test_cubins_are_sm90_and_linked_against_nvshmem_345():
+    assert Buffer.is_sm90_compiled() is True
+    # the NVSHMEM device library the wheel's cubins were linked with (pinned toolchain)
+    assert _native.nvshmem_device_version() == (3, 4, 5)
+
+
+def test_config_keeps_deepep_fields_and_checks_them():
+    c = Config(24, 6, 256, 6, 128)
+    assert (c.num_sms, c.num_max_nvl_chunked_send_tokens, c.num_max_nvl_chunked_recv_tokens,
+            c.num_max_rdma_chunked_send_tokens, c.num_max_rdma_chunked_recv_tokens) == (24, 6, 256, 6, 128)
+    with pytest.raises(ValueError, match="num_max_nvl_chunked_send_tokens < num_max_nvl_chunked_recv_tokens"):
+        Config(24, 256, 256, 6, 128)
+    with pytest.raises(ValueError, match="recv_tokens / 2"):
+        Config(24, 6, 256, 100, 128)
+    with pytest.raises(ValueError, match="num_sms=-2"):
+        Config(-2, 6, 256, 6, 128)
+    with pytest.raises(TypeError, match="five ints"):
+        Config(24.0, 6, 256, 6, 128)
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4, 8, 16, 24, 32, 64, 128, 144, 160])
+def test_dispatch_and_combine_configs_follow_deepep(num_ranks):
+    d, c = Buffer.get_dispatch_config(num_ranks), Buffer.get_combine_config(num_ranks)
+    assert d.num_sms == c.num_sms == Buffer.num_sms
+    # values of deep_ep v1.2.1's tables
+    assert (Buffer.get_dispatch_config(8).num_max_nvl_chunked_send_tokens, Buffer.get_combine_config(8).num_max_nvl_chunked_send_tokens) == (6, 4)
+
+
+def test_unsupported_rank_count_names_the_supported_ones():
+    with pytest.raises(ValueError, match=r"Unsupported number of EP ranks: 3 \(supported: \[2, 4, 8"):
+        Buffer.get_dispatch_config(3)
+    with pytest.raises(ValueError, match="Unsupported number of EP ranks: 6"):
+        Buffer.get_combine_config(6)
+
+
+def test_set_num_sms_changes_later_configs_and_refuses_odd():
+    old = Buffer.num_sms
+    try:
+        Buffer.set_num_sms(24)
+        assert Buffer.num_sms == 24 and Buffer.get_dispatch_config(2).num_sms == 24
+        with pytest.raises(ValueError, match="must be even"):
+            Buffer.set_num_sms(23)
+        assert Buffer.num_sms == 24
+    finally:
+        Buffer.num_sms = old
+
+
+def test_nvl_size_hint_is_the_kernels_buffer_for_the_default_token_capacity(monkeypatch):
+    monkeypatch.delenv("DEEPEP_KERNELS_MAX_TOKENS", raising=False)
+    c = Buffer.get_dispatch_config(8)
+    hint = c.get_nvl_buffer_size_hint(7168 * 2, 8)
+    assert hint == _native.intranode_buffer_bytes(8, 4096, 7168)
+    # exactly 4096 tokens fit in that many bytes, one more does not
+    assert _native.intranode_max_tokens(8, 7168, hint) == 4096
+    monkeypatch.setenv("DEEPEP_KERNELS_MAX_TOKENS", "8192")
+    assert c.get_nvl_buffer_size_hint(7168 * 2, 8) > hint
+    monkeypatch.setenv("DEEPEP_KERNELS_MAX_TOKENS", "lots")
+    with pytest.raises(ValueError, match="DEEPEP_KERNELS_MAX_TOKENS='lots' must be a positive token count"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 8)
+
+
+def test_rdma_size_hint_is_zero_within_a_host_and_unsupported_beyond():
+    c = Buffer.get_dispatch_config(8)
+    assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
+    with pytest.raises(NotImplementedError, match="internode"):
+        c.get_rdma_buffer_size_hint(7168 * 2, 16)
+
+
+def test_low_latency_size_hint_grows_with_tokens_and_rejects_bad_shapes():
+    a = Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
+    b = Buffer.get_low_latency_rdma_size_hint(256, 7168, 8, 256)
+    assert 0 < a < b
+    with pytest.raises(ValueError):
+        Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)  # experts not divisible by ranks
+
+
+def test_buffer_constructor_checks_come_before_torch():
+    with pytest.raises(ValueError, match="Either 'group' or 'comm' must be provided"):
+        Buffer(None)
+    with pytest.raises(ValueError, match="num_nvl_bytes=-1"):
+        Buffer(None, num_nvl_bytes=-1)
+    with pytest.raises(ValueError, match="num_qps_per_rank=0"):
+        Buffer(None, low_latency_mode=True, num_qps_per_rank=0)
+
+
+def test_low_latency_flags_become_deepeps_nvshmem_variables():
+    from deepep_kernels.buffer import nvshmem_env
+
+    # vLLM passes allow_mnnvl=True; DeepEP then leaves MNNVL detection on
+    assert nvshmem_env(24, True, True, {}) == {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24", "NVSHMEM_DISABLE_MNNVL": "0"}
+    assert nvshmem_env(24, True, True, {"NVSHMEM_DISABLE_MNNVL": "1"}) == {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24"}
+    assert nvshmem_env(9, False, False, {"NVSHMEM_DISABLE_MNNVL": "0"}) == {
+        "NVSHMEM_DISABLE_P2P": "1", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "9", "NVSHMEM_DISABLE_MNNVL": "1"}
+
+
+def test_unsupported_low_latency_options_raise_not_implemented_naming_them():
+    # A Buffer made without __init__ (no group/GPU here): these checks run before any state or
+    # torch is touched, so the real methods are exercised.
+    b = Buffer.__new__(Buffer)
+    with pytest.raises(NotImplementedError, match="use_logfmt=True"):
+        b.low_latency_combine(None, None, None, None, use_logfmt=True)
+    with pytest.raises(NotImplementedError, match="combine_wait_recv_cost_stats"):
+        b.low_latency_combine(None, None, None, None, combine_wait_recv_cost_stats=object())
+    with pytest.raises(NotImplementedError, match="dispatch_wait_recv_cost_stats"):
+        b.low_latency_dispatch(None, None, 128, 256, dispatch_wait_recv_cost_stats=object())
+
+
+def test_event_overlap_without_event():
+    e = EventOverlap()
+    with e:
+        pass  # no event: exiting does nothing, as in DeepEP
+    with pytest.raises(RuntimeError, match="no event"):
+        e.current_stream_wait()
+    assert EventOverlap(None, (1, 2)).extra_tensors == (1, 2)
+
+
+@pytest.mark.skipif(_native.cuda_available(), reason="checks the error without an NVIDIA driver")
+def test_cuda_calls_without_a_driver_fail_cleanly():
+    with pytest.raises(RuntimeError, match="(?i)cuda|driver"):
+        _native.Event.recorded_on(0)
+    with pytest.raises(RuntimeError, match="(?i)cuda|driver"):
+        _native.Runtime(0, 0, 1, 0, 1, lambda b: [b])
+
+
+def test_intranode_max_tokens_inverts_the_buffer_size():
+    for r, h in [(2, 4096), (4, 7168), (8, 2048)]:
+        for t in [1, 100, 4096]:
+            bytes_ = _native.intranode_buffer_bytes(r, t, h)
+            assert _native.intranode_max_tokens(r, h, bytes_) == t
+    assert _native.intranode_max_tokens(8, 7168, 100) == 0
+
+
+# --- the opt-in deep_ep shim -----------------------------------------------------------------
+
+# Where the installed deepep_kernels lives (a venv's site-packages, or a pip --target folder on
+# PYTHONPATH on the GPU machine): child interpreters get only that, plus what a test adds.
+PKG_SITE = os.path.dirname(os.path.dirname(os.path.abspath(deepep_kernels.__file__)))
+
+
+def run_py(code, env_extra=None, cwd="/"):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PKG_SITE
+    env.pop("DEEPEP_KERNELS_SHADOW_DEEP_EP", None)
+    env_extra = dict(env_extra or {})
+    if "PYTHONPATH" in env_extra:
+        env_extra["PYTHONPATH"] += os.pathsep + PKG_SITE
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True, text=True)
+
+
+def shim_path():
+    # cwd outside the source tree so that the installed package answers
+    out = subprocess.run([sys.executable, "-m", "deepep_kernels.shim"], capture_output=True, text=True, check=True, cwd="/",
+                         env=dict(os.environ, PYTHONPATH=PKG_SITE))
+    return out.stdout.strip()
+
+
+def real_deepep_installed():
+    return run_py("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('deep_ep') else 1)", cwd="/").returncode == 0
+
+
+@pytest.mark.skipif(real_deepep_installed(), reason="a real DeepEP is installed in this environment")
+def test_deep_ep_is_not_importable_without_opting_in(tmp_path):
+    r = run_py("import deep_ep", cwd=tmp_path)
+    assert r.returncode != 0 and "No module named 'deep_ep'" in r.stderr
+
+
+def test_shim_on_pythonpath_is_deepep_kernels(tmp_path):
+    r = run_py("""
+        import deep_ep, deepep_kernels
+        from deep_ep.utils import EventOverlap, EventHandle
+        from deep_ep.buffer import Buffer
+        assert deep_ep.Buffer is deepep_kernels.Buffer is Buffer
+        assert deep_ep.Config is deepep_kernels.Config
+        assert EventOverlap is deepep_kernels.EventOverlap
+        print("ok")
+    """, {"PYTHONPATH": shim_path()}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def fake_real_deepep(tmp_path):
+    # Stands in for a real DeepEP installation (its deep_ep package on sys.path); the shim must
+    # refuse to shadow it. Only its presence matters, so it is an empty package.
+    site = tmp_path / "site"
+    (site / "deep_ep").mkdir(parents=True)
+    (site / "deep_ep" / "__init__.py").write_text("REAL = True\n")
+    return str(site)
+
+
+def test_shim_refuses_to_shadow_a_real_deepep(tmp_path):
+    site = fake_real_deepep(tmp_path)
+    r = run_py("import deep_ep", {"PYTHONPATH": shim_path() + os.pathsep + site}, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "would shadow a real DeepEP installation" in r.stderr and "DEEPEP_KERNELS_SHADOW_DEEP_EP=1" in r.stderr
+    # and the real one stays importable when the shim is not opted in
+    r = run_py("import deep_ep; assert deep_ep.REAL", {"PYTHONPATH": site}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_shadowing_on_purpose(tmp_path):
+    site = fake_real_deepep(tmp_path)
+    r = run_py("import deep_ep, deepep_kernels; assert deep_ep.Buffer is deepep_kernels.Buffer",
+               {"PYTHONPATH": shim_path() + os.pathsep + site, "DEEPEP_KERNELS_SHADOW_DEEP_EP": "1"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_install_in_code(tmp_path):
+    r = run_py("""
+        import deepep_kernels.shim
+        deepep_kernels.shim.install()
+        import deep_ep, deepep_kernels
+        assert deep_ep.Buffer is deepep_kernels.Buffer
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    site = fake_real_deepep(tmp_path)
+    r = run_py("import deepep_kernels.shim; deepep_kernels.shim.install()", {"PYTHONPATH": site}, cwd=tmp_path)
+    assert r.returncode != 0 and "would shadow a real DeepEP" in r.stderr
+
+
+def test_nvshmem_host_library_is_the_cubins_release():
+    # scripts/test-all.sh exports NVSHMEM_DIR of the pinned pip toolchain (NVSHMEM 3.4.5)
+    if not os.environ.get("NVSHMEM_DIR"):
+        pytest.skip("NVSHMEM_DIR is not set (the toolchain's NVSHMEM 3.4.5)")
+    path, version = _native.nvshmem_host_check()
+    assert version == "3.4.5" and path.endswith("libnvshmem_host.so.3"), (path, version)
+
+
+def test_nvshmem_host_library_missing_names_the_fix(tmp_path):
+    r = run_py("""
+        import deepep_kernels._native as n
+        try:
+            n.nvshmem_host_check()
+        except RuntimeError as e:
+            print(e)
+    """, {"NVSHMEM_DIR": str(tmp_path), "LD_LIBRARY_PATH": ""}, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert "cannot load the NVSHMEM host library" in r.stdout and "set NVSHMEM_DIR" in r.stdout, r.stdout
+
+
+class ThreadGroup:
+    """An all-gather between threads of this process. Stands in for a torch.distributed group
+    (no torch here); the code under test is the real extension's exchange path."""
+
+    def __init__(self, world):
+        import threading
+
+        self.world = world
+        self.slots = [None] * world
+        self.round = threading.Barrier(world)
+        self.taken = threading.Barrier(world)
+
+    def member(self, rank):
+        def all_gather(data):
+            assert isinstance(data, bytes)
+            self.slots[rank] = data
+            self.round.wait(timeout=30)
+            out = list(self.slots)
+            self.taken.wait(timeout=30)
+            return out
+
+        return all_gather
+
+
+def test_ranks_meet_through_the_callers_all_gather_with_the_gil_released():
+    import threading
+
+    world, results, errors = 3, {}, []
+    group = ThreadGroup(world)
+
+    def run(r):
+        try:
+            results[r] = _native._exchange_selftest(r, world, bytes([r]) * (r + 1), group.member(r))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for r in range(world):
+        gathered, bcast, ranks = results[r]
+        assert gathered == [bytes([s]) * (s + 1) for s in range(world)]
+        assert bytes(bcast) == bytes([world - 1]) * world
+        assert ranks == list(range(world))
+
+
+def test_a_failing_all_gather_is_a_runtime_error_naming_it():
+    def broken(data):
+        raise ConnectionError("peer gone")
+
+    with pytest.raises(RuntimeError, match="the process group's all_gather failed: .*peer gone"):
+        _native._exchange_selftest(0, 2, b"x", broken)
+    with pytest.raises(RuntimeError, match="must return a list of bytes"):
+        _native._exchange_selftest(0, 2, b"x", lambda d: (d, d))
+    with pytest.raises(RuntimeError, match="returned 1 contributions"):
+        _native._exchange_selftest(0, 2, b"x", lambda d: [d])
