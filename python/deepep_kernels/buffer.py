@@ -202,11 +202,15 @@ class Buffer:
         self._device = torch.device("cuda", self._device_index)
 
         # Where every rank runs: ranks on this host and this rank's index among them.
-        hosts = all_gather_object(socket.gethostname())
+        where = [tuple(w) for w in all_gather_object((socket.gethostname(), self._device_index))]
+        hosts = [h for h, _ in where]
         me = hosts[self.rank]
         local = [r for r, h in enumerate(hosts) if h == me]
         self._num_hosts = len(set(hosts))
         local_rank, local_world = local.index(self.rank), len(local)
+        # Ranks that share one GPU (on purpose, for testing: 4 or 8 ranks on 1-2 GPUs): each sizes
+        # its kernels' grids to its share of the SMs, so the waiting blocks of all fit at once.
+        self._ranks_per_gpu = max(where.count(w) for w in where)
 
         if low_latency_mode:
             self._locate_nvshmem()
@@ -217,7 +221,9 @@ class Buffer:
         def all_gather_bytes(data: bytes) -> List[bytes]:
             return [bytes(x) for x in all_gather_object(bytes(data))]
 
-        self._runtime = _native.Runtime(self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes)
+        self._runtime = _native.Runtime(
+            self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes, self._ranks_per_gpu
+        )
         self._generation = 0
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0

@@ -380,9 +380,11 @@ impl Runtime {
 impl Runtime {
     /// Bind `device` (torch's current device ordinal) for `rank` of `world` and use `all_gather`
     /// (a `bytes -> list[bytes]` callable over the caller's process group) for every exchange.
+    /// `ranks_per_gpu` ranks share the device (1 normally): grids use this rank's share of SMs.
     #[new]
-    fn new(device: usize, rank: usize, world: usize, local_rank: usize, local_world: usize, all_gather: Py<PyAny>) -> PyResult<Runtime> {
-        let gpu = Box::new(Gpu::new(device, rank).map_err(py_err)?);
+    #[pyo3(signature = (device, rank, world, local_rank, local_world, all_gather, ranks_per_gpu = 1))]
+    fn new(device: usize, rank: usize, world: usize, local_rank: usize, local_world: usize, all_gather: Py<PyAny>, ranks_per_gpu: usize) -> PyResult<Runtime> {
+        let gpu = Box::new(Gpu::with_share(device, rank, ranks_per_gpu).map_err(py_err)?);
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
