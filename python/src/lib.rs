@@ -368,6 +368,15 @@ impl Runtime {
     fn ll(&mut self) -> PyResult<&mut LowLatencyBuffer<'static>> {
         self.ll.as_mut().ok_or_else(|| PyRuntimeError::new_err("the low-latency buffer is not created (destroyed, or low_latency_mode was off)"))
     }
+    /// `num_sms` as given with one rank per GPU; with several ranks sharing the GPU (testing),
+    /// at most this rank's share of the SMs, so every rank's waiting blocks fit at once.
+    fn fit_sms(&self, num_sms: usize) -> usize {
+        if self.gpu.oversubscribed() {
+            num_sms.min(self.gpu.sm_count() as usize).max(1)
+        } else {
+            num_sms
+        }
+    }
     fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
         if id != self.id {
             return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
@@ -491,7 +500,7 @@ impl Runtime {
             Some((p, s, true)) => Some(tensor_of(gpu, p, DType::F32, &[s, n]).t().map_err(py_err)?),
             None => None,
         };
-        let config = Config::with_sms(num_sms);
+        let config = Config::with_sms(self.fit_sms(num_sms));
         let id = self.id;
         let out = match (topk, layout, handle) {
             (Some((ip, wp, k)), Some((pr, pe, itr, e)), None) => {
@@ -557,7 +566,7 @@ impl Runtime {
             (None, None) => None,
             _ => return Err(PyValueError::new_err("combine: out_weights must be given exactly when weights are")),
         };
-        let mut a = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(num_sms));
+        let mut a = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms)));
         if let Some(w) = wt.as_ref() {
             a = a.weights(w);
         }
