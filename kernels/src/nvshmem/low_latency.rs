@@ -554,6 +554,9 @@ pub struct LowLatencyBuffer<'g> {
     generations: [Arc<AtomicU64>; 2],
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
+    /// Set when a kernel of this rank recorded a GPU-side error: the outputs of that call are
+    /// incomplete and peers may be mid-call, so every later call is refused.
+    poisoned: std::sync::Mutex<Option<String>>,
 }
 
 /// `LL_TRACE_SLOTS` of `low_latency.cuh`.
@@ -710,7 +713,25 @@ impl LowLatencyBuffer<'_> {
             combine_hooked: [false; 2],
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
             trace: None,
+            poisoned: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Refuse a call after a recorded GPU-side error (an expired wait returns without a CUDA
+    /// error, so the record is the only trace of it): the first call after it returns that error,
+    /// every later one says the buffer is unusable.
+    fn check_usable(&self) -> Result<()> {
+        let mut p = self.poisoned.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = p.as_ref() {
+            return Err(EpError::InvalidArgument(format!(
+                "this low-latency buffer is unusable after an earlier GPU error ({why}); peers may be mid-call: recreate it on every rank"
+            )));
+        }
+        if let Some(e) = self.gpu.take_error() {
+            *p = Some(e.to_string());
+            return Err(e);
+        }
+        Ok(())
     }
 
     pub fn layout(&self) -> &LlLayout {
@@ -842,6 +863,7 @@ impl LowLatencyBuffer<'_> {
     /// LL dispatch of `x` (bf16 `[N, H]`, N ≤ num_max) routed by `topk_idx` (i64 `[N, K]`,
     /// K ≤ 11, −1 = unused, no expert twice in a row). See the module docs for the outputs.
     pub fn dispatch(&mut self, x: &Tensor, topk_idx: &Tensor, opts: LlDispatchOpts) -> Result<LlDispatchOut> {
+        self.check_usable()?;
         let lay = &self.layout;
         let (n, k) = check_tokens(x, topk_idx, lay)?;
         validate::low_latency_hidden(lay.hidden, opts.use_fp8, None)?;
@@ -989,6 +1011,7 @@ impl LowLatencyBuffer<'_> {
         out: &Tensor,
         return_hook: bool,
     ) -> Result<LlCombineOut> {
+        self.check_usable()?;
         let lay = &self.layout;
         if self.generations[handle.half].load(Ordering::Acquire) != handle.generation {
             return Err(EpError::InvalidArgument(
@@ -1088,6 +1111,7 @@ impl LowLatencyBuffer<'_> {
 
     /// Launch the receive half of a call made with a hook (in call order per kind).
     pub fn recv(&self, hook: LlHook) -> Result<()> {
+        self.check_usable()?;
         match hook {
             LlHook::Dispatch(a) => {
                 self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))
