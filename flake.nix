@@ -82,7 +82,7 @@
             let env = ours.${system}.deepepKernelsPythonEnv;
             in pkgs.mkShell {
               packages = [ env ];
-              passthru.deepepKernels = env.deepepKernels;
+              passthru = { inherit (env) deepepKernels torch; };
               shellHook = ''
                 echo "deepep-nix Python shell: deepep_kernels ${env.deepepKernels.version} + torch, NVSHMEM ${env.deepepKernels.nvshmem.version} (CUDA ${env.deepepKernels.nvshmem.cudaMajor}); import deep_ep via the shim: docs/python.md"
               '';

@@ -92,6 +92,7 @@ let
     let kernelsPy = mkDeepepKernelsPython deepEpPython;
     in deepEpPython.python.withPackages (ps: [ ps.torch ps.pytest kernelsPy ]) // {
       deepepKernels = kernelsPy;
+      inherit (deepEpPython) torch;
     };
 in
 {
