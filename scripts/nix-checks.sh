@@ -19,6 +19,9 @@
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
 #      every package/dev shell derivation and pinned source, the overlay, the module names,
 #      DeepEP's pairing refusal / accepted pairing / CUDA-major check through the flake.
+#      Our Python package (deepep-kernels-python): maturin hooks, pythonImportsCheck and the
+#      kernels' CUDA_HOME/NVSHMEM_DIR through the flake, the `python` dev shell, the overlay's
+#      python3Packages.deepep-kernels, and its refusal of a toolkit of another CUDA major.
 #      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
