@@ -266,7 +266,7 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   pykernels_apply="ps: let p = ps.deepep-kernels-python; k = ps.deepep-kernels; hooks = map (h: h.name or \"\") p.nativeBuildInputs; in [
       (builtins.baseNameOf p.drvPath) p.pyproject p.buildAndTestSubdir p.pythonImportsCheck
       (builtins.elem \"maturin-build-hook.sh\" hooks && builtins.elem \"cargo-setup-hook.sh\" hooks)
-      (builtins.hashString \"sha256\" p.cargoDeps.lockFile == \"$(sha256sum Cargo.lock | cut -d' ' -f1)\")
+      (builtins.hashFile \"sha256\" p.cargoDeps.lockFile == \"$(sha256sum Cargo.lock | cut -d' ' -f1)\")
       (p.env.CUDA_HOME == k.env.CUDA_HOME) (p.env.NVSHMEM_DIR == k.env.NVSHMEM_DIR) (p.env.DEEPEP_NVCC_FLAGS == k.env.DEEPEP_NVCC_FLAGS)
       p.nvshmem.version p.cudaPackages.cudaMajorVersion ]"
   if out=$(nix eval --json "${stub[@]}" .#packages.x86_64-linux --apply "$pykernels_apply" 2>"$log") \

@@ -107,11 +107,11 @@ let
       buildRustPackage = attrs:
         assert builtins.pathExists attrs.cargoLock.lockFile;
         mkDerivation (removeAttrs attrs [ "cargoLock" ]);
-      # nixpkgs pkgs/build-support/rust/import-cargo-lock.nix: a directory of the vendored
-      # crates of `lockFile` (the real one also takes outputHashes for git sources).
+      # nixpkgs pkgs/build-support/rust/import-cargo-lock.nix: "cargo-vendor-dir", the vendored
+      # crates of `lockFile`, with passthru.lockFile (the real one also takes outputHashes for
+      # git sources and parses the lock; here it is only read).
       importCargoLock = { lockFile, ... }:
-        assert builtins.pathExists lockFile;
-        mkDerivation { name = "cargo-vendor-dir"; lockFile = builtins.readFile lockFile; };
+        mkDerivation { name = "cargo-vendor-dir"; lockFileContents = builtins.readFile lockFile; passthru = { inherit lockFile; }; };
       # nixpkgs pkgs/build-support/rust/hooks/default.nix (setup hooks).
       cargoSetupHook = stub "cargo-setup-hook.sh";
       maturinBuildHook = stub "maturin-build-hook.sh";

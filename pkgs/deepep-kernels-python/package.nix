@@ -11,8 +11,8 @@
 # time (the wheel links no libtorch); torch is needed at run time and is not a dependency here,
 # as in python/pyproject.toml (the `python` dev shell adds a CUDA torch).
 #
-# nixpkgs pieces used (read at NixOS/nixpkgs master; the pinned rev 83199d0 was not available
-# here, see docs/nix.md):
+# nixpkgs pieces used (read in NixOS/nixpkgs as stored in the reference index, recent
+# versions; the pinned rev 83199d0's own files were not readable here, see docs/nix.md):
 #   - buildPythonPackage { pyproject = true; } : pkgs/development/interpreters/python/
 #     mk-python-derivation.nix (pyproject = true <-> format = "pyproject": pypaBuildHook,
 #     pypaInstallHook, pythonImportsCheckHook; tests run in installCheckPhase; `env` and other
