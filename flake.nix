@@ -75,6 +75,18 @@
               echo "deepep-nix DeepEP shell: deep_ep ${p.deep-ep.version} + torch, NVSHMEM ${p.deep-ep.nvshmem.version} (CUDA ${p.deep-ep.nvshmem.cudaMajor}), TORCH_CUDA_ARCH_LIST ${p.deep-ep.torchCudaArchList}"
             '';
           };
+          # Python with torch (CUDA on, NVSHMEM's CUDA major) and our `deepep_kernels`
+          # (packages.deepep-kernels-python's build: the kernels' toolkit and `nvshmem`), pytest;
+          # python/tests run against it: cd python && python -m pytest tests --ignore=tests/gpu
+          python =
+            let env = ours.${system}.deepepKernelsPythonEnv;
+            in pkgs.mkShell {
+              packages = [ env ];
+              passthru = { inherit (env) deepepKernels torch; };
+              shellHook = ''
+                echo "deepep-nix Python shell: deepep_kernels ${env.deepepKernels.version} + torch, NVSHMEM ${env.deepepKernels.nvshmem.version} (CUDA ${env.deepepKernels.nvshmem.cudaMajor}); import deep_ep via the shim: docs/python.md"
+              '';
+            };
         });
 
       nixosModules = {
@@ -93,7 +105,12 @@
           # `nvshmem`, with that package set's torch (which needs config.cudaSupport = true and
           # NVSHMEM's CUDA major; pkgs/deep-ep/package.nix refuses anything else).
           pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
-            (pyFinal: _: { deep-ep = pyFinal.callPackage ./pkgs/deep-ep/package.nix { inherit (final) nvshmem; }; })
+            # python3Packages.deepep-kernels: our `deepep_kernels` (python/), built in that set
+            # with the kernels' toolkit and NVSHMEM (pkgs/default.nix mkDeepepKernelsPython).
+            (pyFinal: _: {
+              deep-ep = pyFinal.callPackage ./pkgs/deep-ep/package.nix { inherit (final) nvshmem; };
+              deepep-kernels = s.mkDeepepKernelsPython pyFinal;
+            })
           ];
         };
 

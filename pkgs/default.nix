@@ -11,6 +11,8 @@
 #   deep-ep                          DeepEP 1.2.1 (Python deep_ep) against `nvshmem`, with torch
 #                                    from this nixpkgs with CUDA on and NVSHMEM's CUDA major
 #   deep-ep-no-nvshmem               the same, intranode only (DeepEP's DISABLE_NVSHMEM build)
+#   deepep-kernels-python            our Python package `deepep_kernels` (python/, maturin abi3)
+#                                    with the kernels' toolkit and `nvshmem`
 #
 # `packages` holds only combinations that exist for the host system. `missing` binds every
 # absent nvshmem_<v>_cuda<M> to the evaluation error that says what exists; the overlay
@@ -76,6 +78,22 @@ let
   # cudaPackages.pkgs"). passthru.gpuCheck runs DeepEP's own intranode and low-latency tests.
   deepEpPython = (pkgs.pkgsCuda or pkgs)."cudaPackages_${nvshmem.cudaMajor}".pkgs.python3Packages;
   mkDeepEp = deepEpPython.callPackage ./deep-ep/package.nix;
+
+  # Our Python package (python/) for a Python package set, with exactly the kernels' toolkit
+  # (`cudaPackages`, the one CUDA major) and `nvshmem`: packages.deepep-kernels-python (the
+  # default python3Packages: it needs no torch to build), the overlay's
+  # python3Packages.deepep-kernels (every Python's set) and the `python` dev shell.
+  mkDeepepKernelsPython = pythonPackages:
+    pythonPackages.callPackage ./deepep-kernels-python/package.nix { inherit nvshmem cudaPackages; };
+
+  # Python with torch of NVSHMEM's CUDA major (CUDA on, the set DeepEP uses above), pytest and
+  # deepep_kernels built in that same set: the `python` dev shell (flake.nix).
+  deepepKernelsPythonEnv =
+    let kernelsPy = mkDeepepKernelsPython deepEpPython;
+    in deepEpPython.python.withPackages (ps: [ ps.torch ps.pytest kernelsPy ]) // {
+      deepepKernels = kernelsPy;
+      inherit (deepEpPython) torch;
+    };
 in
 {
   packages = nvshmemPackages // {
@@ -87,9 +105,10 @@ in
       inherit cudaPackages;
     };
     deepep-nix = pkgs.callPackage ./deepep-nix/package.nix { };
+    deepep-kernels-python = mkDeepepKernelsPython pkgs.python3Packages;
   };
 
-  inherit missing cudaMajor;
+  inherit missing cudaMajor mkDeepepKernelsPython deepepKernelsPythonEnv;
 
   # gdrdrv for a kernel package set and nvidia driver (the NixOS module passes its own).
   gdrdrvFor = kernelPackages: nvidia_x11:

@@ -19,6 +19,9 @@
 #      or check real packages): `nix flake show`, `nix flake check --no-build`, attribute names,
 #      every package/dev shell derivation and pinned source, the overlay, the module names,
 #      DeepEP's pairing refusal / accepted pairing / CUDA-major check through the flake.
+#      Our Python package (deepep-kernels-python): maturin hooks, pythonImportsCheck and the
+#      kernels' CUDA_HOME/NVSHMEM_DIR through the flake, the `python` dev shell, the overlay's
+#      python3Packages.deepep-kernels, and its refusal of a toolkit of another CUDA major.
 #      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
@@ -162,7 +165,7 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   for sys in x86_64-linux aarch64-linux; do
     if out=$(nix eval --json "${stub[@]}" ".#packages.$sys" --apply builtins.attrNames 2>"$log"); then
       missing=()
-      for want in default nvshmem nvshmem_3_3_9 nvshmem_3_3_9_cuda12 nvshmem_3_4_5_cuda13 nvshmem_3_8_0 gdrcopy deepep-kernels deepep-kernels-no-nvshmem deepep-nix deep-ep deep-ep-no-nvshmem; do
+      for want in default nvshmem nvshmem_3_3_9 nvshmem_3_3_9_cuda12 nvshmem_3_4_5_cuda13 nvshmem_3_8_0 gdrcopy deepep-kernels deepep-kernels-no-nvshmem deepep-nix deep-ep deep-ep-no-nvshmem deepep-kernels-python; do
         grep -q "\"$want\"" <<<"$out" || missing+=("$want")
       done
       unwanted=$(grep -o '"nvshmem_3_3_9_cuda13"' <<<"$out" || true)
@@ -257,6 +260,45 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   else
     fail "deep-ep-no-nvshmem: ${out:-}"; grep -v "^warning:" "$log" || true
   fi
+  # Our Python package (pkgs/deepep-kernels-python): built with nixpkgs' maturin support in
+  # python/, imports checked, and with exactly the kernels' CUDA_HOME, NVSHMEM_DIR and nvcc
+  # flags (the same store paths as packages.deepep-kernels).
+  pykernels_apply="ps: let p = ps.deepep-kernels-python; k = ps.deepep-kernels; hooks = map (h: h.name or \"\") p.nativeBuildInputs; in [
+      (builtins.baseNameOf p.drvPath) p.pyproject p.buildAndTestSubdir p.pythonImportsCheck
+      (builtins.elem \"maturin-build-hook.sh\" hooks && builtins.elem \"cargo-setup-hook.sh\" hooks)
+      (builtins.hashFile \"sha256\" p.cargoDeps.lockFile == \"$(sha256sum Cargo.lock | cut -d' ' -f1)\")
+      (p.env.CUDA_HOME == k.env.CUDA_HOME) (p.env.NVSHMEM_DIR == k.env.NVSHMEM_DIR) (p.env.DEEPEP_NVCC_FLAGS == k.env.DEEPEP_NVCC_FLAGS)
+      p.nvshmem.version p.cudaPackages.cudaMajorVersion ]"
+  if out=$(nix eval --json "${stub[@]}" .#packages.x86_64-linux --apply "$pykernels_apply" 2>"$log") \
+    && [[ "$out" == '["'*'-deepep-kernels-0.1.0.drv",true,"python",["deepep_kernels"],true,true,true,true,true,"3.4.5","13"]' ]]; then
+    pass "deepep-kernels-python: maturinBuildHook in python/, pythonImportsCheck deepep_kernels, the kernels' CUDA_HOME/NVSHMEM_DIR ($out)"
+  else
+    fail "deepep-kernels-python through the flake: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+  # The `python` dev shell holds deepep_kernels (built as above) in its Python environment.
+  if out=$(nix eval --json "${stub[@]}" .#devShells.x86_64-linux.python --apply 's: let env = builtins.head s.nativeBuildInputs; in [
+      (builtins.all (d: builtins.elem d.outPath (builtins.filter builtins.isString (builtins.split " " env.paths))) [ s.deepepKernels s.torch ]) s.torch.cudaSupport
+      (s.deepepKernels.env.NVSHMEM_DIR == s.deepepKernels.nvshmem.outPath) s.deepepKernels.pythonImportsCheck ]' 2>"$log") \
+    && [ "$out" = '[true,true,true,["deepep_kernels"]]' ]; then
+    pass "devShells.python: Python with deepep_kernels and a CUDA torch ($out)"
+  else
+    fail "devShells.python: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+  # Broken on purpose: built with the scope's toolkit (pkgs.cudaPackages, what callPackage fills
+  # in when pkgs/default.nix does not pass cudaPackages) it is refused against the CUDA 13
+  # NVSHMEM, and without NVSHMEM the one-CUDA-major check names it.
+  expect_error "deepep-kernels-python refuses NVSHMEM and a toolkit of different CUDA majors" \
+    "let pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; }; in (pkgs.python3Packages.callPackage $repo/pkgs/deepep-kernels-python/package.nix { inherit (ours.packages) nvshmem; }).drvPath" \
+    "deepep-kernels-python: NVSHMEM 3.4.5 is the CUDA 13 build but cudaPackages is CUDA 12"
+  expect_error "one CUDA major: fails for deepep-kernels-python with pkgs.cudaPackages" "let
+      pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; };
+      shell = pkgs.mkShell { packages = [ pkgs.cudaPackages_13.cuda_nvcc ]; };
+    in import $repo/checks/cuda-major.nix {
+      inherit pkgs; inherit (ours) cudaMajor;
+      packages = ours.packages // { deepep-kernels-python = pkgs.python3Packages.callPackage $repo/pkgs/deepep-kernels-python/package.nix { nvshmem = null; }; };
+      devShells = { default = shell; no-nvshmem = shell; };
+      gpuChecks.kernels = ours.packages.deepep-kernels.gpuCheck;
+    }" "packages.deepep-kernels-python (toolkit): 12, expected 13"
   # python3Packages.deep-ep from the overlay, on a CUDA-enabled stub package set: torch of CUDA
   # 12 (the stub's default) is refused against the CUDA 13 `nvshmem`; cudaPackages_13.pkgs works.
   pyoverlay_expr="let
@@ -269,6 +311,22 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     pass "overlays.default python3Packages.deep-ep: $out"
   else
     fail "overlays.default python3Packages.deep-ep: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+  # python3Packages.deepep-kernels from the overlay: our Python package in that Python set, with
+  # the overlay's kernels' toolkit, CUDA_HOME and NVSHMEM (the stub's pkgs.cudaPackages is CUDA
+  # 12, so a toolkit taken from the scope shows up here).
+  pykernels_overlay_expr="let
+      flake = builtins.getFlake \"git+file://$repo\";
+      prev = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; };
+      final = prev // flake.overlays.default final prev;
+      py = (builtins.head final.pythonPackagesExtensions) final.python3Packages { };
+      p = py.deepep-kernels; k = final.deepep-kernels;
+    in [ (builtins.isString p.drvPath) p.pythonImportsCheck p.cudaPackages.cudaMajorVersion
+         (p.env.CUDA_HOME == k.env.CUDA_HOME) (p.nvshmem.outPath == final.nvshmem.outPath) ]"
+  if out=$(nix eval --impure --json --expr "$pykernels_overlay_expr" 2>"$log") && [ "$out" = '[true,["deepep_kernels"],"13",true,true]' ]; then
+    pass "overlays.default python3Packages.deepep-kernels: $out"
+  else
+    fail "overlays.default python3Packages.deepep-kernels: ${out:-}"; grep -v "^warning:" "$log" || true
   fi
   # The overlay applied to the stub package set as nixpkgs applies overlays (final = prev //
   # overlay final prev): its names must not depend on `final`, or this recurses forever.

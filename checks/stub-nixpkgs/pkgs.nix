@@ -103,9 +103,19 @@ let
       nativeBuildInputs = (attrs.packages or [ ]) ++ (attrs.nativeBuildInputs or [ ]);
     });
     writeShellScript = name: text: mkDerivation { inherit name text; };
-    rustPlatform.buildRustPackage = attrs:
-      assert builtins.pathExists attrs.cargoLock.lockFile;
-      mkDerivation (removeAttrs attrs [ "cargoLock" ]);
+    rustPlatform = {
+      buildRustPackage = attrs:
+        assert builtins.pathExists attrs.cargoLock.lockFile;
+        mkDerivation (removeAttrs attrs [ "cargoLock" ]);
+      # nixpkgs pkgs/build-support/rust/import-cargo-lock.nix: "cargo-vendor-dir", the vendored
+      # crates of `lockFile`, with passthru.lockFile (the real one also takes outputHashes for
+      # git sources and parses the lock; here it is only read).
+      importCargoLock = { lockFile, ... }:
+        mkDerivation { name = "cargo-vendor-dir"; lockFileContents = builtins.readFile lockFile; passthru = { inherit lockFile; }; };
+      # nixpkgs pkgs/build-support/rust/hooks/default.nix (setup hooks).
+      cargoSetupHook = stub "cargo-setup-hook.sh";
+      maturinBuildHook = stub "maturin-build-hook.sh";
+    };
 
     cudaPackages_12 = cudaSet "12";
     cudaPackages_13 = cudaSet "13";
@@ -152,6 +162,8 @@ let
     callPackage = callPackageWith (pkgs // python3Packages);
     buildPythonPackage = { __functor = _: mkDerivation; override = _: python3Packages.buildPythonPackage; };
     python = stub "python3-3.12" // {
+      # nixpkgs' python passthru: the interpreter's path.
+      interpreter = "${stub "python3-3.12"}/bin/python3.12";
       withPackages = f: mkDerivation { name = "python3-3.12-env"; paths = toString (f python3Packages); };
     };
     torch = stub "python3.12-torch-2.9.0" // {
@@ -159,6 +171,8 @@ let
       inherit (pkgs) cudaPackages;
       cudaCapabilities = if cudaSupport then [ "8.0" "9.0" "10.0" ] else [ ];
     };
-  } // lib.genAttrs [ "setuptools" "numpy" "pybind11" ] (n: stub "python3.12-${n}");
+    # nixpkgs pkgs/development/interpreters/python/hooks/default.nix
+    pytestCheckHook = stub "pytest-check-hook";
+  } // lib.genAttrs [ "setuptools" "numpy" "pybind11" "pytest" ] (n: stub "python3.12-${n}");
 in
 pkgs

@@ -1,0 +1,145 @@
+# The `deepep_kernels` Python package (python/: PyO3 extension over the kernels crate, built by
+# maturin as an abi3 wheel; docs/python.md) with nixpkgs' maturin support. Called from a Python
+# package set (pythonPackages.callPackage): pkgs/default.nix `mkDeepepKernelsPython`, used for
+# packages.deepep-kernels-python, the overlay's python3Packages.deepep-kernels and the `python`
+# dev shell.
+#
+# The toolkit and NVSHMEM come exactly as pkgs/deepep-kernels/package.nix gets them: `nvshmem`
+# and `cudaPackages` passed by pkgs/default.nix (the one CUDA major of the default outputs),
+# CUDA_HOME the same ../cuda-home.nix join, NVSHMEM_DIR the NVSHMEM prefix; kernels/build.rs
+# (run again inside maturin's cargo build) reads only those two variables. No torch at build
+# time (the wheel links no libtorch); torch is needed at run time and is not a dependency here,
+# as in python/pyproject.toml (the `python` dev shell adds a CUDA torch).
+#
+# nixpkgs pieces used (read in NixOS/nixpkgs as stored in the reference index, recent
+# versions; the pinned rev 83199d0's own files were not readable here, see docs/nix.md):
+#   - buildPythonPackage { pyproject = true; } : pkgs/development/interpreters/python/
+#     mk-python-derivation.nix (pyproject = true <-> format = "pyproject": pypaBuildHook,
+#     pypaInstallHook, pythonImportsCheckHook; tests run in installCheckPhase; `env` and other
+#     attributes pass through to stdenv.mkDerivation).
+#   - rustPlatform.maturinBuildHook : pkgs/build-support/rust/hooks/default.nix and
+#     maturin-build-hook.sh (sets buildPhase; runs `maturin build --frozen --release --manylinux
+#     off --strip` in $buildAndTestSubdir, then moves ${cargoRoot}/target/wheels/*.whl to dist/).
+#   - rustPlatform.cargoSetupHook + cargoDeps = rustPlatform.importCargoLock { lockFile; } :
+#     pkgs/build-support/rust/hooks/cargo-setup-hook.sh, pkgs/build-support/rust/
+#     import-cargo-lock.nix (vendors the crates of a Cargo.lock; ours has no git sources, so no
+#     outputHashes are needed).
+#   - pythonImportsCheck : hooks/python-imports-check-hook.sh; pytestCheckHook with
+#     disabledTests / disabledTestPaths : hooks/pytest-check-hook.sh.
+{ lib
+, buildPythonPackage
+, rustPlatform
+, symlinkJoin
+, autoAddDriverRunpath
+, pytestCheckHook
+, python
+, binutils
+, # This repository's NVSHMEM package (pkgs/nvshmem); null = the kernels without NVSHMEM
+  # (kernels/build.rs: empty NVSHMEM_DIR), intranode only.
+  nvshmem ? null
+, # The CUDA toolkit package set; pass it (pkgs/default.nix does): callPackage would fill it
+  # from the package set (pkgs.cudaPackages, CUDA 12 at many nixpkgs revisions).
+  cudaPackages
+,
+}:
+let
+  toolkitMajor = cudaPackages.cudaMajorVersion or "unknown";
+  version = (lib.importTOML ../../Cargo.toml).workspace.package.version;
+
+  # The Cargo workspace (root Cargo.toml/Cargo.lock, generator, kernels) plus python/.
+  src = import ../workspace-src.nix { inherit lib; } [ ../../python ];
+
+  cudaHome = import ../cuda-home.nix {
+    inherit lib symlinkJoin cudaPackages;
+    name = "deepep-cuda-home-${cudaPackages.cudaMajorMinorVersion or "unknown"}";
+  };
+
+  # What the extension loads at run time with dlopen (libloading/cudarc; the calling object's
+  # RUNPATH is searched): NVSHMEM's host library (the very release the cubins were linked
+  # against; kernels/src/nvshmem/binding.rs tries $NVSHMEM_DIR/lib first, then the SONAME),
+  # NVRTC and NCCL (cudarc features of the kernels crate). libcuda: autoAddDriverRunpath.
+  runtimeLibraryDirs =
+    [ "${lib.getLib cudaPackages.cuda_nvrtc}/lib" "${lib.getLib cudaPackages.nccl}/lib" ]
+    ++ lib.optional (nvshmem != null) "${lib.getLib nvshmem}/lib";
+in
+assert nvshmem == null || nvshmem.cudaMajor == toolkitMajor
+  || throw "deepep-kernels-python: NVSHMEM ${nvshmem.version} is the CUDA ${nvshmem.cudaMajor} build but cudaPackages is CUDA ${toolkitMajor}; pass cudaPackages = pkgs.cudaPackages_${nvshmem.cudaMajor} (pkgs/default.nix passes the kernels' own), or an NVSHMEM of the toolkit's major.";
+buildPythonPackage {
+  # python/pyproject.toml [project] name
+  pname = "deepep-kernels" + lib.optionalString (nvshmem == null) "-no-nvshmem";
+  inherit version src;
+  pyproject = true;
+
+  cargoDeps = rustPlatform.importCargoLock { lockFile = ../../Cargo.lock; };
+  # maturin runs in python/ (pyproject.toml, Cargo.toml of the deepep-python crate); the
+  # workspace's target/ (and so target/wheels) stays at the root.
+  buildAndTestSubdir = "python";
+
+  # cuda_nvcc's setup hook points nvcc at a host compiler it supports (as for the kernels).
+  nativeBuildInputs = [
+    rustPlatform.cargoSetupHook
+    rustPlatform.maturinBuildHook
+    cudaPackages.cuda_nvcc
+    autoAddDriverRunpath
+  ];
+
+  # The same three variables as pkgs/deepep-kernels/package.nix.
+  env = {
+    CUDA_HOME = "${cudaHome}";
+    NVSHMEM_DIR = if nvshmem == null then "" else "${nvshmem}";
+    DEEPEP_NVCC_FLAGS = "-I${cudaHome}/include";
+  };
+
+  postFixup = ''
+    find "$out" -name '*.so' -type f | while read -r so; do
+      if isELF "$so"; then
+        patchelf --add-rpath "${lib.concatStringsSep ":" runtimeLibraryDirs}" "$so"
+      fi
+    done
+  '';
+
+  # Loads deepep_kernels._native (the Rust extension with the cubins); needs no driver (libcuda
+  # is loaded only when a GPU is used).
+  pythonImportsCheck = [ "deepep_kernels" ];
+
+  # python/tests/test_api.py: the CPU tests CI runs on the wheel (no GPU, no torch).
+  nativeCheckInputs = [ pytestCheckHook binutils ];
+  preCheck = ''
+    cd python
+  '';
+  disabledTestPaths = [
+    # need GPUs and torch (python/scripts/gpu-run.sh)
+    "tests/gpu"
+  ];
+  disabledTests = [
+    # Expects the host library to be unfindable with NVSHMEM_DIR pointing elsewhere and an empty
+    # LD_LIBRARY_PATH; here the extension's RUNPATH names NVSHMEM's lib/ on purpose, so the
+    # SONAME always resolves (postInstallCheck below checks that instead).
+    "test_nvshmem_host_library_missing_names_the_fix"
+  ];
+  # The extension finds exactly `nvshmem`'s host library through its RUNPATH alone (no
+  # NVSHMEM_DIR, no LD_LIBRARY_PATH) and it is the release the cubins were linked against
+  # (nvshmem_host_check compares it with the device library's version; no GPU needed).
+  postInstallCheck = ''
+    so=$(find "$out" -name '_native*.so' | head -n 1)
+    if [ -z "$so" ]; then echo "deepep-kernels-python: no _native extension in $out" >&2; exit 1; fi
+  '' + lib.optionalString (nvshmem != null) ''
+    readelf -d "$so" | grep -q 'R.*PATH.*${lib.getLib nvshmem}/lib' \
+      || { echo "deepep-kernels-python: $so has no RUNPATH to ${lib.getLib nvshmem}/lib" >&2; exit 1; }
+    got=$(cd / && env -u NVSHMEM_DIR LD_LIBRARY_PATH= ${python.interpreter} -c \
+      'import deepep_kernels._native as n; print(n.nvshmem_host_check()[1])')
+    if [ "$got" != "${nvshmem.version}" ]; then
+      echo "deepep-kernels-python: the extension loads NVSHMEM host library $got, expected ${nvshmem.version}" >&2; exit 1
+    fi
+  '';
+
+  passthru = {
+    inherit nvshmem cudaPackages cudaHome;
+  };
+
+  meta = {
+    description = "deep_ep v1.2.1-compatible dispatch/combine for PyTorch over the deepep-nix kernels${lib.optionalString (nvshmem == null) " (without NVSHMEM)"}";
+    license = with lib.licenses; [ mit asl20 ];
+    platforms = [ "x86_64-linux" "aarch64-linux" ];
+  };
+}
