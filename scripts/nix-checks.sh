@@ -26,6 +26,8 @@
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
 #      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
+#   6b. pkgs/workspace-src.nix: cargo metadata --offline over exactly the paths it lists (every
+#      workspace member present, as the Rust packages need).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
 #      `cargo install --locked` into .toolchain/cargo-tools when missing).
 #
@@ -363,6 +365,23 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   fi
 else
   skip "flake structure" "no checks/stub-nixpkgs"
+fi
+
+# ------------------------------------------- 6b. the Rust packages' source set is a workspace
+# pkgs/workspace-src.nix lists the files the Rust packages build from; cargo refuses a workspace
+# whose member manifests are missing, so copy exactly those paths and ask cargo (offline).
+if command -v cargo >/dev/null 2>&1; then
+  ws=$(mktemp -d)
+  mapfile -t ws_paths < <(grep -oE 'root \+ "/[^"]+"' pkgs/workspace-src.nix | sed -E 's/.*"\/(.*)"/\1/')
+  for p in "${ws_paths[@]}"; do mkdir -p "$ws/$(dirname "$p")"; cp -r "$repo/$p" "$ws/$p"; done
+  if (cd "$ws" && cargo metadata --offline --locked --format-version 1 >/dev/null 2>"$log"); then
+    pass "pkgs/workspace-src.nix (${ws_paths[*]}) is a complete Cargo workspace (cargo metadata --offline)"
+  else
+    fail "pkgs/workspace-src.nix: cargo refuses the source set (a workspace member missing?)"; grep -v "^warning" "$log" | head -5
+  fi
+  rm -rf "$ws"
+else
+  skip "workspace-src.nix" "no cargo"
 fi
 
 # ---------------------------------------------------------------- 7. lints
