@@ -43,27 +43,19 @@
 ,
 }:
 let
-  toolkitMajor = cudaPackages.cudaMajorVersion or "unknown";
   version = (lib.importTOML ../../Cargo.toml).workspace.package.version;
 
   # The Cargo workspace (root Cargo.toml/Cargo.lock, generator, kernels) plus python/.
   src = import ../workspace-src.nix { inherit lib; } [ ../../python ];
 
-  cudaHome = import ../cuda-home.nix {
-    inherit lib symlinkJoin cudaPackages;
-    name = "deepep-cuda-home-${cudaPackages.cudaMajorMinorVersion or "unknown"}";
+  # CUDA_HOME, NVSHMEM_DIR, nvcc flags, the one-major check and the run-time library
+  # directories: the same as pkgs/deepep-kernels/package.nix.
+  build = import ../kernels-build-env.nix {
+    inherit lib symlinkJoin cudaPackages nvshmem;
+    who = "deepep-kernels-python";
+    fix = "pass cudaPackages = pkgs.cudaPackages_${nvshmem.cudaMajor} (pkgs/default.nix passes the kernels' own), or an NVSHMEM of the toolkit's major.";
   };
-
-  # What the extension loads at run time with dlopen (libloading/cudarc; the calling object's
-  # RUNPATH is searched): NVSHMEM's host library (the very release the cubins were linked
-  # against; kernels/src/nvshmem/binding.rs tries $NVSHMEM_DIR/lib first, then the SONAME),
-  # NVRTC and NCCL (cudarc features of the kernels crate). libcuda: autoAddDriverRunpath.
-  runtimeLibraryDirs =
-    [ "${lib.getLib cudaPackages.cuda_nvrtc}/lib" "${lib.getLib cudaPackages.nccl}/lib" ]
-    ++ lib.optional (nvshmem != null) "${lib.getLib nvshmem}/lib";
 in
-assert nvshmem == null || nvshmem.cudaMajor == toolkitMajor
-  || throw "deepep-kernels-python: NVSHMEM ${nvshmem.version} is the CUDA ${nvshmem.cudaMajor} build but cudaPackages is CUDA ${toolkitMajor}; pass cudaPackages = pkgs.cudaPackages_${nvshmem.cudaMajor} (pkgs/default.nix passes the kernels' own), or an NVSHMEM of the toolkit's major.";
 buildPythonPackage {
   # python/pyproject.toml [project] name
   pname = "deepep-kernels" + lib.optionalString (nvshmem == null) "-no-nvshmem";
@@ -83,17 +75,12 @@ buildPythonPackage {
     autoAddDriverRunpath
   ];
 
-  # The same three variables as pkgs/deepep-kernels/package.nix.
-  env = {
-    CUDA_HOME = "${cudaHome}";
-    NVSHMEM_DIR = if nvshmem == null then "" else "${nvshmem}";
-    DEEPEP_NVCC_FLAGS = "-I${cudaHome}/include";
-  };
+  inherit (build) env;
 
   postFixup = ''
     find "$out" -name '*.so' -type f | while read -r so; do
       if isELF "$so"; then
-        patchelf --add-rpath "${lib.concatStringsSep ":" runtimeLibraryDirs}" "$so"
+        patchelf --add-rpath "${build.runtimeRpath}" "$so"
       fi
     done
   '';
@@ -134,7 +121,8 @@ buildPythonPackage {
   '';
 
   passthru = {
-    inherit nvshmem cudaPackages cudaHome;
+    inherit nvshmem cudaPackages;
+    inherit (build) cudaHome;
   };
 
   meta = {

@@ -21,21 +21,13 @@
 ,
 }:
 let
-  toolkitMajor = cudaPackages.cudaMajorVersion or "unknown";
   src = import ../workspace-src.nix { inherit lib; } [ ];
-
-  # The toolkit layout build.rs expects under CUDA_HOME.
-  cudaHome = import ../cuda-home.nix {
-    inherit lib symlinkJoin cudaPackages;
-    name = "deepep-cuda-home-${cudaPackages.cudaMajorMinorVersion or "unknown"}";
+  build = import ../kernels-build-env.nix {
+    inherit lib symlinkJoin cudaPackages nvshmem;
+    who = "deepep-kernels";
+    fix = "pass cudaPackages = nvshmem.cudaPackages (or an NVSHMEM of the toolkit's major).";
   };
-
-  runtimeLibraryDirs =
-    [ "${lib.getLib cudaPackages.cuda_nvrtc}/lib" "${lib.getLib cudaPackages.nccl}/lib" ]
-    ++ lib.optional (nvshmem != null) "${lib.getLib nvshmem}/lib";
 in
-assert nvshmem == null || nvshmem.cudaMajor == toolkitMajor
-  || throw "deepep-kernels: NVSHMEM ${nvshmem.version} is the CUDA ${nvshmem.cudaMajor} build but cudaPackages is CUDA ${toolkitMajor}; pass cudaPackages = nvshmem.cudaPackages (or an NVSHMEM of the toolkit's major).";
 rustPlatform.buildRustPackage {
   pname = "deepep-kernels" + lib.optionalString (nvshmem == null) "-no-nvshmem";
   version = (lib.importTOML ../../Cargo.toml).workspace.package.version;
@@ -48,24 +40,19 @@ rustPlatform.buildRustPackage {
   # cuda_nvcc's setup hook points nvcc at a host compiler it supports.
   nativeBuildInputs = [ cudaPackages.cuda_nvcc autoAddDriverRunpath ];
 
-  env = {
-    CUDA_HOME = "${cudaHome}";
-    NVSHMEM_DIR = if nvshmem == null then "" else "${nvshmem}";
-    # nixpkgs' nvcc resolves its default include path from its own package, not from the
-    # symlinkJoin; name the joined include/ (cudart, CCCL) explicitly (build.rs appends these).
-    DEEPEP_NVCC_FLAGS = "-I${cudaHome}/include";
-  };
+  inherit (build) env;
 
   postFixup = ''
     for exe in "$out"/bin/*; do
       if isELF "$exe"; then
-        patchelf --add-rpath "${lib.concatStringsSep ":" runtimeLibraryDirs}" "$exe"
+        patchelf --add-rpath "${build.runtimeRpath}" "$exe"
       fi
     done
   '';
 
   passthru = {
-    inherit nvshmem cudaPackages cudaHome;
+    inherit nvshmem cudaPackages;
+    inherit (build) cudaHome;
   };
 
   meta = {
