@@ -127,6 +127,8 @@ fn measure2(
         deepep_stat_us: None,
         deepep_stat_gbps: None,
         deepep_stat_per_rank: Vec::new(),
+        deepep_kernel_us: None,
+        deepep_kernel_per_rank: Vec::new(),
         moved: None,
     };
     Ok(vec![

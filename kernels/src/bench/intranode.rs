@@ -12,7 +12,8 @@
 //! next dispatch); DeepEP returns fresh tensors and copies into them inside its timed window, so
 //! these rows are the like-for-like comparison with DeepEP's dispatch figures (same byte count as
 //! the plain rows; the copy itself moves [`super::owned_copy_bytes`] through HBM, printed per
-//! shape). Cached dispatches return no top-k outputs, here as in DeepEP's timed calls.
+//! shape). Cached dispatches return no top-k outputs, here as in DeepEP's timed calls. These
+//! rows have no kernel times (CUPTI records kernels, not the copies).
 //!
 //! `--col-major-scales`: the FP8 dispatch rows take their scales as a column-major `[N, H/128]`
 //! view (physical `[H/128, N]`, [`Tensor::t`]), as DeepEP's intranode test passes them; the rows
@@ -206,6 +207,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                     drop((owned_x, owned_scales));
                     Ok(())
                 })?;
+                // CUPTI records kernels and memsets, not the device copies: a kernel time here
+                // would be the dispatch's alone.
+                let row = Row { kernel_us: None, kernel_gbps: None, deepep_kernel_us: None, deepep_kernel_per_rank: Vec::new(), ..row };
                 rows.push(row);
             }
             // Combine: same byte count as the BF16 dispatch (DeepEP's convention); the NCCL

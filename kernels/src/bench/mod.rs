@@ -208,6 +208,13 @@ pub fn token_bytes(hidden: usize, fp8: bool) -> usize {
 pub const DEEPEP_WARMUP: usize = 50;
 /// DeepEP's timed calls in `tests/utils.py::bench` (`num_tests=50`; the first is dropped).
 pub const DEEPEP_REPS: usize = 50;
+/// Calls per profiler step of DeepEP's `tests/utils.py::bench_kineto` (`num_tests=30`): one
+/// unrecorded step of 30 calls, then 30 recorded calls, no L2 flush; the figure is the average
+/// duration of each named kernel.
+pub const DEEPEP_KINETO_CALLS: usize = 30;
+/// Bytes of the memset that separates the calls of [`BenchCtx::kernel_time_deepep`] in the CUPTI
+/// records (an odd size no op uses; it is not an L2 flush).
+const MARKER_BYTES: usize = 4100;
 
 /// DeepEP's statistic over one rank's per-call times (microseconds, in call order): drop the
 /// first sample (`times[1:]`), then mean / min / max of the rest (`mean_us`, `min_us`, `max_us`;
@@ -296,6 +303,13 @@ pub struct Row {
     pub deepep_stat_gbps: Option<f64>,
     /// Every rank's DeepEP-statistic summary (`mean_us` is the figure; empty without the flag).
     pub deepep_stat_per_rank: Vec<Stats>,
+    /// `--deepep-stat` with CUPTI: kernel time the way DeepEP's `bench_kineto` takes it (30
+    /// unrecorded calls, then the mean over 30 back-to-back calls, no L2 flush) for rank 0. For
+    /// an op of one kernel (LL dispatch, LL combine) that is DeepEP's per-kernel figure; for
+    /// several kernels it spans first start to last end of each call.
+    pub deepep_kernel_us: Option<f64>,
+    /// Every rank's (`mean_us`; empty when not measured).
+    pub deepep_kernel_per_rank: Vec<Stats>,
     /// Low-latency rows: the bytes actually moved and their NCCL baseline (`recv_bytes`, `gbps`
     /// and `nccl_*` above count DeepEP's per-selection bytes).
     pub moved: Option<Moved>,
@@ -429,6 +443,7 @@ impl<'a> BenchCtx<'a> {
             Some(s) if s.reps > 0 => (Some(s.mean_us), Some(gbps_of(recv_bytes[0], s.mean_us))),
             _ => (None, None),
         };
+        let deepep_kernel = if self.opts.deepep_stat { self.kernel_time_deepep(&mut op)?.unwrap_or_default() } else { Vec::new() };
         let nccl = self.nccl_baseline(send_to, recv_from)?;
         Ok(Row {
             mode: mode.into(),
@@ -447,8 +462,50 @@ impl<'a> BenchCtx<'a> {
             deepep_stat_us,
             deepep_stat_gbps,
             deepep_stat_per_rank: deepep,
+            deepep_kernel_us: deepep_kernel.first().map(|s| s.mean_us),
+            deepep_kernel_per_rank: deepep_kernel,
             moved: None,
         })
+    }
+
+    /// Kernel time of `op` the way DeepEP's `bench_kineto` measures it (collective): 30 calls
+    /// (DeepEP's unrecorded profiler step), a sync and barrier (DeepEP: a large matmul and an
+    /// all-reduce), then 30 calls recorded with CUPTI, back to back without L2 flushes, each
+    /// preceded by a tiny marker memset that only separates the calls in the records. Every
+    /// rank's stats of the per-call kernel spans (`mean_us` is DeepEP's figure), or `None` when
+    /// CUPTI is off or a rank could not split its records.
+    pub fn kernel_time_deepep(&self, mut op: impl FnMut() -> Result<()>) -> Result<Option<Vec<Stats>>> {
+        if self.kernel_timer_error.is_some() {
+            return Ok(None);
+        }
+        let timer = cupti::kernel_timer().map_err(|e| EpError::Unsupported(e.to_string()))?;
+        let gpu = self.gpu;
+        let marker = DeviceBuffer::new(gpu, MARKER_BYTES)?;
+        for _ in 0..DEEPEP_KINETO_CALLS {
+            op()?;
+        }
+        gpu.sync("before DeepEP-style kernel timing")?;
+        self.comm.barrier()?;
+        let recorded = timer.record(|| {
+            for _ in 0..DEEPEP_KINETO_CALLS {
+                marker.fill_u32(gpu, 0)?;
+                op()?;
+            }
+            gpu.sync("DeepEP-style kernel-timed calls")
+        });
+        let spans = match recorded {
+            Ok(acts) => cupti::spans_per_rep(&acts, MARKER_BYTES as u64, DEEPEP_KINETO_CALLS),
+            Err(e) => {
+                tracing::warn!("DeepEP-style kernel timing failed: {e}");
+                gpu.sync("after failed kernel timing").ok();
+                None
+            }
+        };
+        let ok = self.comm.all_gather(&[spans.is_some() as u8])?.iter().all(|v| v[0] == 1);
+        if !ok {
+            return Ok(None);
+        }
+        Ok(Some(Stats::from_samples(spans.unwrap()).gather(self.comm)?))
     }
 
     /// Time `op` the way DeepEP v1.2.1's `tests/utils.py::bench` does (collective): after a
@@ -587,6 +644,8 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 deepep_stat_us: None,
                 deepep_stat_gbps: None,
                 deepep_stat_per_rank: Vec::new(),
+                deepep_kernel_us: None,
+                deepep_kernel_per_rank: Vec::new(),
                 moved: None,
             });
         }
@@ -595,8 +654,9 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
 }
 
 /// The table printed by rank 0 (the `op` column as wide as its longest entry). `med us` / `GB/s`
-/// are our statistic (median, slowest rank); with `--deepep-stat` two more columns give DeepEP's
-/// (`DeepEP-stat us` = mean of calls 2..50 after 50 warm-ups, L2 flushed once; rank 0). Rows
+/// are our statistic (median, slowest rank); with `--deepep-stat` three more columns give DeepEP's
+/// (`DeepEP-stat us` = mean of calls 2..50 after 50 warm-ups, L2 flushed once; `DeepEP-kern us` =
+/// `bench_kineto`'s mean kernel time over 30 calls; both rank 0). Rows
 /// with [`Row::moved`] (low-latency) are repeated in a second table of the bytes actually moved.
 pub fn format_table(rows: &[Row]) -> String {
     let opw = rows.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
@@ -607,7 +667,7 @@ pub fn format_table(rows: &[Row]) -> String {
         "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "med us", "GB/s", "kernel us", "kern GB/s", "NCCL us", "NCCL GB/s", "ratio"
     );
     if dpe {
-        s.push_str(&format!(" {:>14} {:>16}", "DeepEP-stat us", "DeepEP-stat GB/s"));
+        s.push_str(&format!(" {:>14} {:>16} {:>14}", "DeepEP-stat us", "DeepEP-stat GB/s", "DeepEP-kern us"));
     }
     s.push('\n');
     let opt = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
@@ -630,7 +690,7 @@ pub fn format_table(rows: &[Row]) -> String {
             opt(r.ratio, 2)
         ));
         if dpe {
-            s.push_str(&format!(" {:>14} {:>16}", opt(r.deepep_stat_us, 1), opt(r.deepep_stat_gbps, 1)));
+            s.push_str(&format!(" {:>14} {:>16} {:>14}", opt(r.deepep_stat_us, 1), opt(r.deepep_stat_gbps, 1), opt(r.deepep_kernel_us, 1)));
         }
         s.push('\n');
     }
@@ -708,6 +768,8 @@ mod tests {
             deepep_stat_us: None,
             deepep_stat_gbps: None,
             deepep_stat_per_rank: vec![],
+            deepep_kernel_us: None,
+            deepep_kernel_per_rank: vec![],
             moved: None,
         };
         let t = format_table(&[row("dispatch-bf16"), row("dispatch-bf16-uncached rdma")]);
@@ -727,7 +789,9 @@ mod tests {
         assert_eq!((s.mean_us, s.max_us, s.reps), (26.0, 50.0, 2));
         assert_eq!(deepep_stat(&[7.0]).reps, 0);
         assert_eq!(deepep_stat(&[]).reps, 0);
-        assert_eq!((DEEPEP_WARMUP, DEEPEP_REPS), (50, 50));
+        assert_eq!((DEEPEP_WARMUP, DEEPEP_REPS, DEEPEP_KINETO_CALLS), (50, 50, 30));
+        // The call separator is a u32 memset, never mistaken for an L2 flush (>= 64 MB).
+        assert!(MARKER_BYTES % 4 == 0 && MARKER_BYTES < 64 << 20);
         assert_eq!(gbps_of(2_000_000, 1000.0), 2.0);
         assert_eq!(gbps_of(1, 0.0), 0.0);
     }
@@ -791,17 +855,20 @@ mod tests {
             deepep_stat_us: None,
             deepep_stat_gbps: None,
             deepep_stat_per_rank: vec![],
+            deepep_kernel_us: None,
+            deepep_kernel_per_rank: vec![],
             moved: None,
         };
         let t = format_table(&[row.clone()]);
         assert!(t.lines().next().unwrap().contains("med us") && !t.contains("DeepEP-stat") && !t.contains("actually moved"), "{t}");
         row.deepep_stat_us = Some(33.25);
+        row.deepep_kernel_us = Some(28.04);
         row.moved = Some(Moved { bytes: 3_700_000, gbps: 116.7, nccl_us: Some(20.0), nccl_gbps: Some(185.0), ratio: Some(0.63) });
         let t = format_table(&[row]);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].contains("DeepEP-stat us") && lines[0].contains("DeepEP-stat GB/s"), "{t}");
+        assert!(lines[0].contains("DeepEP-stat us") && lines[0].contains("DeepEP-stat GB/s") && lines[0].ends_with("DeepEP-kern us"), "{t}");
         assert_eq!(lines[0].len(), lines[1].len(), "{t}");
-        assert!(lines[1].contains(" 33.2") && lines[1].ends_with(" -"), "{t}");
+        assert!(lines[1].contains(" 33.2 ") && lines[1].contains(" - ") && lines[1].ends_with(" 28.0"), "{t}");
         assert!(lines[3].contains("bytes actually moved"), "{t}");
         assert!(lines[4].contains("moved MB") && lines[4].contains("NCCL(mv) GB/s"), "{t}");
         assert!(lines[5].starts_with("combine-bf16") && lines[5].contains(" 14.68 ") && lines[5].contains(" 3.70 ") && lines[5].contains(" 116.7 ") && lines[5].ends_with(" 0.63"), "{t}");

@@ -27,7 +27,8 @@ enum Mode {
         --warmup runs (CUDA events, L2 flushed before every repetition), slowest rank. That is NOT DeepEP's statistic: \
         DeepEP's tests/utils.py bench() runs 50 warm-up calls, flushes the L2 once, times 50 calls and reports the mean \
         of calls 2..50, printed by rank 0 (intranode) or by every rank (low-latency); --deepep-stat adds that figure \
-        for rank 0 as the 'DeepEP-stat us' / 'DeepEP-stat GB/s' columns (JSON: deepep_stat_us, deepep_stat_per_rank). \
+        for rank 0 as the 'DeepEP-stat us' / 'DeepEP-stat GB/s' columns (JSON: deepep_stat_us, deepep_stat_per_rank) and \
+        'DeepEP-kern us', kernel time as its bench_kineto() takes it (mean over 30 back-to-back calls, no L2 flush). \
         The NCCL baseline is a grouped send/recv all-to-all with the same per-peer byte counts; ratio = GB/s / NCCL \
         GB/s. Low-latency rows are repeated in a second table with the bytes our kernels actually move (dispatch: once \
         per destination rank; combine: one f32 partial row per (token, remote owner rank)) and an NCCL baseline moving \
@@ -80,8 +81,9 @@ struct Cli {
     #[arg(long, default_value_t = 5)]
     warmup: usize,
     /// Also measure every row with DeepEP's statistic (tests/utils.py bench: 50 warm-up calls, L2
-    /// flushed once, 50 timed calls, mean without the first; rank 0's figure in the table; not
-    /// shortened by --quick). Adds about 100 calls per row.
+    /// flushed once, 50 timed calls, mean without the first) and, with CUPTI, its kernel time
+    /// (bench_kineto: mean over 30 back-to-back calls, no flush); rank 0's figures in the table;
+    /// not shortened by --quick. Adds about 160 calls per row.
     #[arg(long)]
     deepep_stat: bool,
     /// Low-latency mode: random top-k slots per rank set to -1 (draws with replacement; DeepEP's
@@ -195,7 +197,14 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
             timing.reps,
             timing.warmup,
             if cli.deepep_stat {
-                format!("; 'DeepEP-stat us' = DeepEP's tests/utils.py bench(): {} warm-up, L2 flushed once, mean of calls 2..{}, rank 0", bench::DEEPEP_WARMUP, bench::DEEPEP_REPS)
+                format!(
+                    "; 'DeepEP-stat us' = DeepEP's tests/utils.py bench(): {} warm-up, L2 flushed once, mean of calls 2..{}, rank 0; \
+                     'DeepEP-kern us' = its bench_kineto(): mean kernel span over {} back-to-back calls after {} unrecorded ones, no L2 flush, rank 0",
+                    bench::DEEPEP_WARMUP,
+                    bench::DEEPEP_REPS,
+                    bench::DEEPEP_KINETO_CALLS,
+                    bench::DEEPEP_KINETO_CALLS
+                )
             } else {
                 String::new()
             }
@@ -279,6 +288,12 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
                     } else {
                         "not measured (--deepep-stat)".to_string()
                     },
+                    "deepep_kernel_us": if cli.deepep_stat {
+                        format!("DeepEP v1.2.1 tests/utils.py bench_kineto(): mean CUPTI kernel span per call over {} back-to-back calls after {} unrecorded ones, no L2 flush, rank 0 (deepep_kernel_per_rank: every rank's, mean_us); null without CUPTI and for '+copy' rows", bench::DEEPEP_KINETO_CALLS, bench::DEEPEP_KINETO_CALLS)
+                    } else {
+                        "not measured (--deepep-stat)".to_string()
+                    },
+                    "kernel_us": "ours: CUPTI, first kernel start to last kernel end per repetition, L2 flushed before each, median, slowest rank; null for '+copy' rows",
                     "moved": "low-latency: bytes our kernels actually write (flags excluded), GB/s over 'us', NCCL all-to-all moving those bytes; recv_bytes/gbps/nccl_* count DeepEP's per-selection bytes",
                 },
                 "ll_masked_slots": cli.ll_masked_slots,
