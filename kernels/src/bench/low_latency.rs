@@ -462,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn moved_bytes_at_deepeps_ll_shape_are_far_below_per_selection_at_two_ranks() {
+    fn moved_bytes_at_deepeps_ll_shape_versus_per_selection() {
         // 128 x 7168, top-8 of 288, DeepEP's 10 masked draws: at 2 ranks a token reaches both
         // ranks nearly always, so dispatch v2 moves ~2/8 of the per-selection FP8 bytes and
         // combine's remote partials ~1/4 of the per-selection bf16 rows (4H per token vs 2H x ~8).
@@ -482,6 +482,13 @@ mod tests {
         let (d, m) = (deepep_traffic(&sel, LlOp::DispatchV2 { fp8: true }, 7168), moved_traffic(&r, &sel, LlOp::DispatchV2 { fp8: true }));
         let f = m.own[0] as f64 / d.own[0] as f64;
         assert!((0.6..0.72).contains(&f), "8 ranks: {f}");
+        // ... and combine's f32 partials (4H per token and remote owner, ~4.6 of them) move MORE
+        // than DeepEP's per-selection bf16 rows (2H x ~8): ~1.15x.
+        let (d, m) = (deepep_traffic(&sel, LlOp::CombinePartial, 7168), moved_traffic(&r, &sel, LlOp::CombinePartial));
+        for rank in 0..8 {
+            let f = m.own[rank] as f64 / d.own[rank] as f64;
+            assert!((1.1..1.25).contains(&f), "8 ranks, combine, rank {rank}: {f}");
+        }
     }
 
     #[test]
