@@ -226,7 +226,9 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     if me == 0 {
         println!("timing floor: an empty kernel measures {:.1} us the same way (included in every 'us' below)", ctx.floor_us);
         match &ctx.kernel_timer_error {
-            None => println!("kernel us: CUPTI kernel timestamps, first kernel start to last kernel end per repetition (DeepEP's method)"),
+            None => println!(
+                "kernel us: CUPTI kernel timestamps, first kernel start to last kernel end per repetition, L2 flushed before each, median, slowest rank (DeepEP's bench_kineto takes the mean over 30 back-to-back calls without flushes: 'DeepEP-kern us' with --deepep-stat)"
+            ),
             Some(e) => println!("kernel us: not measured ({e})"),
         }
     }
