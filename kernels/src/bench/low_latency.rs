@@ -483,7 +483,7 @@ mod tests {
         let f = m.own[0] as f64 / d.own[0] as f64;
         assert!((0.6..0.72).contains(&f), "8 ranks: {f}");
         // ... and combine's f32 partials (4H per token and remote owner, ~4.6 of them) move MORE
-        // than DeepEP's per-selection bf16 rows (2H x ~8): ~1.15x.
+        // than DeepEP's per-selection bf16 rows (2H x ~8): 1.14-1.20x at seed 1.
         let (d, m) = (deepep_traffic(&sel, LlOp::CombinePartial, 7168), moved_traffic(&r, &sel, LlOp::CombinePartial));
         for rank in 0..8 {
             let f = m.own[rank] as f64 / d.own[rank] as f64;
