@@ -211,8 +211,7 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
 
 /// The shapes of this mode: `--sweep` gives 32/128/256 tokens at `--hidden`; experts: `--experts`
 /// or [`DEFAULT_EXPERTS`].
-pub fn shapes(ctx: &BenchCtx) -> Vec<Shape> {
-    let o = &ctx.opts;
+pub fn shapes(o: &super::BenchOpts) -> Vec<Shape> {
     let experts = o.experts_or(DEFAULT_EXPERTS);
     if o.sweep {
         SWEEP_TOKENS.iter().map(|&tokens| Shape { tokens, hidden: o.hidden, topk: o.topk, experts }).collect()
@@ -397,6 +396,30 @@ mod tests {
             let e = parse_owner_warps_sweep(bad).unwrap_err().to_string();
             assert!(e.contains("DEEPEP_LL_OWNER_WARPS_SWEEP") && e.contains("0 to 15"), "{e}");
         }
+    }
+
+    #[test]
+    fn shapes_default_to_deepeps_ll_experts() {
+        let o = crate::bench::BenchOpts {
+            tokens: None,
+            hidden: 7168,
+            topk: 8,
+            experts: 256,
+            experts_explicit: false,
+            sweep: false,
+            num_sms: None,
+            timing: crate::runtime::timing::TimingOpts::default(),
+            seed: 1,
+            quick: false,
+            deepep_stat: false,
+            ll_masked_slots: 10,
+            col_major_scales: false,
+        };
+        assert_eq!(shapes(&o), vec![Shape { tokens: 128, hidden: 7168, topk: 8, experts: 288 }]);
+        let explicit = crate::bench::BenchOpts { experts_explicit: true, ..o.clone() };
+        assert_eq!(shapes(&explicit)[0].experts, 256);
+        let sweep = crate::bench::BenchOpts { sweep: true, ..o };
+        assert_eq!(shapes(&sweep).iter().map(|s| (s.tokens, s.experts)).collect::<Vec<_>>(), vec![(32, 288), (128, 288), (256, 288)]);
     }
 
     #[test]

@@ -150,7 +150,7 @@ fn run_mode(mode: Mode, ctx: &mut BenchCtx) -> deepep_kernels::Result<Vec<Row>> 
             bench::intranode::run(ctx, &shapes)
         }
         Mode::LowLatency => {
-            let shapes = bench::low_latency::shapes(ctx);
+            let shapes = bench::low_latency::shapes(&ctx.opts);
             bench::low_latency::run(ctx, &shapes)
         }
         Mode::Internode => {
