@@ -694,6 +694,15 @@ pub fn format_table(rows: &[Row]) -> String {
         }
         s.push('\n');
     }
+    // DeepEP's LL test prints every rank's figures: so do we, for the low-latency rows.
+    let per_rank: Vec<&Row> = rows.iter().filter(|r| r.mode == "low-latency" && r.deepep_stat_per_rank.len() > 1).collect();
+    if !per_rank.is_empty() {
+        s.push_str("\nlow-latency, DeepEP's statistic per rank (its LL test prints every rank): DeepEP-stat us | DeepEP-kern us, rank 0 / rank 1 / ...\n");
+        let list = |v: &[Stats]| if v.is_empty() { "-".to_string() } else { v.iter().map(|x| format!("{:.1}", x.mean_us)).collect::<Vec<_>>().join(" / ") };
+        for r in per_rank {
+            s.push_str(&format!("{} {}: {} | {}\n", r.op, r.shape.tokens, list(&r.deepep_stat_per_rank), list(&r.deepep_kernel_per_rank)));
+        }
+    }
     let moved: Vec<&Row> = rows.iter().filter(|r| r.moved.is_some()).collect();
     if !moved.is_empty() {
         let opw = moved.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
@@ -868,15 +877,20 @@ mod tests {
         assert!(t.lines().next().unwrap().contains("med us") && !t.contains("DeepEP-stat") && !t.contains("actually moved"), "{t}");
         row.deepep_stat_us = Some(33.25);
         row.deepep_kernel_us = Some(28.04);
+        let st = |m: f64| Stats { median_us: m, mean_us: m, min_us: m, max_us: m, reps: 49 };
+        row.deepep_stat_per_rank = vec![st(33.25), st(34.0)];
+        row.deepep_kernel_per_rank = vec![st(28.04), st(29.0)];
         row.moved = Some(Moved { bytes: 3_700_000, gbps: 116.7, nccl_us: Some(20.0), nccl_gbps: Some(185.0), ratio: Some(0.63) });
         let t = format_table(&[row]);
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].contains("DeepEP-stat us") && lines[0].contains("DeepEP-stat GB/s") && lines[0].ends_with("DeepEP-kern us"), "{t}");
         assert_eq!(lines[0].len(), lines[1].len(), "{t}");
         assert!(lines[1].contains(" 33.2 ") && lines[1].contains(" - ") && lines[1].ends_with(" 28.0"), "{t}");
-        assert!(lines[3].contains("bytes actually moved"), "{t}");
-        assert!(lines[4].contains("moved MB") && lines[4].contains("NCCL(mv) GB/s"), "{t}");
-        assert!(lines[5].starts_with("combine-bf16") && lines[5].contains(" 14.68 ") && lines[5].contains(" 3.70 ") && lines[5].contains(" 116.7 ") && lines[5].ends_with(" 0.63"), "{t}");
+        assert!(lines[3].contains("per rank"), "{t}");
+        assert_eq!(lines[4], "combine-bf16 128: 33.2 / 34.0 | 28.0 / 29.0", "{t}");
+        assert!(lines[6].contains("bytes actually moved"), "{t}");
+        assert!(lines[7].contains("moved MB") && lines[7].contains("NCCL(mv) GB/s"), "{t}");
+        assert!(lines[8].starts_with("combine-bf16") && lines[8].contains(" 14.68 ") && lines[8].contains(" 3.70 ") && lines[8].contains(" 116.7 ") && lines[8].ends_with(" 0.63"), "{t}");
     }
 
     #[test]
