@@ -124,6 +124,12 @@ fn measure2(
         per_rank: stats.clone(),
         kernel_us: None,
         kernel_gbps: None,
+        deepep_stat_us: None,
+        deepep_stat_gbps: None,
+        deepep_stat_per_rank: Vec::new(),
+        deepep_kernel_us: None,
+        deepep_kernel_per_rank: Vec::new(),
+        moved: None,
     };
     Ok(vec![
         row("rdma", rdma_bytes[rslow], rdma_gbps, false),

@@ -6,6 +6,19 @@
 //! `dispatch_layout` + fresh dispatch (notify, CPU sync, dispatch). Each row carries the NCCL
 //! all-to-all baseline for the same per-peer bytes (combine: the transposed counts).
 //!
+//! `dispatch-bf16+copy` / `dispatch-fp8+copy`: the cached dispatch followed, in the same timed
+//! repetition, by a device copy of `recv_x` (and, FP8, `recv_scales`) into freshly allocated owned
+//! tensors ([`Tensor::to_owned`]). Our outputs are views into the NVLink buffer (valid until the
+//! next dispatch); DeepEP returns fresh tensors and copies into them inside its timed window, so
+//! these rows are the like-for-like comparison with DeepEP's dispatch figures (same byte count as
+//! the plain rows; the copy itself moves [`super::owned_copy_bytes`] through HBM, printed per
+//! shape). Cached dispatches return no top-k outputs, here as in DeepEP's timed calls. These
+//! rows have no kernel times (CUPTI records kernels, not the copies).
+//!
+//! `--col-major-scales`: the FP8 dispatch rows take their scales as a column-major `[N, H/128]`
+//! view (physical `[H/128, N]`, [`Tensor::t`]), as DeepEP's intranode test passes them; the rows
+//! are then named `dispatch-fp8 col-scales` / `dispatch-fp8+copy col-scales`.
+//!
 //! Configs: `--num-sms` (default 24 blocks) with the default warp split, or several configs via
 //! `DEEPEP_INTRANODE_CONFIGS="sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]],..."`
 //! (e.g. `24:24:24:12,16:24:24:12:1,24:24:24:8:4:8`), each measured in turn (tuning without rebuilding).
@@ -54,6 +67,25 @@ fn bad_config(s: &str) -> EpError {
     EpError::InvalidArgument(format!(
         "DEEPEP_INTRANODE_CONFIGS entry {s:?} is not sms:dispatch_warps:combine_warps:push_warps[:push_rows[:dispatch_local_warps[:tma]]] (four to seven integers, tma a mask 0..=3: 1 dispatch, 2 combine; e.g. 24:24:24:12 or 24:24:24:12:2:8:3)"
     ))
+}
+
+/// Physical shape of the FP8 scales for `n` tokens and `groups = H/128` groups: row-major
+/// `[n, groups]`, or column-major: `[groups, n]`, passed to the kernels transposed as `[n, groups]`.
+pub fn scales_alloc_shape(n: usize, groups: usize, col_major: bool) -> [usize; 2] {
+    if col_major {
+        [groups, n]
+    } else {
+        [n, groups]
+    }
+}
+
+/// Op name of an FP8 row with the scale layout appended when it is column-major.
+pub fn fp8_op_name(base: &str, col_major: bool) -> String {
+    if col_major {
+        format!("{base} col-scales")
+    } else {
+        base.to_string()
+    }
 }
 
 fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
@@ -132,7 +164,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
         let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
         let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
         let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
-        let sc = filled(ctx, DType::F32, &[n, h / 128], 0x3f80_0000)?;
+        let col = ctx.opts.col_major_scales;
+        let sc_phys = filled(ctx, DType::F32, &scales_alloc_shape(n, h / 128, col), 0x3f80_0000)?;
+        let sc = if col { sc_phys.t()? } else { sc_phys };
         let layout = buf.dispatch_layout(&idx, shape.experts)?;
         comm.barrier()?;
         let first = buf.dispatch(DispatchArgs::fresh(&x, &layout, &idx, &wts))?;
@@ -142,6 +176,13 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
         let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
         let out = Tensor::empty(&stream, DType::Bf16, &[n, h])?;
         gpu.sync("intranode bench setup")?;
+        if me == 0 {
+            println!(
+                "intranode {n}x{h}: an owned copy of rank 0's {m} received rows moves {:.1} MB (BF16) / {:.1} MB (FP8) through HBM (read + write)",
+                super::owned_copy_bytes(m, h, false) as f64 / 1e6,
+                super::owned_copy_bytes(m, h, true) as f64 / 1e6
+            );
+        }
 
         let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
         for cfg in &cfgs {
@@ -150,14 +191,26 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 let tb = token_bytes(h, fp8);
                 let recv_bytes: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
                 let (send, recv) = routing.dispatch_bytes(me, tb);
-                let mut op = |b: &mut Buffer| -> Result<()> {
-                    let a = if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
-                    b.dispatch(a.config(*cfg)).map(|_| ())
-                };
-                let name = op_name(base, cfg, many);
+                let args = || if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
+                let mut op = |b: &mut Buffer| -> Result<()> { b.dispatch(args().config(*cfg)).map(|_| ()) };
+                let name = op_name(&if fp8 { fp8_op_name(base, col) } else { base.to_string() }, cfg, many);
                 let row = ctx.measure(MODE, &name, shape, sms, &recv_bytes, &send, &recv, || op(&mut buf))?;
                 rows.push(row);
                 traced(&mut buf, &name, shape, send[1 - me.min(1)], &mut op)?;
+                // The same dispatch followed by owned copies of its outputs (DeepEP's timed work).
+                let copy_base = format!("{base}+copy");
+                let name = op_name(&if fp8 { fp8_op_name(&copy_base, col) } else { copy_base.clone() }, cfg, many);
+                let row = ctx.measure(MODE, &name, shape, sms, &recv_bytes, &send, &recv, || {
+                    let o = buf.dispatch(args().config(*cfg))?;
+                    let owned_x = o.recv_x.to_owned()?;
+                    let owned_scales = o.recv_scales.as_ref().map(Tensor::to_owned).transpose()?;
+                    drop((owned_x, owned_scales));
+                    Ok(())
+                })?;
+                // CUPTI records kernels and memsets, not the device copies: a kernel time here
+                // would be the dispatch's alone.
+                let row = Row { kernel_us: None, kernel_gbps: None, deepep_kernel_us: None, deepep_kernel_per_rank: Vec::new(), ..row };
+                rows.push(row);
             }
             // Combine: same byte count as the BF16 dispatch (DeepEP's convention); the NCCL
             // baseline moves the transpose of the dispatch counts.
@@ -193,6 +246,14 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_layouts_and_names() {
+        assert_eq!(scales_alloc_shape(4096, 56, false), [4096, 56]);
+        assert_eq!(scales_alloc_shape(4096, 56, true), [56, 4096]);
+        assert_eq!(fp8_op_name("dispatch-fp8", false), "dispatch-fp8");
+        assert_eq!(fp8_op_name("dispatch-fp8+copy", true), "dispatch-fp8+copy col-scales");
+    }
     #[test]
     fn parses_configs_and_rejects_bad_ones() {
         assert_eq!(

@@ -1,15 +1,32 @@
 //! Benchmark framework of `deepep-bench`: DeepEP's figures and an NCCL all-to-all baseline moving
 //! the same bytes, in the same run.
 //!
-//! Figures (as DeepEP's `tests/test_intranode.py`): GB/s over the bytes a rank *receives*,
-//! including the tokens it sends to itself, divided by the median time over repetitions (CUDA
-//! events, warm-up first, L2 flushed between repetitions). Across ranks the table shows the
-//! slowest rank: the largest median time and the smallest GB/s. Every row names the SM count the
-//! kernel used. The NCCL baseline is a grouped `ncclSend`/`ncclRecv` all-to-all with exactly the
-//! per-peer byte counts of the routing being measured; `ratio` = our GB/s / NCCL GB/s.
+//! Our statistic (columns `med us` / `GB/s`): GB/s over the bytes a rank *receives*, including
+//! the tokens it sends to itself (DeepEP's byte count), divided by the **median** time over
+//! `--reps` repetitions after `--warmup` runs (CUDA events, L2 flushed before **every**
+//! repetition); across ranks the table shows the slowest rank (largest median, smallest GB/s).
+//! This is *not* DeepEP's statistic. DeepEP v1.2.1's `tests/utils.py::bench` (used by
+//! `test_intranode.py` and by the event-timed "Dispatch + combine" line of `test_low_latency.py`)
+//! runs 50 warm-up calls, flushes the L2 **once** (a 256 MB `zero_`), times 50 calls back to back
+//! with CUDA events, drops the **first** of those 50 samples and reports the **mean** of the other
+//! 49 (and their min/max); `test_intranode.py` prints rank 0 only (`local_rank == 0`),
+//! `test_low_latency.py` prints every rank. With `--deepep-stat` every row is also measured that
+//! way ([`BenchCtx::time_deepep`], [`deepep_stat`]) and the columns `DeepEP-stat us` /
+//! `DeepEP-stat GB/s` show rank 0's figure (JSON: `deepep_stat_us`, `deepep_stat_gbps`, every
+//! rank's in `deepep_stat_per_rank`). DeepEP's low-latency per-kernel times come from
+//! `bench_kineto` instead (30 calls, no L2 flush, the profiler's average duration of each kernel
+//! named `dispatch` / `combine`): compare those with our `kernel us` column, which differs too
+//! (median of per-repetition spans from first kernel start to last kernel end, L2 flushed).
+//!
+//! Every row names the SM count the kernel used. The NCCL baseline is a grouped
+//! `ncclSend`/`ncclRecv` all-to-all with exactly the per-peer byte counts of the routing being
+//! measured; `ratio` = our GB/s / NCCL GB/s. Low-latency rows also carry the bytes our kernels
+//! actually move ([`Moved`], see `bench::low_latency`) with a second NCCL baseline for those.
 //!
 //! Routing is drawn like DeepEP's benchmarks: every token picks `topk` distinct experts uniformly
 //! among `experts` (top-k of i.i.d. random scores); expert `e` lives on rank `e / (experts / world)`.
+//! The low-latency mode then masks slots with `-1` as DeepEP's LL test does
+//! ([`random::mask_random_slots`], `--ll-masked-slots`, default 10 draws per rank).
 //! It is generated from `(seed, rank)` with `reference::random`, so every rank knows every rank's
 //! routing without communication.
 //!
@@ -24,7 +41,7 @@ use crate::error::{EpError, Result};
 use crate::reference::random;
 use crate::runtime::nccl::Nccl;
 use crate::runtime::cupti;
-use crate::runtime::timing::{time_op, L2Flush, Stats, TimingOpts};
+use crate::runtime::timing::{time_op, Event, L2Flush, Stats, TimingOpts};
 use crate::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
 use std::collections::HashMap;
 
@@ -60,6 +77,12 @@ pub struct BenchOpts {
     pub seed: u64,
     /// Fewer repetitions and a smaller sweep (smoke runs).
     pub quick: bool,
+    /// Also measure every row with DeepEP's statistic ([`BenchCtx::time_deepep`]).
+    pub deepep_stat: bool,
+    /// Low-latency mode: `-1` draws per rank ([`random::mask_random_slots`]; DeepEP's LL test: 10).
+    pub ll_masked_slots: usize,
+    /// Intranode mode: FP8 scales as a column-major `[N, H/128]` view (DeepEP's intranode test).
+    pub col_major_scales: bool,
 }
 
 impl BenchOpts {
@@ -81,8 +104,8 @@ impl BenchOpts {
         }
     }
 
-    /// The expert count: `--experts` when given, else the mode's own default (e.g. 288 for
-    /// low-latency, DeepEP's shape there).
+    /// The expert count: `--experts` when given, else the mode's own default (288 for
+    /// low-latency, DeepEP's `test_low_latency.py` default; 256 elsewhere).
     pub fn experts_or(&self, mode_default: usize) -> usize {
         if self.experts_explicit {
             self.experts
@@ -126,13 +149,22 @@ pub struct Routing {
 const ROUTING_STREAM: u64 = 0xBE7C;
 
 impl Routing {
+    /// Routing without `-1` slots (DeepEP's intranode test).
     pub fn new(seed: u64, world: usize, shape: Shape) -> Routing {
+        Routing::masked(seed, world, shape, 0)
+    }
+
+    /// Routing with `masked_draws` random slots per rank set to `-1` after the top-k draw, as
+    /// DeepEP's LL test does ([`random::mask_random_slots`]); the unmasked slots are those of
+    /// [`Routing::new`] for the same seed.
+    pub fn masked(seed: u64, world: usize, shape: Shape, masked_draws: usize) -> Routing {
         let per_rank = shape.experts / world;
         let mut topk_idx = Vec::with_capacity(world);
         let mut tokens_to = vec![vec![0usize; world]; world];
         for (s, row) in tokens_to.iter_mut().enumerate() {
             let mut rng = random::rng(seed, s, ROUTING_STREAM);
-            let idx = random::topk_idx(&mut rng, shape.tokens, shape.topk, shape.experts, 0.0);
+            let mut idx = random::topk_idx(&mut rng, shape.tokens, shape.topk, shape.experts, 0.0);
+            random::mask_random_slots(&mut rng, &mut idx, shape.tokens, shape.topk, masked_draws);
             for t in 0..shape.tokens {
                 let mut hit = vec![false; world];
                 for &e in &idx[t * shape.topk..(t + 1) * shape.topk] {
@@ -172,6 +204,74 @@ pub fn token_bytes(hidden: usize, fp8: bool) -> usize {
     }
 }
 
+/// DeepEP's warm-up calls in `tests/utils.py::bench` (v1.2.1, `num_warmups=50`).
+pub const DEEPEP_WARMUP: usize = 50;
+/// DeepEP's timed calls in `tests/utils.py::bench` (`num_tests=50`; the first is dropped).
+pub const DEEPEP_REPS: usize = 50;
+/// Calls per profiler step of DeepEP's `tests/utils.py::bench_kineto` (`num_tests=30`): one
+/// unrecorded step of 30 calls, then 30 recorded calls, no L2 flush; the figure is the average
+/// duration of each named kernel.
+pub const DEEPEP_KINETO_CALLS: usize = 30;
+/// Bytes of the memset that separates the calls of [`BenchCtx::kernel_time_deepep`] in the CUPTI
+/// records (an odd size no op uses; it is not an L2 flush).
+const MARKER_BYTES: usize = 4100;
+
+/// DeepEP's statistic over one rank's per-call times (microseconds, in call order): drop the
+/// first sample (`times[1:]`), then mean / min / max of the rest (`mean_us`, `min_us`, `max_us`;
+/// `median_us` is the rest's median, which DeepEP does not report). Fewer than two samples give
+/// zeros with `reps == 0`.
+pub fn deepep_stat(samples: &[f64]) -> Stats {
+    Stats::from_samples(samples.get(1..).unwrap_or(&[]).to_vec())
+}
+
+/// Bytes a device copy of a dispatch's outputs into owned tensors moves through HBM: each of
+/// `recv_tokens` received rows (`token_bytes(hidden, fp8)`: data, and FP8 scales) read once and
+/// written once. This is the work DeepEP's timed dispatch includes (it returns fresh tensors)
+/// and ours does not (our intranode outputs are views into the NVLink buffer).
+pub fn owned_copy_bytes(recv_tokens: usize, hidden: usize, fp8: bool) -> usize {
+    2 * recv_tokens * token_bytes(hidden, fp8)
+}
+
+/// Traffic of one low-latency op: `matrix[from][to]` bytes written by rank `from` into rank
+/// `to`'s buffers (self included), and `own[r]` the bytes attributed to rank `r`'s own tokens
+/// (DeepEP's convention for its LL figures: dispatch = what `r` sends, combine = what `r`'s
+/// tokens bring back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Traffic {
+    pub matrix: Vec<Vec<usize>>,
+    pub own: Vec<usize>,
+}
+
+impl Traffic {
+    /// Rank `r`'s per-peer (send, receive) byte counts, for the NCCL all-to-all.
+    pub fn peers(&self, r: usize) -> (Vec<usize>, Vec<usize>) {
+        (self.matrix[r].clone(), self.matrix.iter().map(|row| row[r]).collect())
+    }
+    /// Every count times `f` (rows of `f` calls per repetition).
+    pub fn times(&self, f: usize) -> Traffic {
+        Traffic { matrix: self.matrix.iter().map(|r| r.iter().map(|b| b * f).collect()).collect(), own: self.own.iter().map(|b| b * f).collect() }
+    }
+    /// Element-wise sum (dispatch followed by combine).
+    pub fn plus(&self, o: &Traffic) -> Traffic {
+        let add = |a: &[usize], b: &[usize]| a.iter().zip(b).map(|(x, y)| x + y).collect::<Vec<_>>();
+        Traffic { matrix: self.matrix.iter().zip(&o.matrix).map(|(a, b)| add(a, b)).collect(), own: add(&self.own, &o.own) }
+    }
+}
+
+/// The bytes our kernels actually move for a row, next to its DeepEP-equivalent bytes.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Moved {
+    /// Bytes of the rank with the smallest GB/s (see [`Traffic::own`]).
+    pub bytes: usize,
+    /// Smallest per-rank GB/s over the row's median times.
+    pub gbps: f64,
+    /// NCCL all-to-all moving exactly these per-peer bytes (`None` without NCCL).
+    pub nccl_us: Option<f64>,
+    pub nccl_gbps: Option<f64>,
+    /// `gbps / nccl_gbps`.
+    pub ratio: Option<f64>,
+}
+
 /// One measured operation (one table row / JSON object).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
@@ -196,6 +296,23 @@ pub struct Row {
     pub kernel_us: Option<f64>,
     /// GB/s over `kernel_us` (smallest over ranks).
     pub kernel_gbps: Option<f64>,
+    /// `--deepep-stat`: DeepEP's statistic ([`deepep_stat`]: 50 warm-up, L2 flushed once, mean
+    /// of calls 2..50) for rank 0, the rank `test_intranode.py` prints.
+    pub deepep_stat_us: Option<f64>,
+    /// Rank 0's bytes / `deepep_stat_us`.
+    pub deepep_stat_gbps: Option<f64>,
+    /// Every rank's DeepEP-statistic summary (`mean_us` is the figure; empty without the flag).
+    pub deepep_stat_per_rank: Vec<Stats>,
+    /// `--deepep-stat` with CUPTI: kernel time the way DeepEP's `bench_kineto` takes it (30
+    /// unrecorded calls, then the mean over 30 back-to-back calls, no L2 flush) for rank 0. For
+    /// an op of one kernel (LL dispatch, LL combine) that is DeepEP's per-kernel figure; for
+    /// several kernels it spans first start to last end of each call.
+    pub deepep_kernel_us: Option<f64>,
+    /// Every rank's (`mean_us`; empty when not measured).
+    pub deepep_kernel_per_rank: Vec<Stats>,
+    /// Low-latency rows: the bytes actually moved and their NCCL baseline (`recv_bytes`, `gbps`
+    /// and `nccl_*` above count DeepEP's per-selection bytes).
+    pub moved: Option<Moved>,
 }
 
 /// What a mode gets: the rank's communicator and GPU, an L2 flush buffer, the NCCL baseline.
@@ -321,6 +438,12 @@ impl<'a> BenchCtx<'a> {
         let per_rank = self.time(&mut op)?;
         let (us, gbps, slow) = figures(&per_rank, recv_bytes);
         let kernel = self.kernel_time(&mut op)?.map(|k| figures(&k, recv_bytes));
+        let deepep = if self.opts.deepep_stat { self.time_deepep(&mut op)? } else { Vec::new() };
+        let (deepep_stat_us, deepep_stat_gbps) = match deepep.first() {
+            Some(s) if s.reps > 0 => (Some(s.mean_us), Some(gbps_of(recv_bytes[0], s.mean_us))),
+            _ => (None, None),
+        };
+        let deepep_kernel = if self.opts.deepep_stat { self.kernel_time_deepep(&mut op)?.unwrap_or_default() } else { Vec::new() };
         let nccl = self.nccl_baseline(send_to, recv_from)?;
         Ok(Row {
             mode: mode.into(),
@@ -336,7 +459,95 @@ impl<'a> BenchCtx<'a> {
             per_rank,
             kernel_us: kernel.map(|k| k.0),
             kernel_gbps: kernel.map(|k| k.1),
+            deepep_stat_us,
+            deepep_stat_gbps,
+            deepep_stat_per_rank: deepep,
+            deepep_kernel_us: deepep_kernel.first().map(|s| s.mean_us),
+            deepep_kernel_per_rank: deepep_kernel,
+            moved: None,
         })
+    }
+
+    /// Kernel time of `op` the way DeepEP's `bench_kineto` measures it (collective): 30 calls
+    /// (DeepEP's unrecorded profiler step), a sync and barrier (DeepEP: a large matmul and an
+    /// all-reduce), then 30 calls recorded with CUPTI, back to back without L2 flushes, each
+    /// preceded by a tiny marker memset that only separates the calls in the records. Every
+    /// rank's stats of the per-call kernel spans (`mean_us` is DeepEP's figure), or `None` when
+    /// CUPTI is off or a rank could not split its records.
+    pub fn kernel_time_deepep(&self, mut op: impl FnMut() -> Result<()>) -> Result<Option<Vec<Stats>>> {
+        if self.kernel_timer_error.is_some() {
+            return Ok(None);
+        }
+        let timer = cupti::kernel_timer().map_err(|e| EpError::Unsupported(e.to_string()))?;
+        let gpu = self.gpu;
+        let marker = DeviceBuffer::new(gpu, MARKER_BYTES)?;
+        for _ in 0..DEEPEP_KINETO_CALLS {
+            op()?;
+        }
+        gpu.sync("before DeepEP-style kernel timing")?;
+        self.comm.barrier()?;
+        let recorded = timer.record(|| {
+            for _ in 0..DEEPEP_KINETO_CALLS {
+                marker.fill_u32(gpu, 0)?;
+                op()?;
+            }
+            gpu.sync("DeepEP-style kernel-timed calls")
+        });
+        let spans = match recorded {
+            Ok(acts) => cupti::spans_per_rep(&acts, MARKER_BYTES as u64, DEEPEP_KINETO_CALLS),
+            Err(e) => {
+                tracing::warn!("DeepEP-style kernel timing failed: {e}");
+                gpu.sync("after failed kernel timing").ok();
+                None
+            }
+        };
+        let ok = self.comm.all_gather(&[spans.is_some() as u8])?.iter().all(|v| v[0] == 1);
+        if !ok {
+            return Ok(None);
+        }
+        Ok(Some(Stats::from_samples(spans.unwrap()).gather(self.comm)?))
+    }
+
+    /// Time `op` the way DeepEP v1.2.1's `tests/utils.py::bench` does (collective): after a
+    /// barrier, [`DEEPEP_WARMUP`] untimed calls, one L2 flush, then [`DEEPEP_REPS`] calls back to
+    /// back, each bracketed by CUDA events with no flush in between; every rank's
+    /// [`deepep_stat`] (first call dropped, mean of the rest). Differences that remain: our flush
+    /// buffer is `max(2 x L2, 64 MB)` instead of 256 MB, and ours is one Rust call per op where
+    /// DeepEP's includes its Python wrapper (and, intranode, allocating the output tensors).
+    pub fn time_deepep(&self, mut op: impl FnMut() -> Result<()>) -> Result<Vec<Stats>> {
+        let gpu = self.gpu;
+        gpu.sync("before DeepEP-statistic timing")?;
+        self.comm.barrier()?;
+        for _ in 0..DEEPEP_WARMUP {
+            op()?;
+        }
+        self.flush.flush(gpu)?;
+        let events: Vec<(Event, Event)> = (0..DEEPEP_REPS).map(|_| Ok((Event::new(gpu)?, Event::new(gpu)?))).collect::<Result<_>>()?;
+        for (a, b) in &events {
+            a.record(gpu)?;
+            op()?;
+            b.record(gpu)?;
+        }
+        gpu.sync("DeepEP-statistic repetitions")?;
+        let samples = events.iter().map(|(a, b)| Ok(a.elapsed_ms(b)? as f64 * 1e3)).collect::<Result<Vec<f64>>>()?;
+        deepep_stat(&samples).gather(self.comm)
+    }
+
+    /// Attach the bytes actually moved (`moved`) to a row measured with [`BenchCtx::measure`]:
+    /// GB/s over the row's per-rank medians and an NCCL all-to-all moving `moved`'s per-peer
+    /// bytes (collective).
+    pub fn attach_moved(&mut self, row: &mut Row, moved: &Traffic) -> Result<()> {
+        let (_, gbps, slow) = figures(&row.per_rank, &moved.own);
+        let (send, recv) = moved.peers(self.comm.rank());
+        let nccl = self.nccl_baseline(&send, &recv)?;
+        row.moved = Some(Moved {
+            bytes: moved.own[slow],
+            gbps,
+            nccl_us: nccl.map(|n| n.0),
+            nccl_gbps: nccl.map(|n| n.1),
+            ratio: nccl.map(|n| gbps / n.1),
+        });
+        Ok(())
     }
 
     /// NCCL all-to-all with this rank's per-peer byte counts: (slowest median us, smallest GB/s
@@ -367,6 +578,15 @@ impl<'a> BenchCtx<'a> {
         let (us, gbps, _) = figures(&stats, &recv_all);
         self.nccl_cache.insert(key, (us, gbps));
         Ok(Some((us, gbps)))
+    }
+}
+
+/// GB/s of `bytes` in `us` microseconds (0 when `us` is not positive).
+pub fn gbps_of(bytes: usize, us: f64) -> f64 {
+    if us > 0.0 {
+        bytes as f64 / (us * 1e-6) / 1e9
+    } else {
+        0.0
     }
 }
 
@@ -421,24 +641,39 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 per_rank: Vec::new(),
                 kernel_us: None,
                 kernel_gbps: None,
+                deepep_stat_us: None,
+                deepep_stat_gbps: None,
+                deepep_stat_per_rank: Vec::new(),
+                deepep_kernel_us: None,
+                deepep_kernel_per_rank: Vec::new(),
+                moved: None,
             });
         }
     }
     Ok(rows)
 }
 
-/// The table printed by rank 0 (the `op` column as wide as its longest entry).
+/// The table printed by rank 0 (the `op` column as wide as its longest entry). `med us` / `GB/s`
+/// are our statistic (median, slowest rank); with `--deepep-stat` three more columns give DeepEP's
+/// (`DeepEP-stat us` = mean of calls 2..50 after 50 warm-ups, L2 flushed once; `DeepEP-kern us` =
+/// `bench_kineto`'s mean kernel time over 30 calls; both rank 0). Rows
+/// with [`Row::moved`] (low-latency) are repeated in a second table of the bytes actually moved.
 pub fn format_table(rows: &[Row]) -> String {
     let opw = rows.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
     let modew = rows.iter().map(|r| r.mode.len()).chain([4]).max().unwrap_or(4);
+    let dpe = rows.iter().any(|r| r.deepep_stat_us.is_some());
     let mut s = format!(
-        "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
-        "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "us", "GB/s", "kernel us", "kern GB/s", "NCCL us", "NCCL GB/s", "ratio"
+        "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>6}",
+        "mode", "op", "tokens", "hidden", "topk", "experts", "SMs", "med us", "GB/s", "kernel us", "kern GB/s", "NCCL us", "NCCL GB/s", "ratio"
     );
+    if dpe {
+        s.push_str(&format!(" {:>14} {:>16} {:>14}", "DeepEP-stat us", "DeepEP-stat GB/s", "DeepEP-kern us"));
+    }
+    s.push('\n');
     let opt = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
     for r in rows {
         s.push_str(&format!(
-            "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>10} {:>9} {:>6}\n",
+            "{:<modew$} {:<opw$} {:>6} {:>6} {:>4} {:>7} {:>4} {:>10.1} {:>9.1} {:>10} {:>9} {:>10} {:>9} {:>6}",
             r.mode,
             r.op,
             r.shape.tokens,
@@ -454,6 +689,43 @@ pub fn format_table(rows: &[Row]) -> String {
             opt(r.nccl_gbps, 1),
             opt(r.ratio, 2)
         ));
+        if dpe {
+            s.push_str(&format!(" {:>14} {:>16} {:>14}", opt(r.deepep_stat_us, 1), opt(r.deepep_stat_gbps, 1), opt(r.deepep_kernel_us, 1)));
+        }
+        s.push('\n');
+    }
+    // DeepEP's LL test prints every rank's figures: so do we, for the low-latency rows.
+    let per_rank: Vec<&Row> = rows.iter().filter(|r| r.mode == "low-latency" && r.deepep_stat_per_rank.len() > 1).collect();
+    if !per_rank.is_empty() {
+        s.push_str("\nlow-latency, DeepEP's statistic per rank (its LL test prints every rank): DeepEP-stat us | DeepEP-kern us, rank 0 / rank 1 / ...\n");
+        let list = |v: &[Stats]| if v.is_empty() { "-".to_string() } else { v.iter().map(|x| format!("{:.1}", x.mean_us)).collect::<Vec<_>>().join(" / ") };
+        for r in per_rank {
+            s.push_str(&format!("{} {}: {} | {}\n", r.op, r.shape.tokens, list(&r.deepep_stat_per_rank), list(&r.deepep_kernel_per_rank)));
+        }
+    }
+    let moved: Vec<&Row> = rows.iter().filter(|r| r.moved.is_some()).collect();
+    if !moved.is_empty() {
+        let opw = moved.iter().map(|r| r.op.len()).chain([2]).max().unwrap_or(2);
+        s.push_str("\nlow-latency, bytes actually moved (DeepEP MB / GB/s / NCCL above: per-selection bytes; here: what our kernels write, same med us):\n");
+        s.push_str(&format!(
+            "{:<opw$} {:>6} {:>10} {:>10} {:>10} {:>9} {:>13} {:>15} {:>11}\n",
+            "op", "tokens", "DeepEP MB", "moved MB", "med us", "GB/s", "NCCL(mv) us", "NCCL(mv) GB/s", "ratio(mv)"
+        ));
+        for r in moved {
+            let m = r.moved.unwrap();
+            s.push_str(&format!(
+                "{:<opw$} {:>6} {:>10.2} {:>10.2} {:>10.1} {:>9.1} {:>13} {:>15} {:>11}\n",
+                r.op,
+                r.shape.tokens,
+                r.recv_bytes as f64 / 1e6,
+                m.bytes as f64 / 1e6,
+                r.us,
+                m.gbps,
+                opt(m.nccl_us, 1),
+                opt(m.nccl_gbps, 1),
+                opt(m.ratio, 2)
+            ));
+        }
     }
     s
 }
@@ -502,12 +774,123 @@ mod tests {
             per_rank: vec![],
             kernel_us: Some(180.04),
             kernel_gbps: None,
+            deepep_stat_us: None,
+            deepep_stat_gbps: None,
+            deepep_stat_per_rank: vec![],
+            deepep_kernel_us: None,
+            deepep_kernel_per_rank: vec![],
+            moved: None,
         };
         let t = format_table(&[row("dispatch-bf16"), row("dispatch-bf16-uncached rdma")]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{t}");
         assert!(lines[1].contains(" 213.0 ") && lines[1].contains(" 549.9 ") && lines[1].contains(" 180.0 ") && lines[1].ends_with("     -"), "{t}");
+    }
+
+    #[test]
+    fn deepep_stat_drops_only_the_first_call_and_averages_the_rest() {
+        // DeepEP: np.array(times)[1:], then np.average / min / max.
+        let s = deepep_stat(&[100.0, 4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((s.mean_us, s.min_us, s.max_us, s.reps), (2.5, 1.0, 4.0, 4));
+        // The slow first call (cold L2 after the single flush) is what gets dropped, nothing else.
+        let s = deepep_stat(&[1.0, 50.0, 2.0]);
+        assert_eq!((s.mean_us, s.max_us, s.reps), (26.0, 50.0, 2));
+        assert_eq!(deepep_stat(&[7.0]).reps, 0);
+        assert_eq!(deepep_stat(&[]).reps, 0);
+        assert_eq!((DEEPEP_WARMUP, DEEPEP_REPS, DEEPEP_KINETO_CALLS), (50, 50, 30));
+        // The call separator is a u32 memset, never mistaken for an L2 flush (>= 64 MB).
+        assert!(MARKER_BYTES % 4 == 0 && MARKER_BYTES < 64 << 20);
+        assert_eq!(gbps_of(2_000_000, 1000.0), 2.0);
+        assert_eq!(gbps_of(1, 0.0), 0.0);
+    }
+
+    #[test]
+    fn owned_copy_bytes_read_and_write_every_received_row() {
+        assert_eq!(owned_copy_bytes(4096, 7168, false), 2 * 4096 * 14336);
+        // 2 ranks, 4096 x 7168, top-8 of 256: a rank receives ~8160 rows (117 MB, the row's
+        // recv_bytes), so the copy reads ~117 MB and writes ~117 MB.
+        let r = Routing::new(1, 2, Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 });
+        let m = r.tokens_received(0);
+        assert!((8100..8192).contains(&m), "{m} rows");
+        let mb = owned_copy_bytes(m, 7168, false) as f64 / 1e6;
+        assert!((232.0..235.0).contains(&mb), "{mb} MB");
+        assert_eq!(owned_copy_bytes(10, 7168, true), 2 * 10 * (7168 + 56 * 4));
+        assert_eq!(owned_copy_bytes(0, 7168, true), 0);
+    }
+
+    #[test]
+    fn traffic_peers_times_and_plus() {
+        let t = Traffic { matrix: vec![vec![1, 2], vec![3, 4]], own: vec![3, 7] };
+        assert_eq!(t.peers(0), (vec![1, 2], vec![1, 3]));
+        assert_eq!(t.peers(1), (vec![3, 4], vec![2, 4]));
+        assert_eq!(t.times(10), Traffic { matrix: vec![vec![10, 20], vec![30, 40]], own: vec![30, 70] });
+        assert_eq!(t.plus(&t.times(2)), t.times(3));
+    }
+
+    #[test]
+    fn masked_routing_keeps_the_unmasked_slots_and_skips_minus_one() {
+        let shape = Shape { tokens: 128, hidden: 7168, topk: 8, experts: 288 };
+        let plain = Routing::new(1, 2, shape);
+        let masked = Routing::masked(1, 2, shape, 10);
+        for r in 0..2 {
+            let (p, m) = (&plain.topk_idx[r], &masked.topk_idx[r]);
+            let minus: usize = m.iter().filter(|&&e| e == -1).count();
+            assert!((1..=10).contains(&minus), "rank {r}: {minus} masked slots");
+            assert!(p.iter().zip(m).all(|(a, b)| b == a || *b == -1));
+            assert!(p.iter().all(|&e| e >= 0));
+            // tokens_to counts only valid slots: recompute from the masked ids.
+            for d in 0..2 {
+                let expect = (0..128).filter(|&t| m[t * 8..t * 8 + 8].iter().any(|&e| e >= 0 && e as usize / 144 == d)).count();
+                assert_eq!(masked.tokens_to[r][d], expect);
+            }
+        }
+        assert_ne!(plain.topk_idx, masked.topk_idx);
+        assert_eq!(Routing::masked(1, 2, shape, 0).topk_idx, plain.topk_idx);
+    }
+
+    #[test]
+    fn table_names_both_statistics_and_lists_moved_bytes() {
+        let shape = Shape { tokens: 128, hidden: 7168, topk: 8, experts: 288 };
+        let mut row = Row {
+            mode: "low-latency".into(),
+            op: "combine-bf16".into(),
+            shape,
+            num_sms: 132,
+            recv_bytes: 14_680_064,
+            us: 31.7,
+            gbps: 462.9,
+            nccl_us: Some(51.5),
+            nccl_gbps: Some(284.9),
+            ratio: Some(1.63),
+            per_rank: vec![],
+            kernel_us: Some(27.8),
+            kernel_gbps: Some(527.3),
+            deepep_stat_us: None,
+            deepep_stat_gbps: None,
+            deepep_stat_per_rank: vec![],
+            deepep_kernel_us: None,
+            deepep_kernel_per_rank: vec![],
+            moved: None,
+        };
+        let t = format_table(&[row.clone()]);
+        assert!(t.lines().next().unwrap().contains("med us") && !t.contains("DeepEP-stat") && !t.contains("actually moved"), "{t}");
+        row.deepep_stat_us = Some(33.25);
+        row.deepep_kernel_us = Some(28.04);
+        let st = |m: f64| Stats { median_us: m, mean_us: m, min_us: m, max_us: m, reps: 49 };
+        row.deepep_stat_per_rank = vec![st(33.25), st(34.0)];
+        row.deepep_kernel_per_rank = vec![st(28.04), st(29.0)];
+        row.moved = Some(Moved { bytes: 3_700_000, gbps: 116.7, nccl_us: Some(20.0), nccl_gbps: Some(185.0), ratio: Some(0.63) });
+        let t = format_table(&[row]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("DeepEP-stat us") && lines[0].contains("DeepEP-stat GB/s") && lines[0].ends_with("DeepEP-kern us"), "{t}");
+        assert_eq!(lines[0].len(), lines[1].len(), "{t}");
+        assert!(lines[1].contains(" 33.2 ") && lines[1].contains(" - ") && lines[1].ends_with(" 28.0"), "{t}");
+        assert!(lines[3].contains("per rank"), "{t}");
+        assert_eq!(lines[4], "combine-bf16 128: 33.2 / 34.0 | 28.0 / 29.0", "{t}");
+        assert!(lines[6].contains("bytes actually moved"), "{t}");
+        assert!(lines[7].contains("moved MB") && lines[7].contains("NCCL(mv) GB/s"), "{t}");
+        assert!(lines[8].starts_with("combine-bf16") && lines[8].contains(" 14.68 ") && lines[8].contains(" 3.70 ") && lines[8].contains(" 116.7 ") && lines[8].ends_with(" 0.63"), "{t}");
     }
 
     #[test]
@@ -537,11 +920,15 @@ mod tests {
             timing: TimingOpts::default(),
             seed: 1,
             quick: false,
+            deepep_stat: false,
+            ll_masked_slots: 10,
+            col_major_scales: false,
         };
         assert_eq!(o.shapes(4096), vec![Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 }]);
         assert_eq!(BenchOpts { sweep: true, ..o.clone() }.shapes(1).len(), SWEEP_TOKENS.len() * SWEEP_HIDDEN.len());
         assert!(o.validate(2).is_ok());
         assert_eq!(o.experts_or(288), 288);
+        assert_eq!(o.experts_or(crate::bench::low_latency::DEFAULT_EXPERTS), 288);
         assert_eq!(BenchOpts { experts_explicit: true, ..o.clone() }.experts_or(288), 256);
         let e = BenchOpts { experts: 255, ..o.clone() }.validate(2).unwrap_err().to_string();
         assert!(e.contains("--experts 255"), "{e}");

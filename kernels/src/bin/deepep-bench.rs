@@ -22,10 +22,19 @@ enum Mode {
     name = "deepep-bench",
     about = "Benchmark the deepep-kernels modes against an NCCL all-to-all moving the same bytes",
     long_about = "Benchmark the deepep-kernels modes against an NCCL all-to-all moving the same bytes.\n\n\
-        Figures as in DeepEP's tests: GB/s over the bytes each rank receives (its own tokens included) divided by the \
-        median time over --reps repetitions after --warmup runs (CUDA events, L2 flushed between repetitions); the \
-        table shows the slowest rank. The NCCL baseline is a grouped send/recv all-to-all with the same per-peer byte \
-        counts; ratio = GB/s / NCCL GB/s. Routing: each token picks --topk distinct experts uniformly among --experts.\n\n\
+        Byte counts as in DeepEP's tests (GB/s over the bytes each rank receives, its own tokens included; low-latency: \
+        the rank's valid selections x message bytes). Our statistic ('med us'): the median over --reps repetitions after \
+        --warmup runs (CUDA events, L2 flushed before every repetition), slowest rank. That is NOT DeepEP's statistic: \
+        DeepEP's tests/utils.py bench() runs 50 warm-up calls, flushes the L2 once, times 50 calls and reports the mean \
+        of calls 2..50, printed by rank 0 (intranode) or by every rank (low-latency); --deepep-stat adds that figure \
+        for rank 0 as the 'DeepEP-stat us' / 'DeepEP-stat GB/s' columns (JSON: deepep_stat_us, deepep_stat_per_rank) and \
+        'DeepEP-kern us', kernel time as its bench_kineto() takes it (mean over 30 back-to-back calls, no L2 flush). \
+        The NCCL baseline is a grouped send/recv all-to-all with the same per-peer byte counts; ratio = GB/s / NCCL \
+        GB/s. Low-latency rows are repeated in a second table with the bytes our kernels actually move (dispatch: once \
+        per destination rank; combine: one f32 partial row per (token, remote owner rank)) and an NCCL baseline moving \
+        those. Intranode '+copy' rows add a device copy of the received rows (and scales) into owned tensors, which \
+        DeepEP's timed dispatch includes. Routing: each token picks --topk distinct experts uniformly among --experts; \
+        the low-latency mode then sets --ll-masked-slots random slots per rank to -1 (DeepEP's LL test: 10).\n\n\
         With --nproc N (and RANK unset) this starts N ranks of itself on this host; otherwise it is one rank of a job \
         started by torchrun/Slurm (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).\n\n\
         Kernel choices (environment): DEEPEP_LL_DISPATCH=v1|v2 (default v2), DEEPEP_LL_COMBINE=v1|v2|v3 (default v3), \
@@ -55,21 +64,36 @@ struct Cli {
     /// Experts per token.
     #[arg(long, default_value_t = 8)]
     topk: usize,
-    /// Total experts, a multiple of the rank count (default: 256, unless a mode has its own default).
+    /// Total experts, a multiple of the rank count (default: 256; low-latency 288, DeepEP's LL test default).
     #[arg(long)]
     experts: Option<usize>,
-    /// Sweep tokens 128..8192 x hidden 2048/4096/7168 instead of one shape.
+    /// Sweep tokens 128..8192 x hidden 2048/4096/7168 instead of one shape (low-latency: tokens
+    /// 32/128/256 at --hidden).
     #[arg(long)]
     sweep: bool,
     /// SMs the kernels may use (default: each mode's own).
     #[arg(long)]
     num_sms: Option<u32>,
-    /// Timed repetitions.
+    /// Timed repetitions of our statistic (median; DeepEP's is fixed at 50, see --deepep-stat).
     #[arg(long, default_value_t = 30)]
     reps: usize,
-    /// Untimed warm-up runs.
+    /// Untimed warm-up runs of our statistic (DeepEP's: 50).
     #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// Also measure every row with DeepEP's statistic (tests/utils.py bench: 50 warm-up calls, L2
+    /// flushed once, 50 timed calls, mean without the first) and, with CUPTI, its kernel time
+    /// (bench_kineto: mean over 30 back-to-back calls, no flush); rank 0's figures in the table;
+    /// not shortened by --quick. Adds about 160 calls per row.
+    #[arg(long)]
+    deepep_stat: bool,
+    /// Low-latency mode: random top-k slots per rank set to -1 (draws with replacement; DeepEP's
+    /// LL test: 10; 0 = no -1 slots).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    ll_masked_slots: usize,
+    /// Intranode mode: pass FP8 scales as a column-major [tokens, hidden/128] view, as DeepEP's
+    /// intranode test does (default: row-major).
+    #[arg(long)]
+    col_major_scales: bool,
     /// Also write the rows as JSON to this file (rank 0).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -126,7 +150,7 @@ fn run_mode(mode: Mode, ctx: &mut BenchCtx) -> deepep_kernels::Result<Vec<Row>> 
             bench::intranode::run(ctx, &shapes)
         }
         Mode::LowLatency => {
-            let shapes = bench::low_latency::shapes(ctx);
+            let shapes = bench::low_latency::shapes(&ctx.opts);
             bench::low_latency::run(ctx, &shapes)
         }
         Mode::Internode => {
@@ -159,12 +183,32 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
         timing,
         seed: cli.seed,
         quick: cli.quick,
+        deepep_stat: cli.deepep_stat,
+        ll_masked_slots: cli.ll_masked_slots,
+        col_major_scales: cli.col_major_scales,
     };
     opts.validate(comm.world())?;
     let me = comm.rank();
     if me == 0 {
         println!("{}", deepep_kernels::cubins::manifest());
         println!("{} ranks on {} ({} SMs each); {} warm-up, {} reps, seed {}", comm.world(), gpu.name(), gpu.sm_count(), timing.warmup, timing.reps, cli.seed);
+        println!(
+            "statistics: 'med us' = median of {} reps after {} warm-up, L2 flushed before each, slowest rank{}",
+            timing.reps,
+            timing.warmup,
+            if cli.deepep_stat {
+                format!(
+                    "; 'DeepEP-stat us' = DeepEP's tests/utils.py bench(): {} warm-up, L2 flushed once, mean of calls 2..{}, rank 0; \
+                     'DeepEP-kern us' = its bench_kineto(): mean kernel span over {} back-to-back calls after {} unrecorded ones, no L2 flush, rank 0",
+                    bench::DEEPEP_WARMUP,
+                    bench::DEEPEP_REPS,
+                    bench::DEEPEP_KINETO_CALLS,
+                    bench::DEEPEP_KINETO_CALLS
+                )
+            } else {
+                String::new()
+            }
+        );
         if gpu.oversubscribed() {
             println!(
                 "NOT PERFORMANCE: {} ranks share each GPU ({} of its {} SMs per rank); these timings check that the modes run, \
@@ -182,7 +226,9 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     if me == 0 {
         println!("timing floor: an empty kernel measures {:.1} us the same way (included in every 'us' below)", ctx.floor_us);
         match &ctx.kernel_timer_error {
-            None => println!("kernel us: CUPTI kernel timestamps, first kernel start to last kernel end per repetition (DeepEP's method)"),
+            None => println!(
+                "kernel us: CUPTI kernel timestamps, first kernel start to last kernel end per repetition, L2 flushed before each, median, slowest rank (DeepEP's bench_kineto takes the mean over 30 back-to-back calls without flushes: 'DeepEP-kern us' with --deepep-stat)"
+            ),
             Some(e) => println!("kernel us: not measured ({e})"),
         }
     }
@@ -237,6 +283,23 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
                 "seed": cli.seed,
                 "warmup": timing.warmup,
                 "reps": timing.reps,
+                "statistics": {
+                    "us": format!("ours: median of {} repetitions after {} warm-up, L2 flushed before each, slowest rank (per_rank: every rank's)", timing.reps, timing.warmup),
+                    "deepep_stat_us": if cli.deepep_stat {
+                        format!("DeepEP v1.2.1 tests/utils.py bench(): {} warm-up, L2 flushed once, mean of calls 2..{}, rank 0 (deepep_stat_per_rank: every rank's, mean_us)", bench::DEEPEP_WARMUP, bench::DEEPEP_REPS)
+                    } else {
+                        "not measured (--deepep-stat)".to_string()
+                    },
+                    "deepep_kernel_us": if cli.deepep_stat {
+                        format!("DeepEP v1.2.1 tests/utils.py bench_kineto(): mean CUPTI kernel span per call over {} back-to-back calls after {} unrecorded ones, no L2 flush, rank 0 (deepep_kernel_per_rank: every rank's, mean_us); null without CUPTI and for '+copy' rows", bench::DEEPEP_KINETO_CALLS, bench::DEEPEP_KINETO_CALLS)
+                    } else {
+                        "not measured (--deepep-stat)".to_string()
+                    },
+                    "kernel_us": "ours: CUPTI, first kernel start to last kernel end per repetition, L2 flushed before each, median, slowest rank; null for '+copy' rows",
+                    "moved": "low-latency: bytes our kernels actually write (flags excluded), GB/s over 'us', NCCL all-to-all moving those bytes; recv_bytes/gbps/nccl_* count DeepEP's per-selection bytes",
+                },
+                "ll_masked_slots": cli.ll_masked_slots,
+                "col_major_scales": cli.col_major_scales,
                 "timing_floor_us": ctx_floor_us,
                 "kernel_timer": kernel_timer,
                 "rows": rows,

@@ -105,6 +105,25 @@ pub fn topk_idx(rng: &mut StdRng, n: usize, k: usize, num_experts: usize, masked
     out
 }
 
+/// DeepEP's LL-test routing mask (v1.2.1 `tests/test_low_latency.py`: `for i in range(10):
+/// topk_idx[random.randint(0, num_tokens - 1), random.randint(0, num_topk - 1)] = -1`): `draws`
+/// times, pick a token uniformly in `0..n`, then a slot uniformly in `0..k`, and set that slot of
+/// `idx` (`[n, k]`, row-major) to `-1`. Draws are with replacement, so fewer than `draws` slots
+/// may end up masked (a slot drawn twice, or one already `-1`). Same distribution as DeepEP's,
+/// not the same numbers (DeepEP draws from Python's `random` seeded with `seed + rank`). Nothing
+/// happens when `n` or `k` is 0.
+pub fn mask_random_slots(rng: &mut StdRng, idx: &mut [i64], n: usize, k: usize, draws: usize) {
+    assert_eq!(idx.len(), n * k, "mask_random_slots: idx has {} entries, expected n * k = {n} * {k}", idx.len());
+    if n == 0 || k == 0 {
+        return;
+    }
+    for _ in 0..draws {
+        let t = rng.random_range(0..n);
+        let j = rng.random_range(0..k);
+        idx[t * k + j] = -1;
+    }
+}
+
 /// `[n, k]` positive weights in `[0.05, 1.05)`.
 pub fn topk_weights(rng: &mut StdRng, n: usize, k: usize) -> Vec<f32> {
     (0..n * k).map(|_| 0.05 + rng.random::<f32>()).collect()
@@ -165,5 +184,50 @@ pub fn add_duplicate_experts(inputs: &mut [RankInput]) {
                 row[1] = row[0];
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_random_slots_masks_at_most_draws_slots_deterministically() {
+        let (n, k) = (128, 8);
+        let base = topk_idx(&mut rng(1, 0, 9), n, k, 288, 0.0);
+        let masked = |seed: u64, draws: usize| {
+            let mut idx = base.clone();
+            mask_random_slots(&mut rng(seed, 0, 10), &mut idx, n, k, draws);
+            idx
+        };
+        let m = masked(1, 10);
+        let changed: Vec<usize> = (0..n * k).filter(|&i| m[i] != base[i]).collect();
+        // With replacement: between 1 and 10 slots, every changed one is -1, the rest untouched.
+        assert!((1..=10).contains(&changed.len()), "{} slots masked", changed.len());
+        assert!(changed.iter().all(|&i| m[i] == -1));
+        assert_eq!(m.iter().filter(|&&e| e == -1).count(), changed.len());
+        assert_eq!(masked(1, 10), m, "same rng seed, same mask");
+        assert_ne!(masked(2, 10), m, "another seed, another mask");
+        assert_eq!(masked(1, 0), base, "0 draws: nothing masked");
+        // Every slot of a 1 x 1 routing is masked by one draw; empty shapes are a no-op.
+        let mut one = vec![5i64];
+        mask_random_slots(&mut rng(1, 0, 10), &mut one, 1, 1, 1);
+        assert_eq!(one, vec![-1]);
+        let mut empty: Vec<i64> = Vec::new();
+        mask_random_slots(&mut rng(1, 0, 10), &mut empty, 0, 8, 10);
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn mask_random_slots_draws_tokens_and_slots_uniformly() {
+        // 4 tokens x 2 slots, 8000 single-draw trials: each of the 8 slots is hit ~1000 times.
+        let mut hits = [0usize; 8];
+        let mut r = rng(3, 0, 11);
+        for _ in 0..8000 {
+            let mut idx = vec![1i64; 8];
+            mask_random_slots(&mut r, &mut idx, 4, 2, 1);
+            hits[idx.iter().position(|&e| e == -1).unwrap()] += 1;
+        }
+        assert!(hits.iter().all(|&h| (850..1150).contains(&h)), "{hits:?}");
     }
 }
