@@ -1,5 +1,7 @@
-//! Timing like DeepEP's benchmarks: CUDA events around each repetition, warm-up first, the L2
-//! cache flushed between repetitions (outside the timed region), median over repetitions.
+//! Timing with CUDA events around each repetition, warm-up first, the L2 cache flushed between
+//! repetitions (outside the timed region), median over repetitions: our statistic. DeepEP's own
+//! (`deepep-bench --deepep-stat`: 50 warm-up calls, one flush, 50 back-to-back calls, mean of all
+//! but the first) is computed in `bench/`; `kernels/BENCHMARKS.md` says which figure is which.
 
 use super::memory::DeviceBuffer;
 use super::{check, Comm, Gpu};
