@@ -1,13 +1,16 @@
 # Pure tests of the DeepEP package rules (pkgs/deep-ep/lib.nix) and pairing data
-# (pkgs/deep-ep/pairings.nix); merged into checks/pure.nix's tests, so Debian's Nix 2.8 runs them
-# in CI. Same shape: name = { expr; expected; }.
+# (pkgs/deep-ep/pairings.json, which `deepep-nix doctor` embeds too: its side of the same tests is
+# generator/src/doctor/deepep.rs `pairing_data_*` and generator/tests/doctor.rs
+# `deepep_pairing_check_applies_every_rule_of_pairings_json`); merged into checks/pure.nix's
+# tests, so Debian's Nix 2.8 runs them in CI. Same shape: name = { expr; expected; }.
 let
   d = import ../pkgs/deep-ep/lib.nix;
   data = d.pairings;
+  json = builtins.fromJSON (builtins.readFile ../pkgs/deep-ep/pairings.json);
   nvshmemReleases = import ../pkgs/nvshmem/releases.nix;
   nvshmemLib = import ../pkgs/nvshmem/lib.nix;
 
-  inherit (builtins) all filter length match tryEval;
+  inherit (builtins) all attrNames filter length match replaceStrings tryEval;
 
   fails = e: !(tryEval (builtins.deepSeq e e)).success;
   matches = re: s: s != null && match re s != null;
@@ -18,6 +21,19 @@ let
     in if p == null then "accepted" else throw p;
 
   status = nvshmem: d.pairingStatus { deepep = "1.2.1"; inherit nvshmem; };
+
+  # Whether `s` contains `part` (no regex: the texts hold brackets and parentheses).
+  contains = part: s: s != null && replaceStrings [ part ] [ "" ] s != s;
+  rcRule = rules: builtins.head (filter (r: r.id == "rc-qp-layout-3.5.19") rules);
+  # pairings.json with the RC rule's NVSHMEM range moved to 3.6.0 and its fix text changed:
+  # what an edit of the file does to the package (the doctor's test edits a copy the same way).
+  edited = json // {
+    broken = map
+      (r: if r.id == "rc-qp-layout-3.5.19" then r // { nvshmem = { atLeast = "3.6.0"; }; fix = "EDITED FIX"; } else r)
+      json.broken;
+  };
+  version = v: matches "[0-9]+\\.[0-9]+\\.[0-9]+" v;
+  range = r: r != { } && all (k: k == "atLeast" || k == "atMost") (attrNames r) && all (k: version r.${k}) (attrNames r);
 in
 {
   # ---- pairing data
@@ -27,6 +43,49 @@ in
         && length r.sources >= 1 && all (s: matches "https://github.com/.*" s) r.sources)
       data.broken;
     expected = true;
+  };
+  # What the doctor's parser also demands (it rejects the file otherwise): ranges of only
+  # atLeast/atMost (a misspelt bound would silently be open here), X.Y.Z versions, known modes
+  # and the doctor's own found/fix texts.
+  deepEpPairingDataReadableByTheDoctor = {
+    expr = map
+      (r: {
+        inherit (r) id;
+        ok = range r.deepep && range r.nvshmem
+          && all (m: builtins.elem m [ "intranode" "low-latency" "internode" ]) r.modes
+          && r.doctor.found != "" && r.doctor.fix != ""
+          && (!(r ? fixedAfter) || version r.fixedAfter.deepep && r.fixedAfter.commit != "");
+      })
+      data.broken;
+    expected = map (r: { inherit (r) id; ok = true; }) json.broken;
+  };
+  # lib.nix reads pkgs/deep-ep/pairings.json, the file the doctor embeds: no second copy.
+  deepEpPairingsAreTheJsonFile = { expr = data == json; expected = true; };
+  # The refusal's text is the JSON entry's: why, fix and every source.
+  deepEpRefusalTextIsTheJsonEntry = {
+    expr =
+      let
+        r = rcRule json.broken;
+        msg = d.pairingProblem { deepep = "1.2.1"; nvshmem = "3.5.19"; };
+      in
+      map (part: contains part msg) ([ r.why "Fix: ${r.fix}." ''rule "${r.id}" in pkgs/deep-ep/pairings.json'' ] ++ r.sources);
+    expected = [ true true true true true true true true ];
+  };
+  # An edit of the JSON changes what is refused and the message (lib.nix takes the data as an
+  # argument for this; the package uses the file).
+  deepEpEditedJsonChangesTheRefusal = {
+    expr = [
+      (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.5.19"; data = edited; })
+      (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.6.0"; data = edited; })
+      (contains "Fix: EDITED FIX." (d.pairingProblem { deepep = "1.2.1"; nvshmem = "3.6.0"; data = edited; }))
+      (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.5.19"; })
+    ];
+    expected = [ "untested" "broken" true "broken" ];
+  };
+  # The pinned source's NVSHMEM minimum and the rule refusing older NVSHMEM agree.
+  deepEpSourceMinimumMatchesTheRule = {
+    expr = map (v: status v) [ "3.3.8" data.sources."1.2.1".nvshmemMinimum ];
+    expected = [ "broken" "untested" ];
   };
   deepEpPinnedSourceIsTheTagWithItsNarHash = {
     expr = data.sources."1.2.1";

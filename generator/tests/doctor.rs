@@ -1781,6 +1781,67 @@ fn deepep_1_2_1_with_nvshmem_3_5_19_or_newer_is_refused() {
     assert_eq!(status(&r, "deepep.pairing"), Status::Skip);
 }
 
+/// The doctor applies every known-broken rule of `pkgs/deep-ep/pairings.json`, the file the Nix
+/// package's refusal reads (checks/deep-ep-pure.nix asserts that side): read here from the
+/// checkout, each rule is tried at its NVSHMEM bound (refused with the rule's doctor texts)
+/// and just outside it (accepted), on a real fixture tree.
+#[test]
+fn deepep_pairing_check_applies_every_rule_of_pairings_json() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../pkgs/deep-ep/pairings.json");
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let rules = data["broken"].as_array().unwrap();
+    assert!(!rules.is_empty());
+    let step = |v: &str, up: bool| {
+        let mut p: Vec<u32> = v.split('.').map(|x| x.parse().unwrap()).collect();
+        p[2] = if up { p[2] + 1 } else { p[2] - 1 };
+        format!("{}.{}.{}", p[0], p[1], p[2])
+    };
+    for rule in rules {
+        let id = rule["id"].as_str().unwrap();
+        let deepep = rule["deepep"]["atMost"]
+            .as_str()
+            .or(rule["deepep"]["atLeast"].as_str())
+            .unwrap();
+        let (inside, outside) = match rule["nvshmem"]["atLeast"].as_str() {
+            Some(lo) => (lo.to_string(), step(lo, false)),
+            None => {
+                let hi = rule["nvshmem"]["atMost"].as_str().unwrap();
+                (hi.to_string(), step(hi, true))
+            }
+        };
+        for (nv, broken) in [(inside, true), (outside, false)] {
+            let h = TestHost::ibgda().with_site();
+            let prefix = format!("/opt/nvshmem-{nv}");
+            h.install_nvshmem(&prefix, &nv, &nv, 3);
+            h.install_deepep(
+                Some(deepep),
+                Some(&nv),
+                &prefix,
+                &format!("{prefix}/lib"),
+                &[(2, 90)],
+            );
+            let r = h.env("LD_LIBRARY_PATH", "").run();
+            let what = format!("DeepEP {deepep} with NVSHMEM {nv} (linked device library): ");
+            if broken {
+                assert_found_and_fix(
+                    &r,
+                    "deepep.pairing",
+                    &format!("{what}{}", rule["doctor"]["found"].as_str().unwrap()),
+                    rule["doctor"]["fix"].as_str().unwrap(),
+                );
+                assert_eq!(status(&r, "deepep.pairing"), Status::Fail, "{id}");
+            } else {
+                assert_eq!(
+                    found(&r, "deepep.pairing"),
+                    format!("{what}not a known-broken pairing"),
+                    "{id}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn deepep_nvshmem_without_the_ibgda_plugin() {
     let h = TestHost::ibgda().with_site();

@@ -1,7 +1,13 @@
 # Pure rules for the DeepEP package (pkgs/deep-ep/package.nix): which DeepEP x NVSHMEM pairings
-# are refused (data in ./pairings.nix), which CUDA capabilities become TORCH_CUDA_ARCH_LIST, and
+# are refused (data in ./pairings.json), which CUDA capabilities become TORCH_CUDA_ARCH_LIST, and
 # whether torch, DeepEP and NVSHMEM share one CUDA major. Builtins only (no nixpkgs), so
 # checks/deep-ep-pure.nix runs them with Debian's Nix 2.8.
+#
+# ./pairings.json is the one copy of the pairing data: `deepep-nix doctor` embeds the same file
+# (generator/src/doctor/deepep.rs, include_str!) for its deepep.pairing check. Its schema is in
+# its `comment` field and docs/deepep.md ("The pairing data"). Version ranges: `atLeast` /
+# `atMost` are inclusive, absent = unbounded; versions compare with builtins.compareVersions
+# (3.3.9 < 3.3.20), as the doctor's X.Y.Z ordering does.
 #
 # Each check has a `...Problem` form returning null or the message (tests read the text) and is
 # thrown by the package when not null.
@@ -12,7 +18,8 @@ let
   atLeast = v: min: compareVersions v min >= 0;
 in
 rec {
-  pairings = import ./pairings.nix;
+  # The fetchFromGitHub sources, the broken-pairing rules and the pairings run on hardware.
+  pairings = builtins.fromJSON (builtins.readFile ./pairings.json);
 
   defaultVersion = "1.2.1";
 
@@ -25,7 +32,7 @@ rec {
   brokenRules = { deepep, nvshmem, knownFixes ? [ ], data ? pairings }:
     filter (r: inRange deepep r.deepep && inRange nvshmem r.nvshmem && !(elem r.id knownFixes)) data.broken;
 
-  # "broken" | "good" (run on hardware, ./pairings.nix `good`) | "untested" (no rule refuses it).
+  # "broken" | "good" (run on hardware, ./pairings.json `good`) | "untested" (no rule refuses it).
   pairingStatus = { deepep, nvshmem, knownFixes ? [ ], data ? pairings }:
     if brokenRules { inherit deepep nvshmem knownFixes data; } != [ ] then "broken"
     else if filter (g: g.deepep == deepep && g.nvshmem == nvshmem) data.good != [ ] then "good"
@@ -40,7 +47,7 @@ rec {
     else
       concatStringsSep "\n" (map
         (r: ''
-          deep-ep: DeepEP ${deepep} with NVSHMEM ${nvshmem} is a known-broken pairing for ${concatStringsSep " and " r.modes} (rule "${r.id}" in pkgs/deep-ep/pairings.nix).
+          deep-ep: DeepEP ${deepep} with NVSHMEM ${nvshmem} is a known-broken pairing for ${concatStringsSep " and " r.modes} (rule "${r.id}" in pkgs/deep-ep/pairings.json).
           ${r.why}
           Fix: ${r.fix}.
           Intranode only instead: .override { withNvshmem = false; }.
@@ -59,7 +66,7 @@ rec {
 
   sourceProblem = version:
     if sourceFor version != null then null
-    else "deep-ep: no pinned source for DeepEP ${version} in pkgs/deep-ep/pairings.nix (pinned: ${quoteAll (builtins.attrNames pairings.sources)}); pass src = <a DeepEP source> together with version, or add the release to `sources`.";
+    else "deep-ep: no pinned source for DeepEP ${version} in pkgs/deep-ep/pairings.json (pinned: ${quoteAll (builtins.attrNames pairings.sources)}); pass src = <a DeepEP source> together with version, or add the release to `sources`.";
 
   # TORCH_CUDA_ARCH_LIST from CUDA capabilities ("9.0", "9.0a", "10.0", ...).
   #   fromNixpkgs = true: the list is nixpkgs' configured/default one (cudaPackages.flags /

@@ -12,7 +12,7 @@
 #   deep-ep.override { cudaCapabilities = [ "9.0a" ]; }
 #
 # Refused at evaluation, each with a message naming the fix (rules in ./lib.nix):
-#   - a DeepEP x NVSHMEM pairing that ./pairings.nix lists as broken (DeepEP <= 1.2.1 with
+#   - a DeepEP x NVSHMEM pairing that ./pairings.json lists as broken (DeepEP <= 1.2.1 with
 #     NVSHMEM >= 3.5.19: RC QP layout), unless `knownFixes` declares the source carries the fix;
 #   - torch without CUDA, or torch and NVSHMEM of different CUDA majors (the CUDA toolkit used
 #     here is torch's own `cudaPackages`, so all three share one major);
@@ -39,11 +39,11 @@
   nvshmem ? null
 , withNvshmem ? nvshmem != null
 , version ? (import ./lib.nix).defaultVersion
-, # null: the pinned release of `version` (./pairings.nix `sources`).
+, # null: the pinned release of `version` (./pairings.json `sources`).
   src ? null
 , # Patches applied to the source (e.g. DeepEP PR #696 for the RC QP layout).
   patches ? [ ]
-, # Ids of ./pairings.nix `broken` rules that `src`/`patches` are known to fix.
+, # Ids of ./pairings.json `broken` rules that `src`/`patches` are known to fix.
   knownFixes ? [ ]
 , # null: torch.cudaCapabilities (nixpkgs' configured capabilities that torch supports) or
   # else cudaPackages.flags.cudaCapabilities, keeping 9.0 and newer. A list: exactly these.

@@ -11,6 +11,9 @@ let
     ../nvshmem/manifests
     ../nvshmem/releases.json
     ../nvshmem/releases.nix
+    # The DeepEP x NVSHMEM pairing rules, embedded by the doctor (include_str! in
+    # generator/src/doctor/deepep.rs); the same file pkgs/deep-ep/lib.nix reads.
+    ../deep-ep/pairings.json
   ];
 in
 rustPlatform.buildRustPackage {

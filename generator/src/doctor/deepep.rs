@@ -1,24 +1,234 @@
 //! DeepEP checks (`--python-site DIR`): what a built `deep_ep_cpp*.so` records (the NVSHMEM
 //! device library linked into it, the host library it needs and where it looks for it, its GPU
 //! code), which NVSHMEM host library would load for it, torch's own NVSHMEM, the DeepEP x NVSHMEM
-//! pairings known to break, the IBGDA plugin next to that host library, and the GPUs' compute
+//! pairings known to break (`pkgs/deep-ep/pairings.json`, shared with the Nix package), the IBGDA plugin next to that host library, and the GPUs' compute
 //! capability against the build's architectures. Nothing is imported or loaded.
 
 use super::driver::DriverInfo;
 use super::elf::{self, DynInfo, Resolution};
 use super::host::Host;
 use super::nvshmem::{self, banner_versions, NvshmemInfo, Version, HOST_LIB};
-use super::report::{caps, Check};
+use super::report::{caps, Capability, Check};
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-/// First NVSHMEM that stores RC queue pairs QP-major in the IBGDA device state
-/// (NVIDIA/nvshmem@ce9d487, per DeepEP PR #696).
-pub const RC_LAYOUT_CHANGE: Version = Version(3, 5, 19);
-/// Last DeepEP release whose IBGDA code indexes RC queue pairs PE-major (tag v1.2.1,
-/// `csrc/kernels/ibgda_device.cuh` `ibgda_get_rc`).
-pub const LAST_OLD_LAYOUT: Version = Version(1, 2, 1);
-/// The fix on DeepEP's v1 line (PR #564), after the v1.2.1 tag but with the same version.
-const FIX_COMMIT: &str = "29d31c0";
+/// `pkgs/deep-ep/pairings.json`: the DeepEP x NVSHMEM pairings known to break. The same file is
+/// the Nix package's data (`pkgs/deep-ep/lib.nix` reads it with `builtins.fromJSON`), so the
+/// doctor and the evaluation-time refusal apply the same rules.
+pub const PAIRINGS_JSON: &str = include_str!("../../../pkgs/deep-ep/pairings.json");
+
+/// An inclusive version range; an absent bound is open (`atLeast` / `atMost` in the JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Range {
+    pub at_least: Option<Version>,
+    pub at_most: Option<Version>,
+}
+
+impl Range {
+    pub fn contains(&self, v: Version) -> bool {
+        self.at_least.map_or(true, |lo| v >= lo) && self.at_most.map_or(true, |hi| v <= hi)
+    }
+}
+
+/// A commit after which builds of DeepEP `deepep` have a rule's fix (while still calling
+/// themselves `deepep`): a build that records a revision gets a warning, not a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedAfter {
+    pub deepep: Version,
+    pub commit: String,
+    /// Which builds these are, e.g. "builds of DeepEP's v1 branch after PR #564".
+    pub builds: String,
+}
+
+/// A known-broken pairing rule (an entry of `broken` in the JSON), with the doctor's texts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub id: String,
+    pub deepep: Range,
+    pub nvshmem: Range,
+    /// The capabilities it breaks, from the rule's `modes`, in report order.
+    pub breaks: Vec<Capability>,
+    /// What is wrong (`doctor.found`), after "DeepEP X with NVSHMEM Y (where): ".
+    pub found: String,
+    pub fix: String,
+    pub fixed_after: Option<FixedAfter>,
+}
+
+#[derive(Deserialize)]
+struct RawPairings {
+    broken: Vec<RawRule>,
+}
+
+/// The fields the doctor reads; `why`, `fix` and `sources` are the Nix refusal's and ignored.
+#[derive(Deserialize)]
+struct RawRule {
+    id: String,
+    deepep: RawRange,
+    nvshmem: RawRange,
+    modes: Vec<String>,
+    doctor: RawDoctor,
+    #[serde(rename = "fixedAfter")]
+    fixed_after: Option<RawFixedAfter>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRange {
+    #[serde(rename = "atLeast")]
+    at_least: Option<String>,
+    #[serde(rename = "atMost")]
+    at_most: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDoctor {
+    found: String,
+    fix: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFixedAfter {
+    deepep: String,
+    commit: String,
+    builds: String,
+}
+
+/// Parses the pairing data (the text of `pkgs/deep-ep/pairings.json`) into the rules the
+/// `deepep.pairing` check applies. Errors name the rule and field and what is expected.
+pub fn parse_pairings(text: &str) -> Result<Vec<Rule>, String> {
+    let raw: RawPairings = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut rules: Vec<Rule> = Vec::new();
+    for r in raw.broken {
+        let id = r.id.clone();
+        let version = |field: &str, v: &str| {
+            Version::parse(v)
+                .ok_or_else(|| format!("rule {id:?}: {field} {v:?} is not a version X.Y.Z"))
+        };
+        let range = |name: &str, raw: &RawRange| -> Result<Range, String> {
+            if raw.at_least.is_none() && raw.at_most.is_none() {
+                return Err(format!(
+                    "rule {id:?}: {name} is an empty range; give atLeast and/or atMost"
+                ));
+            }
+            Ok(Range {
+                at_least: raw
+                    .at_least
+                    .as_deref()
+                    .map(|v| version(&format!("{name}.atLeast"), v))
+                    .transpose()?,
+                at_most: raw
+                    .at_most
+                    .as_deref()
+                    .map(|v| version(&format!("{name}.atMost"), v))
+                    .transpose()?,
+            })
+        };
+        if id.is_empty() || rules.iter().any(|x| x.id == id) {
+            return Err(format!("rule id {id:?} is empty or not unique"));
+        }
+        let mut breaks = Vec::new();
+        for m in &r.modes {
+            let caps: &[Capability] = match m.as_str() {
+                "intranode" => &[Capability::Intranode],
+                "low-latency" => caps::LOW_LATENCY,
+                "internode" => caps::INTERNODE,
+                other => {
+                    return Err(format!(
+                        "rule {id:?}: unknown mode {other:?}; use \"intranode\", \"low-latency\" or \"internode\""
+                    ))
+                }
+            };
+            breaks.extend_from_slice(caps);
+        }
+        let breaks: Vec<Capability> = caps::ALL
+            .iter()
+            .copied()
+            .filter(|c| breaks.contains(c))
+            .collect();
+        if breaks.is_empty() {
+            return Err(format!("rule {id:?}: modes is empty"));
+        }
+        if r.doctor.found.trim().is_empty() || r.doctor.fix.trim().is_empty() {
+            return Err(format!(
+                "rule {id:?}: doctor.found and doctor.fix must not be empty"
+            ));
+        }
+        let fixed_after = match r.fixed_after {
+            None => None,
+            Some(f) => Some(FixedAfter {
+                deepep: version("fixedAfter.deepep", &f.deepep)?,
+                commit: f.commit,
+                builds: f.builds,
+            }),
+        };
+        rules.push(Rule {
+            deepep: range("deepep", &r.deepep)?,
+            nvshmem: range("nvshmem", &r.nvshmem)?,
+            id,
+            breaks,
+            found: r.doctor.found,
+            fix: r.doctor.fix,
+            fixed_after,
+        });
+    }
+    Ok(rules)
+}
+
+/// The embedded rules, parsed once (unit tests make sure they parse).
+fn pairing_rules() -> &'static Result<Vec<Rule>, String> {
+    static RULES: OnceLock<Result<Vec<Rule>, String>> = OnceLock::new();
+    RULES.get_or_init(|| parse_pairings(PAIRINGS_JSON))
+}
+
+/// The `deepep.pairing` check for DeepEP `raw` (parsed: `dv`, local version label `local`) and
+/// the NVSHMEM versions in play (version, where it comes from; not empty). The newest version
+/// is looked at first (among equals the first listed); the first that a rule covers decides.
+pub fn pairing_check(
+    rules: &[Rule],
+    raw: &str,
+    dv: Version,
+    local: Option<&str>,
+    in_play: &[(Version, String)],
+) -> Check {
+    const ID: &str = "deepep.pairing";
+    let mut order: Vec<&(Version, String)> = in_play.iter().collect();
+    order.sort_by_key(|x| std::cmp::Reverse(x.0));
+    let hit = order.iter().find_map(|(nv, what)| {
+        rules
+            .iter()
+            .find(|r| r.deepep.contains(dv) && r.nvshmem.contains(*nv))
+            .map(|r| (*nv, what, r))
+    });
+    let Some((nv, what, rule)) = hit else {
+        let (nv, what) = order
+            .first()
+            .map_or((Version(0, 0, 0), ""), |x| (x.0, x.1.as_str()));
+        return Check::ok(
+            ID,
+            caps::NVSHMEM,
+            format!("DeepEP {raw} with NVSHMEM {nv} ({what}): not a known-broken pairing"),
+        );
+    };
+    let found = format!("DeepEP {raw} with NVSHMEM {nv} ({what}): {}", rule.found);
+    match (local, &rule.fixed_after) {
+        (Some(rev), Some(f)) if f.deepep == dv => Check::warn(
+            ID,
+            &rule.breaks,
+            format!(
+                "{found}. Revision {rev}: {} (commit {}) have the fix and the same version {dv}, the v{dv} tag does not",
+                f.builds, f.commit
+            ),
+            format!(
+                "check in the DeepEP checkout: git merge-base --is-ancestor {} {rev} && echo fixed; if not fixed: {}",
+                f.commit, rule.fix
+            ),
+        ),
+        _ => Check::fail(ID, &rule.breaks, found, rule.fix.clone()),
+    }
+}
 
 /// Fat binary header magic (`.nv_fatbin` section of CUDA objects).
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
@@ -545,7 +755,7 @@ pub fn check(
 
     torch_check(site, &torch, recorded, checked, out);
 
-    // deepep.pairing: DeepEP <= 1.2.1 with NVSHMEM >= 3.5.19.
+    // deepep.pairing: the known-broken pairings of pkgs/deep-ep/pairings.json.
     let pairing_id = "deepep.pairing";
     let mut in_play: Vec<(Version, String)> = Vec::new();
     if let Some(v) = recorded {
@@ -557,45 +767,31 @@ pub fn check(
     if let (Some(_), Some(v)) = (&torch.torch_lib, torch.version) {
         in_play.push((v, "torch's host library".into()));
     }
-    // The newest; among equals the first listed (max_by_key keeps the last, hence rev).
-    let newest = in_play.iter().rev().max_by_key(|(v, _)| *v).cloned();
-    match (&parsed, &needed_host, newest) {
-        (_, None, _) => out.push(Check::skip(
+    match (&parsed, &needed_host, in_play.is_empty(), pairing_rules()) {
+        (_, None, _, _) => out.push(Check::skip(
             pairing_id,
             caps::NVSHMEM,
             "built without NVSHMEM",
         )),
-        (None, _, _) => out.push(Check::skip(
+        (None, _, _, _) => out.push(Check::skip(
             pairing_id,
             caps::NVSHMEM,
             "DeepEP version unknown (no package metadata next to the extension)",
         )),
-        (_, _, None) => out.push(Check::skip(
+        (_, _, true, _) => out.push(Check::skip(
             pairing_id,
             caps::NVSHMEM,
             "NVSHMEM version unknown",
         )),
-        (Some((dv, local)), Some(_), Some((nv, what))) => {
+        (_, _, _, Err(e)) => out.push(Check::fail(
+            pairing_id,
+            caps::NVSHMEM,
+            format!("the pairing rules built into this deepep-nix (pkgs/deep-ep/pairings.json) are invalid: {e}"),
+            "fix pkgs/deep-ep/pairings.json (cargo test -p deepep-nix pairing_data names the problem) and rebuild deepep-nix",
+        )),
+        (Some((dv, local)), Some(_), false, Ok(rules)) => {
             let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
-            if *dv > LAST_OLD_LAYOUT || nv < RC_LAYOUT_CHANGE {
-                out.push(Check::ok(
-                    pairing_id,
-                    caps::NVSHMEM,
-                    format!("DeepEP {raw} with NVSHMEM {nv} ({what}): not a known-broken pairing"),
-                ));
-            } else {
-                let found = format!("DeepEP {raw} with NVSHMEM {nv} ({what}): DeepEP <= {LAST_OLD_LAYOUT} indexes IBGDA RC queue pairs in the layout of NVSHMEM < {RC_LAYOUT_CHANGE}; from {RC_LAYOUT_CHANGE} on, internode and low-latency time out or hit illegal memory accesses (DeepEP #553, #764, PR #564, #696; vLLM PR #58159)");
-                let fix = format!("pin NVSHMEM <= 3.4.5 (deepep-nix install --version 3.4.5 ...) and rebuild DeepEP against it, or build a DeepEP that has the fix (PR #564, commit {FIX_COMMIT} on the v1 line, or PR #696)");
-                match local {
-                    Some(rev) if *dv == LAST_OLD_LAYOUT => out.push(Check::warn(
-                        pairing_id,
-                        caps::NVSHMEM,
-                        format!("{found}. Revision {rev}: builds of DeepEP's v1 branch after PR #564 (commit {FIX_COMMIT}) have the fix and the same version 1.2.1, the v1.2.1 tag does not"),
-                        format!("check in the DeepEP checkout: git merge-base --is-ancestor {FIX_COMMIT} {rev} && echo fixed; if not fixed: {fix}"),
-                    )),
-                    _ => out.push(Check::fail(pairing_id, caps::NVSHMEM, found, fix)),
-                }
-            }
+            out.push(pairing_check(rules, raw, *dv, local.as_deref(), &in_play));
         }
     }
 
@@ -717,6 +913,7 @@ pub fn check(
 
 #[cfg(test)]
 mod tests {
+    use super::super::report::Status;
     use super::*;
 
     #[test]
@@ -798,5 +995,180 @@ mod tests {
             parse_deepep_version("1.2.1"),
             Some((Version(1, 2, 1), None))
         );
+    }
+
+    // ---- pkgs/deep-ep/pairings.json: the rules the Nix package refuses are the rules applied here.
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).unwrap()
+    }
+
+    fn json() -> serde_json::Value {
+        serde_json::from_str(PAIRINGS_JSON).unwrap()
+    }
+
+    fn rules_of(value: &serde_json::Value) -> Vec<Rule> {
+        parse_pairings(&value.to_string()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn linked(nv: &str) -> Vec<(Version, String)> {
+        vec![(v(nv), "linked device library".to_string())]
+    }
+
+    #[test]
+    fn pairing_data_is_the_repositorys_file_and_parses() {
+        // The embedded text is the file lib.nix reads (not a copy that could drift).
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../pkgs/deep-ep/pairings.json");
+        assert_eq!(PAIRINGS_JSON, std::fs::read_to_string(path).unwrap());
+        let rules = pairing_rules().as_ref().unwrap_or_else(|e| panic!("{e}"));
+        // Every `broken` entry of the JSON, with its ranges and texts, is a rule here.
+        let j = json();
+        let entries = j["broken"].as_array().unwrap();
+        assert_eq!(rules.len(), entries.len());
+        let opt = |x: &serde_json::Value| x.as_str().map(v);
+        for (rule, e) in rules.iter().zip(entries) {
+            assert_eq!(rule.id, e["id"].as_str().unwrap());
+            assert_eq!(rule.deepep.at_least, opt(&e["deepep"]["atLeast"]));
+            assert_eq!(rule.deepep.at_most, opt(&e["deepep"]["atMost"]));
+            assert_eq!(rule.nvshmem.at_least, opt(&e["nvshmem"]["atLeast"]));
+            assert_eq!(rule.nvshmem.at_most, opt(&e["nvshmem"]["atMost"]));
+            assert_eq!(rule.found, e["doctor"]["found"].as_str().unwrap());
+            assert_eq!(rule.fix, e["doctor"]["fix"].as_str().unwrap());
+        }
+        // What they say today: DeepEP <= 1.2.1 x NVSHMEM >= 3.5.19 (RC QP layout) and DeepEP
+        // 1.2.1 x NVSHMEM <= 3.3.8, both breaking low-latency and internode.
+        let covers = |dv: &str, nv: &str| -> Vec<&str> {
+            rules
+                .iter()
+                .filter(|r| r.deepep.contains(v(dv)) && r.nvshmem.contains(v(nv)))
+                .map(|r| r.id.as_str())
+                .collect()
+        };
+        assert_eq!(covers("1.2.1", "3.5.19"), ["rc-qp-layout-3.5.19"]);
+        assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19"]);
+        assert!(covers("1.2.1", "3.5.18").is_empty());
+        assert!(covers("1.2.1", "3.4.5").is_empty());
+        assert!(covers("1.2.2", "3.6.5").is_empty());
+        assert_eq!(covers("1.2.1", "3.3.8"), ["nvshmem-older-than-3.3.9"]);
+        assert!(covers("1.2.1", "3.3.9").is_empty());
+        assert!(rules.iter().all(|r| r.breaks == caps::NVSHMEM));
+        let rc = &rules[0];
+        assert_eq!(
+            rc.fixed_after,
+            Some(FixedAfter {
+                deepep: v("1.2.1"),
+                commit: "29d31c0".into(),
+                builds: "builds of DeepEP's v1 branch after PR #564".into()
+            })
+        );
+    }
+
+    #[test]
+    fn pairing_data_edit_changes_the_check() {
+        // The same edit as checks/deep-ep-pure.nix `deepEpEditedJsonChangesTheRefusal`: the RC
+        // rule's NVSHMEM range moved to 3.6.0 and its fix text changed, through the same parser
+        // and check function the doctor uses for the embedded file.
+        let before = rules_of(&json());
+        let mut j = json();
+        let rc = j["broken"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|r| r["id"] == "rc-qp-layout-3.5.19")
+            .unwrap();
+        rc["nvshmem"] = serde_json::json!({ "atLeast": "3.6.0" });
+        rc["doctor"]["fix"] = "EDITED FIX".into();
+        let after = rules_of(&j);
+        let check =
+            |rules: &[Rule], nv: &str| pairing_check(rules, "1.2.1", v("1.2.1"), None, &linked(nv));
+        assert_eq!(check(&before, "3.5.19").status, Status::Fail);
+        assert_eq!(check(&after, "3.5.19").status, Status::Ok);
+        let c = check(&after, "3.6.0");
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(c.fix.as_deref(), Some("EDITED FIX"));
+    }
+
+    #[test]
+    fn pairing_check_picks_the_newest_version_a_rule_covers() {
+        let rules = rules_of(&json());
+        let two = |a: &str, b: &str| {
+            vec![
+                (v(a), "linked device library".to_string()),
+                (v(b), "torch's host library".to_string()),
+            ]
+        };
+        let c = pairing_check(&rules, "1.2.1", v("1.2.1"), None, &two("3.4.5", "3.8.0"));
+        assert!(
+            c.found.starts_with(
+                "DeepEP 1.2.1 with NVSHMEM 3.8.0 (torch's host library): DeepEP <= 1.2.1"
+            ),
+            "{}",
+            c.found
+        );
+        // Newest (3.4.5) is fine, the older linked 3.3.8 is not.
+        let c = pairing_check(&rules, "1.2.1", v("1.2.1"), None, &two("3.3.8", "3.4.5"));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.found.starts_with("DeepEP 1.2.1 with NVSHMEM 3.3.8 (linked device library): DeepEP 1.2.1 supports upstream NVSHMEM 3.3.9"), "{}", c.found);
+        let c = pairing_check(&rules, "1.2.1", v("1.2.1"), None, &two("3.4.5", "3.4.5"));
+        assert_eq!(
+            c.found,
+            "DeepEP 1.2.1 with NVSHMEM 3.4.5 (linked device library): not a known-broken pairing"
+        );
+        // A local version label: a warning only where the rule names a later fix commit.
+        let c = pairing_check(
+            &rules,
+            "1.2.1+abc",
+            v("1.2.1"),
+            Some("abc"),
+            &linked("3.6.5"),
+        );
+        assert_eq!(c.status, Status::Warn);
+        let c = pairing_check(
+            &rules,
+            "1.2.1+abc",
+            v("1.2.1"),
+            Some("abc"),
+            &linked("3.3.8"),
+        );
+        assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn pairing_data_errors_name_the_problem() {
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut j = json();
+            edit(&mut j["broken"][0]);
+            parse_pairings(&j.to_string()).unwrap_err()
+        };
+        // A misspelt bound would leave the range open: refused.
+        let e = with(&|r| r["nvshmem"] = serde_json::json!({ "atleast": "3.5.19" }));
+        assert!(
+            e.contains("unknown field `atleast`") && e.contains("atLeast"),
+            "{e}"
+        );
+        let e = with(&|r| r["nvshmem"] = serde_json::json!({ "atLeast": "3.5" }));
+        assert_eq!(
+            e,
+            "rule \"rc-qp-layout-3.5.19\": nvshmem.atLeast \"3.5\" is not a version X.Y.Z"
+        );
+        let e = with(&|r| r["deepep"] = serde_json::json!({}));
+        assert!(e.contains("deepep is an empty range"), "{e}");
+        let e = with(&|r| r["modes"] = serde_json::json!(["inter-node"]));
+        assert!(
+            e.contains("unknown mode \"inter-node\"; use \"intranode\""),
+            "{e}"
+        );
+        let e = with(&|r| r["doctor"]["fix"] = "".into());
+        assert!(
+            e.contains("doctor.found and doctor.fix must not be empty"),
+            "{e}"
+        );
+        let e = with(&|r| r["id"] = "nvshmem-older-than-3.3.9".into());
+        assert!(e.contains("not unique"), "{e}");
+        let e = with(&|r| {
+            r.as_object_mut().unwrap().remove("doctor");
+        });
+        assert!(e.contains("missing field `doctor`"), "{e}");
+        assert!(parse_pairings("{").is_err());
     }
 }
