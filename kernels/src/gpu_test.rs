@@ -54,19 +54,10 @@ impl Ctx<'_> {
     pub fn world(&self) -> usize {
         self.comm.world()
     }
-    /// `num_sms` bounded by this rank's share of the GPU's SMs ([`Gpu::sm_count`]): with several
-    /// ranks per GPU every rank's grid must fit at once, so cases written for a whole GPU shrink.
-    pub fn fit_sms(&self, num_sms: usize) -> usize {
-        num_sms.min(self.gpu.sm_count() as usize).max(1)
-    }
-    /// [`Ctx::fit_sms`] for kernels that need an even block count (internode: `num_sms / 2`
-    /// channels of a sender and a receiver block), at least 2.
-    pub fn fit_sms_even(&self, num_sms: usize) -> usize {
-        (self.fit_sms(num_sms) & !1).max(2)
-    }
-    /// [`Ctx::fit_sms`] applied to an intranode config.
+    /// [`Gpu::fit_sms`] applied to an intranode config: with several ranks per GPU every rank's
+    /// grid must fit at once, so cases written for a whole GPU shrink to the rank's share.
     pub fn fit_config(&self, c: crate::config::Config) -> crate::config::Config {
-        crate::config::Config { num_sms: self.fit_sms(c.num_sms), ..c }
+        crate::config::Config { num_sms: self.gpu.fit_sms(c.num_sms), ..c }
     }
     /// A device buffer of `bytes` (rounded up to 4) filled with [`POISON_U32`].
     pub fn poisoned(&self, bytes: usize) -> crate::Result<DeviceBuffer> {

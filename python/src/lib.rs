@@ -372,7 +372,7 @@ impl Runtime {
     /// at most this rank's share of the SMs, so every rank's waiting blocks fit at once.
     fn fit_sms(&self, num_sms: usize) -> usize {
         if self.gpu.oversubscribed() {
-            num_sms.min(self.gpu.sm_count() as usize).max(1)
+            self.gpu.fit_sms(num_sms)
         } else {
             num_sms
         }

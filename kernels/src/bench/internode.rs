@@ -143,7 +143,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
     let (comm, gpu) = (ctx.comm, ctx.gpu);
     let rph = ranks_per_host()?;
     // Even (num_sms / 2 channels) and within this rank's share of the GPU when ranks share one.
-    let num_sms = ctx.opts.num_sms.map_or((24.min(gpu.sm_count() as usize) & !1).max(2), |n| n as usize);
+    let num_sms = ctx.opts.num_sms.map_or(gpu.fit_sms_even(24), |n| n as usize);
     let rt = nvshmem_runtime(gpu, comm)?;
     let mut rows = Vec::new();
     for &shape in shapes {

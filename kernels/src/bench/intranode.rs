@@ -147,7 +147,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
     if ctx.opts.num_sms.is_none() {
         // Default configs are written for a whole GPU; with several ranks per GPU each gets its share.
         for c in &mut cfgs {
-            c.num_sms = c.num_sms.min(ctx.gpu.sm_count() as usize);
+            c.num_sms = ctx.gpu.fit_sms(c.num_sms);
         }
     }
     let many = cfgs.len() > 1;

@@ -357,7 +357,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
 
     let nv = nvshmem(ctx)?;
     let mut cfg = InternodeConfig::new(rph, spec.max_tokens, h);
-    cfg.num_sms = ctx.fit_sms_even(spec.num_sms);
+    cfg.num_sms = ctx.gpu.fit_sms_even(spec.num_sms);
     cfg.max_topk = k;
     cfg.max_local_experts = e / world;
     cfg.p2p_direct = spec.p2p;
@@ -531,7 +531,7 @@ fn bad_arguments(ctx: &Ctx) -> CaseResult {
     let world = ctx.world();
     let nv = nvshmem(ctx)?;
     let mut cfg = InternodeConfig::new(1, 16, 2048);
-    cfg.num_sms = ctx.fit_sms_even(cfg.num_sms);
+    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
     cfg.max_local_experts = 8;
     let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?;
     let s = ctx.gpu.stream().clone();
@@ -578,7 +578,7 @@ fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
     let rt = nvshmem(ctx)?;
     let mut cfg = InternodeConfig::new(1, 8, 2048);
-    cfg.num_sms = ctx.fit_sms_even(cfg.num_sms);
+    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
     cfg.max_local_experts = 8;
     let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &rt, cfg)?;
     let s = ctx.gpu.stream().clone();
@@ -674,7 +674,7 @@ fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
     )?;
     let rt = nvshmem(ctx)?;
     let mut cfg = InternodeConfig::new(rph, max_tokens, h);
-    cfg.num_sms = ctx.fit_sms_even(cfg.num_sms);
+    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
     cfg.max_topk = k;
     cfg.max_local_experts = e / world;
     let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &rt, cfg)?;

@@ -143,6 +143,16 @@ impl Gpu {
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }
+    /// `num_sms` bounded by [`Gpu::sm_count`] (at least 1): configurations written for a whole GPU
+    /// shrink to this rank's share when several ranks share it.
+    pub fn fit_sms(&self, num_sms: usize) -> usize {
+        num_sms.min(self.sm_count as usize).max(1)
+    }
+    /// [`Gpu::fit_sms`] for kernels that need an even block count (internode: `num_sms / 2`
+    /// channels of a sender and a receiver block), at least 2.
+    pub fn fit_sms_even(&self, num_sms: usize) -> usize {
+        (self.fit_sms(num_sms) & !1).max(2)
+    }
     /// All SMs of the device, whatever the share.
     pub fn device_sm_count(&self) -> u32 {
         self.device_sms
