@@ -11,30 +11,21 @@
 }:
 let
   inherit (deepep-kernels) nvshmem cudaPackages;
+  sandbox = import ./gpu-sandbox.nix;
 in
 runCommand "deepep-kernels-gpu-check-${deepep-kernels.version}"
-{
-  requiredSystemFeatures = [ "cuda" ];
-  nativeBuildInputs = [ deepep-kernels ];
-  # NVLink SHARP multicast is not available in every sandbox/VM; NVSHMEM and NCCL must not try it.
-  NVSHMEM_DISABLE_NVLS = "1";
-  NCCL_NVLS_ENABLE = "0";
-  # The sandbox network is loopback only.
-  NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME = "lo";
-  NCCL_SOCKET_IFNAME = "lo";
-  NVSHMEM_DIR = "${nvshmem}";
-  LD_LIBRARY_PATH = lib.makeLibraryPath [ (lib.getLib nvshmem) (lib.getLib cudaPackages.nccl) ] + ":/run/opengl-driver/lib";
-  # The NCCL on LD_LIBRARY_PATH (the kernels' toolkit's; checks/cuda-major.nix compares it).
-  passthru = { inherit deepep-kernels; inherit (cudaPackages) nccl; };
-}
+  (sandbox.env // {
+    requiredSystemFeatures = [ "cuda" ];
+    nativeBuildInputs = [ deepep-kernels ];
+    NVSHMEM_DIR = "${nvshmem}";
+    LD_LIBRARY_PATH = lib.makeLibraryPath [ (lib.getLib nvshmem) (lib.getLib cudaPackages.nccl) ] + ":/run/opengl-driver/lib";
+    # The NCCL on LD_LIBRARY_PATH (the kernels' toolkit's; checks/cuda-major.nix compares it).
+    passthru = { inherit deepep-kernels; inherit (cudaPackages) nccl; };
+  })
   ''
     set -euo pipefail
     mkdir -p "$out"
-    if ! ls /dev/nvidia0 >/dev/null 2>&1; then
-      echo "no /dev/nvidia0 in the build sandbox: this builder advertises the 'cuda' feature but does not" >&2
-      echo "mount the GPU; see docs/nix.md (programs.nix-required-mounts)." >&2
-      exit 1
-    fi
+    ${sandbox.requireGpu}
     echo "== deepep-gpu-tests --nproc 2" | tee "$out/gpu-tests.log"
     deepep-gpu-tests --nproc 2 2>&1 | tee -a "$out/gpu-tests.log"
     echo "== deepep-bench --nproc 2 --quick" | tee "$out/bench.log"
