@@ -24,8 +24,14 @@ struct EpDiag {
     EpErrorRecord* err;     // device pointer of the host-mapped record (never null)
     uint64_t timeout_ns;    // bound for any single wait
     int32_t rank;
-    int32_t pad_;
+    int32_t flags;          // EP_DIAG_* bits
 };
+
+// After recording an error, abort the kernel with `trap` (a sticky CUDA error of this context),
+// so that no later CUDA call of the process, e.g. a PyTorch read of an output this kernel did not
+// finish, can succeed. Set by the Python binding (its users read outputs through torch, which
+// never looks at the record); the Rust API checks the record on every read instead.
+#define EP_DIAG_TRAP 1
 
 #define EP_ERR_NONE 0
 #define EP_ERR_TIMEOUT 1
@@ -62,8 +68,10 @@ __device__ __forceinline__ bool ep_aborted(const EpDiag& d) {
     return *reinterpret_cast<volatile int32_t*>(&d.err->code) != EP_ERR_NONE;
 }
 
-// Record an error once (first writer wins) and make it visible to the host.
-__device__ __forceinline__ void ep_record_error(const EpDiag& d, int32_t code, int32_t phase,
+// Record an error once (first writer wins) and make it visible to the host. Not inlined: the
+// error path stays out of the hot loops' register allocation (inlined, with the trap, it made
+// the intranode combine spill).
+static __device__ __noinline__ void ep_record_error(const EpDiag& d, int32_t code, int32_t phase,
                                                 int32_t channel, int32_t peer, int32_t detail,
                                                 uint64_t waited_ns) {
     if (atomicCAS(reinterpret_cast<int32_t*>(&d.err->code), 0, -1) == 0) {
@@ -76,6 +84,7 @@ __device__ __forceinline__ void ep_record_error(const EpDiag& d, int32_t code, i
         __threadfence_system();
         *reinterpret_cast<volatile int32_t*>(&d.err->code) = code;
         __threadfence_system();
+        if (d.flags & EP_DIAG_TRAP) __trap();
     }
 }
 

@@ -23,8 +23,13 @@ pub struct Diag {
     /// Bound for any single GPU-side wait, in nanoseconds.
     pub timeout_ns: u64,
     pub rank: i32,
-    pub pad_: i32,
+    /// `DIAG_*` bits (`EP_DIAG_*`).
+    pub flags: i32,
 }
+
+/// [`Diag::flags`] bit: a kernel that records an error then aborts with `trap`, a sticky CUDA
+/// error of the context (`EP_DIAG_TRAP`). See [`crate::runtime::Gpu::set_trap_on_device_error`].
+pub const DIAG_TRAP: i32 = 1;
 
 pub const ERR_NONE: i32 = 0;
 pub const ERR_TIMEOUT: i32 = 1;

@@ -7,7 +7,7 @@ use crate::cubins::{self, Cubin};
 use crate::error::{Diag, EpError, ErrorRecord, Result, ERR_NONE};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ pub struct Gpu {
     ordinal: usize,
     record: Arc<HostMapped<ErrorRecord>>,
     device_timeout_ns: AtomicU64,
+    trap_on_error: AtomicBool,
     host_timeout_ns: AtomicU64,
     /// This rank's share of the SMs: all of them with one rank per GPU, `device_sms / K` with
     /// `K` ranks sharing the GPU (see [`ranks_per_gpu`]).
@@ -112,6 +113,7 @@ impl Gpu {
             ordinal,
             record,
             device_timeout_ns: AtomicU64::new(device_timeout.as_nanos() as u64),
+            trap_on_error: AtomicBool::new(false),
             host_timeout_ns: AtomicU64::new(host_timeout.as_nanos() as u64),
             sm_count,
             device_sms,
@@ -195,9 +197,27 @@ impl Gpu {
         self.host_timeout_ns.store(d.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Whether kernels launched from now on abort with `trap` after recording an error (default
+    /// off). Off, a kernel whose bounded wait expires records `{rank, phase, channel, peer}` and
+    /// returns, the stream completes, and every read through this crate ([`crate::tensor::Tensor`],
+    /// [`Gpu::sync`]) reports the record. On, the record is written first and then the kernel
+    /// traps: the context is unusable afterwards (every later CUDA call fails), which is what a
+    /// caller that reads outputs without this crate (PyTorch) needs to never see partial data.
+    pub fn set_trap_on_device_error(&self, on: bool) {
+        self.trap_on_error.store(on, Ordering::Relaxed);
+    }
+    pub fn trap_on_device_error(&self) -> bool {
+        self.trap_on_error.load(Ordering::Relaxed)
+    }
+
     /// The diagnostic argument every kernel takes last (appended by [`Gpu::launch`]).
     pub fn diag(&self) -> Diag {
-        Diag { err: self.record.dev_ptr(), timeout_ns: self.device_timeout_ns.load(Ordering::Relaxed), rank: self.rank as i32, pad_: 0 }
+        Diag {
+            err: self.record.dev_ptr(),
+            timeout_ns: self.device_timeout_ns.load(Ordering::Relaxed),
+            rank: self.rank as i32,
+            flags: if self.trap_on_error.load(Ordering::Relaxed) { crate::error::DIAG_TRAP } else { 0 },
+        }
     }
 
     /// The current content of the host-mapped error record (all zero = no error).
@@ -827,7 +847,7 @@ mod tests {
     use super::*;
     #[test]
     fn args_keep_values_and_sizes() {
-        let d = Diag { err: 0x1000, timeout_ns: 5, rank: 3, pad_: 0 };
+        let d = Diag { err: 0x1000, timeout_ns: 5, rank: 3, flags: 0 };
         let mut a = crate::args![7u64, 2i32, d];
         assert_eq!(a.slots.iter().map(|s| s.1).collect::<Vec<_>>(), vec![8, 4, 24]);
         assert_eq!(a.packed_size(), 40); // 8 + 4 + pad 4 + 24, as ep_fill_u32's 48 = 8 + 8 + 4 + 4 + 24
