@@ -16,6 +16,7 @@ at most two low-latency results are alive at once applies literally).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -28,6 +29,16 @@ from .utils import EventHandle, EventOverlap
 # The hidden size the NVLink buffer is first sized for when get_dispatch_layout runs before any
 # dispatch (a dispatch with another hidden re-creates it, collectively).
 DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
+# Opt-in: intranode dispatch returns views of the NVLink buffer instead of torch-owned copies.
+DISPATCH_VIEWS_ENV = "DEEPEP_KERNELS_DISPATCH_VIEWS"
+
+
+def _dispatch_views_from_env(environ=None) -> bool:
+    v = (os.environ if environ is None else environ).get(DISPATCH_VIEWS_ENV, "0")
+    if v not in ("0", "1"):
+        raise ValueError(f"{DISPATCH_VIEWS_ENV}={v!r}: use 1 (dispatch outputs are views of the NVLink buffer, valid until the "
+                         "next dispatch on the Buffer) or 0 (torch-owned copies, DeepEP's semantics; the default)")
+    return v == "1"
 
 _DISPATCH_CONFIGS = {
     2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128), 24: (8, 288, 32, 128),
@@ -106,6 +117,35 @@ def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, 
     return out
 
 
+class DeviceError(RuntimeError):
+    """A kernel of this process recorded an error (an expired bounded GPU wait, with the rank,
+    phase, channel and peer it waited for, or a bad argument it found) and aborted. CUDA calls of
+    the process fail from then on (the context is lost, as with DeepEP's timeouts); create the
+    process group and the Buffer again in a new process."""
+
+
+def check_device_error() -> None:
+    """Raise :class:`DeviceError` if a kernel of this process recorded an error. Every ``Buffer``
+    method calls it first; call it yourself after a CUDA error from torch to learn the cause."""
+    msg = _native.device_error()
+    if msg is not None:
+        raise DeviceError(f"{msg}. The kernel aborted (CUDA calls of this process now fail); outputs of that call and "
+                          "later ones are invalid. Fix the cause (a rank that stopped calling, or ranks that cannot all run at "
+                          "once) and restart the processes")
+
+
+def _checked(method):
+    """Run :func:`check_device_error` before the method (a call after a kernel aborted raises the
+    recorded cause instead of a bare CUDA error from torch)."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        check_device_error()
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
 def _unsupported(name: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"deepep_kernels does not support {name}: {why}")
 
@@ -167,6 +207,7 @@ class Buffer:
             raise ValueError(f"num_qps_per_rank={num_qps_per_rank} must be > 0 in low-latency mode")
         if group is None and comm is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
+        self._dispatch_views = _dispatch_views_from_env()
         self._runtime = None
         self.explicitly_destroy = explicitly_destroy
         self.num_nvl_bytes = num_nvl_bytes
@@ -257,6 +298,7 @@ class Buffer:
     def _rt(self):
         if self._runtime is None:
             raise RuntimeError("this Buffer was destroyed; create a new one")
+        check_device_error()
         return self._runtime
 
     def _comm_torch_stream(self):
@@ -401,6 +443,7 @@ class Buffer:
     def get_comm_stream(self):
         return self._comm_torch_stream()
 
+    @_checked
     def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
         """This rank's raw NVLink (or low-latency symmetric) buffer from byte ``offset`` as a
         1-D ``dtype`` tensor, or its first ``size.numel()`` elements shaped ``size``."""
@@ -418,6 +461,7 @@ class Buffer:
         return t[: size.numel()].view(size)
 
     # --- intranode normal mode ---------------------------------------------------------------
+    @_checked
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
@@ -440,6 +484,7 @@ class Buffer:
         ev = self._end(async_finish, (topk_idx, per_rank, per_expert, in_rank))
         return per_rank, None, per_expert, in_rank, ev
 
+    @_checked
     def dispatch(self, x, handle: Optional[Handle] = None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
@@ -522,6 +567,15 @@ class Buffer:
         rows = num_worst_tokens if num_worst_tokens else m
         dev = self._device
         scales = nd.recv_scales
+        if self._dispatch_views:
+            if rows != m:
+                raise _unsupported(f"num_worst_tokens with {DISPATCH_VIEWS_ENV}=1",
+                                   "views of the NVLink buffer cannot be padded to the worst-case row count; unset it for this call's Buffer")
+            # views of the receive region: valid until the next dispatch on this Buffer
+            return (_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, dev),
+                    _view(scales[0], torch.float32, (m, scales[1]), nd, dev) if scales is not None else None,
+                    _view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, dev) if k is not None else None,
+                    _view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, dev) if k is not None else None)
         with self._alloc_ctx(allocate_on_comm_stream):
             recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=dev)
             recv_scales = torch.empty((rows, scales[1]), dtype=torch.float32, device=dev) if scales is not None else None
@@ -539,6 +593,7 @@ class Buffer:
                     recv_w[m:].zero_()
         return recv_x, recv_scales, recv_idx, recv_w
 
+    @_checked
     def combine(self, x, handle: Handle, topk_weights=None, bias: Union[Any, Tuple[Any, Any]] = None, config: Optional[Config] = None,
                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
@@ -588,11 +643,13 @@ class Buffer:
         return out, out_w, ev
 
     # --- low-latency mode --------------------------------------------------------------------
+    @_checked
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Creates the low-latency buffer for these sizes if needed (collective). Our buffer is
         separate from the NVLink one and self-resetting, so nothing else needs cleaning."""
         self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
+    @_checked
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
@@ -661,6 +718,7 @@ class Buffer:
 
         return hook
 
+    @_checked
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
         if use_logfmt:
@@ -687,6 +745,7 @@ class Buffer:
         hook = self._make_hook(native_hook, lambda: None) if return_recv_hook else None
         return out, ev, hook
 
+    @_checked
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle):
         """A bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
         tensor to write the expert outputs into and pass to ``low_latency_combine(...,

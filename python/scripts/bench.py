@@ -121,11 +121,27 @@ def worker(rank, world, gpus, init, args):
             buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
                          topk_idx=idx, topk_weights=w, config=cfg)
 
+        def views(fn):
+            # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1), switched on this Buffer
+            # for the call: outputs are views of the NVLink buffer, no copy after the kernel
+            def run():
+                buf._dispatch_views = True
+                try:
+                    return fn()
+                finally:
+                    buf._dispatch_views = False
+            return run
+
+        cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=cfg)  # noqa: E731
+        cached_fp8 = lambda: buf.dispatch((xq, sc), handle=handle, config=cfg)  # noqa: E731
         ops = [
-            ("dispatch BF16, cached handle", lambda: buf.dispatch(x, handle=handle, config=cfg), m * h * 2),
-            ("dispatch FP8, cached handle", lambda: buf.dispatch((xq, sc), handle=handle, config=cfg), m * h * (1 + 4 / 128)),
+            ("dispatch BF16, cached, owned outputs", cached_bf16, m * h * 2),
+            ("dispatch BF16, cached, zero-copy views", views(cached_bf16), m * h * 2),
+            ("dispatch FP8, cached, owned outputs", cached_fp8, m * h * (1 + 4 / 128)),
+            ("dispatch FP8, cached, zero-copy views", views(cached_fp8), m * h * (1 + 4 / 128)),
             ("combine BF16", lambda: buf.combine(rx, handle, config=cfg), m * h * 2),
             ("dispatch BF16, fresh (layout+notify+sync)", fresh, m * h * 2),
+            ("dispatch BF16, fresh, zero-copy views", views(fresh), m * h * 2),
         ]
         for op, fn, nbytes in ops:
             us = time_op(torch, fn, args.reps, args.warmup, flush)
@@ -162,6 +178,10 @@ def worker(rank, world, gpus, init, args):
         buf.destroy()
 
     if rank == 0:
+        if gpus < world:
+            print(f"NOT PERFORMANCE: {world} ranks share {gpus} GPU(s) (oversubscribed); the ranks compete for the same SMs "
+                  "and memory, the 'NVLink' traffic is local memory, and the profiler column may include other ranks' "
+                  "kernels. Use the figures only to compare rows of this run with each other.")
         print(f"{'op':<40} {'shape':<28} {'us':>9} {'GB/s':>9} {'kernel us':>10}")
         for r in rows:
             print(r)

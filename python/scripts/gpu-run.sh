@@ -9,6 +9,8 @@
 #                 run on ONE GPU (oversubscribed; DEEPEP_TEST_GPUS=1), exchanging through gloo.
 # Environment: PYTHON (default python3), DEEPEP_TEST_TIMEOUT_S (per rank count, default 300),
 #   DEEPEP_BENCH=1 (also run python/scripts/bench.py at 2 ranks into $OUT/bench.log),
+#   PYTEST_ARGS (extra pytest arguments for the GPU tests, e.g. "-k intranode"),
+#   SKIP_CPU_EXAMPLE=1 (skip the CPU tests and the example after the GPU tests),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
@@ -17,7 +19,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}
-[ $# -ge 1 ] || { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
   wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
@@ -45,18 +47,20 @@ for r in "${ranks[@]}"; do
   log="$out/gpu-ranks$r.log"
   echo "== $r ranks on $gpus GPU(s), limit ${timeout_s}s -> $log" | tee -a "$out/summary.txt"
   DEEPEP_TEST_RANKS=$r DEEPEP_TEST_GPUS=$gpus timeout -k 10 "$timeout_s" \
-    "$py" -m pytest -v -rs -p no:cacheprovider "$tests/gpu" >"$log" 2>&1
+    "$py" -m pytest -v -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$tests/gpu" >"$log" 2>&1
   code=$?
   [ $code -eq 124 ] && echo "   timed out after ${timeout_s}s" | tee -a "$out/summary.txt"
   tail -n 3 "$log" | tee -a "$out/summary.txt"
   [ $code -eq 0 ] || rc=1
 done
+if [ "${SKIP_CPU_EXAMPLE:-0}" != 1 ]; then
 "$py" -m pytest -q -p no:cacheprovider "$tests" --ignore="$tests/gpu" >"$out/cpu-tests.log" 2>&1 || rc=1
 echo "cpu tests: $(tail -n1 "$out/cpu-tests.log")" | tee -a "$out/summary.txt"
 echo "== example: python/examples/moe_deep_ep.py written for deep_ep, through the shim, 2 ranks -> $out/example.log" | tee -a "$out/summary.txt"
 PYTHONPATH="$("$py" -m deepep_kernels.shim):$PYTHONPATH" timeout -k 10 "$timeout_s" \
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 "$here/../examples/moe_deep_ep.py" >"$out/example.log" 2>&1 || rc=1
 grep -E "^rank|Error|error" "$out/example.log" | tail -n 6 | tee -a "$out/summary.txt"
+fi
 if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
   echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
   timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1

@@ -394,6 +394,9 @@ impl Runtime {
     #[pyo3(signature = (device, rank, world, local_rank, local_world, all_gather, ranks_per_gpu = 1))]
     fn new(device: usize, rank: usize, world: usize, local_rank: usize, local_world: usize, all_gather: Py<PyAny>, ranks_per_gpu: usize) -> PyResult<Runtime> {
         let gpu = Box::new(Gpu::with_share(device, rank, ranks_per_gpu).map_err(py_err)?);
+        // torch reads our outputs without looking at the diagnostic record: a kernel whose bounded
+        // wait expires must fail the context (trap) instead of returning partial data quietly.
+        gpu.set_trap_on_device_error(true);
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
@@ -761,6 +764,14 @@ fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, 
     .map_err(py_err)
 }
 
+/// The error a kernel of this process recorded (rank, phase, channel, peer of an expired GPU wait,
+/// or a bad argument it found), as text; None when no kernel recorded one. Kernels of a Runtime
+/// then trap, so CUDA calls of the process fail from then on; this names why.
+#[pyfunction]
+fn device_error() -> Option<String> {
+    rt::gpu::pending_device_error().map(|e| e.to_string())
+}
+
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -793,6 +804,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvshmem_host_check, m)?)?;
     m.add_function(wrap_pyfunction!(_exchange_selftest, m)?)?;
     m.add_function(wrap_pyfunction!(capture, m)?)?;
+    m.add_function(wrap_pyfunction!(device_error, m)?)?;
     Ok(())
 }
 

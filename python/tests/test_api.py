@@ -365,3 +365,33 @@ def test_a_failing_all_gather_is_a_runtime_error_naming_it():
         _native._exchange_selftest(0, 2, b"x", lambda d: (d, d))
     with pytest.raises(RuntimeError, match="returned 1 contributions"):
         _native._exchange_selftest(0, 2, b"x", lambda d: [d])
+
+
+def test_no_device_error_is_recorded_without_kernels():
+    assert _native.device_error() is None
+    deepep_kernels.check_device_error()  # does not raise
+    assert issubclass(deepep_kernels.DeviceError, RuntimeError)
+
+
+def test_buffer_calls_raise_the_recorded_device_error_first(monkeypatch):
+    # A recorded kernel error needs a GPU (python/tests/gpu covers the real one: a peer that stops
+    # calling); here the record's reader is replaced to check that every communication method
+    # consults it before anything else, even before argument checks.
+    import deepep_kernels.buffer as b
+
+    monkeypatch.setattr(b._native, "device_error", lambda: "rank 0: GPU wait timed out in phase 'dispatch/send' (channel 3, waiting for rank 1) after 2000.0 ms")
+    buf = object.__new__(Buffer)
+    for name in ["get_dispatch_layout", "dispatch", "combine", "low_latency_dispatch", "low_latency_combine",
+                 "get_next_low_latency_combine_buffer", "clean_low_latency_buffer", "get_local_buffer_tensor"]:
+        with pytest.raises(deepep_kernels.DeviceError, match=r"rank 0: GPU wait timed out .*waiting for rank 1.*restart the processes"):
+            getattr(buf, name)(*([None] * len(DEEPEP_V121[name])))
+
+
+def test_dispatch_views_setting_is_checked():
+    from deepep_kernels.buffer import DISPATCH_VIEWS_ENV, _dispatch_views_from_env
+
+    assert _dispatch_views_from_env({}) is False
+    assert _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "1"}) is True
+    assert _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "0"}) is False
+    with pytest.raises(ValueError, match=r"DEEPEP_KERNELS_DISPATCH_VIEWS='yes': use 1 .* or 0"):
+        _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "yes"})

@@ -13,3 +13,12 @@ def test_intranode_layout_dispatch_combine():
 
 def test_low_latency_dispatch_combine_hooks_graphs():
     harness.run(workers.low_latency)
+
+
+def test_peer_that_stops_calling_is_reported_not_partial_rows():
+    # last: its rank 0 loses its CUDA context on purpose (the processes end with it)
+    if harness.num_ranks() != 2:
+        import pytest
+
+        pytest.skip("runs at 2 ranks only (one peer stops; the other reports it)")
+    harness.run(workers.peer_stops_calling)

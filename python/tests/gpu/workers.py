@@ -5,7 +5,7 @@ here, never by the package under test."""
 
 import torch
 
-from deepep_kernels import Buffer, EventOverlap, _native
+from deepep_kernels import Buffer, DeviceError, EventOverlap, _native, check_device_error
 from deepep_kernels.utils import EventHandle
 from harness import gather
 
@@ -69,17 +69,43 @@ def expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=1, 
     return x, sc, i, w, counts, src
 
 
+def combined_copies(x, sends):
+    """The combine of unchanged copies: x times the number of ranks the token went to, summed
+    from +0.0 as the kernel does, so a token sent nowhere is +0.0 (x * 0 would keep x's sign and
+    give -0.0 for negative x, a different bit pattern)."""
+    cnt = sends.sum(1, keepdim=True).float()
+    return torch.where(cnt > 0, x.float() * cnt, torch.zeros_like(x, dtype=torch.float32)).to(torch.bfloat16)
+
+
 def bits(t):
     return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16)
 
 
 def check_equal(name, got, want):
+    # a kernel that gave up a wait traps and records why: report that, not a data mismatch
+    check_device_error()
     got = got.cpu()
+    check_device_error()
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: got shape {tuple(got.shape)}, want {tuple(want.shape)}")
     if got.dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        ok = torch.equal(bits(got), bits(want))
+        same = bits(got) == bits(want)
     else:
-        ok = torch.equal(got, want)
-    assert ok, f"{name}: got {got.shape} {got.flatten()[:8]} want {want.shape} {want.flatten()[:8]}"
+        same = got == want
+    if bool(same.all()):
+        return
+    # where it differs: rows, and for float rows the ratio got/want (e.g. a missing contribution)
+    bad = ~same.reshape(same.shape[0], -1).all(1) if same.dim() > 1 else ~same
+    rows = bad.nonzero().flatten().tolist()
+    r = rows[0]
+    detail = f"{len(rows)} of {same.shape[0]} rows differ (first {rows[:12]}); row {r}: got {got[r].flatten()[:6].tolist()} want {want[r].flatten()[:6].tolist()}"
+    if got.is_floating_point() and got.dim() == 2:
+        g, w = got[r].float(), want[r].float()
+        nz = w.abs() > 1e-3
+        if bool(nz.any()):
+            ratio = (g[nz] / w[nz])
+            detail += f"; got/want in row {r}: min {ratio.min().item():.4g} max {ratio.max().item():.4g}"
+    raise AssertionError(f"{name}: {detail}")
 
 
 def intranode(rank, world, group):
@@ -154,7 +180,7 @@ def intranode(rank, world, group):
     wc, wcw, _ = buf.combine(wx, whandle, topk_weights=ww)
     sends = torch.stack([torch.tensor([any(d * LOCAL_EXPERTS <= e < (d + 1) * LOCAL_EXPERTS for e in row.tolist()) for row in idx])
                          for d in range(world)], 1)
-    check_equal("worst combine", wc, (x.float() * sends.sum(1, keepdim=True).float()).to(torch.bfloat16))
+    check_equal("worst combine", wc, combined_copies(x, sends))
     torch.testing.assert_close(wcw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
     wx2, _, _, _, _, _ = buf.dispatch(xd, handle=whandle)
     assert wx2.shape[0] == worst
@@ -220,8 +246,19 @@ def intranode(rank, world, group):
     cb, _, _ = buf.combine(rxb, handle_b)
     for name, c, xx, ii in (("A", ca, x, idx), ("B", cb, xb, idxb)):
         sends = torch.stack([torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in ii]) for d in range(world)], 1)
-        want = (xx.float() * sends.sum(1, keepdim=True).float()).to(torch.bfloat16)
+        want = combined_copies(xx, sends)
         check_equal(f"micro-batch {name} combine", c, want)
+
+    # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1, read at construction; switched
+    # on this Buffer directly here): the same rows, as a view inside this rank's NVLink buffer
+    buf._dispatch_views = True
+    try:
+        vx = buf.dispatch(xd, handle=handle)[0]
+    finally:
+        buf._dispatch_views = False
+    check_equal("zero-copy view recv_x", vx, ex)
+    base = buf.get_local_buffer_tensor(torch.uint8)
+    assert base.data_ptr() <= vx.data_ptr() < base.data_ptr() + base.numel(), "the view is not inside the NVLink buffer"
 
     # the raw local buffer
     t = buf.get_local_buffer_tensor(torch.int32)
@@ -352,3 +389,45 @@ def low_latency(rank, world, group):
     del graph
     torch.cuda.synchronize()
     buf.destroy()
+
+
+def peer_stops_calling(rank, world, group):
+    """A rank that stops calling: the other rank's kernel gives up its bounded wait, records
+    {rank, phase, peer}, and traps, so torch's next synchronisation fails instead of returning
+    partial rows, and the next Buffer call raises DeviceError naming the rank, phase and peer."""
+    import os
+    import torch.distributed as dist
+
+    os.environ["DEEPEP_GPU_TIMEOUT_MS"] = "2000"  # read when the Buffer creates its runtime
+    num_experts = LOCAL_EXPERTS * world
+    buf = Buffer(group, _native.intranode_buffer_bytes(world, 512, HIDDEN), 0, explicitly_destroy=True)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x, idx, w = make_routing(rank, world, 64, num_experts, seed=5)
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxd, num_experts)
+    rx, _, _, _, handle, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                          num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
+    torch.cuda.synchronize()
+    check_device_error()  # nothing recorded so far
+    if rank == 0:
+        # a cached dispatch has no host synchronisation: the call returns, the kernel waits for
+        # rank 1, which never comes
+        out = buf.dispatch(xd, handle=handle)[0]
+        try:
+            torch.cuda.synchronize()
+            out.cpu()
+            raise AssertionError("the cached dispatch without its peer completed; its rows would be partial")
+        except DeviceError:
+            raise
+        except RuntimeError as e:  # torch's CUDA error after the trap
+            cuda_err = str(e)
+        try:
+            buf.get_dispatch_layout(idxd, num_experts)
+            raise AssertionError("a Buffer call after the recorded timeout did not raise")
+        except DeviceError as e:
+            msg = str(e)
+        assert "rank 0" in msg and "timed out" in msg and "rank 1" in msg, msg
+        print(f"rank 0: torch said: {cuda_err.splitlines()[0]}; the next call said: {msg}", flush=True)
+    dist.barrier(group)
+    # the CUDA context of rank 0 is gone: leave without destructors (they would call CUDA)
+    os._exit(0)
