@@ -582,7 +582,10 @@ fn torch_check(
         wheel_prefix.display()
     );
     // Without libtorch_nvshmem.so, what is said about the wheel starts with what torch lacks.
-    let no_lib = format!("torch at {} has no lib/libtorch_nvshmem.so; ", torch_dir.display());
+    let no_lib = format!(
+        "torch at {} has no lib/libtorch_nvshmem.so; ",
+        torch_dir.display()
+    );
     match (&torch.torch_lib, &torch.host_lib, torch.version, reference) {
         (None, None, _, _) => out.push(Check::ok(
             torch_id,
