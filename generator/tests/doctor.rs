@@ -2135,3 +2135,148 @@ fn torch_in_no_given_site_is_a_warning_not_an_ok() {
     // A warning blocks nothing.
     assert_eq!(verdicts(&r), all_ready(), "{}", r.render_text());
 }
+
+#[test]
+fn deepep_and_torch_in_different_site_directories() {
+    // DeepEP in SITE (pip install --target), torch with the nvidia-nvshmem wheel in TORCH_SITE;
+    // both given, in either order: each is taken from the site that has it.
+    let deepep_in_site = || {
+        let h = TestHost::ibgda();
+        h.install_deepep(
+            Some("1.2.1"),
+            Some("3.4.5"),
+            "/opt/nvshmem",
+            "/opt/nvshmem/lib",
+            &[(2, 90)],
+        );
+        h
+    };
+    let torch_host =
+        format!("{TORCH_SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    let mut h = deepep_in_site();
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    for order in [[SITE, TORCH_SITE], [TORCH_SITE, SITE]] {
+        h.args.python_site = order.iter().map(PathBuf::from).collect();
+        let r = h.run();
+        let text = r.render_text();
+        assert_eq!(status(&r, "deepep.extension"), Status::Ok, "{text}");
+        assert_eq!(
+            found(&r, "deepep.torch-nvshmem"),
+            format!("torch loads NVSHMEM 3.4.5 ({torch_host}) = DeepEP's build 3.4.5"),
+            "{order:?}"
+        );
+        assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Ok);
+        assert_eq!(verdicts(&r), all_ready(), "{text}");
+    }
+
+    // torch's NVSHMEM 3.8.0 differs from DeepEP's 3.4.5: fails as with one site, and the fix
+    // names the wheel in torch's site.
+    let mut h = deepep_in_site();
+    h.install_torch_in(TORCH_SITE, "3.8.0", true);
+    h.args.python_site = vec![SITE.into(), TORCH_SITE.into()];
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "{TORCH_SITE}/torch/lib/libtorch_nvshmem.so loads NVSHMEM 3.8.0 ({torch_host}); DeepEP's build is \
+             NVSHMEM 3.4.5: once torch has loaded its copy, deep_ep_cpp's libnvshmem_host.so.3 is that copy (same SONAME)"
+        )
+    );
+    assert!(
+        fix(&r, "deepep.torch-nvshmem").starts_with(&format!(
+            "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={TORCH_SITE}/nvidia/nvshmem;"
+        )),
+        "{}",
+        fix(&r, "deepep.torch-nvshmem")
+    );
+    let both = ["deepep.torch-nvshmem", "deepep.pairing"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    assert!(found(&r, "deepep.pairing")
+        .starts_with("DeepEP 1.2.1 with NVSHMEM 3.8.0 (torch's host library)"));
+
+    // torch in two given sites: the first one given is the one checked, as Python's sys.path.
+    h.install_torch_in(SITE, "3.4.5", true);
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Ok);
+    assert!(found(&r, "deepep.torch-nvshmem").contains(&format!("({SITE}/torch/lib/")));
+    h.args.python_site = vec![TORCH_SITE.into(), SITE.into()];
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Fail);
+
+    // No DeepEP in any of them: the failure names every directory searched.
+    let mut h = TestHost::ibgda();
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    h.args.python_site = vec![SITE.into(), TORCH_SITE.into()];
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep.extension"),
+        format!("no deep_ep_cpp*.so in {SITE}, {TORCH_SITE} (nor in a deep_ep-*.egg there)")
+    );
+}
+
+#[test]
+fn several_python_sites_from_the_binary_in_json() {
+    let h = TestHost::ibgda();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    let root = h.root.path().to_str().unwrap().to_string();
+    let torch_check = |sites: &[&str]| {
+        let mut cmd = bin();
+        cmd.args(["doctor", "--root", &root, "--json"]);
+        for s in sites {
+            cmd.args(["--python-site", s]);
+        }
+        let out = cmd
+            .env_clear()
+            .env("NVSHMEM_DIR", "/opt/nvshmem")
+            .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
+            .output()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let check = json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "deepep.torch-nvshmem")
+            .unwrap_or_else(|| panic!("no deepep.torch-nvshmem in {json}"))
+            .clone();
+        (out.status.code(), check)
+    };
+    // Both sites: torch seen and compared.
+    let (code, c) = torch_check(&[SITE, TORCH_SITE]);
+    assert_eq!(code, Some(0), "{c}");
+    assert_eq!(c["status"], "ok");
+    assert_eq!(
+        c["found"],
+        format!(
+            "torch loads NVSHMEM 3.4.5 ({TORCH_SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3) \
+             = DeepEP's build 3.4.5"
+        )
+    );
+    // DeepEP's site alone: the warning with the sites searched and the fix; warn blocks nothing.
+    let (code, c) = torch_check(&[SITE]);
+    assert_eq!(code, Some(0), "{c}");
+    assert_eq!(c["status"], "warn");
+    assert_eq!(
+        c["found"],
+        format!(
+            "torch not found in the --python-site directories searched ({SITE}): its own NVSHMEM \
+             (torch/lib/libtorch_nvshmem.so, the nvidia-nvshmem wheel) was not checked"
+        )
+    );
+    assert!(c["fix"]
+        .as_str()
+        .unwrap()
+        .starts_with("pass torch's site-packages too: --python-site $(python3 -c 'import torch"));
+    assert_eq!(
+        c["needed_by"],
+        serde_json::json!(["low-latency", "internode-ibgda", "internode-cpu-ibgda"])
+    );
+}
