@@ -481,7 +481,7 @@ fn list_sites(sites: &[PathBuf]) -> String {
 }
 
 /// The first site (in the order given, as Python searches `sys.path`) for which `has` is true.
-fn first_site<'a>(sites: &'a [PathBuf], has: impl Fn(&Path) -> bool) -> Option<&'a Path> {
+fn first_site(sites: &[PathBuf], has: impl Fn(&Path) -> bool) -> Option<&Path> {
     sites.iter().map(PathBuf::as_path).find(|s| has(s))
 }
 
