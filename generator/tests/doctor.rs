@@ -326,7 +326,7 @@ impl TestHost {
                 max_tokens: None,
                 capabilities: vec![],
                 kernels_nvshmem_version: None,
-                python_site: None,
+                python_site: vec![],
             },
             root,
             env: BTreeMap::new(),
@@ -1493,10 +1493,17 @@ impl TestHost {
     /// `$ORIGIN/../../nvidia/nvshmem/lib`, as torch's wheels) and the nvidia-nvshmem wheel tree
     /// of version `v` (`None`: the wheel alone, without libtorch_nvshmem).
     fn install_torch(&self, v: &str, with_torch_lib: bool) {
-        let wheel = format!("{SITE}/nvidia/nvshmem");
+        self.install_torch_in(SITE, v, with_torch_lib);
+    }
+
+    /// [`Self::install_torch`] into site directory `site`, with the `torch/__init__.py` every
+    /// torch install has.
+    fn install_torch_in(&self, site: &str, v: &str, with_torch_lib: bool) {
+        self.write(&format!("{site}/torch/__init__.py"), "");
+        let wheel = format!("{site}/nvidia/nvshmem");
         self.install_nvshmem(&wheel, v, v, 3);
         if with_torch_lib {
-            let lib = self.path(&format!("{SITE}/torch/lib"));
+            let lib = self.path(&format!("{site}/torch/lib"));
             std::fs::create_dir_all(&lib).unwrap();
             shared_with_path(
                 &lib.join("libtorch_nvshmem.so"),
@@ -1513,7 +1520,7 @@ impl TestHost {
     }
 
     fn with_site(mut self) -> Self {
-        self.args.python_site = Some(SITE.into());
+        self.args.python_site = vec![SITE.into()];
         self
     }
 }
@@ -1539,6 +1546,8 @@ fn deepep_built_against_the_loaded_nvshmem_is_ready() {
         "/opt/nvshmem/lib",
         &[(2, 90)],
     );
+    // torch without NVSHMEM of its own (no libtorch_nvshmem.so, no nvidia-nvshmem wheel).
+    h.write(&format!("{SITE}/torch/__init__.py"), "");
     let r = h.run();
     let text = r.render_text();
     use Status::Ok as O;
@@ -1579,9 +1588,16 @@ fn deepep_built_against_the_loaded_nvshmem_is_ready() {
         found(&r, "deepep.ibgda-plugin"),
         "/opt/nvshmem/lib/nvshmem_transport_ibgda.so.3"
     );
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "torch at {SITE}/torch bundles no NVSHMEM (no lib/libtorch_nvshmem.so; \
+             no nvidia/nvshmem/lib/libnvshmem_host.so.3 in {SITE})"
+        )
+    );
     // Without --python-site the report is what it was.
     let mut h = h;
-    h.args.python_site = None;
+    h.args.python_site = vec![];
     assert!(h.run().checks.iter().all(|c| !c.id.starts_with("deepep.")));
 }
 
@@ -1697,6 +1713,14 @@ fn torch_bundled_nvshmem_differs_from_deepeps() {
     h.remove(&torch_lib);
     let r = h.run();
     assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Warn);
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "torch at {SITE}/torch has no lib/libtorch_nvshmem.so; the nvidia-nvshmem wheel holds NVSHMEM 3.8.0 \
+             ({SITE}/nvidia/nvshmem/lib/libnvshmem_host.so.3); DeepEP's build is NVSHMEM 3.4.5: harmless unless \
+             that directory comes first on LD_LIBRARY_PATH"
+        )
+    );
 
     // No DeepEP extension: torch's NVSHMEM is compared with NVSHMEM_DIR's.
     h.remove(&format!("{SITE}/{EXT}"));
@@ -2077,4 +2101,182 @@ fn deepep_checks_in_json_and_from_the_binary() {
         .unwrap();
     assert_eq!(ext["status"], "fail");
     assert!(ext["fix"].as_str().unwrap().contains("--python-site"));
+}
+
+/// torch's own site-packages on the project's GPU machine (a venv), while DeepEP was installed
+/// with `pip install --target` elsewhere (SITE).
+const TORCH_SITE: &str = "/opt/torch/.venv/lib/python3.12/site-packages";
+
+#[test]
+fn torch_in_no_given_site_is_a_warning_not_an_ok() {
+    // DeepEP in SITE, torch with its NVSHMEM 3.4.5 in TORCH_SITE; only SITE given: doctor did
+    // not see torch and must not claim that torch bundles no NVSHMEM.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep.torch-nvshmem",
+        &format!(
+            "torch not found in the --python-site directories searched ({SITE}): \
+             its own NVSHMEM (torch/lib/libtorch_nvshmem.so, the nvidia-nvshmem wheel) was not checked"
+        ),
+        "pass torch's site-packages too: --python-site \
+         $(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')",
+    );
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Warn);
+    // A warning blocks nothing.
+    assert_eq!(verdicts(&r), all_ready(), "{}", r.render_text());
+}
+
+#[test]
+fn deepep_and_torch_in_different_site_directories() {
+    // DeepEP in SITE (pip install --target), torch with the nvidia-nvshmem wheel in TORCH_SITE;
+    // both given, in either order: each is taken from the site that has it.
+    let deepep_in_site = || {
+        let h = TestHost::ibgda();
+        h.install_deepep(
+            Some("1.2.1"),
+            Some("3.4.5"),
+            "/opt/nvshmem",
+            "/opt/nvshmem/lib",
+            &[(2, 90)],
+        );
+        h
+    };
+    let torch_host =
+        format!("{TORCH_SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    let mut h = deepep_in_site();
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    for order in [[SITE, TORCH_SITE], [TORCH_SITE, SITE]] {
+        h.args.python_site = order.iter().map(PathBuf::from).collect();
+        let r = h.run();
+        let text = r.render_text();
+        assert_eq!(status(&r, "deepep.extension"), Status::Ok, "{text}");
+        assert_eq!(
+            found(&r, "deepep.torch-nvshmem"),
+            format!("torch loads NVSHMEM 3.4.5 ({torch_host}) = DeepEP's build 3.4.5"),
+            "{order:?}"
+        );
+        assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Ok);
+        assert_eq!(verdicts(&r), all_ready(), "{text}");
+    }
+
+    // torch's NVSHMEM 3.8.0 differs from DeepEP's 3.4.5: fails as with one site, and the fix
+    // names the wheel in torch's site.
+    let mut h = deepep_in_site();
+    h.install_torch_in(TORCH_SITE, "3.8.0", true);
+    h.args.python_site = vec![SITE.into(), TORCH_SITE.into()];
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep.torch-nvshmem"),
+        format!(
+            "{TORCH_SITE}/torch/lib/libtorch_nvshmem.so loads NVSHMEM 3.8.0 ({torch_host}); DeepEP's build is \
+             NVSHMEM 3.4.5: once torch has loaded its copy, deep_ep_cpp's libnvshmem_host.so.3 is that copy (same SONAME)"
+        )
+    );
+    assert!(
+        fix(&r, "deepep.torch-nvshmem").starts_with(&format!(
+            "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={TORCH_SITE}/nvidia/nvshmem;"
+        )),
+        "{}",
+        fix(&r, "deepep.torch-nvshmem")
+    );
+    let both = ["deepep.torch-nvshmem", "deepep.pairing"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    assert!(found(&r, "deepep.pairing")
+        .starts_with("DeepEP 1.2.1 with NVSHMEM 3.8.0 (torch's host library)"));
+
+    // torch in two given sites: the first one given is the one checked, as Python's sys.path.
+    h.install_torch_in(SITE, "3.4.5", true);
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Ok);
+    assert!(found(&r, "deepep.torch-nvshmem").contains(&format!("({SITE}/torch/lib/")));
+    h.args.python_site = vec![TORCH_SITE.into(), SITE.into()];
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Fail);
+
+    // No DeepEP in any of them: the failure names every directory searched.
+    let mut h = TestHost::ibgda();
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    h.args.python_site = vec![SITE.into(), TORCH_SITE.into()];
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep.extension"),
+        format!("no deep_ep_cpp*.so in {SITE}, {TORCH_SITE} (nor in a deep_ep-*.egg there)")
+    );
+}
+
+#[test]
+fn several_python_sites_from_the_binary_in_json() {
+    let h = TestHost::ibgda();
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    h.install_torch_in(TORCH_SITE, "3.4.5", true);
+    let root = h.root.path().to_str().unwrap().to_string();
+    let torch_check = |sites: &[&str]| {
+        let mut cmd = bin();
+        cmd.args(["doctor", "--root", &root, "--json"]);
+        for s in sites {
+            cmd.args(["--python-site", s]);
+        }
+        let out = cmd
+            .env_clear()
+            .env("NVSHMEM_DIR", "/opt/nvshmem")
+            .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
+            .output()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let check = json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "deepep.torch-nvshmem")
+            .unwrap_or_else(|| panic!("no deepep.torch-nvshmem in {json}"))
+            .clone();
+        (out.status.code(), check)
+    };
+    // Both sites: torch seen and compared.
+    let (code, c) = torch_check(&[SITE, TORCH_SITE]);
+    assert_eq!(code, Some(0), "{c}");
+    assert_eq!(c["status"], "ok");
+    assert_eq!(
+        c["found"],
+        format!(
+            "torch loads NVSHMEM 3.4.5 ({TORCH_SITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3) \
+             = DeepEP's build 3.4.5"
+        )
+    );
+    // DeepEP's site alone: the warning with the sites searched and the fix; warn blocks nothing.
+    let (code, c) = torch_check(&[SITE]);
+    assert_eq!(code, Some(0), "{c}");
+    assert_eq!(c["status"], "warn");
+    assert_eq!(
+        c["found"],
+        format!(
+            "torch not found in the --python-site directories searched ({SITE}): its own NVSHMEM \
+             (torch/lib/libtorch_nvshmem.so, the nvidia-nvshmem wheel) was not checked"
+        )
+    );
+    assert!(c["fix"]
+        .as_str()
+        .unwrap()
+        .starts_with("pass torch's site-packages too: --python-site $(python3 -c 'import torch"));
+    assert_eq!(
+        c["needed_by"],
+        serde_json::json!(["low-latency", "internode-ibgda", "internode-cpu-ibgda"])
+    );
 }

@@ -1,4 +1,4 @@
-//! DeepEP checks (`--python-site DIR`): what a built `deep_ep_cpp*.so` records (the NVSHMEM
+//! DeepEP checks (`--python-site DIR`, repeatable): what a built `deep_ep_cpp*.so` records (the NVSHMEM
 //! device library linked into it, the host library it needs and where it looks for it, its GPU
 //! code), which NVSHMEM host library would load for it, torch's own NVSHMEM, the DeepEP x NVSHMEM
 //! pairings known to break (`pkgs/deep-ep/pairings.json`, shared with the Nix package), the IBGDA plugin next to that host library, and the GPUs' compute
@@ -471,51 +471,81 @@ fn show(v: Option<Version>) -> String {
     v.map_or("of unknown version".into(), |v| v.to_string())
 }
 
-/// The NVSHMEM host library torch loads: `torch/lib/libtorch_nvshmem.so` resolves
-/// `libnvshmem_host.so.3` through its RUNPATH (the `nvidia-nvshmem-cu12/cu13` wheel).
-struct TorchNvshmem {
-    torch_lib: Option<PathBuf>,
-    host_lib: Option<PathBuf>,
-    version: Option<Version>,
+/// The site directories as a list for messages: `A, B`.
+fn list_sites(sites: &[PathBuf]) -> String {
+    sites
+        .iter()
+        .map(|s| s.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-fn torch_nvshmem(host: &Host, site: &Path) -> TorchNvshmem {
-    let torch_lib = site.join("torch/lib/libtorch_nvshmem.so");
-    let wheel_lib = site.join("nvidia/nvshmem/lib").join(HOST_LIB);
-    if host.exists(&torch_lib) {
+/// The first site (in the order given, as Python searches `sys.path`) for which `has` is true.
+fn first_site(sites: &[PathBuf], has: impl Fn(&Path) -> bool) -> Option<&Path> {
+    sites.iter().map(PathBuf::as_path).find(|s| has(s))
+}
+
+/// torch and its NVSHMEM: `torch/lib/libtorch_nvshmem.so` resolves `libnvshmem_host.so.3`
+/// through its RUNPATH (the `nvidia-nvshmem-cu12/cu13` wheel); the wheel may also be there alone.
+struct TorchNvshmem {
+    /// The site directory holding torch (`torch/__init__.py` or `torch/lib/libtorch_nvshmem.so`),
+    /// `None` when no given site has it.
+    site: Option<PathBuf>,
+    torch_lib: Option<PathBuf>,
+    /// The host library torch loads (`torch_lib` found) or, without `torch_lib`, the wheel's.
+    host_lib: Option<PathBuf>,
+    version: Option<Version>,
+    /// `nvidia/nvshmem` of the wheel: in torch's site if there, else the first site with it.
+    wheel_prefix: Option<PathBuf>,
+}
+
+fn torch_nvshmem(host: &Host, sites: &[PathBuf]) -> TorchNvshmem {
+    const TORCH_LIB: &str = "torch/lib/libtorch_nvshmem.so";
+    let has_wheel = |s: &Path| host.exists(&s.join("nvidia/nvshmem/lib").join(HOST_LIB));
+    let site = first_site(sites, |s| {
+        host.exists(&s.join("torch/__init__.py")) || host.exists(&s.join(TORCH_LIB))
+    });
+    let wheel_prefix = site
+        .filter(|s| has_wheel(s))
+        .or_else(|| first_site(sites, has_wheel))
+        .map(|s| s.join("nvidia/nvshmem"));
+    let torch_lib = site.map(|s| s.join(TORCH_LIB)).filter(|p| host.exists(p));
+    if let Some(torch_lib) = torch_lib {
         let resolved = host
             .read_bytes(&torch_lib, elf::LIB_CAP)
             .ok()
             .and_then(|b| elf::parse_dyn(&b).ok())
             .and_then(|d| {
-                match elf::resolve(host, HOST_LIB, torch_lib.parent().unwrap_or(site), &d) {
+                let dir = torch_lib.parent().unwrap_or(Path::new("/"));
+                match elf::resolve(host, HOST_LIB, dir, &d) {
                     Resolution::Found(p) => Some(p),
                     Resolution::Missing { .. } => None,
                 }
             });
         let version = resolved.as_deref().and_then(|p| version_at(host, p));
         return TorchNvshmem {
+            site: site.map(Path::to_path_buf),
             torch_lib: Some(torch_lib),
             host_lib: resolved,
             version,
+            wheel_prefix,
         };
     }
-    let present = host.exists(&wheel_lib);
+    let wheel_lib = wheel_prefix.as_ref().map(|p| p.join("lib").join(HOST_LIB));
     TorchNvshmem {
+        site: site.map(Path::to_path_buf),
         torch_lib: None,
-        version: if present {
-            version_at(host, &wheel_lib)
-        } else {
-            None
-        },
-        host_lib: present.then_some(wheel_lib),
+        version: wheel_lib.as_deref().and_then(|p| version_at(host, p)),
+        host_lib: wheel_lib,
+        wheel_prefix,
     }
 }
 
 /// `deepep.torch-nvshmem`: torch's own NVSHMEM vs the one DeepEP's build recorded, or, when that
-/// is unknown (no extension, stripped), the NVSHMEM checked above (`NVSHMEM_DIR`).
+/// is unknown (no extension, stripped), the NVSHMEM checked above (`NVSHMEM_DIR`). Only what was
+/// seen is claimed: torch in none of `sites` is a warning naming them, never an ok.
 fn torch_check(
-    site: &Path,
+    sites: &[PathBuf],
     torch: &TorchNvshmem,
     recorded: Option<Version>,
     checked: &NvshmemInfo,
@@ -530,15 +560,41 @@ fn torch_check(
         (None, None) => (None, String::new()),
     };
     let torch_id = "deepep.torch-nvshmem";
+    let Some(torch_site) = &torch.site else {
+        out.push(Check::warn(
+            torch_id,
+            caps::NVSHMEM,
+            format!(
+                "torch not found in the --python-site directories searched ({}): its own NVSHMEM (torch/lib/libtorch_nvshmem.so, the nvidia-nvshmem wheel) was not checked",
+                list_sites(sites)
+            ),
+            "pass torch's site-packages too: --python-site $(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')",
+        ));
+        return;
+    };
+    let torch_dir = torch_site.join("torch");
+    let wheel_prefix = torch
+        .wheel_prefix
+        .clone()
+        .unwrap_or_else(|| torch_site.join("nvidia/nvshmem"));
     let torch_fix = format!(
         "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
-        site.join("nvidia/nvshmem").display()
+        wheel_prefix.display()
+    );
+    // Without libtorch_nvshmem.so, what is said about the wheel starts with what torch lacks.
+    let no_lib = format!(
+        "torch at {} has no lib/libtorch_nvshmem.so; ",
+        torch_dir.display()
     );
     match (&torch.torch_lib, &torch.host_lib, torch.version, reference) {
         (None, None, _, _) => out.push(Check::ok(
             torch_id,
             caps::NVSHMEM,
-            format!("torch bundles no NVSHMEM ({} has neither torch/lib/libtorch_nvshmem.so nor nvidia/nvshmem/)", site.display()),
+            format!(
+                "torch at {} bundles no NVSHMEM (no lib/libtorch_nvshmem.so; no nvidia/nvshmem/lib/{HOST_LIB} in {})",
+                torch_dir.display(),
+                list_sites(sites)
+            ),
         )),
         (Some(tl), None, _, _) => out.push(Check::warn(
             torch_id,
@@ -550,7 +606,7 @@ fn torch_check(
             let tv = Some(tv);
             let by = match tl {
                 Some(tl) => format!("{} loads NVSHMEM {} ({})", tl.display(), show(tv), hl.display()),
-                None => format!("the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
+                None => format!("{no_lib}the nvidia-nvshmem wheel holds NVSHMEM {} ({})", show(tv), hl.display()),
             };
             let msg = format!("{by}; {ref_name} is NVSHMEM {rv}");
             if tl.is_some() {
@@ -574,7 +630,11 @@ fn torch_check(
             caps::NVSHMEM,
             format!(
                 "{} NVSHMEM {} ({}){}",
-                if tl.is_some() { "torch loads" } else { "the nvidia-nvshmem wheel holds" },
+                if tl.is_some() {
+                    "torch loads".to_string()
+                } else {
+                    format!("{no_lib}the nvidia-nvshmem wheel holds")
+                },
                 show(tv),
                 hl.display(),
                 rv.map(|v| format!(" = {ref_name} {v}")).unwrap_or_default()
@@ -583,29 +643,31 @@ fn torch_check(
     }
 }
 
-/// Runs the DeepEP checks for the Python site directory `site` (a host path).
+/// Runs the DeepEP checks for the Python site directories `sites` (host paths, not empty), in
+/// the order given: DeepEP's extension and its metadata, torch and the nvidia-nvshmem wheel are
+/// each taken from the first site that has them.
 pub fn check(
     host: &Host,
-    site: &Path,
+    sites: &[PathBuf],
     driver: &DriverInfo,
     checked: &NvshmemInfo,
     out: &mut Vec<Check>,
 ) {
-    let version = find_version(host, site);
+    let version = sites.iter().find_map(|s| find_version(host, s));
     let parsed = version
         .as_ref()
         .and_then(|(raw, _)| parse_deepep_version(raw));
-    let torch = torch_nvshmem(host, site);
+    let torch = torch_nvshmem(host, sites);
     let build_fix = "build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)";
 
     // deepep.extension
-    let ext_path = find_extension(host, site);
+    let ext_path = sites.iter().find_map(|s| find_extension(host, s));
     let ext = match ext_path.as_deref().map(|p| read_extension(host, p)) {
         None => {
             out.push(Check::fail(
                 "deepep.extension",
                 caps::ALL,
-                format!("no deep_ep_cpp*.so in {} (nor in a deep_ep-*.egg there)", site.display()),
+                format!("no deep_ep_cpp*.so in {} (nor in a deep_ep-*.egg there)", list_sites(sites)),
                 format!("pass --python-site the directory holding deep_ep_cpp*.so (python3 -c 'import deep_ep_cpp; print(deep_ep_cpp.__file__)'), or {build_fix}"),
             ));
             None
@@ -636,7 +698,7 @@ pub fn check(
             caps::NVSHMEM,
             "no DeepEP extension to inspect",
         ));
-        torch_check(site, &torch, None, checked, out);
+        torch_check(sites, &torch, None, checked, out);
         for id in ["deepep.pairing", "deepep.ibgda-plugin", "deepep.arch"] {
             out.push(Check::skip(id, caps::ALL, "no DeepEP extension to inspect"));
         }
@@ -696,7 +758,7 @@ pub fn check(
     ));
 
     // deepep.nvshmem: the host library that would load for it.
-    let ext_dir = ext.path.parent().unwrap_or(site).to_path_buf();
+    let ext_dir = ext.path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let mut loads: Option<(PathBuf, Option<Version>)> = None;
     match &needed_host {
         None => out.push(Check::fail(
@@ -753,7 +815,7 @@ pub fn check(
         },
     }
 
-    torch_check(site, &torch, recorded, checked, out);
+    torch_check(sites, &torch, recorded, checked, out);
 
     // deepep.pairing: the known-broken pairings of pkgs/deep-ep/pairings.json.
     let pairing_id = "deepep.pairing";

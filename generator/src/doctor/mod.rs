@@ -73,8 +73,11 @@ pub struct DoctorArgs {
     /// deep_ep-*.egg), its package metadata and torch; adds the deepep.* checks (the NVSHMEM the
     /// build linked vs the library that would load, torch's own NVSHMEM, known-broken DeepEP x
     /// NVSHMEM pairings, the IBGDA plugin, GPU architectures). Without it they are not run.
+    /// Repeat it when DeepEP and torch are in different directories (e.g. pip install --target):
+    /// DeepEP (extension, metadata), torch and the nvidia-nvshmem wheel are each taken from the
+    /// first DIR that has them.
     #[arg(long, value_name = "DIR")]
-    pub python_site: Option<PathBuf>,
+    pub python_site: Vec<PathBuf>,
 }
 
 fn existing_dir(s: &str) -> Result<PathBuf, String> {
@@ -141,9 +144,12 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
             args.nvshmem_dir = Some(std::env::current_dir()?.join(dir));
         }
     }
-    if let Some(dir) = &args.python_site {
-        if dir.is_relative() && is_real_root {
-            args.python_site = Some(std::env::current_dir()?.join(dir));
+    if is_real_root {
+        let cwd = std::env::current_dir()?;
+        for dir in args.python_site.iter_mut() {
+            if dir.is_relative() {
+                *dir = cwd.join(&*dir);
+            }
         }
     }
     let report = if is_real_root {
@@ -204,8 +210,14 @@ pub fn run_with(
     };
     knobs::check(&host, &ctx, &mut checks);
     container::check(&host, &kind, &mut checks);
-    if let Some(site) = &args.python_site {
-        deepep::check(&host, site, &driver_info, &nvshmem_info, &mut checks);
+    if !args.python_site.is_empty() {
+        deepep::check(
+            &host,
+            &args.python_site,
+            &driver_info,
+            &nvshmem_info,
+            &mut checks,
+        );
     }
 
     let requested: Vec<Capability> = if args.capabilities.is_empty() {
