@@ -470,17 +470,13 @@ class Buffer:
         rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         n, k = topk_idx.shape
-        nl = rt.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts)
-        p_rank, p_expert, p_in = nl.ptrs()
         r = self.group_size
         with self._alloc_ctx(allocate_on_comm_stream):
             per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
             per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
             in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
-        with torch.cuda.stream(self._comm_torch_stream()):
-            per_rank.copy_(_view(p_rank, torch.int32, (r,), nl, self._device))
-            per_expert.copy_(_view(p_expert, torch.int32, (num_experts,), nl, self._device))
-            in_rank.copy_(_view(p_in, torch.bool, (n, r), nl, self._device))
+        # the layout kernel writes the torch tensors directly, on the comm stream
+        rt.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts, (per_rank.data_ptr(), per_expert.data_ptr(), in_rank.data_ptr()))
         ev = self._end(async_finish, (topk_idx, per_rank, per_expert, in_rank))
         return per_rank, None, per_expert, in_rank, ev
 

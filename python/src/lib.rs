@@ -197,20 +197,6 @@ impl Handle {
     }
 }
 
-/// The layout counts of one `get_dispatch_layout` (kernel-owned; copy them out before dropping).
-#[pyclass(module = "deepep_kernels._native")]
-struct NativeLayout {
-    inner: Layout,
-}
-
-#[pymethods]
-impl NativeLayout {
-    /// (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank) device addresses.
-    fn ptrs(&self) -> (u64, u64, u64) {
-        (self.inner.num_tokens_per_rank.ptr(), self.inner.num_tokens_per_expert.ptr(), self.inner.is_token_in_rank.ptr())
-    }
-}
-
 /// Views of one intranode dispatch's outputs in the NVLink buffer (valid until the next dispatch
 /// on the same buffer).
 #[pyclass(module = "deepep_kernels._native")]
@@ -320,7 +306,7 @@ impl NativeLlDispatch {
 macro_rules! thread_safe {
     ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
 }
-thread_safe!(Handle, NativeLayout, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, Runtime);
+thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, Runtime);
 
 static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -469,11 +455,20 @@ impl Runtime {
     }
 
     /// Layout counts of `topk_idx` (i64 `[n, k]` at `topk_ptr`), launched on the comm stream.
-    fn get_dispatch_layout(&mut self, topk_ptr: u64, n: usize, k: usize, num_experts: usize) -> PyResult<NativeLayout> {
+    fn get_dispatch_layout(&mut self, topk_ptr: u64, n: usize, k: usize, num_experts: usize, out: (u64, u64, u64)) -> PyResult<()> {
         self.bind()?;
-        let t = tensor_of(&self.gpu, topk_ptr, DType::I64, &[n, k]);
-        let layout = self.intra()?.dispatch_layout(&t, num_experts).map_err(py_err)?;
-        Ok(NativeLayout { inner: layout })
+        let r = self.comm.world();
+        let gpu = self.gpu_static();
+        let t = tensor_of(gpu, topk_ptr, DType::I64, &[n, k]);
+        // the caller's torch tensors: the kernel writes them directly (no allocation, no copy)
+        let layout = Layout {
+            num_tokens_per_rank: tensor_of(gpu, out.0, DType::I32, &[r]),
+            num_tokens_per_expert: tensor_of(gpu, out.1, DType::I32, &[num_experts]),
+            is_token_in_rank: tensor_of(gpu, out.2, DType::Bool, &[n, r]),
+            num_tokens: n,
+            num_experts,
+        };
+        self.intra()?.dispatch_layout_into(&t, &layout).map_err(py_err)
     }
 
     /// Intranode dispatch on the comm stream. `x`: (ptr, dtype, n, hidden); `scales`: (ptr,
@@ -790,7 +785,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runtime>()?;
     m.add_class::<Event>()?;
     m.add_class::<Handle>()?;
-    m.add_class::<NativeLayout>()?;
     m.add_class::<NativeDispatch>()?;
     m.add_class::<NativeLlDispatch>()?;
     m.add_class::<NativeLlHandle>()?;
