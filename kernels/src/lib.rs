@@ -15,6 +15,8 @@ pub mod cubins;
 pub mod common;
 pub mod config;
 pub mod intranode;
+pub mod low_latency;
+pub mod internode;
 pub mod runtime;
 pub mod gpu_test;
 pub mod bench;

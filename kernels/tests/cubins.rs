@@ -121,8 +121,8 @@ fn sa<T>() -> (usize, usize) {
 #[test]
 fn family_parameter_structs_match_the_kernels() {
     use deepep_kernels::intranode::ffi::{CombineParams, DispatchParams, IntranodeArgs, NotifyParams};
-    use deepep_kernels::nvshmem::internode::plan::InternodeArgs;
-    use deepep_kernels::nvshmem::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
+    use deepep_kernels::internode::plan::InternodeArgs;
+    use deepep_kernels::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
     let diag = sa::<Diag>();
     // kernel name prefix -> parameter types in order (longest prefixes first)
     let table: Vec<(&str, &str, Vec<(usize, usize)>)> = vec![

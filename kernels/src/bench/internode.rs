@@ -23,7 +23,7 @@
 //! `--num-sms` (default 24 = 12 channels).
 
 use super::{token_bytes, BenchCtx, Routing, Row, Shape};
-use crate::nvshmem::internode::{
+use crate::internode::{
     nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
 };
 use crate::runtime::timing::Stats;

@@ -30,7 +30,7 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Routing, Row, Shape, Traffic};
-use crate::nvshmem::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
+use crate::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -156,7 +156,7 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
         .map(str::trim)
         .filter(|x| !x.is_empty())
         .map(|x| match x.parse::<usize>() {
-            Ok(n) if n < crate::nvshmem::low_latency::LL_WARPS => Ok(n),
+            Ok(n) if n < crate::low_latency::LL_WARPS => Ok(n),
             _ => Err(crate::EpError::InvalidArgument(format!(
                 "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not an owner-warp count from 0 to 15; use e.g. 0,4,8,12"
             ))),

@@ -12,7 +12,7 @@
 //! `ranks_per_host = world` keeps everything in one host, exercising the NVLink hop (pull from
 //! the forwarder, gather in combine). Both are run.
 
-use super::internode::{
+use crate::internode::{
     nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
 };
 use super::NvshmemRuntime;
@@ -297,7 +297,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
         }
         p
     } else if spec.one_host {
-        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+        (1..=crate::internode::plan::MAX_RANKS_PER_HOST.min(world))
             .rev()
             .find(|p| world % p == 0)
             .unwrap_or(1)
@@ -631,7 +631,7 @@ fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
     let (h, k, e, max_tokens) = (4096usize, 8usize, 64usize, 512usize);
     let rph = if one_host {
-        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+        (1..=crate::internode::plan::MAX_RANKS_PER_HOST.min(world))
             .rev()
             .find(|p| world % p == 0)
             .unwrap_or(1)

@@ -11,7 +11,7 @@
 use half::bf16;
 
 use super::binding::{self, HostLib, Version};
-use super::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
+use crate::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
 use crate::reference::low_latency::{LlPacked, LlScalesView};
 use crate::reference::random::{self, InputSpec};

@@ -21,8 +21,8 @@ pub mod raw;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::knobs::KnobRequest;
-use super::{NvshmemRuntime, SymmetricBuffer};
+use crate::nvshmem::knobs::KnobRequest;
+use crate::nvshmem::{NvshmemRuntime, SymmetricBuffer};
 use crate::error::{EpError, Result};
 use crate::runtime::memory::Pod;
 use crate::runtime::{Args, Comm, DeviceBuffer, Gpu, Kernel, LaunchCfg};
@@ -642,7 +642,7 @@ impl LowLatencyBuffer<'_> {
         let r = comm.world();
         validate::low_latency_ranks(r, num_experts)?;
         let req = KnobRequest::low_latency(num_max, num_experts / r);
-        let rt = super::runtime(gpu, comm, &req)?;
+        let rt = crate::nvshmem::runtime(gpu, comm, &req)?;
         let sms = gpu.sm_count() as usize;
         if let Some(n) = num_sms {
             if n == 0 || n > sms {
