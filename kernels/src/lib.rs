@@ -18,8 +18,6 @@ pub mod intranode;
 pub mod low_latency;
 pub mod internode;
 pub mod runtime;
-pub mod gpu_test;
-pub mod bench;
 pub mod tensor;
 pub mod nvshmem;
 pub mod reference;

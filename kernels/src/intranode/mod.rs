@@ -24,7 +24,6 @@
 
 pub mod checks;
 pub mod ffi;
-pub mod gpu_tests;
 pub mod raw;
 
 use crate::config::{BufferLayout, Config, MAX_LOCAL_EXPERTS};

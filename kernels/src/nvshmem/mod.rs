@@ -9,8 +9,6 @@
 
 pub mod binding;
 pub mod knobs;
-pub mod gpu_tests_ll;
-pub mod gpu_tests_internode;
 
 pub use binding::{Bootstrap, HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};
 

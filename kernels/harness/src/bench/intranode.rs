@@ -24,10 +24,10 @@
 //! (e.g. `24:24:24:12,16:24:24:12:1,24:24:24:8:4:8`), each measured in turn (tuning without rebuilding).
 
 use super::{token_bytes, BenchCtx, Row, Shape};
-use crate::config::Config;
-use crate::intranode::{Buffer, CombineArgs, DispatchArgs};
-use crate::tensor::{DType, Tensor};
-use crate::{EpError, Result};
+use deepep_kernels::config::Config;
+use deepep_kernels::intranode::{Buffer, CombineArgs, DispatchArgs};
+use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::{EpError, Result};
 
 const MODE: &str = "intranode";
 

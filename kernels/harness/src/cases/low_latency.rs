@@ -10,13 +10,13 @@
 
 use half::bf16;
 
-use super::binding::{self, HostLib, Version};
-use crate::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
+use deepep_kernels::nvshmem::binding::{self, HostLib, Version};
+use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
-use crate::reference::low_latency::{LlPacked, LlScalesView};
-use crate::reference::random::{self, InputSpec};
-use crate::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
-use crate::tensor::Tensor;
+use deepep_kernels::reference::low_latency::{LlPacked, LlScalesView};
+use deepep_kernels::reference::random::{self, InputSpec};
+use deepep_kernels::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
+use deepep_kernels::tensor::Tensor;
 
 /// One LL configuration.
 #[derive(Debug, Clone, Copy)]
@@ -246,7 +246,7 @@ fn poison_outputs(c: &Ctx, buf: &LowLatencyBuffer) -> CaseResult {
 
 /// A combine output tensor filled with poison (the kernel must write every element).
 fn poisoned_out(c: &Ctx, n: usize, h: usize) -> anyhow::Result<Tensor> {
-    let out = Tensor::empty(c.gpu.stream(), crate::tensor::DType::Bf16, &[n, h])?;
+    let out = Tensor::empty(c.gpu.stream(), deepep_kernels::tensor::DType::Bf16, &[n, h])?;
     out.fill_bytes(0x7F)?;
     Ok(out)
 }
@@ -367,7 +367,7 @@ pub fn cases() -> Vec<Case> {
         Case::new("ll/host_library_matches_cubins", |_c| {
             // The library NVSHMEM would load here must be the one the cubins were linked with,
             // and a missing library must give the documented message.
-            let Some(v) = crate::cubins::NVSHMEM_VERSION else { anyhow::bail!("built without NVSHMEM") };
+            let Some(v) = deepep_kernels::cubins::NVSHMEM_VERSION else { anyhow::bail!("built without NVSHMEM") };
             let lib = HostLib::load(Some(Version::from(v)))?;
             anyhow::ensure!(lib.version() == Version::from(v), "host {} vs cubins {:?}", lib.version(), v);
             let e = HostLib::load_from(&[std::path::PathBuf::from("/nonexistent/lib/libnvshmem_host.so.3")], None)
@@ -487,8 +487,8 @@ fn graph_case() -> Case {
         let stream = c.gpu.stream().clone();
         let cap = [make_round_with(c, shape, c.seed, 0.1, tokens.clone())?, make_round_with(c, shape, c.seed ^ 0xA5A5, 0.1, tokens.clone())?];
         let n = tokens[c.rank()];
-        let ys = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?];
-        let outs = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?];
+        let ys = [Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[l, rnm, h])?, Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[l, rnm, h])?];
+        let outs = [Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[n, h])?, Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[n, h])?];
         let y_bytes = l * rnm * h * 2;
         // The calls of one replay (also run once eagerly first: lazily set kernel attributes).
         let calls = |buf: &mut LowLatencyBuffer| -> anyhow::Result<Vec<LlDispatchOut>> {

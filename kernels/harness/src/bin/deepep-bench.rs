@@ -2,7 +2,7 @@
 //! same bytes, in the same run. One process per GPU; `--nproc N` starts N ranks on this host.
 
 use clap::{Parser, ValueEnum};
-use deepep_kernels::bench::{self, BenchCtx, BenchOpts, Row};
+use deepep_kernels_harness::bench::{self, BenchCtx, BenchOpts, Row};
 use deepep_kernels::runtime::timing::TimingOpts;
 use deepep_kernels::runtime::{launcher, Comm, Gpu};
 use deepep_kernels::EpError;

@@ -30,9 +30,9 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Routing, Row, Shape, Traffic};
-use crate::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
-use crate::tensor::{DType, Tensor};
-use crate::Result;
+use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
+use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::Result;
 
 const MODE: &str = "low-latency";
 /// Token counts of `--sweep` in this mode.
@@ -156,8 +156,8 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
         .map(str::trim)
         .filter(|x| !x.is_empty())
         .map(|x| match x.parse::<usize>() {
-            Ok(n) if n < crate::low_latency::LL_WARPS => Ok(n),
-            _ => Err(crate::EpError::InvalidArgument(format!(
+            Ok(n) if n < deepep_kernels::low_latency::LL_WARPS => Ok(n),
+            _ => Err(deepep_kernels::EpError::InvalidArgument(format!(
                 "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not an owner-warp count from 0 to 15; use e.g. 0,4,8,12"
             ))),
         })
@@ -408,7 +408,7 @@ mod tests {
             experts_explicit: false,
             sweep: false,
             num_sms: None,
-            timing: crate::runtime::timing::TimingOpts::default(),
+            timing: deepep_kernels::runtime::timing::TimingOpts::default(),
             seed: 1,
             quick: false,
             deepep_stat: false,
