@@ -19,6 +19,7 @@ pub mod low_latency;
 pub mod internode;
 pub mod runtime;
 pub mod tensor;
+pub mod trace;
 pub mod nvshmem;
 pub mod reference;
 pub mod validate;

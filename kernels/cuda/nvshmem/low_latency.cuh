@@ -40,7 +40,7 @@
 // Per-warp staging slot for the non-NVLink (NVSHMEM put) path: one unit of data + its scales.
 #define LL_STAGE_BYTES (LL_COMBINE_SEG_BYTES + 64)
 
-// Combine phase timestamps (%globaltimer ns; `trace` argument, mirrored by `low_latency::LlTrace`).
+// Combine phase timestamps (%globaltimer ns; `trace` argument, decoded into a `trace::PhaseTrace` by `LowLatencyBuffer::last_trace`).
 #define LL_TRACE_START 0         // first block entered the kernel (minimum)
 #define LL_TRACE_SENT 1          // last block finished its send / owner units (maximum)
 #define LL_TRACE_LOCAL 2         // last warp finished the origin's own-expert terms (maximum)

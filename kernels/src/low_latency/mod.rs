@@ -27,6 +27,7 @@ use crate::error::{EpError, Result};
 use crate::runtime::memory::Pod;
 use crate::runtime::{Args, Comm, DeviceBuffer, Gpu, Kernel, LaunchCfg};
 use crate::tensor::{DType, Generation, Tensor};
+use crate::trace::{PhaseTrace, TracePhase};
 use crate::validate;
 
 /// Threads per block (`LL_THREADS` in `low_latency.cuh`).
@@ -562,22 +563,15 @@ pub struct LowLatencyBuffer<'g> {
 /// `LL_TRACE_SLOTS` of `low_latency.cuh`.
 pub const LL_TRACE_SLOTS: usize = 8;
 
-/// Phase times of the last traced combine or v2 dispatch on this rank, in microseconds after its
-/// first block started (`%globaltimer`, about 1 us resolution). `None` = phase not reached.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LlTrace {
-    /// Combine: last block finished sending its rows (v1) or partial rows (v2/v3) to the
-    /// origins. Dispatch: last block staged its tokens everywhere and flagged them.
-    pub sent_us: Option<f64>,
-    /// Combine: last warp finished the own-expert terms of its first units (before its first
-    /// wait). Dispatch: last block binned the received selections and wrote its layout.
-    pub local_us: Option<f64>,
-    /// First / last warp (combine) or block (dispatch) that saw every peer block's flag.
-    pub waited_first_us: Option<f64>,
-    pub waited_us: Option<f64>,
-    /// Last warp finished.
-    pub end_us: Option<f64>,
-}
+/// The low-latency phases of a [`PhaseTrace`] and their slots (`LL_TRACE_*` of
+/// `low_latency.cuh`).
+const LL_TRACE_PHASES: [(TracePhase, usize); 5] = [
+    (TracePhase::Sent, 1),
+    (TracePhase::Local, 2),
+    (TracePhase::WaitedFirst, 3),
+    (TracePhase::Waited, 4),
+    (TracePhase::End, 5),
+];
 
 /// Keeps the symmetric memory (and NVSHMEM) alive while views of it exist.
 struct Shared {
@@ -768,7 +762,7 @@ impl LowLatencyBuffer<'_> {
         self.combine_owner_warps = n;
         Ok(())
     }
-    /// Diagnostics: record phase timestamps of every combine and v2 dispatch kernel (read the
+    /// Diagnostic hook: record phase timestamps of every combine and v2 dispatch kernel (read the
     /// last one with [`LowLatencyBuffer::last_trace`]). Adds three small memsets per call; off by
     /// default.
     pub fn set_tracing(&mut self, on: bool) -> Result<()> {
@@ -786,14 +780,14 @@ impl LowLatencyBuffer<'_> {
         Ok(())
     }
 
-    /// Phase times of the last traced kernel (waits for the stream); `None` when tracing is off.
-    pub fn last_trace(&self) -> Result<Option<LlTrace>> {
+    /// Diagnostic hook: phase times of the last traced combine or v2 dispatch (waits for the
+    /// stream): sent, local, waited_first, waited, end (see [`TracePhase`]); `None` when tracing
+    /// is off.
+    pub fn last_trace(&self) -> Result<Option<PhaseTrace>> {
         let Some(t) = &self.trace else { return Ok(None) };
         self.gpu.sync("reading the low-latency trace")?;
         let v = t.download::<u64>(self.gpu, LL_TRACE_SLOTS)?;
-        let start = v[0];
-        let at = |i: usize| (start != u64::MAX && v[i] != 0 && v[i] != u64::MAX && v[i] >= start).then(|| (v[i] - start) as f64 / 1e3);
-        Ok(Some(LlTrace { sent_us: at(1), local_us: at(2), waited_first_us: at(3), waited_us: at(4), end_us: at(5) }))
+        Ok(Some(PhaseTrace::decode(&v, &LL_TRACE_PHASES)))
     }
 
     /// Choose the combine kernel (collective). v2 / v3 are used only with handles of v2

@@ -30,7 +30,8 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Routing, Row, Shape, Traffic};
-use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
+use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
+use deepep_kernels::trace::{PhaseTrace, TracePhase::*};
 use deepep_kernels::tensor::{DType, Tensor};
 use deepep_kernels::Result;
 
@@ -168,14 +169,14 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
 /// a combine waits for its peers) and then traced; prints the try that finished soonest after its
 /// own start. Collective like `op`.
 fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnMut(&mut LowLatencyBuffer) -> Result<()>) -> Result<()> {
-    let mut best: Option<LlTrace> = None;
+    let mut best: Option<PhaseTrace> = None;
     for _ in 0..5 {
         op(buf)?;
         buf.set_tracing(true)?;
         let r = op(buf).and_then(|_| buf.last_trace());
         buf.set_tracing(false)?;
         if let Some(t) = r? {
-            if best.map_or(true, |b| t.end_us.unwrap_or(f64::MAX) < b.end_us.unwrap_or(f64::MAX)) {
+            if best.as_ref().map_or(true, |b| t.get(End).unwrap_or(f64::MAX) < b.get(End).unwrap_or(f64::MAX)) {
                 best = Some(t);
             }
         }
@@ -187,11 +188,11 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
                 "trace {name} {}x{}: sent {} us, every source's flags seen {}..{} us (first..last block), binned {} us, end {} us",
                 shape.tokens,
                 shape.hidden,
-                f(t.sent_us),
-                f(t.waited_first_us),
-                f(t.waited_us),
-                f(t.local_us),
-                f(t.end_us)
+                f(t.get(Sent)),
+                f(t.get(WaitedFirst)),
+                f(t.get(Waited)),
+                f(t.get(Local)),
+                f(t.get(End))
             );
             return Ok(());
         }
@@ -199,11 +200,11 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
             "trace {name} {}x{}: sent {} us, own terms {} us, peers' data seen {}..{} us, end {} us",
             shape.tokens,
             shape.hidden,
-            f(t.sent_us),
-            f(t.local_us),
-            f(t.waited_first_us),
-            f(t.waited_us),
-            f(t.end_us)
+            f(t.get(Sent)),
+            f(t.get(Local)),
+            f(t.get(WaitedFirst)),
+            f(t.get(Waited)),
+            f(t.get(End))
         );
     }
     Ok(())
