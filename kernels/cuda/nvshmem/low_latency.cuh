@@ -130,7 +130,7 @@ struct LlDispatch2Args {
     uint64_t trace;            // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
 
-// ---- combine v2: owners pre-reduce -------------------------------------------------------------
+// ---- combine v3 (and the retired v2): owners pre-reduce ---------------------------------------
 // Every origin first ships its top-k weights to every other rank (block 0) with a flag (which
 // also says "this origin has started the call"). Each owner then sums, per (origin token), the
 // weighted rows of the experts it holds in f32 and writes one f32 partial row per (token, owner)
@@ -139,7 +139,7 @@ struct LlDispatch2Args {
 // top-k ids, tok_slot, ntok).
 // Combine v3 (`ll_combine3_*`, the default) takes the same arguments and buffers; its owners
 // start loading rows at once and acquire each origin's weights flag per warp just before the FMAs
-// (v2 waits for every origin's weights before any load).
+// (the retired v2, whose entry points are gone, waited for every origin's weights before any load).
 // Both: with both halves in one launch, warps [0, owner_warps) of a block do the owner work while
 // the others do the origin work concurrently; a warp loads the routing of a batch of units (token,
 // 256 channels) at once, lane-parallel, into shared memory; origins keep the own-expert terms of

@@ -395,11 +395,9 @@ pub fn cases() -> Vec<Case> {
         overlap_case(DispatchVersion::V2),
         graph_case(),
         combine_overlap_case(CombineVersion::V1),
-        combine_overlap_case(CombineVersion::V2),
         overlap_case(DispatchVersion::V1),
         version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
         combine_deepep_case(CombineVersion::V1, deepep),
-        combine_deepep_case(CombineVersion::V2, deepep),
         // Combine v3 with other owner/origin warp splits: none (every warp sends, then reduces),
         // few and many owner warps, and a small grid where each origin warp loops over several
         // batches of units.
@@ -408,7 +406,9 @@ pub fn cases() -> Vec<Case> {
         split_case(15, None, deepep),
         split_case(6, Some(6), Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }),
         put_case("dispatch-v2-combine-v3", DispatchVersion::V2, CombineVersion::V3, deepep),
-        put_case("dispatch-v2-combine-v2", DispatchVersion::V2, CombineVersion::V2, Shape { num_max: 64, hidden: 2048, topk: 6, experts: 32 }),
+        // Was dispatch-v2-combine-v2 at this shape until combine v2 was retired: the same
+        // (pre-reducing) protocol over puts now runs on v3, so put mode keeps a second shape.
+        put_case("dispatch-v2-combine-v3", DispatchVersion::V2, CombineVersion::V3, Shape { num_max: 64, hidden: 2048, topk: 6, experts: 32 }),
         put_case("dispatch-v1-combine-v1", DispatchVersion::V1, CombineVersion::V1, Shape { num_max: 64, hidden: 4096, topk: 9, experts: 64 }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
@@ -418,11 +418,10 @@ pub fn cases() -> Vec<Case> {
     v
 }
 
-/// `ll/combine-v1/...`, `ll/combine-v2/...` or `ll/combine-v3/...`.
+/// `ll/combine-v1/...` or `ll/combine-v3/...`.
 fn combine_case_name(version: CombineVersion, rest: &str) -> String {
     let v = match version {
         CombineVersion::V1 => "v1",
-        CombineVersion::V2 => "v2",
         CombineVersion::V3 => "v3",
     };
     format!("ll/combine-{v}/{rest}")
