@@ -333,7 +333,7 @@ impl<'g> Buffer<'g> {
         Err(e)
     }
 
-    /// Testing aid: fill this rank's receive and staging regions with the 32-bit word `word`
+    /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill this rank's receive and staging regions with the 32-bit word `word`
     /// (stream-ordered, so before the next call's kernels; peers write these regions only after
     /// that call's handshake). Lets tests poison the received views before a dispatch.
     pub fn fill_data_regions(&self, word: u32) -> Result<()> {

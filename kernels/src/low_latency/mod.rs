@@ -823,7 +823,7 @@ impl LowLatencyBuffer<'_> {
         self.shared.sym.ptr()
     }
 
-    /// Testing aid: fill this rank's dispatch output regions of both halves (received rows,
+    /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill this rank's dispatch output regions of both halves (received rows,
     /// scales, source info, layout ranges, counts) with the 32-bit word `word`, ordered on this
     /// rank's stream. Peers write into them during their next dispatch: every rank must call this,
     /// synchronize, and meet the others (a barrier) before any rank dispatches again.
