@@ -1,5 +1,5 @@
 // Low-latency (LL) dispatch / combine: argument structs shared with the Rust host
-// (`kernels/src/nvshmem/low_latency.rs` mirrors them field by field, with size asserts).
+// (`kernels/src/low_latency/mod.rs` mirrors them field by field, with size asserts).
 //
 // Design (see docs/nvshmem.md, "Low-latency kernels"):
 // - One symmetric buffer per rank, split into two halves for dispatch and two for combine; the

@@ -7,8 +7,8 @@
 //! exchange their verdicts; rank 0 prints one line per case and finally exactly
 //! `N passed, M failed`.
 //!
-//! Families register their cases in [`all_cases`] (`intranode::gpu_tests::cases()`,
-//! `nvshmem::gpu_tests_ll::cases()`, `nvshmem::gpu_tests_internode::cases()`).
+//! Families register their cases in [`all_cases`] ([`crate::cases::intranode::cases`],
+//! [`crate::cases::low_latency::cases`], [`crate::cases::internode::cases`]).
 
 use deepep_kernels::error::{EpError, Phase};
 use deepep_kernels::runtime::timing::{time_op, TimingOpts};
