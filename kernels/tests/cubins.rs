@@ -199,7 +199,10 @@ fn elf_reader_rejects_garbage() {
 #[test]
 fn low_latency_cubin_has_exactly_the_kept_variants() {
     let Some(c) = cubins::get("low_latency") else {
-        assert!(!cubins::NVSHMEM_ENABLED, "cubin low_latency missing");
+        // Built without NVSHMEM (NVSHMEM_DIR empty): there are no NVSHMEM cubins at all.
+        if cubins::NVSHMEM_ENABLED {
+            panic!("cubin low_latency missing although NVSHMEM is enabled");
+        }
         return;
     };
     let mut got: Vec<&str> = c.kernels.to_vec();
