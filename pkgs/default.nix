@@ -5,7 +5,7 @@
 #   nvshmem_<v>                      release <v> (CUDA 13 where it exists, else 12)
 #   nvshmem_<v>_cuda12 / _cuda13     one CUDA major
 #   gdrcopy                          libgdrapi + tools; gdrdrv comes from gdrdrvFor / the module
-#   deepep-kernels                   kernels + deepep-bench / deepep-gpu-tests against `nvshmem`
+#   deepep-kernels                   kernels + harness (deepep-bench / deepep-gpu-tests) against `nvshmem`
 #   deepep-kernels-no-nvshmem        the same without NVSHMEM (DeepEP's DISABLE_NVSHMEM build)
 #   deepep-nix                       the CLI
 #   deep-ep                          DeepEP 1.2.1 (Python deep_ep) against `nvshmem`, with torch

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test that needs neither a GPU nor network beyond the package registries:
 #   1. installs the pinned CUDA 13.0 pip toolchain + NVSHMEM 3.4.5 wheel into .toolchain/
-#   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks)
+#   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks, the
+#      kernels' harness crate kernels/harness: launcher across processes, bench unit tests)
 #   3. the generator's determinism check on the committed files (lock --offline --check)
 #   4. Nix: parse, pure evaluation tests, deadnix, formatter (Debian's Nix 2.8, installed if missing)
 #   5. the Python wheel (python/, maturin abi3, dev profile) and its CPU tests with pytest (no torch)

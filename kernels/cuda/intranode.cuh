@@ -149,7 +149,7 @@ __device__ __forceinline__ bool ep_ready_handshake(const IntranodeArgs& a, const
 
 // Optional phase timestamps (%globaltimer ns) for diagnostics: slot EP_TRACE_START keeps the
 // minimum over callers, every other slot the maximum. The host presets the slots (min: all ones,
-// max: zero) before a traced call. Mirrored by `intranode::Trace`.
+// max: zero) before a traced call. Decoded by `intranode::Buffer::last_trace` into a `trace::PhaseTrace`.
 #define EP_TRACE_START 0      // first block entered the kernel
 #define EP_TRACE_READY 1      // last block finished the ready handshake
 #define EP_TRACE_SENT 2       // last warp issued its last data store (dispatch) / pusher finished (combine)

@@ -34,7 +34,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BIN="$BIN_DIR/deepep-gpu-tests"
 die() { echo "gpu-oversub: error: $*" | tee -a "$OUT/summary.log" >&2; exit 1; }
-[[ -x "$BIN" ]] || die "$BIN not found; build with 'cargo build --release -p deepep-kernels' and copy it (or set BIN_DIR)"
+[[ -x "$BIN" ]] || die "$BIN not found; build with 'cargo build --release -p deepep-kernels-harness' and copy it (or set BIN_DIR)"
 
 # shellcheck source=kernels/scripts/gpu-env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-env.sh"

@@ -31,7 +31,7 @@ OUT="$(cd "$OUT" && pwd)"
 die() { echo "gpu-sweep: error: $*" | tee -a "$OUT/summary.log" >&2; exit 1; }
 
 for b in deepep-gpu-tests deepep-bench; do
-  [[ -x "$BIN_DIR/$b" ]] || die "$BIN_DIR/$b not found; build on the build machine with 'cargo build --release -p deepep-kernels' and copy target/release/{deepep-gpu-tests,deepep-bench} (or set BIN_DIR)"
+  [[ -x "$BIN_DIR/$b" ]] || die "$BIN_DIR/$b not found; build on the build machine with 'cargo build --release -p deepep-kernels-harness' and copy target/release/{deepep-gpu-tests,deepep-bench} (or set BIN_DIR)"
 done
 
 # shellcheck source=kernels/scripts/gpu-env.sh

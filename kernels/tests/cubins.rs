@@ -121,8 +121,8 @@ fn sa<T>() -> (usize, usize) {
 #[test]
 fn family_parameter_structs_match_the_kernels() {
     use deepep_kernels::intranode::ffi::{CombineParams, DispatchParams, IntranodeArgs, NotifyParams};
-    use deepep_kernels::nvshmem::internode::plan::InternodeArgs;
-    use deepep_kernels::nvshmem::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
+    use deepep_kernels::internode::plan::InternodeArgs;
+    use deepep_kernels::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
     let diag = sa::<Diag>();
     // kernel name prefix -> parameter types in order (longest prefixes first)
     let table: Vec<(&str, &str, Vec<(usize, usize)>)> = vec![
@@ -130,7 +130,6 @@ fn family_parameter_structs_match_the_kernels() {
         ("intranode", "ep_intranode_dispatch_", vec![sa::<IntranodeArgs>(), sa::<DispatchParams>(), diag]),
         ("intranode", "ep_intranode_combine_", vec![sa::<IntranodeArgs>(), sa::<CombineParams>(), diag]),
         ("low_latency", "ll_dispatch2_", vec![sa::<LlDispatch2Args>(), diag]),
-        ("low_latency", "ll_combine2_", vec![sa::<LlCombine2Args>(), diag]),
         ("low_latency", "ll_combine3_", vec![sa::<LlCombine2Args>(), diag]),
         ("low_latency", "ll_dispatch_", vec![sa::<LlDispatchArgs>(), diag]),
         ("low_latency", "ll_combine_", vec![sa::<LlCombineArgs>(), diag]),
@@ -192,4 +191,28 @@ fn elf_reader_rejects_garbage() {
     let mut truncated = cubins::require("selftest").unwrap().bytes[..80].to_vec();
     truncated[0x28..0x30].copy_from_slice(&1_000_000u64.to_le_bytes());
     assert!(elf::symbols(&truncated).unwrap_err().contains("truncated"));
+}
+
+/// The low-latency cubin holds exactly the kept kernel variants (docs/architecture.md, "Kernel
+/// variants"): dispatch v1/v2, combine v1/v3, each for NVLink stores (`_p2p`) and NVSHMEM puts
+/// (`_put`). Combine v2 (`ll_combine2_*`) was retired and must not come back unnoticed.
+#[test]
+fn low_latency_cubin_has_exactly_the_kept_variants() {
+    let Some(c) = cubins::get("low_latency") else {
+        // Built without NVSHMEM (NVSHMEM_DIR empty): there are no NVSHMEM cubins at all.
+        if cubins::NVSHMEM_ENABLED {
+            panic!("cubin low_latency missing although NVSHMEM is enabled");
+        }
+        return;
+    };
+    let mut got: Vec<&str> = c.kernels.to_vec();
+    got.sort_unstable();
+    let mut want = Vec::new();
+    for k in ["ll_dispatch", "ll_dispatch2", "ll_combine", "ll_combine3"] {
+        for t in ["p2p", "put"] {
+            want.push(format!("{k}_{t}"));
+        }
+    }
+    want.sort_unstable();
+    assert_eq!(got, want, "low_latency entry points vs the kept variants");
 }

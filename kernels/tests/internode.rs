@@ -2,7 +2,7 @@
 //! (every error names the problem and the fix), symmetric-buffer and handle layouts, and the
 //! parameter block mirrored from `cuda/nvshmem/internode.cuh`.
 
-use deepep_kernels::nvshmem::internode::plan::*;
+use deepep_kernels::internode::plan::*;
 use deepep_kernels::tensor::DType;
 
 fn cfg(rph: usize) -> InternodeConfig {

@@ -1,5 +1,5 @@
-# The kernels crate (DeepEP-equivalent dispatch/combine; binaries deepep-bench and
-# deepep-gpu-tests) built with nixpkgs' CUDA toolkit. kernels/build.rs reads exactly two
+# The kernels crate (DeepEP-equivalent dispatch/combine) and its harness crate (binaries
+# deepep-bench and deepep-gpu-tests, kernels/harness) built with nixpkgs' CUDA toolkit. kernels/build.rs reads exactly two
 # variables: CUDA_HOME (a toolkit root with bin/nvcc) and NVSHMEM_DIR (a prefix with include/
 # and lib/libnvshmem_device.a; empty = build without the NVSHMEM kernels, like DeepEP's
 # DISABLE_NVSHMEM). `nvshmem = null` gives that second variant.
@@ -34,8 +34,12 @@ rustPlatform.buildRustPackage {
   inherit src;
 
   cargoLock.lockFile = ../../Cargo.lock;
-  cargoBuildFlags = [ "-p" "deepep-kernels" ];
-  cargoTestFlags = [ "-p" "deepep-kernels" ];
+  # The binaries live in deepep-kernels-harness (kernels/harness), which depends on
+  # deepep-kernels, so building it builds the library and its cubins too. nixpkgs appends
+  # these flags to `cargo build` / `cargo test` (pkgs/build-support/rust/hooks/
+  # cargo-build-hook.sh, cargo-check-hook.sh).
+  cargoBuildFlags = [ "-p" "deepep-kernels-harness" ];
+  cargoTestFlags = [ "-p" "deepep-kernels" "-p" "deepep-kernels-harness" ];
 
   # cuda_nvcc's setup hook points nvcc at a host compiler it supports.
   nativeBuildInputs = [ cudaPackages.cuda_nvcc autoAddDriverRunpath ];

@@ -19,7 +19,7 @@
 use deepep_kernels::config::{buffer_size_hint, Config};
 use deepep_kernels::error::EpError;
 use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Handle as IntraHandle, Layout};
-use deepep_kernels::nvshmem::low_latency::{LlDispatchOpts, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
+use deepep_kernels::low_latency::{LlDispatchOpts, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
 use deepep_kernels::runtime::{self as rt, Comm, Exchange, Gpu};
 use deepep_kernels::tensor::{DType, Tensor};
 use cudarc::driver::sys;

@@ -578,7 +578,7 @@ fn kernels(host: &Host, settings: &Settings, host_version: Option<Version>, out:
             id,
             caps::NVSHMEM,
             format!("kernels built against NVSHMEM {kv} ({source}), host library is {hv}: the host copies its own device state into the kernels' module, so the versions must be equal"),
-            format!("point NVSHMEM_DIR at NVSHMEM {kv}, or rebuild the kernels against this one (NVSHMEM_DIR=<this prefix> cargo build --release -p deepep-kernels)"),
+            format!("point NVSHMEM_DIR at NVSHMEM {kv}, or rebuild the kernels against this one (NVSHMEM_DIR=<this prefix> cargo build --release -p deepep-kernels-harness)"),
         )),
     }
 }

@@ -1,5 +1,5 @@
 // Internode (two-hop) dispatch/combine: parameter block shared by every kernel of
-// `internode.cu`, mirrored field by field by `deepep_kernels::nvshmem::internode::InternodeArgs`.
+// `internode.cu`, mirrored field by field by `deepep_kernels::internode::InternodeArgs`.
 //
 // Topology: `world` ranks grouped into `num_hosts` hosts of `ranks_per_host` GPUs;
 // rank r = host * ranks_per_host + local. A token travels once per destination HOST, to the
@@ -95,4 +95,4 @@ struct InternodeArgs {
 };
 
 // Keep in sync with the Rust mirror (asserted there too).
-static_assert(sizeof(InternodeArgs) == 400, "InternodeArgs layout changed: update internode.rs");
+static_assert(sizeof(InternodeArgs) == 400, "InternodeArgs layout changed: update kernels/src/internode/plan.rs");

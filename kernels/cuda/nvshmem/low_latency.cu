@@ -1046,7 +1046,7 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
     }
 }
 
-// ---- combine v2 / v3 (see low_latency.cuh) -----------------------------------------------------
+// ---- combine v3 (see low_latency.cuh; v2 = kLateWts false, retired) ----------------------------
 // kLateWts (v3): owners do not wait for the weights before starting; each warp issues its rows'
 // loads first and acquires the origin's weights flag only before the FMAs (once per origin per
 // warp), so the weights' NVLink round trip overlaps the row loads instead of preceding them.
@@ -1414,13 +1414,10 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_p2p(con
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_dispatch2_put(const LlDispatch2Args a, EpDiag diag) {
     ll_dispatch2_impl<true>(a, diag);
 }
-extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_p2p(const LlCombine2Args a, EpDiag diag) {
-    ll_combine2_impl<false, false>(a, diag);
-}
-extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine2_put(const LlCombine2Args a, EpDiag diag) {
-    ll_combine2_impl<true, false>(a, diag);
-}
-// Combine v3: v2's protocol and buffers (same argument struct), weights acquired late.
+// Combine v3: the pre-reducing protocol with weights acquired late. Combine v2's entry points
+// (ll_combine2_*, kLateWts = false) were retired: v3 is faster at every measured shape and no
+// case needs v2 (docs/architecture.md, "Kernel variants"); the template keeps its parameter so
+// the kept kernels' code is unchanged.
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1) ll_combine3_p2p(const LlCombine2Args a, EpDiag diag) {
     ll_combine2_impl<false, true>(a, diag);
 }

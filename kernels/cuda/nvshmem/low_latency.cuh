@@ -1,5 +1,5 @@
 // Low-latency (LL) dispatch / combine: argument structs shared with the Rust host
-// (`kernels/src/nvshmem/low_latency.rs` mirrors them field by field, with size asserts).
+// (`kernels/src/low_latency/mod.rs` mirrors them field by field, with size asserts).
 //
 // Design (see docs/nvshmem.md, "Low-latency kernels"):
 // - One symmetric buffer per rank, split into two halves for dispatch and two for combine; the
@@ -40,7 +40,7 @@
 // Per-warp staging slot for the non-NVLink (NVSHMEM put) path: one unit of data + its scales.
 #define LL_STAGE_BYTES (LL_COMBINE_SEG_BYTES + 64)
 
-// Combine phase timestamps (%globaltimer ns; `trace` argument, mirrored by `low_latency::LlTrace`).
+// Combine phase timestamps (%globaltimer ns; `trace` argument, decoded into a `trace::PhaseTrace` by `LowLatencyBuffer::last_trace`).
 #define LL_TRACE_START 0         // first block entered the kernel (minimum)
 #define LL_TRACE_SENT 1          // last block finished its send / owner units (maximum)
 #define LL_TRACE_LOCAL 2         // last warp finished the origin's own-expert terms (maximum)
@@ -130,7 +130,7 @@ struct LlDispatch2Args {
     uint64_t trace;            // 0, or u64[LL_TRACE_SLOTS] phase timestamps (bench diagnostics)
 };
 
-// ---- combine v2: owners pre-reduce -------------------------------------------------------------
+// ---- combine v3 (and the retired v2): owners pre-reduce ---------------------------------------
 // Every origin first ships its top-k weights to every other rank (block 0) with a flag (which
 // also says "this origin has started the call"). Each owner then sums, per (origin token), the
 // weighted rows of the experts it holds in f32 and writes one f32 partial row per (token, owner)
@@ -139,7 +139,7 @@ struct LlDispatch2Args {
 // top-k ids, tok_slot, ntok).
 // Combine v3 (`ll_combine3_*`, the default) takes the same arguments and buffers; its owners
 // start loading rows at once and acquire each origin's weights flag per warp just before the FMAs
-// (v2 waits for every origin's weights before any load).
+// (the retired v2, whose entry points are gone, waited for every origin's weights before any load).
 // Both: with both halves in one launch, warps [0, owner_warps) of a block do the owner work while
 // the others do the origin work concurrently; a warp loads the routing of a batch of units (token,
 // 256 channels) at once, lane-parallel, into shared memory; origins keep the own-expert terms of

@@ -24,13 +24,13 @@
 
 pub mod checks;
 pub mod ffi;
-pub mod gpu_tests;
 pub mod raw;
 
 use crate::config::{BufferLayout, Config, MAX_LOCAL_EXPERTS};
 use crate::error::EpError;
 use crate::runtime::{Comm, DeviceBuffer, Gpu, HostMapped, IpcBuffer, Kernel, LaunchCfg};
 use crate::tensor::{DType, Generation, Tensor, TensorInfo};
+use crate::trace::{PhaseTrace, TracePhase};
 use crate::Result;
 use checks::{CombinePlan, DispatchPlan, HandleInfo, RoutingInfo};
 use cudarc::driver::CudaEvent;
@@ -243,20 +243,9 @@ pub struct Buffer<'g> {
     trace: Option<DeviceBuffer>,
 }
 
-/// Phase times of the last traced dispatch or combine kernel on this rank, in microseconds
-/// after the first block started (`%globaltimer`, about 1 us resolution). `None` = phase not
-/// reached (e.g. nothing to publish).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Trace {
-    /// Last block finished the ready handshake.
-    pub ready_us: Option<f64>,
-    /// Dispatch: last warp issued its last data store. Combine: last pusher finished.
-    pub sent_us: Option<f64>,
-    /// Dispatch: last block published its unit counts to the peers.
-    pub published_us: Option<f64>,
-    /// Dispatch: every peer's data arrived. Combine: last reducer finished.
-    pub received_us: Option<f64>,
-}
+/// The intranode phases of a [`PhaseTrace`] and their slots (`EP_TRACE_*` of `intranode.cuh`).
+const TRACE_PHASES: [(TracePhase, usize); 4] =
+    [(TracePhase::Ready, 1), (TracePhase::Sent, 2), (TracePhase::Published, 3), (TracePhase::Received, 4)];
 
 /// The loaded entry points (looked up once per buffer).
 struct Kernels {
@@ -344,7 +333,7 @@ impl<'g> Buffer<'g> {
         Err(e)
     }
 
-    /// Testing aid: fill this rank's receive and staging regions with the 32-bit word `word`
+    /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill this rank's receive and staging regions with the 32-bit word `word`
     /// (stream-ordered, so before the next call's kernels; peers write these regions only after
     /// that call's handshake). Lets tests poison the received views before a dispatch.
     pub fn fill_data_regions(&self, word: u32) -> Result<()> {
@@ -357,8 +346,8 @@ impl<'g> Buffer<'g> {
         ffi::IntranodeArgs::new(&self.layout, self.rank, self.ipc.ptrs(), self.epoch, self.trace.as_ref().map_or(0, |t| t.ptr()))
     }
 
-    /// Diagnostics: record phase timestamps of every dispatch/combine kernel (read the last one
-    /// with [`Buffer::last_trace`]). Adds two small memsets per call; off by default.
+    /// Diagnostic hook: record phase timestamps of every dispatch/combine kernel (read the last
+    /// one with [`Buffer::last_trace`]). Adds two small memsets per call; off by default.
     pub fn set_tracing(&mut self, on: bool) -> Result<()> {
         self.trace = if on { Some(DeviceBuffer::zeroed(self.gpu, ffi::TRACE_SLOTS * 8)?) } else { None };
         Ok(())
@@ -373,14 +362,13 @@ impl<'g> Buffer<'g> {
         Ok(())
     }
 
-    /// Phase times of the last traced kernel (waits for the stream); `None` when tracing is off.
-    pub fn last_trace(&self) -> Result<Option<Trace>> {
+    /// Diagnostic hook: phase times of the last traced kernel (waits for the stream): ready,
+    /// sent, published, received (see [`TracePhase`]); `None` when tracing is off.
+    pub fn last_trace(&self) -> Result<Option<PhaseTrace>> {
         let Some(t) = &self.trace else { return Ok(None) };
         self.gpu.sync("reading the intranode trace")?;
         let v = t.download::<u64>(self.gpu, ffi::TRACE_SLOTS)?;
-        let start = v[0];
-        let at = |i: usize| (start != u64::MAX && v[i] != 0 && v[i] >= start).then(|| (v[i] - start) as f64 / 1e3);
-        Ok(Some(Trace { ready_us: at(1), sent_us: at(2), published_us: at(3), received_us: at(4) }))
+        Ok(Some(PhaseTrace::decode(&v, &TRACE_PHASES)))
     }
 
     fn next_epoch(&mut self) {

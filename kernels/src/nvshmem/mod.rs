@@ -1,5 +1,6 @@
-//! NVSHMEM: host binding ([`binding`]), runtime knobs ([`knobs`]) and the kernel families that
-//! run on it (low-latency dispatch/combine; internode two-hop dispatch/combine).
+//! NVSHMEM: host binding ([`binding`]), runtime knobs ([`knobs`]) and the process runtime
+//! ([`runtime`], [`finalize`], [`NvshmemRuntime`]). The kernel families that run on it are peers
+//! of this module: [`crate::low_latency`] and [`crate::internode`].
 //!
 //! Start-up goes through [`runtime`]: it applies the knobs, loads the host library (refusing a
 //! version other than the one the cubins were linked with), initializes NVSHMEM once per process
@@ -8,13 +9,8 @@
 
 pub mod binding;
 pub mod knobs;
-pub mod internode;
-pub mod low_latency;
-pub mod gpu_tests_ll;
-pub mod gpu_tests_internode;
 
 pub use binding::{Bootstrap, HostLib, Nvshmem, RegisteredModule, SymmetricBuffer, UidExchange, Version};
-pub use low_latency::LowLatencyBuffer;
 
 use crate::error::{EpError, Result};
 use crate::runtime::{Comm, Gpu, Module};

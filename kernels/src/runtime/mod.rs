@@ -73,8 +73,10 @@ pub(crate) fn drv(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> 
     move |e| EpError::Cuda { context: context.to_string(), message: format!("{:?}", e.0) }
 }
 
-/// Read an env var as a number, with a clear error when it does not parse.
-pub(crate) fn env_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+/// Read an env var as a number: `None` when unset or blank, an [`EpError::InvalidArgument`]
+/// naming the variable and its value when it does not parse. Public for the harness's own
+/// settings (`DEEPEP_CASE_TIMEOUT_S`), so they read the same way as the library's.
+pub fn env_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => v.trim().parse::<T>().map(Some).map_err(|_| {
             EpError::InvalidArgument(format!("environment variable {name}={v:?} is not a valid number; unset it or fix it"))

@@ -22,7 +22,7 @@
 //! (token, expert) selection is a message; [`deepep_traffic`]) and the NCCL baseline sends those
 //! per-peer bytes (labelled "per-selection" in the docs). Our default kernels move less
 //! ([`moved_traffic`]): dispatch v2 writes each token once per destination rank (data + scales)
-//! plus its top-k ids to every rank; combine v2/v3 owners pre-reduce one f32 partial row per
+//! plus its top-k ids to every rank; combine v3 owners pre-reduce one f32 partial row per
 //! (token, remote owner rank) and origins ship their top-k weights to every other rank. Those
 //! bytes, their GB/s and an NCCL all-to-all moving exactly them are in [`Row::moved`] and in
 //! the second table. Not counted in either: flags and counters (a few u64 per block and rank).
@@ -30,9 +30,10 @@
 //! `--num-sms`).
 
 use super::{BenchCtx, Routing, Row, Shape, Traffic};
-use crate::nvshmem::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlTrace, LowLatencyBuffer};
-use crate::tensor::{DType, Tensor};
-use crate::Result;
+use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LowLatencyBuffer};
+use deepep_kernels::trace::{PhaseTrace, TracePhase::*};
+use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::Result;
 
 const MODE: &str = "low-latency";
 /// Token counts of `--sweep` in this mode.
@@ -75,7 +76,7 @@ pub enum LlOp {
     DispatchV2 { fp8: bool },
     /// v1 combine: one bf16 row per selection back to its origin.
     CombineV1,
-    /// v2 / v3 combine (v3 default): one f32 partial row per (token, remote owner rank), weights
+    /// v3 combine (default): one f32 partial row per (token, remote owner rank), weights
     /// from each origin to every other rank.
     CombinePartial,
 }
@@ -116,7 +117,7 @@ pub fn deepep_traffic(sel: &[Vec<usize>], op: LlOp, hidden: usize) -> Traffic {
 /// routing (`tokens_to`, token counts, top-k) and `sel` ([`selections`]):
 /// - dispatch v2: `s -> d` = tokens of `s` with an expert on `d` x (row + FP8 scales), plus every
 ///   token's top-k ids (`topk` x 4 B) to every rank, `d == s` included (the sender's own staging);
-/// - combine v2/v3: owner `d -> origin s` (`d != s`) = tokens of `s` with an expert on `d` x 4H
+/// - combine v3: owner `d -> origin s` (`d != s`) = tokens of `s` with an expert on `d` x 4H
 ///   (one f32 partial row), and `s -> d` (`d != s`) = `s`'s tokens x `topk` x 4 B of weights; an
 ///   origin's own experts' terms are read in place (nothing written);
 /// - v1 kernels: DeepEP's per-selection count ([`deepep_traffic`]).
@@ -156,8 +157,8 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
         .map(str::trim)
         .filter(|x| !x.is_empty())
         .map(|x| match x.parse::<usize>() {
-            Ok(n) if n < crate::nvshmem::low_latency::LL_WARPS => Ok(n),
-            _ => Err(crate::EpError::InvalidArgument(format!(
+            Ok(n) if n < deepep_kernels::low_latency::LL_WARPS => Ok(n),
+            _ => Err(deepep_kernels::EpError::InvalidArgument(format!(
                 "DEEPEP_LL_OWNER_WARPS_SWEEP={v:?}: {x:?} is not an owner-warp count from 0 to 15; use e.g. 0,4,8,12"
             ))),
         })
@@ -168,14 +169,14 @@ fn parse_owner_warps_sweep(v: &str) -> Result<Vec<usize>> {
 /// a combine waits for its peers) and then traced; prints the try that finished soonest after its
 /// own start. Collective like `op`.
 fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnMut(&mut LowLatencyBuffer) -> Result<()>) -> Result<()> {
-    let mut best: Option<LlTrace> = None;
+    let mut best: Option<PhaseTrace> = None;
     for _ in 0..5 {
         op(buf)?;
         buf.set_tracing(true)?;
         let r = op(buf).and_then(|_| buf.last_trace());
         buf.set_tracing(false)?;
         if let Some(t) = r? {
-            if best.map_or(true, |b| t.end_us.unwrap_or(f64::MAX) < b.end_us.unwrap_or(f64::MAX)) {
+            if best.as_ref().map_or(true, |b| t.get(End).unwrap_or(f64::MAX) < b.get(End).unwrap_or(f64::MAX)) {
                 best = Some(t);
             }
         }
@@ -187,11 +188,11 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
                 "trace {name} {}x{}: sent {} us, every source's flags seen {}..{} us (first..last block), binned {} us, end {} us",
                 shape.tokens,
                 shape.hidden,
-                f(t.sent_us),
-                f(t.waited_first_us),
-                f(t.waited_us),
-                f(t.local_us),
-                f(t.end_us)
+                f(t.get(Sent)),
+                f(t.get(WaitedFirst)),
+                f(t.get(Waited)),
+                f(t.get(Local)),
+                f(t.get(End))
             );
             return Ok(());
         }
@@ -199,11 +200,11 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
             "trace {name} {}x{}: sent {} us, own terms {} us, peers' data seen {}..{} us, end {} us",
             shape.tokens,
             shape.hidden,
-            f(t.sent_us),
-            f(t.local_us),
-            f(t.waited_first_us),
-            f(t.waited_us),
-            f(t.end_us)
+            f(t.get(Sent)),
+            f(t.get(Local)),
+            f(t.get(WaitedFirst)),
+            f(t.get(Waited)),
+            f(t.get(End))
         );
     }
     Ok(())
@@ -306,7 +307,6 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             // The other combine kernels, for comparison.
             for (other, other_name) in [
                 (CombineVersion::V1, "combine-bf16-v1"),
-                (CombineVersion::V2, "combine-bf16-v2"),
                 (CombineVersion::V3, "combine-bf16-v3"),
             ] {
                 if other == default_combine {
@@ -408,7 +408,7 @@ mod tests {
             experts_explicit: false,
             sweep: false,
             num_sms: None,
-            timing: crate::runtime::timing::TimingOpts::default(),
+            timing: deepep_kernels::runtime::timing::TimingOpts::default(),
             seed: 1,
             quick: false,
             deepep_stat: false,
@@ -470,7 +470,7 @@ mod tests {
         assert_eq!(m.own, vec![3 * row + 2 * ids, 3 * row + 2 * ids]);
         let m = moved_traffic(&r, &sel, LlOp::DispatchV2 { fp8: false });
         assert_eq!(m.matrix[0][1], 2 * h + ids);
-        // Moved, combine v2/v3: a 4H f32 partial per (token, remote owner), weights to the other rank.
+        // Moved, combine v3: a 4H f32 partial per (token, remote owner), weights to the other rank.
         let m = moved_traffic(&r, &sel, LlOp::CombinePartial);
         assert_eq!(m.matrix, vec![vec![0, 4 * h + ids], vec![4 * h + ids, 0]]);
         assert_eq!(m.own, vec![4 * h + ids, 4 * h + ids]);
@@ -480,7 +480,6 @@ mod tests {
         assert_eq!(LlOp::dispatch(DispatchVersion::V1, true), LlOp::DispatchV1 { fp8: true });
         assert_eq!(LlOp::dispatch(DispatchVersion::V2, false), LlOp::DispatchV2 { fp8: false });
         assert_eq!(LlOp::combine(CombineVersion::V1), LlOp::CombineV1);
-        assert_eq!(LlOp::combine(CombineVersion::V2), LlOp::CombinePartial);
         assert_eq!(LlOp::combine(CombineVersion::V3), LlOp::CombinePartial);
     }
 

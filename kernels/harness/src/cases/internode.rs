@@ -12,13 +12,13 @@
 //! `ranks_per_host = world` keeps everything in one host, exercising the NVLink hop (pull from
 //! the forwarder, gather in combine). Both are run.
 
-use super::internode::{
+use deepep_kernels::internode::{
     nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
 };
-use super::NvshmemRuntime;
+use deepep_kernels::nvshmem::NvshmemRuntime;
 use crate::gpu_test::{Case, CaseResult, Ctx};
-use crate::reference::{self, random, Payload};
-use crate::tensor::{DType, Tensor};
+use deepep_kernels::reference::{self, random, Payload};
+use deepep_kernels::tensor::{DType, Tensor};
 use anyhow::{anyhow, bail, Context as _};
 use half::bf16;
 use std::sync::Arc;
@@ -297,7 +297,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
         }
         p
     } else if spec.one_host {
-        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+        (1..=deepep_kernels::internode::plan::MAX_RANKS_PER_HOST.min(world))
             .rev()
             .find(|p| world % p == 0)
             .unwrap_or(1)
@@ -631,7 +631,7 @@ fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
     let (h, k, e, max_tokens) = (4096usize, 8usize, 64usize, 512usize);
     let rph = if one_host {
-        (1..=super::internode::plan::MAX_RANKS_PER_HOST.min(world))
+        (1..=deepep_kernels::internode::plan::MAX_RANKS_PER_HOST.min(world))
             .rev()
             .find(|p| world % p == 0)
             .unwrap_or(1)

@@ -49,7 +49,7 @@ pub fn num_scales(dtype: DType, hidden: usize) -> usize {
     }
 }
 
-/// Capacities of an [`super::internode::InternodeBuffer`]; identical on every rank.
+/// Capacities of an [`super::InternodeBuffer`]; identical on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InternodeConfig {
     /// GPUs per host (DeepEP fixes 8). `ranks_per_host = 1` makes every token cross the

@@ -10,13 +10,13 @@
 
 use half::bf16;
 
-use super::binding::{self, HostLib, Version};
-use super::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
+use deepep_kernels::nvshmem::binding::{self, HostLib, Version};
+use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
 use crate::gpu_test::{Case, CaseResult, Ctx};
-use crate::reference::low_latency::{LlPacked, LlScalesView};
-use crate::reference::random::{self, InputSpec};
-use crate::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
-use crate::tensor::Tensor;
+use deepep_kernels::reference::low_latency::{LlPacked, LlScalesView};
+use deepep_kernels::reference::random::{self, InputSpec};
+use deepep_kernels::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
+use deepep_kernels::tensor::Tensor;
 
 /// One LL configuration.
 #[derive(Debug, Clone, Copy)]
@@ -246,7 +246,7 @@ fn poison_outputs(c: &Ctx, buf: &LowLatencyBuffer) -> CaseResult {
 
 /// A combine output tensor filled with poison (the kernel must write every element).
 fn poisoned_out(c: &Ctx, n: usize, h: usize) -> anyhow::Result<Tensor> {
-    let out = Tensor::empty(c.gpu.stream(), crate::tensor::DType::Bf16, &[n, h])?;
+    let out = Tensor::empty(c.gpu.stream(), deepep_kernels::tensor::DType::Bf16, &[n, h])?;
     out.fill_bytes(0x7F)?;
     Ok(out)
 }
@@ -367,7 +367,7 @@ pub fn cases() -> Vec<Case> {
         Case::new("ll/host_library_matches_cubins", |_c| {
             // The library NVSHMEM would load here must be the one the cubins were linked with,
             // and a missing library must give the documented message.
-            let Some(v) = crate::cubins::NVSHMEM_VERSION else { anyhow::bail!("built without NVSHMEM") };
+            let Some(v) = deepep_kernels::cubins::NVSHMEM_VERSION else { anyhow::bail!("built without NVSHMEM") };
             let lib = HostLib::load(Some(Version::from(v)))?;
             anyhow::ensure!(lib.version() == Version::from(v), "host {} vs cubins {:?}", lib.version(), v);
             let e = HostLib::load_from(&[std::path::PathBuf::from("/nonexistent/lib/libnvshmem_host.so.3")], None)
@@ -395,11 +395,9 @@ pub fn cases() -> Vec<Case> {
         overlap_case(DispatchVersion::V2),
         graph_case(),
         combine_overlap_case(CombineVersion::V1),
-        combine_overlap_case(CombineVersion::V2),
         overlap_case(DispatchVersion::V1),
         version_case("fp8/7168x8of288", DispatchVersion::V1, deepep, &[FP8, FP8_UE8M0], 2),
         combine_deepep_case(CombineVersion::V1, deepep),
-        combine_deepep_case(CombineVersion::V2, deepep),
         // Combine v3 with other owner/origin warp splits: none (every warp sends, then reduces),
         // few and many owner warps, and a small grid where each origin warp loops over several
         // batches of units.
@@ -408,7 +406,9 @@ pub fn cases() -> Vec<Case> {
         split_case(15, None, deepep),
         split_case(6, Some(6), Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }),
         put_case("dispatch-v2-combine-v3", DispatchVersion::V2, CombineVersion::V3, deepep),
-        put_case("dispatch-v2-combine-v2", DispatchVersion::V2, CombineVersion::V2, Shape { num_max: 64, hidden: 2048, topk: 6, experts: 32 }),
+        // Was dispatch-v2-combine-v2 at this shape until combine v2 was retired: the same
+        // (pre-reducing) protocol over puts now runs on v3, so put mode keeps a second shape.
+        put_case("dispatch-v2-combine-v3", DispatchVersion::V2, CombineVersion::V3, Shape { num_max: 64, hidden: 2048, topk: 6, experts: 32 }),
         put_case("dispatch-v1-combine-v1", DispatchVersion::V1, CombineVersion::V1, Shape { num_max: 64, hidden: 4096, topk: 9, experts: 64 }),
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
@@ -418,11 +418,10 @@ pub fn cases() -> Vec<Case> {
     v
 }
 
-/// `ll/combine-v1/...`, `ll/combine-v2/...` or `ll/combine-v3/...`.
+/// `ll/combine-v1/...` or `ll/combine-v3/...`.
 fn combine_case_name(version: CombineVersion, rest: &str) -> String {
     let v = match version {
         CombineVersion::V1 => "v1",
-        CombineVersion::V2 => "v2",
         CombineVersion::V3 => "v3",
     };
     format!("ll/combine-{v}/{rest}")
@@ -487,8 +486,8 @@ fn graph_case() -> Case {
         let stream = c.gpu.stream().clone();
         let cap = [make_round_with(c, shape, c.seed, 0.1, tokens.clone())?, make_round_with(c, shape, c.seed ^ 0xA5A5, 0.1, tokens.clone())?];
         let n = tokens[c.rank()];
-        let ys = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[l, rnm, h])?];
-        let outs = [Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?, Tensor::empty(&stream, crate::tensor::DType::Bf16, &[n, h])?];
+        let ys = [Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[l, rnm, h])?, Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[l, rnm, h])?];
+        let outs = [Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[n, h])?, Tensor::empty(&stream, deepep_kernels::tensor::DType::Bf16, &[n, h])?];
         let y_bytes = l * rnm * h * 2;
         // The calls of one replay (also run once eagerly first: lazily set kernel attributes).
         let calls = |buf: &mut LowLatencyBuffer| -> anyhow::Result<Vec<LlDispatchOut>> {

@@ -21,12 +21,13 @@ pub mod raw;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::knobs::KnobRequest;
-use super::{NvshmemRuntime, SymmetricBuffer};
+use crate::nvshmem::knobs::KnobRequest;
+use crate::nvshmem::{NvshmemRuntime, SymmetricBuffer};
 use crate::error::{EpError, Result};
 use crate::runtime::memory::Pod;
 use crate::runtime::{Args, Comm, DeviceBuffer, Gpu, Kernel, LaunchCfg};
 use crate::tensor::{DType, Generation, Tensor};
+use crate::trace::{PhaseTrace, TracePhase};
 use crate::validate;
 
 /// Threads per block (`LL_THREADS` in `low_latency.cuh`).
@@ -205,19 +206,20 @@ unsafe impl Pod for LlCombine2Args {}
 pub enum CombineVersion {
     /// Every remote (token, expert) row goes back to its origin as bf16; works with v1 dispatch
     /// handles and any number of ranks (43.4 us kernel time at 128 x 7168, top-8 of 288, 2x H200).
+    /// Kept: the only combine for v1 handles and above 32 ranks.
     V1,
     /// Owners pre-reduce each origin token's rows with its weights (shipped first) into one f32
-    /// partial per (token, owner): half the NVLink bytes, one more flag round trip; needs a v2
-    /// dispatch handle and at most 32 ranks.
-    V2,
-    /// v2's protocol and buffers, but owners start loading rows at once and acquire each origin's
-    /// weights flag per warp just before the FMAs (the weights' round trip overlaps the loads).
-    /// Default; same requirements as v2 (v1 is used for v1 handles and above 32 ranks).
+    /// partial per (token, owner): half the NVLink bytes, one more flag round trip. Owners start
+    /// loading rows at once and acquire each origin's weights flag per warp just before the FMAs
+    /// (the weights' round trip overlaps the loads). Default; needs a v2 dispatch handle and at
+    /// most 32 ranks (v1 is used for v1 handles and above 32 ranks). Combine v2 (the same
+    /// protocol, owners waiting for every origin's weights before any load) was retired: slower
+    /// at every measured shape, needed by no case (`docs/architecture.md`, "Kernel variants").
     V3,
 }
 
 impl CombineVersion {
-    /// `DEEPEP_LL_COMBINE=v1|v2|v3` (default v3).
+    /// `DEEPEP_LL_COMBINE=v1|v3` (default v3).
     pub fn from_env() -> Result<CombineVersion> {
         Self::parse(std::env::var("DEEPEP_LL_COMBINE").ok().as_deref())
     }
@@ -225,7 +227,14 @@ impl CombineVersion {
     /// The value of `DEEPEP_LL_COMBINE` (`None`: unset).
     pub fn parse(value: Option<&str>) -> Result<CombineVersion> {
         use CombineVersion::*;
-        env_choice("DEEPEP_LL_COMBINE", value, V3, &[("v1", V1), ("v2", V2), ("v3", V3)], "use v1, v2 or v3 (default v3)")
+        if value.is_some_and(|v| v.trim().eq_ignore_ascii_case("v2")) {
+            return Err(EpError::InvalidArgument(
+                "DEEPEP_LL_COMBINE=\"v2\": combine v2 was retired (v3 has the same protocol and buffers and is faster at \
+                 every measured shape); use v3 (the default: unset DEEPEP_LL_COMBINE) or v1"
+                    .into(),
+            ));
+        }
+        env_choice("DEEPEP_LL_COMBINE", value, V3, &[("v1", V1), ("v3", V3)], "use v1 or v3 (default v3)")
     }
 }
 
@@ -242,7 +251,7 @@ fn env_choice<T: Copy>(var: &str, value: Option<&str>, default: T, choices: &[(&
     }
 }
 
-/// Warps per 16-warp block that do the owner work of combine v2/v3 while the others do the
+/// Warps per 16-warp block that do the owner work of combine v3 while the others do the
 /// origin work (see [`LowLatencyBuffer::set_combine_owner_warps`]).
 pub const DEFAULT_COMBINE_OWNER_WARPS: usize = 8;
 
@@ -505,7 +514,6 @@ pub enum LlHook {
     Dispatch(LlDispatchArgs),
     Dispatch2(LlDispatch2Args),
     Combine(LlCombineArgs),
-    Combine2(LlCombine2Args),
     Combine3(LlCombine2Args),
 }
 
@@ -538,7 +546,6 @@ pub struct LowLatencyBuffer<'g> {
     dispatch_kernel: Kernel,
     dispatch2_kernel: Kernel,
     combine_kernel: Kernel,
-    combine2_kernel: Kernel,
     combine3_kernel: Kernel,
     version: DispatchVersion,
     combine_version: CombineVersion,
@@ -562,22 +569,15 @@ pub struct LowLatencyBuffer<'g> {
 /// `LL_TRACE_SLOTS` of `low_latency.cuh`.
 pub const LL_TRACE_SLOTS: usize = 8;
 
-/// Phase times of the last traced combine or v2 dispatch on this rank, in microseconds after its
-/// first block started (`%globaltimer`, about 1 us resolution). `None` = phase not reached.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LlTrace {
-    /// Combine: last block finished sending its rows (v1) or partial rows (v2/v3) to the
-    /// origins. Dispatch: last block staged its tokens everywhere and flagged them.
-    pub sent_us: Option<f64>,
-    /// Combine: last warp finished the own-expert terms of its first units (before its first
-    /// wait). Dispatch: last block binned the received selections and wrote its layout.
-    pub local_us: Option<f64>,
-    /// First / last warp (combine) or block (dispatch) that saw every peer block's flag.
-    pub waited_first_us: Option<f64>,
-    pub waited_us: Option<f64>,
-    /// Last warp finished.
-    pub end_us: Option<f64>,
-}
+/// The low-latency phases of a [`PhaseTrace`] and their slots (`LL_TRACE_*` of
+/// `low_latency.cuh`).
+const LL_TRACE_PHASES: [(TracePhase, usize); 5] = [
+    (TracePhase::Sent, 1),
+    (TracePhase::Local, 2),
+    (TracePhase::WaitedFirst, 3),
+    (TracePhase::Waited, 4),
+    (TracePhase::End, 5),
+];
 
 /// Keeps the symmetric memory (and NVSHMEM) alive while views of it exist.
 struct Shared {
@@ -642,7 +642,7 @@ impl LowLatencyBuffer<'_> {
         let r = comm.world();
         validate::low_latency_ranks(r, num_experts)?;
         let req = KnobRequest::low_latency(num_max, num_experts / r);
-        let rt = super::runtime(gpu, comm, &req)?;
+        let rt = crate::nvshmem::runtime(gpu, comm, &req)?;
         let sms = gpu.sm_count() as usize;
         if let Some(n) = num_sms {
             if n == 0 || n > sms {
@@ -684,7 +684,6 @@ impl LowLatencyBuffer<'_> {
         let suffix = if all_p2p { "p2p" } else { "put" };
         let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
         let dispatch2_kernel = module.kernel(&format!("ll_dispatch2_{suffix}"))?;
-        let combine2_kernel = module.kernel(&format!("ll_combine2_{suffix}"))?;
         let combine3_kernel = module.kernel(&format!("ll_combine3_{suffix}"))?;
         let combine_version = if r > 32 { CombineVersion::V1 } else { CombineVersion::from_env()? };
         let mut version = DispatchVersion::from_env()?;
@@ -702,7 +701,6 @@ impl LowLatencyBuffer<'_> {
             dispatch_kernel,
             dispatch2_kernel,
             combine_kernel,
-            combine2_kernel,
             combine3_kernel,
             version,
             combine_version,
@@ -753,7 +751,7 @@ impl LowLatencyBuffer<'_> {
     pub fn combine_owner_warps(&self) -> usize {
         self.combine_owner_warps
     }
-    /// Combine v2/v3: how many of the 16 warps of each block compute and send the partial rows of
+    /// Combine v3: how many of the 16 warps of each block compute and send the partial rows of
     /// other origins while the other warps reduce this rank's tokens at the same time (1..15), or
     /// 0 for no split (every warp first sends, then reduces). Only launches with both halves split
     /// (a hook's send and receive kernels use every warp). Collective: every rank must choose the
@@ -768,7 +766,7 @@ impl LowLatencyBuffer<'_> {
         self.combine_owner_warps = n;
         Ok(())
     }
-    /// Diagnostics: record phase timestamps of every combine and v2 dispatch kernel (read the
+    /// Diagnostic hook: record phase timestamps of every combine and v2 dispatch kernel (read the
     /// last one with [`LowLatencyBuffer::last_trace`]). Adds three small memsets per call; off by
     /// default.
     pub fn set_tracing(&mut self, on: bool) -> Result<()> {
@@ -786,18 +784,18 @@ impl LowLatencyBuffer<'_> {
         Ok(())
     }
 
-    /// Phase times of the last traced kernel (waits for the stream); `None` when tracing is off.
-    pub fn last_trace(&self) -> Result<Option<LlTrace>> {
+    /// Diagnostic hook: phase times of the last traced combine or v2 dispatch (waits for the
+    /// stream): sent, local, waited_first, waited, end (see [`TracePhase`]); `None` when tracing
+    /// is off.
+    pub fn last_trace(&self) -> Result<Option<PhaseTrace>> {
         let Some(t) = &self.trace else { return Ok(None) };
         self.gpu.sync("reading the low-latency trace")?;
         let v = t.download::<u64>(self.gpu, LL_TRACE_SLOTS)?;
-        let start = v[0];
-        let at = |i: usize| (start != u64::MAX && v[i] != 0 && v[i] != u64::MAX && v[i] >= start).then(|| (v[i] - start) as f64 / 1e3);
-        Ok(Some(LlTrace { sent_us: at(1), local_us: at(2), waited_first_us: at(3), waited_us: at(4), end_us: at(5) }))
+        Ok(Some(PhaseTrace::decode(&v, &LL_TRACE_PHASES)))
     }
 
-    /// Choose the combine kernel (collective). v2 / v3 are used only with handles of v2
-    /// dispatches (v1 otherwise) and need at most 32 ranks.
+    /// Choose the combine kernel (collective). v3 is used only with handles of v2 dispatches
+    /// (v1 otherwise) and needs at most 32 ranks.
     pub fn set_combine_version(&mut self, v: CombineVersion) -> Result<()> {
         if v != CombineVersion::V1 && self.layout.num_ranks > 32 {
             return Err(EpError::Unsupported(format!(
@@ -825,7 +823,7 @@ impl LowLatencyBuffer<'_> {
         self.shared.sym.ptr()
     }
 
-    /// Testing aid: fill this rank's dispatch output regions of both halves (received rows,
+    /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill this rank's dispatch output regions of both halves (received rows,
     /// scales, source info, layout ranges, counts) with the 32-bit word `word`, ordered on this
     /// rank's stream. Peers write into them during their next dispatch: every rank must call this,
     /// synchronize, and meet the others (a barrier) before any rank dispatches again.
@@ -1061,8 +1059,8 @@ impl LowLatencyBuffer<'_> {
         };
         self.reset_trace()?;
         self.combine_hooked = [self.combine_hooked[1], return_hook];
-        let use_v2 = self.combine_version != CombineVersion::V1 && handle.version == DispatchVersion::V2;
-        let hook = if use_v2 {
+        let use_v3 = self.combine_version == CombineVersion::V3 && handle.version == DispatchVersion::V2;
+        let hook = if use_v3 {
             let a2 = LlCombine2Args {
                 y: args.y,
                 topk_idx: args.topk_idx,
@@ -1095,13 +1093,8 @@ impl LowLatencyBuffer<'_> {
                 trace: args.trace,
             };
             let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
-            if self.combine_version == CombineVersion::V3 {
-                self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
-                LlHook::Combine3(recv_half)
-            } else {
-                self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
-                LlHook::Combine2(recv_half)
-            }
+            self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
+            LlHook::Combine3(recv_half)
         } else {
             self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
             LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
@@ -1119,7 +1112,6 @@ impl LowLatencyBuffer<'_> {
             LlHook::Dispatch2(a) => {
                 self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
             }
-            LlHook::Combine2(a) => self.gpu.launch(&self.combine2_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a)),
             LlHook::Combine3(a) => self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a)),
             LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
         }
@@ -1142,7 +1134,7 @@ pub const LL_ORIGIN_BATCH: usize = 8;
 // The largest launch (every warp an origin warp) fits H200's 227 KiB of shared memory per block.
 const _: () = assert!(LL_WARPS * LL_ORIGIN_BATCH * 256 * 4 + 16 * 1024 <= 227 * 1024);
 
-/// Dynamic shared memory of a combine v2/v3 launch: the origin warps' own-term accumulators
+/// Dynamic shared memory of a combine v3 launch: the origin warps' own-term accumulators
 /// (`LL_ORIGIN_BATCH` units of 256 f32 channels per origin warp); none without a receive half.
 pub fn combine2_smem(a: &LlCombine2Args) -> usize {
     if a.phases & PHASE_RECV == 0 {
@@ -1219,9 +1211,17 @@ mod tests {
         assert_eq!(CombineVersion::parse(None).unwrap(), CombineVersion::V3);
         assert_eq!(CombineVersion::parse(Some(" ")).unwrap(), CombineVersion::V3);
         assert_eq!(CombineVersion::parse(Some("v1")).unwrap(), CombineVersion::V1);
-        assert_eq!(CombineVersion::parse(Some("V2")).unwrap(), CombineVersion::V2);
+        assert_eq!(CombineVersion::parse(Some("V3")).unwrap(), CombineVersion::V3);
         let e = CombineVersion::parse(Some("v4")).unwrap_err().to_string();
-        assert!(e.contains("DEEPEP_LL_COMBINE") && e.contains("v1, v2 or v3"), "{e}");
+        assert!(e.contains("DEEPEP_LL_COMBINE") && e.contains("v1 or v3"), "{e}");
+    }
+
+    #[test]
+    fn retired_combine_v2_is_refused_with_the_fix() {
+        for v in ["v2", " V2 "] {
+            let e = CombineVersion::parse(Some(v)).unwrap_err().to_string();
+            assert!(e.contains("DEEPEP_LL_COMBINE") && e.contains("retired") && e.contains("use v3"), "{e}");
+        }
     }
 
     #[test]

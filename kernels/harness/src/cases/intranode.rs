@@ -8,14 +8,14 @@
 //! outputs are poisoned before every call. Several rounds per case reuse one `Buffer` (epochs,
 //! self-resetting counters).
 
-use super::{Buffer, CombineArgs, DispatchArgs, DispatchOutput, Layout};
-use crate::config::Config;
-use crate::error::EpError;
+use deepep_kernels::intranode::{Buffer, CombineArgs, DispatchArgs, DispatchOutput, Layout};
+use deepep_kernels::config::Config;
+use deepep_kernels::error::EpError;
 use crate::gpu_test::{Case, CaseResult, Ctx, POISON_U32};
-use crate::reference::compare::bit_exact;
-use crate::reference::random::{self, streams, InputSpec};
-use crate::reference::{self, DispatchOut, Payload, RankInput};
-use crate::tensor::{DType, Tensor};
+use deepep_kernels::reference::compare::bit_exact;
+use deepep_kernels::reference::random::{self, streams, InputSpec};
+use deepep_kernels::reference::{self, DispatchOut, Payload, RankInput};
+use deepep_kernels::tensor::{DType, Tensor};
 use anyhow::{anyhow, bail, Context as _};
 use half::bf16;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! same bytes, in the same run. One process per GPU; `--nproc N` starts N ranks on this host.
 
 use clap::{Parser, ValueEnum};
-use deepep_kernels::bench::{self, BenchCtx, BenchOpts, Row};
+use deepep_kernels_harness::bench::{self, BenchCtx, BenchOpts, Row};
 use deepep_kernels::runtime::timing::TimingOpts;
 use deepep_kernels::runtime::{launcher, Comm, Gpu};
 use deepep_kernels::EpError;
@@ -37,8 +37,8 @@ enum Mode {
         the low-latency mode then sets --ll-masked-slots random slots per rank to -1 (DeepEP's LL test: 10).\n\n\
         With --nproc N (and RANK unset) this starts N ranks of itself on this host; otherwise it is one rank of a job \
         started by torchrun/Slurm (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).\n\n\
-        Kernel choices (environment): DEEPEP_LL_DISPATCH=v1|v2 (default v2), DEEPEP_LL_COMBINE=v1|v2|v3 (default v3), \
-        DEEPEP_LL_OWNER_WARPS=0..15 (combine v2/v3 owner warps per block, default 8), DEEPEP_LL_TRANSPORT=auto|put \
+        Kernel choices (environment): DEEPEP_LL_DISPATCH=v1|v2 (default v2), DEEPEP_LL_COMBINE=v1|v3 (default v3), \
+        DEEPEP_LL_OWNER_WARPS=0..15 (combine v3 owner warps per block, default 8), DEEPEP_LL_TRANSPORT=auto|put \
         (put: NVSHMEM puts to every other rank even over NVLink, the kernels that run across hosts); the low-latency mode also times the \
         other versions and, with DEEPEP_LL_OWNER_WARPS_SWEEP=0,4,8,..., combine v3 with those warp splits, and prints a \
         'trace' line of phase times per combine kernel. DEEPEP_INTRANODE_CONFIGS times other intranode configurations."

@@ -7,12 +7,12 @@
 //! exchange their verdicts; rank 0 prints one line per case and finally exactly
 //! `N passed, M failed`.
 //!
-//! Families register their cases in [`all_cases`] (`intranode::gpu_tests::cases()`,
-//! `nvshmem::gpu_tests_ll::cases()`, `nvshmem::gpu_tests_internode::cases()`).
+//! Families register their cases in [`all_cases`] ([`crate::cases::intranode::cases`],
+//! [`crate::cases::low_latency::cases`], [`crate::cases::internode::cases`]).
 
-use crate::error::{EpError, Phase};
-use crate::runtime::timing::{time_op, TimingOpts};
-use crate::runtime::{Comm, DeviceBuffer, Gpu, IpcBuffer, LaunchCfg};
+use deepep_kernels::error::{EpError, Phase};
+use deepep_kernels::runtime::timing::{time_op, TimingOpts};
+use deepep_kernels::runtime::{Comm, DeviceBuffer, Gpu, IpcBuffer, LaunchCfg};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -56,11 +56,11 @@ impl Ctx<'_> {
     }
     /// [`Gpu::fit_sms`] applied to an intranode config: with several ranks per GPU every rank's
     /// grid must fit at once, so cases written for a whole GPU shrink to the rank's share.
-    pub fn fit_config(&self, c: crate::config::Config) -> crate::config::Config {
-        crate::config::Config { num_sms: self.gpu.fit_sms(c.num_sms), ..c }
+    pub fn fit_config(&self, c: deepep_kernels::config::Config) -> deepep_kernels::config::Config {
+        deepep_kernels::config::Config { num_sms: self.gpu.fit_sms(c.num_sms), ..c }
     }
     /// A device buffer of `bytes` (rounded up to 4) filled with [`POISON_U32`].
-    pub fn poisoned(&self, bytes: usize) -> crate::Result<DeviceBuffer> {
+    pub fn poisoned(&self, bytes: usize) -> deepep_kernels::Result<DeviceBuffer> {
         let b = DeviceBuffer::new(self.gpu, bytes.next_multiple_of(4))?;
         b.fill_u32(self.gpu, POISON_U32)?;
         Ok(b)
@@ -90,9 +90,9 @@ impl Case {
 /// Every registered case, in a fixed order.
 pub fn all_cases() -> Vec<Case> {
     let mut v = selftest_cases();
-    v.extend(crate::intranode::gpu_tests::cases());
-    v.extend(crate::nvshmem::gpu_tests_ll::cases());
-    v.extend(crate::nvshmem::gpu_tests_internode::cases());
+    v.extend(crate::cases::intranode::cases());
+    v.extend(crate::cases::low_latency::cases());
+    v.extend(crate::cases::internode::cases());
     // Last: it loads CUPTI into the process, which nothing before it should see.
     v.push(cupti_case());
     v
@@ -184,7 +184,7 @@ fn spawn_watchdog(rank: usize, limit: Duration, progress: std::sync::Arc<std::sy
                 if rank == 0 {
                     println!("FAIL {name}: hung for more than {:.0} s on the host", limit.as_secs_f64());
                     let t = Totals { passed: p.passed, failed: p.failed + 1 + p.remaining, skipped: 0 };
-                    crate::runtime::launcher::final_line(0, &t.summary());
+                    deepep_kernels::runtime::launcher::final_line(0, &t.summary());
                 }
                 std::process::exit(EXIT_CASE_HUNG);
             }
@@ -193,13 +193,13 @@ fn spawn_watchdog(rank: usize, limit: Duration, progress: std::sync::Arc<std::sy
 }
 
 /// Run `cases` (filtered) `opts.repeat` times each. Collective. Rank 0 prints the per-case lines.
-pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> crate::Result<Totals> {
+pub fn run_cases(comm: &Comm, gpu: &Gpu, cases: &[Case], opts: &RunOpts) -> deepep_kernels::Result<Totals> {
     let mut t = Totals::default();
     let selected: Vec<&Case> = cases.iter().filter(|c| opts.filter.as_deref().map_or(true, |f| c.name.contains(f))).collect();
     let me = comm.rank();
     let limit = match opts.case_timeout {
         Some(d) => d,
-        None => crate::runtime::env_num::<f64>("DEEPEP_CASE_TIMEOUT_S")?.map(Duration::from_secs_f64).unwrap_or(DEFAULT_CASE_TIMEOUT),
+        None => deepep_kernels::runtime::env_num::<f64>("DEEPEP_CASE_TIMEOUT_S")?.map(Duration::from_secs_f64).unwrap_or(DEFAULT_CASE_TIMEOUT),
     };
     let progress = std::sync::Arc::new(std::sync::Mutex::new(Progress {
         case: None,
@@ -317,9 +317,9 @@ fn selftest_cases() -> Vec<Case> {
         Case::new("selftest/launch_checks_arguments", |c| {
             let k = c.gpu.kernel("selftest", "ep_fill_u32")?;
             ensure(k.param_sizes() == Some(&[8, 8, 4, 24][..]), || format!("ep_fill_u32 parameter sizes {:?}", k.param_sizes()))?;
-            let e = c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![0u64, 0u64]).unwrap_err().to_string();
+            let e = c.gpu.launch(&k, &LaunchCfg::new(1, 32), deepep_kernels::args![0u64, 0u64]).unwrap_err().to_string();
             ensure(e.contains("ep_fill_u32") && e.contains("parameter sizes"), || format!("unexpected error: {e}"))?;
-            let e = c.gpu.launch(&k, &LaunchCfg::new(1, 2048), crate::args![0u64, 0u64, 0u32]).unwrap_err().to_string();
+            let e = c.gpu.launch(&k, &LaunchCfg::new(1, 2048), deepep_kernels::args![0u64, 0u64, 0u32]).unwrap_err().to_string();
             ensure(e.contains("2048 threads"), || format!("unexpected error: {e}"))?;
             let e = c.gpu.kernel("selftest", "no_such_kernel").unwrap_err().to_string();
             ensure(e.contains("ep_copy_16"), || format!("unexpected error: {e}"))
@@ -331,7 +331,7 @@ fn selftest_cases() -> Vec<Case> {
             let b = c.poisoned(n * 4)?;
             let n16 = (n * 4 / 16) as u64;
             let copy = c.gpu.kernel("selftest", "ep_copy_16")?;
-            c.gpu.launch(&copy, &LaunchCfg::new(264, 256), crate::args![a.ptr(), b.ptr(), n16])?;
+            c.gpu.launch(&copy, &LaunchCfg::new(264, 256), deepep_kernels::args![a.ptr(), b.ptr(), n16])?;
             c.gpu.sync("ep_copy_16")?;
             let got = b.download::<u32>(c.gpu, n)?;
             let whole = n16 as usize * 4;
@@ -348,7 +348,7 @@ fn selftest_cases() -> Vec<Case> {
             ];
             for (k, (what, cfg)) in cfgs.iter().enumerate() {
                 let v = 0x1234_5670u32 + k as u32;
-                c.gpu.launch(&fill, cfg, crate::args![b.ptr(), n as u64, v])?;
+                c.gpu.launch(&fill, cfg, deepep_kernels::args![b.ptr(), n as u64, v])?;
                 c.gpu.sync(what)?;
                 let got = b.download::<u32>(c.gpu, n)?;
                 if let Some((i, g, _)) = first_mismatch(&got, |_| v) {
@@ -356,7 +356,7 @@ fn selftest_cases() -> Vec<Case> {
                 }
             }
             // A cooperative grid larger than what fits at once is refused before launch.
-            let e = c.gpu.launch(&fill, &LaunchCfg::new(10_000 * sms, 1024).cooperative(true), crate::args![b.ptr(), 0u64, 0u32]);
+            let e = c.gpu.launch(&fill, &LaunchCfg::new(10_000 * sms, 1024).cooperative(true), deepep_kernels::args![b.ptr(), 0u64, 0u32]);
             ensure(e.as_ref().is_err_and(|e| e.to_string().contains("cooperative launch")), || format!("oversized cooperative launch: {e:?}"))
         }),
         Case::new("selftest/ipc_all_to_all_stores", |c| {
@@ -370,7 +370,7 @@ fn selftest_cases() -> Vec<Case> {
             let k = c.gpu.kernel("selftest", "ep_selftest_pattern")?;
             for p in 0..w {
                 let dst = ipc.ptr(p) + (c.rank() * n * 4) as u64;
-                c.gpu.launch(&k, &LaunchCfg::new(132, 256), crate::args![dst, n as u64, c.seed as u32, c.rank() as i32])?;
+                c.gpu.launch(&k, &LaunchCfg::new(132, 256), deepep_kernels::args![dst, n as u64, c.seed as u32, c.rank() as i32])?;
             }
             c.gpu.sync("pattern stores to peers")?;
             c.comm.barrier()?;
@@ -399,12 +399,12 @@ fn selftest_cases() -> Vec<Case> {
             let put = c.gpu.kernel("selftest", "ep_selftest_put_signal")?;
             let wait = c.gpu.kernel("selftest", "ep_selftest_wait_copy")?;
             let peer = ipc.ptr(next);
-            c.gpu.launch(&put, &LaunchCfg::new(1, 1024), crate::args![src.ptr(), peer + flag_bytes as u64, n16 as u64, peer, value as i32])?;
+            c.gpu.launch(&put, &LaunchCfg::new(1, 1024), deepep_kernels::args![src.ptr(), peer + flag_bytes as u64, n16 as u64, peer, value as i32])?;
             let mine = ipc.ptr(me);
             c.gpu.launch(
                 &wait,
                 &LaunchCfg::new(1, 1024),
-                crate::args![mine, value as i32, mine + flag_bytes as u64, out.ptr(), n16 as u64, Phase::Barrier as i32, prev as i32],
+                deepep_kernels::args![mine, value as i32, mine + flag_bytes as u64, out.ptr(), n16 as u64, Phase::Barrier as i32, prev as i32],
             )?;
             c.gpu.sync("put/signal/wait ring")?;
             let got = out.download::<u32>(c.gpu, n16 * 4)?;
@@ -426,7 +426,7 @@ fn selftest_cases() -> Vec<Case> {
             let launched = c.gpu.launch(
                 &k,
                 &LaunchCfg::new(3, 64),
-                crate::args![flag.ptr(), 1i32, flag.ptr(), out.ptr(), 1u64, Phase::DispatchRecv as i32, peer],
+                deepep_kernels::args![flag.ptr(), 1i32, flag.ptr(), out.ptr(), 1u64, Phase::DispatchRecv as i32, peer],
             );
             let t0 = Instant::now();
             let r = launched.map_err(anyhow::Error::from).and_then(|_| c.gpu.sync("wait that must time out").map_err(Into::into));
@@ -451,7 +451,7 @@ fn selftest_cases() -> Vec<Case> {
             let got = out.download::<u32>(c.gpu, 4)?;
             ensure(got.iter().all(|&x| x == POISON_U32), || format!("timed-out kernel still copied: {got:x?}"))?;
             flag.upload(c.gpu, &[1i32])?;
-            c.gpu.launch(&k, &LaunchCfg::new(1, 64), crate::args![flag.ptr(), 1i32, flag.ptr(), out.ptr(), 1u64, Phase::DispatchRecv as i32, peer])?;
+            c.gpu.launch(&k, &LaunchCfg::new(1, 64), deepep_kernels::args![flag.ptr(), 1i32, flag.ptr(), out.ptr(), 1u64, Phase::DispatchRecv as i32, peer])?;
             c.gpu.sync("wait on a set flag")?;
             Ok(())
         }),
@@ -459,7 +459,7 @@ fn selftest_cases() -> Vec<Case> {
             let k = c.gpu.kernel("selftest", "ep_selftest_spin")?;
             let ns = 200_000u64;
             let s = time_op(c.gpu, c.comm, TimingOpts { warmup: 2, reps: 11, flush_l2: true }, None, || {
-                c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![ns])
+                c.gpu.launch(&k, &LaunchCfg::new(1, 32), deepep_kernels::args![ns])
             })?;
             ensure(s.reps == 11 && s.median_us >= 195.0 && s.median_us < 400.0, || format!("200 us spin measured {s:?}"))
         }),
@@ -479,7 +479,7 @@ fn selftest_cases() -> Vec<Case> {
             let sbuf = DeviceBuffer::from_slice(c.gpu, &send)?;
             let total: usize = recv_counts.iter().sum();
             let rbuf = c.poisoned(total)?;
-            let nccl = crate::runtime::nccl::Nccl::new(c.gpu, c.comm)?;
+            let nccl = deepep_kernels::runtime::nccl::Nccl::new(c.gpu, c.comm)?;
             nccl.all_to_all_bytes(c.gpu, sbuf.ptr(), &send_counts, rbuf.ptr(), &recv_counts)?;
             c.gpu.sync("NCCL all-to-all")?;
             let got = rbuf.download::<u32>(c.gpu, total / 4)?;
@@ -500,24 +500,24 @@ fn cupti_case() -> Case {
     Case::new("selftest/cupti_kernel_timestamps", |c| {
         // The bench's 'kernel us' path: CUPTI records of two spin kernels per repetition,
         // split at the L2-flush memsets, give spans of about 100 + 50 us.
-        let timer = match crate::runtime::cupti::kernel_timer() {
+        let timer = match deepep_kernels::runtime::cupti::kernel_timer() {
             Ok(t) => t,
             Err(e) => return Err(Skip(format!("CUPTI unavailable: {e}")).into()),
         };
-        let flush = crate::runtime::timing::L2Flush::new(c.gpu)?;
+        let flush = deepep_kernels::runtime::timing::L2Flush::new(c.gpu)?;
         let k = c.gpu.kernel("selftest", "ep_selftest_spin")?;
         let reps = 5;
         let acts = timer.record(|| {
             for _ in 0..reps {
                 flush.flush(c.gpu)?;
-                c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![100_000u64])?;
-                c.gpu.launch(&k, &LaunchCfg::new(1, 32), crate::args![50_000u64])?;
+                c.gpu.launch(&k, &LaunchCfg::new(1, 32), deepep_kernels::args![100_000u64])?;
+                c.gpu.launch(&k, &LaunchCfg::new(1, 32), deepep_kernels::args![50_000u64])?;
             }
             c.gpu.sync("spin kernels under CUPTI")
         })?;
-        let kernels = acts.iter().filter(|a| a.kind == crate::runtime::cupti::ActivityKind::Kernel).count();
+        let kernels = acts.iter().filter(|a| a.kind == deepep_kernels::runtime::cupti::ActivityKind::Kernel).count();
         ensure(kernels == 2 * reps, || format!("{kernels} kernel records for {} launches", 2 * reps))?;
-        let spans = crate::runtime::cupti::spans_per_rep(&acts, flush.bytes() as u64, reps)
+        let spans = deepep_kernels::runtime::cupti::spans_per_rep(&acts, flush.bytes() as u64, reps)
             .ok_or_else(|| anyhow::anyhow!("records not split into {reps} repetitions: {acts:?}"))?;
         ensure(spans.iter().all(|&s| (149.0..400.0).contains(&s)), || format!("spans {spans:?} us, expected ~150"))
     })

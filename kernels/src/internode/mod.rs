@@ -384,8 +384,9 @@ impl<'g> InternodeBuffer<'g> {
         self.gpu
     }
 
-    /// Fill every output tensor with `byte` before the kernel that writes it runs, so that an
-    /// element the kernel fails to write is caught by an exact comparison (GPU tests).
+    /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill every output tensor with
+    /// `byte` before the kernel that writes it runs, so that an element the kernel fails to
+    /// write is caught by an exact comparison. Off (`None`) by default.
     pub fn set_output_poison(&mut self, byte: Option<u8>) {
         self.output_poison = byte;
     }

@@ -37,12 +37,12 @@ pub mod internode;
 pub mod intranode;
 pub mod low_latency;
 
-use crate::error::{EpError, Result};
-use crate::reference::random;
-use crate::runtime::nccl::Nccl;
-use crate::runtime::cupti;
-use crate::runtime::timing::{time_op, Event, L2Flush, Stats, TimingOpts};
-use crate::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
+use deepep_kernels::error::{EpError, Result};
+use deepep_kernels::reference::random;
+use deepep_kernels::runtime::nccl::Nccl;
+use deepep_kernels::runtime::cupti;
+use deepep_kernels::runtime::timing::{time_op, Event, L2Flush, Stats, TimingOpts};
+use deepep_kernels::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
 use std::collections::HashMap;
 
 /// One benchmark shape (per rank: `tokens` tokens of `hidden` channels, top-`topk` of `experts`).
@@ -350,7 +350,7 @@ impl<'a> BenchCtx<'a> {
         let ok = comm.all_gather(&[nccl.is_some() as u8])?.iter().all(|v| v[0] == 1);
         let (nccl, nccl_error) = if ok { (nccl, None) } else { (None, nccl_error.or(Some("NCCL failed on another rank".into()))) };
         let empty = gpu.kernel("selftest", "ep_selftest_spin")?;
-        let floor = time_op(gpu, comm, opts.timing, Some(&flush), || gpu.launch(&empty, &LaunchCfg::new(1, 32), crate::args![0u64]))?
+        let floor = time_op(gpu, comm, opts.timing, Some(&flush), || gpu.launch(&empty, &LaunchCfg::new(1, 32), deepep_kernels::args![0u64]))?
             .gather(comm)?;
         let floor_us = floor.iter().map(|s| s.median_us).fold(0.0, f64::max);
         let local = cupti::kernel_timer().err().map(String::from);

@@ -24,10 +24,11 @@
 //! (e.g. `24:24:24:12,16:24:24:12:1,24:24:24:8:4:8`), each measured in turn (tuning without rebuilding).
 
 use super::{token_bytes, BenchCtx, Row, Shape};
-use crate::config::Config;
-use crate::intranode::{Buffer, CombineArgs, DispatchArgs};
-use crate::tensor::{DType, Tensor};
-use crate::{EpError, Result};
+use deepep_kernels::config::Config;
+use deepep_kernels::intranode::{Buffer, CombineArgs, DispatchArgs};
+use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::trace::TracePhase;
+use deepep_kernels::{EpError, Result};
 
 const MODE: &str = "intranode";
 
@@ -106,7 +107,8 @@ fn traced(buf: &mut Buffer, name: &str, shape: Shape, remote_bytes: usize, op: &
     buf.set_tracing(false)?;
     if let Some(t) = r? {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
-        let rate = match (t.ready_us, t.sent_us) {
+        let (ready, sent) = (t.get(TracePhase::Ready), t.get(TracePhase::Sent));
+        let rate = match (ready, sent) {
             (Some(a), Some(b)) if b > a => format!("{:.1}", remote_bytes as f64 / ((b - a) * 1e-6) / 1e9),
             _ => "-".into(),
         };
@@ -114,10 +116,10 @@ fn traced(buf: &mut Buffer, name: &str, shape: Shape, remote_bytes: usize, op: &
             "trace {name} {}x{}: ready {} us, sent {} us, published {} us, received/reduced {} us; one peer's bytes / (sent - ready) = {rate} GB/s",
             shape.tokens,
             shape.hidden,
-            f(t.ready_us),
-            f(t.sent_us),
-            f(t.published_us),
-            f(t.received_us)
+            f(ready),
+            f(sent),
+            f(t.get(TracePhase::Published)),
+            f(t.get(TracePhase::Received))
         );
     }
     Ok(())

@@ -23,12 +23,12 @@
 //! `--num-sms` (default 24 = 12 channels).
 
 use super::{token_bytes, BenchCtx, Routing, Row, Shape};
-use crate::nvshmem::internode::{
+use deepep_kernels::internode::{
     nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
 };
-use crate::runtime::timing::Stats;
-use crate::tensor::{DType, Tensor};
-use crate::{EpError, Result};
+use deepep_kernels::runtime::timing::Stats;
+use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::{EpError, Result};
 
 const MODE: &str = "internode";
 
