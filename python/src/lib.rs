@@ -18,6 +18,7 @@
 
 use deepep_kernels::config::{buffer_size_hint, Config};
 use deepep_kernels::error::EpError;
+use deepep_kernels::internode::{self as inter, InternodeBuffer, InternodeConfig, SymLayout};
 use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Handle as IntraHandle, Layout};
 use deepep_kernels::low_latency::{LlDispatchOpts, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
 use deepep_kernels::runtime::{self as rt, Comm, Exchange, Gpu};
@@ -295,6 +296,100 @@ impl NativeLlDispatch {
     }
 }
 
+/// What an internode dispatch hands to combine / the next cached dispatch.
+#[pyclass(module = "deepep_kernels._native", frozen)]
+struct InterHandle {
+    inner: inter::Handle,
+    runtime_id: u64,
+}
+
+#[pymethods]
+impl InterHandle {
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.inner.num_tokens
+    }
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.inner.num_recv_tokens
+    }
+    #[getter]
+    fn num_topk(&self) -> usize {
+        self.inner.num_topk
+    }
+    #[getter]
+    fn num_experts(&self) -> usize {
+        self.inner.num_experts
+    }
+    #[getter]
+    fn hidden(&self) -> usize {
+        self.inner.hidden
+    }
+    /// Device address of `recv_src_idx` (i32 `[M]`: each received row's token index at its source).
+    fn recv_src_idx_ptr(&self) -> u64 {
+        self.inner.recv_src_idx.ptr()
+    }
+}
+
+/// One internode dispatch's outputs: tensors owned by the kernels crate (stream-ordered
+/// allocations on the comm stream, freed stream-ordered there when this object drops). The
+/// Python layer copies them into torch tensors on the comm stream, then drops this object.
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeInterDispatch {
+    out: inter::DispatchOutput,
+    runtime_id: u64,
+}
+
+#[pymethods]
+impl NativeInterDispatch {
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.out.recv_x.shape()[0]
+    }
+    #[getter]
+    fn recv_x_ptr(&self) -> u64 {
+        self.out.recv_x.ptr()
+    }
+    /// (ptr, num_scales) of the f32 row-major `[M, S]` received scales (FP8 only).
+    #[getter]
+    fn recv_scales(&self) -> Option<(u64, usize)> {
+        self.out.recv_scales.as_ref().map(|t| (t.ptr(), t.shape()[1]))
+    }
+    #[getter]
+    fn recv_topk_idx_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_idx.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn recv_topk_weights_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_weights.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
+        self.out.num_recv_tokens_per_expert.clone()
+    }
+    fn handle(&self) -> InterHandle {
+        InterHandle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+    }
+}
+
+/// One internode combine's outputs (owned by the kernels crate, copied out like the dispatch's).
+#[pyclass(module = "deepep_kernels._native")]
+struct NativeInterCombine {
+    out: intranode::CombineOutput,
+}
+
+#[pymethods]
+impl NativeInterCombine {
+    #[getter]
+    fn combined_x_ptr(&self) -> u64 {
+        self.out.combined_x.ptr()
+    }
+    #[getter]
+    fn combined_topk_weights_ptr(&self) -> Option<u64> {
+        self.out.combined_topk_weights.as_ref().map(Tensor::ptr)
+    }
+}
+
 // Thread safety of the classes below. PyTorch calls into the Buffer from other threads than the
 // one that created it (autograd runs backward passes, e.g. Megatron's combine in
 // FusedDispatch.backward, on its device threads), so the classes cannot be `unsendable`.
@@ -306,7 +401,7 @@ impl NativeLlDispatch {
 macro_rules! thread_safe {
     ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
 }
-thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, Runtime);
+thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, InterHandle, NativeInterDispatch, NativeInterCombine, Runtime);
 
 static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -314,6 +409,8 @@ static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 #[pyclass(module = "deepep_kernels._native")]
 struct Runtime {
     intra: Option<intranode::Buffer<'static>>,
+    /// The internode (two-hop) buffer, for a group that spans hosts (or emulates hosts).
+    inter: Option<InternodeBuffer<'static>>,
     intra_dims: Option<(usize, usize)>,
     ll: Option<LowLatencyBuffer<'static>>,
     ll_dims: Option<(usize, usize, usize)>,
@@ -328,6 +425,47 @@ struct Runtime {
 
 fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
     Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
+}
+
+/// The internode configuration the Python layer asks for: `(ranks_per_host, max_tokens, hidden,
+/// num_sms, max_topk, max_local_experts)`.
+type InterDims = (usize, usize, usize, usize, usize, usize);
+
+fn inter_config(d: InterDims) -> InternodeConfig {
+    let (rph, max_tokens, hidden, num_sms, max_topk, max_local) = d;
+    let mut c = InternodeConfig::new(rph, max_tokens, hidden);
+    c.num_sms = num_sms;
+    c.max_topk = max_topk;
+    c.max_local_experts = max_local;
+    c
+}
+
+/// Bytes of one rank's internode symmetric buffer for `d` (the configuration validated first).
+fn inter_bytes(world: usize, d: InterDims) -> deepep_kernels::Result<usize> {
+    SymLayout::new(&inter_config(d), world).map(|l| l.total)
+}
+
+/// Largest `max_tokens` (of `d`, whose own `max_tokens` is ignored) whose internode buffer is a
+/// valid configuration and fits in `bytes`; 0 if none.
+fn inter_max_tokens(world: usize, d: InterDims, bytes: usize) -> usize {
+    let fits = |t: usize| inter_bytes(world, (d.0, t, d.2, d.3, d.4, d.5)).map(|b| b <= bytes).unwrap_or(false);
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, 2usize);
+    while fits(hi) && hi < (1 << 24) {
+        lo = hi;
+        hi *= 2;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    lo
 }
 
 /// Size of the [`Runtime`]'s join-event ring.
@@ -350,6 +488,9 @@ impl Runtime {
     }
     fn intra(&mut self) -> PyResult<&mut intranode::Buffer<'static>> {
         self.intra.as_mut().ok_or_else(|| PyRuntimeError::new_err("the intranode buffer is not created (destroyed, or num_nvl_bytes was 0)"))
+    }
+    fn inter(&mut self) -> PyResult<&mut InternodeBuffer<'static>> {
+        self.inter.as_mut().ok_or_else(|| PyRuntimeError::new_err("the internode buffer is not created (destroyed, or the group is within one host)"))
     }
     fn ll(&mut self) -> PyResult<&mut LowLatencyBuffer<'static>> {
         self.ll.as_mut().ok_or_else(|| PyRuntimeError::new_err("the low-latency buffer is not created (destroyed, or low_latency_mode was off)"))
@@ -386,7 +527,7 @@ impl Runtime {
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
-        Ok(Runtime { intra: None, intra_dims: None, ll: None, ll_dims: None, comm, id, joins, next_join: 0, gpu })
+        Ok(Runtime { intra: None, inter: None, intra_dims: None, ll: None, ll_dims: None, comm, id, joins, next_join: 0, gpu })
     }
 
     #[getter]
@@ -572,6 +713,122 @@ impl Runtime {
         Ok(())
     }
 
+    /// Create (collectively) the internode buffer for `dims` = (ranks_per_host, max_tokens,
+    /// hidden, num_sms, max_topk, max_local_experts), starting NVSHMEM on first use; replaces an
+    /// earlier one (after every rank finished its work on it). `num_sms` is clamped to this
+    /// rank's even share of the SMs ([`Gpu::fit_sms_even`]). Returns the configuration used.
+    fn internode_create(&mut self, py: Python<'_>, dims: InterDims) -> PyResult<InterDims> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let comm = &self.comm;
+        if let Some(old) = self.inter.take() {
+            // peers may still read this rank's symmetric memory until they finished their kernels
+            without_gil(py, move || -> deepep_kernels::Result<()> {
+                gpu.sync("re-creating the internode buffer")?;
+                comm.barrier()?;
+                drop(old);
+                Ok(())
+            })
+            .map_err(py_err)?;
+        }
+        let mut cfg = inter_config(dims);
+        cfg.num_sms = gpu.fit_sms_even(cfg.num_sms);
+        let b = without_gil(py, || -> deepep_kernels::Result<InternodeBuffer<'static>> {
+            let nv = inter::nvshmem_runtime(gpu, comm)?;
+            InternodeBuffer::new(gpu, comm, &nv, cfg)
+        })
+        .map_err(py_err)?;
+        self.inter = Some(b);
+        Ok((cfg.ranks_per_host, cfg.max_tokens_per_rank, cfg.hidden, cfg.num_sms, cfg.max_topk, cfg.max_local_experts))
+    }
+    /// The internode buffer's configuration (as [`Runtime::internode_create`] returns it).
+    fn internode_dims(&self) -> Option<InterDims> {
+        self.inter.as_ref().map(|b| {
+            let c = b.config();
+            (c.ranks_per_host, c.max_tokens_per_rank, c.hidden, c.num_sms, c.max_topk, c.max_local_experts)
+        })
+    }
+    /// The SM count an internode buffer created with `num_sms` would use on this rank.
+    fn internode_fit_sms(&self, num_sms: usize) -> usize {
+        self.gpu.fit_sms_even(num_sms)
+    }
+
+    /// Internode dispatch on the comm stream. `x`: (ptr, dtype, n, hidden); `scales`: (ptr,
+    /// num_scales) f32 row-major for FP8; fresh routing: `topk` = (idx_ptr, weights_ptr, k,
+    /// num_experts); or a cached `handle`. A fresh dispatch blocks the host (GIL released) until
+    /// the notify kernel published the received counts, like DeepEP's internode dispatch.
+    #[pyo3(signature = (x, scales, topk, handle, expert_alignment))]
+    fn internode_dispatch(
+        &mut self,
+        py: Python<'_>,
+        x: (u64, String, usize, usize),
+        scales: Option<(u64, usize)>,
+        topk: Option<(u64, u64, usize, usize)>,
+        handle: Option<PyRef<'_, InterHandle>>,
+        expert_alignment: usize,
+    ) -> PyResult<NativeInterDispatch> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let id = self.id;
+        let (xp, xd, n, h) = x;
+        let xt = tensor_of(gpu, xp, parse_dtype(&xd)?, &[n, h]);
+        let st = scales.map(|(p, s)| tensor_of(gpu, p, DType::F32, &[n, s]));
+        let out = match (topk, handle) {
+            (Some((ip, wp, k, e)), None) => {
+                let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
+                let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
+                let mut a = inter::DispatchArgs::fresh(&xt, &idx, &w, e).expert_alignment(expert_alignment);
+                if let Some(s) = st.as_ref() {
+                    a = a.scales(s);
+                }
+                let buf = self.inter()?;
+                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            }
+            (None, Some(hd)) => {
+                self.check_owner(hd.runtime_id, "handle")?;
+                let mut a = inter::DispatchArgs::cached(&xt, &hd.inner);
+                if let Some(s) = st.as_ref() {
+                    a = a.scales(s);
+                }
+                let buf = self.inter()?;
+                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            }
+            _ => return Err(PyValueError::new_err("internode dispatch needs either topk (fresh) or a handle (cached), not both")),
+        };
+        Ok(NativeInterDispatch { out, runtime_id: id })
+    }
+
+    /// Internode combine of bf16 `y` (`[m, hidden]`, rows in the order of the dispatch's
+    /// `recv_x`) with optional `weights` = (ptr, k) f32 `[m, k]` and biases (bf16 `[N, hidden]`),
+    /// on the comm stream. Never blocks the host.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (y, m, hidden, handle, weights, bias0, bias1))]
+    fn internode_combine(
+        &mut self,
+        y: u64,
+        m: usize,
+        hidden: usize,
+        handle: PyRef<'_, InterHandle>,
+        weights: Option<(u64, usize)>,
+        bias0: Option<u64>,
+        bias1: Option<u64>,
+    ) -> PyResult<NativeInterCombine> {
+        self.check_owner(handle.runtime_id, "handle")?;
+        self.bind()?;
+        let gpu = self.gpu_static();
+        let n = handle.inner.num_tokens;
+        let yt = tensor_of(gpu, y, DType::Bf16, &[m, hidden]);
+        let wt = weights.map(|(p, k)| tensor_of(gpu, p, DType::F32, &[m, k]));
+        let b0 = bias0.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
+        let b1 = bias1.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
+        let mut a = inter::CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref());
+        if let Some(w) = wt.as_ref() {
+            a = a.weights(w);
+        }
+        let out = self.inter()?.combine(a).map_err(py_err)?;
+        Ok(NativeInterCombine { out })
+    }
+
     /// Create (collectively) the low-latency buffer; replaces an earlier one.
     fn ll_create(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
         self.bind()?;
@@ -663,17 +920,21 @@ impl Runtime {
     fn destroy(&mut self, py: Python<'_>) -> PyResult<()> {
         self.bind()?;
         let gpu = self.gpu_static();
-        let had_ll = self.ll.is_some();
+        let had_nvshmem = self.ll.is_some() || self.inter.is_some();
         let intra = self.intra.take();
+        let inter = self.inter.take();
         let ll = self.ll.take();
         self.intra_dims = None;
         self.ll_dims = None;
         let comm = &self.comm;
         without_gil(py, move || -> deepep_kernels::Result<()> {
             gpu.sync("destroying the buffers")?;
+            // every rank finished before the collective frees of the symmetric buffers
+            comm.barrier()?;
             drop(intra);
+            drop(inter);
             drop(ll);
-            if had_ll {
+            if had_nvshmem {
                 deepep_kernels::nvshmem::finalize();
             }
             comm.barrier()
@@ -709,6 +970,26 @@ fn intranode_max_tokens(num_ranks: usize, hidden: usize, bytes: usize) -> usize 
         }
     }
     lo
+}
+
+/// Bytes of one rank's internode symmetric buffer for `world` ranks in hosts of
+/// `ranks_per_host`, `max_tokens` per rank, rows of `hidden`, `num_sms` (even), `max_topk` and
+/// `max_local_experts`. ValueError names what is out of range.
+#[pyfunction]
+fn internode_buffer_bytes(world: usize, ranks_per_host: usize, max_tokens: usize, hidden: usize, num_sms: usize, max_topk: usize, max_local_experts: usize) -> PyResult<usize> {
+    inter_bytes(world, (ranks_per_host, max_tokens, hidden, num_sms, max_topk, max_local_experts)).map_err(py_err)
+}
+
+/// Largest per-rank token count whose internode buffer fits in `bytes` (0 if none).
+#[pyfunction]
+fn internode_max_tokens(world: usize, ranks_per_host: usize, hidden: usize, num_sms: usize, max_topk: usize, max_local_experts: usize, bytes: usize) -> usize {
+    inter_max_tokens(world, (ranks_per_host, 0, hidden, num_sms, max_topk, max_local_experts), bytes)
+}
+
+/// (max ranks per host, max top-k, max experts) of the internode kernels.
+#[pyfunction]
+fn internode_limits() -> (usize, usize, usize) {
+    (inter::plan::MAX_RANKS_PER_HOST, inter::plan::MAX_TOPK, inter::plan::MAX_EXPERTS)
 }
 
 /// Bytes of one rank's low-latency symmetric buffer (`grid`: SMs the kernels use).
@@ -789,9 +1070,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeLlDispatch>()?;
     m.add_class::<NativeLlHandle>()?;
     m.add_class::<NativeHook>()?;
+    m.add_class::<InterHandle>()?;
+    m.add_class::<NativeInterDispatch>()?;
+    m.add_class::<NativeInterCombine>()?;
     m.add_function(wrap_pyfunction!(intranode_buffer_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(intranode_max_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(ll_buffer_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(internode_buffer_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(internode_max_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(internode_limits, m)?)?;
     m.add_function(wrap_pyfunction!(is_sm90_compiled, m)?)?;
     m.add_function(wrap_pyfunction!(nvshmem_device_version, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
@@ -812,6 +1099,18 @@ mod tests {
         assert_eq!(intranode_max_tokens(8, 7168, bytes), 4096);
         assert_eq!(intranode_max_tokens(8, 7168, bytes - 1), 4095);
         assert_eq!(intranode_max_tokens(8, 7168, 10), 0);
+    }
+
+    #[test]
+    fn internode_max_tokens_is_the_largest_count_that_fits() {
+        let d = (2, 0, 2048, 24, 8, 8);
+        let bytes = inter_bytes(8, (2, 300, 2048, 24, 8, 8)).unwrap();
+        assert_eq!(inter_max_tokens(8, d, bytes), 300);
+        assert_eq!(inter_max_tokens(8, d, bytes - 1), 299);
+        assert_eq!(inter_max_tokens(8, d, 10), 0);
+        // an invalid configuration (3 ranks per host of 8 ranks) fits nowhere
+        assert_eq!(inter_max_tokens(8, (3, 0, 2048, 24, 8, 8), usize::MAX), 0);
+        assert!(internode_buffer_bytes(8, 3, 16, 2048, 24, 8, 8).unwrap_err().to_string().contains("divide"));
     }
 
     #[test]
