@@ -31,6 +31,43 @@ from .utils import EventHandle, EventOverlap
 DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
 # Opt-in: intranode dispatch returns views of the NVLink buffer instead of torch-owned copies.
 DISPATCH_VIEWS_ENV = "DEEPEP_KERNELS_DISPATCH_VIEWS"
+# Testing on one machine: treat every K consecutive ranks as one host (internode mode on one host).
+RANKS_PER_HOST_ENV = "DEEPEP_KERNELS_RANKS_PER_HOST"
+# DeepEP's NUM_MAX_NVL_PEERS: GPUs per host assumed by Config.get_rdma_buffer_size_hint.
+NUM_MAX_NVL_PEERS = 8
+
+
+def ranks_per_host_from_env(world: int, environ=None) -> Optional[int]:
+    """``DEEPEP_KERNELS_RANKS_PER_HOST`` as an int (None when unset): every K consecutive ranks
+    form one (emulated) host. K must be 1..8 and divide the world size."""
+    v = (os.environ if environ is None else environ).get(RANKS_PER_HOST_ENV, "")
+    if v == "":
+        return None
+    max_k = _native.internode_limits()[0]
+    try:
+        k = int(v)
+    except ValueError:
+        k = 0
+    if k < 1 or k > max_k or world % k != 0:
+        divisors = [d for d in range(1, min(world, max_k) + 1) if world % d == 0]
+        raise ValueError(f"{RANKS_PER_HOST_ENV}={v!r} must be a number of ranks per host that divides the world size {world} "
+                         f"and is at most {max_k}: use one of {divisors}, or unset it to group ranks by their real host")
+    return k
+
+
+def host_topology(hosts: List[str], environ=None) -> Tuple[int, int]:
+    """(number of hosts, ranks per host) of ranks whose host names are ``hosts`` (index = rank),
+    or as ``DEEPEP_KERNELS_RANKS_PER_HOST`` emulates them. Ranks per host is 0 when the real
+    hosts do not hold equal blocks of consecutive ranks (the internode mode needs them)."""
+    world = len(hosts)
+    k = ranks_per_host_from_env(world, environ)
+    if k is not None:
+        return world // k, k
+    num_hosts = len(set(hosts))
+    per = world // num_hosts
+    regular = world % num_hosts == 0 and all(hosts[r] == hosts[r - r % per] for r in range(world)) and \
+        len({hosts[h * per] for h in range(num_hosts)}) == num_hosts
+    return num_hosts, per if regular else 0
 
 
 def _dispatch_views_from_env(environ=None) -> bool:
@@ -97,6 +134,25 @@ def _need(t, what: str, dtype, ndim: int) -> None:
         raise ValueError(f"{what} must be {ndim}-D, got shape {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); call .contiguous() first")
+
+
+def _unpack_bias(bias, n: int, hidden: int):
+    """DeepEP's ``bias``: None, a tensor, or a pair; each bf16 ``[n, hidden]``."""
+    torch = _torch()
+    if bias is None:
+        b0 = b1 = None
+    elif isinstance(bias, tuple):
+        if len(bias) != 2:
+            raise ValueError(f"bias must be a tensor or a pair of tensors, got a {len(bias)}-tuple")
+        b0, b1 = bias
+    else:
+        b0, b1 = bias, None
+    for b, name in ((b0, "bias[0]"), (b1, "bias[1]")):
+        if b is not None:
+            _need(b, name, torch.bfloat16, 2)
+            if tuple(b.shape) != (n, hidden):
+                raise ValueError(f"{name} must be [{n}, {hidden}], got {tuple(b.shape)}")
+    return b0, b1
 
 
 def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool, environ=None) -> dict:
@@ -173,6 +229,29 @@ class Handle:
         return f"deepep_kernels.Handle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, hidden={self.hidden})"
 
 
+class InternodeHandle:
+    """The communication handle of an internode dispatch (opaque; pass it to ``combine`` or to a
+    cached ``dispatch``). Unlike DeepEP's 10-tuple it cannot be unpacked."""
+
+    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "buffer_generation")
+
+    def __init__(self, native, generation: int) -> None:
+        self.native = native
+        self.num_recv_tokens = native.num_recv_tokens
+        self.num_tokens = native.num_tokens
+        self.num_topk = native.num_topk
+        self.hidden = native.hidden
+        self.buffer_generation = generation
+
+    def __iter__(self):
+        raise _unsupported("unpacking the internode dispatch handle", "it is an opaque object here (DeepEP's is a tuple of its "
+                           "RDMA/NVLink prefix matrices); pass it back unchanged")
+
+    def __repr__(self) -> str:
+        return (f"deepep_kernels.InternodeHandle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, "
+                f"hidden={self.hidden})")
+
+
 class LowLatencyHandle:
     """The handle of a low-latency dispatch (opaque, valid while its dispatch is one of the
     two most recent on the Buffer)."""
@@ -247,13 +326,21 @@ class Buffer:
         hosts = [h for h, _ in where]
         me = hosts[self.rank]
         local = [r for r, h in enumerate(hosts) if h == me]
-        self._num_hosts = len(set(hosts))
+        # Hosts of the normal mode: the real ones, or K-rank blocks under DEEPEP_KERNELS_RANKS_PER_HOST.
+        self._num_hosts, self._ranks_per_host = host_topology(hosts)
+        # A group that spans hosts uses the internode (two-hop) family for the normal mode.
+        self._internode = self._num_hosts > 1 and not low_latency_mode and num_rdma_bytes > 0
+        if self._internode and self._ranks_per_host == 0:
+            raise ValueError(f"the group spans {self._num_hosts} hosts with unequal or interleaved ranks ({hosts}); the internode mode "
+                             "needs every host to hold the same number of consecutive ranks: launch the ranks host by host "
+                             f"(rank = host * ranks_per_host + local rank), or set {RANKS_PER_HOST_ENV}")
         local_rank, local_world = local.index(self.rank), len(local)
         # Ranks that share one GPU (on purpose, for testing: 4 or 8 ranks on 1-2 GPUs): each sizes
         # its kernels' grids to its share of the SMs, so the waiting blocks of all fit at once.
         self._ranks_per_gpu = max(where.count(w) for w in where)
 
-        if low_latency_mode:
+        if low_latency_mode or self._internode:
+            # DeepEP sets the same NVSHMEM variables for its internode mode as for low latency
             self._locate_nvshmem()
             os.environ.update(nvshmem_env(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl))
             # Refuse a host library other than the cubins' NVSHMEM release now, with the fix.
@@ -343,8 +430,12 @@ class Buffer:
 
     def _ensure_intranode(self, hidden: Optional[int]) -> None:
         if self._num_hosts > 1:
-            raise _unsupported("normal (non-low-latency) dispatch across hosts",
-                               f"the group spans {self._num_hosts} hosts and the internode mode is not bound yet; use the low-latency mode")
+            if self.low_latency_mode:
+                raise _unsupported("normal (non-low-latency) dispatch across hosts in a Buffer with low_latency_mode=True",
+                                   f"the group spans {self._num_hosts} hosts; create a second Buffer with low_latency_mode=False and "
+                                   "num_rdma_bytes from Config.get_rdma_buffer_size_hint for the normal (internode) mode")
+            raise ValueError(f"the group spans {self._num_hosts} hosts, so normal dispatch uses the internode mode, which needs "
+                             "num_rdma_bytes > 0; create the Buffer with num_rdma_bytes=Config.get_rdma_buffer_size_hint(hidden_bytes, num_ranks)")
         if self.num_nvl_bytes == 0:
             raise ValueError("this Buffer has num_nvl_bytes=0; create it with num_nvl_bytes from Config.get_nvl_buffer_size_hint for normal dispatch")
         rt = self._rt()
@@ -466,6 +557,8 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
         _need(topk_idx, "topk_idx", torch.int64, 2)
+        if self._internode:
+            return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
         self._ensure_intranode(None)
         rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
@@ -485,13 +578,19 @@ class Buffer:
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        internode = getattr(self, "_internode", False)
+        if num_tokens_per_rdma_rank is not None and not internode:
+            raise _unsupported("num_tokens_per_rdma_rank in a Buffer whose group is within one host",
+                               "it belongs to the internode mode (a group that spans hosts, or DEEPEP_KERNELS_RANKS_PER_HOST); pass None "
+                               "(get_dispatch_layout returns None for it within one host)")
+        if internode and num_worst_tokens:
+            raise _unsupported("num_worst_tokens in the internode mode",
+                               "like DeepEP's internode dispatch, it always syncs with the host for the received count; pass num_worst_tokens=0")
         torch = _torch()
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         _need(x, "x", (torch.bfloat16, torch.float8_e4m3fn) if x_scales is not None else torch.bfloat16, 2)
         if x_scales is None and x.dtype != torch.bfloat16:
             raise ValueError(f"x must be bfloat16, or a (float8_e4m3fn x, float32 scales) tuple; got {x.dtype}")
-        if num_tokens_per_rdma_rank is not None:
-            raise _unsupported("num_tokens_per_rdma_rank", "it belongs to the internode mode, which is not bound; pass None within one host")
         if not isinstance(expert_alignment, int) or expert_alignment < 1:
             raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
         config = self.get_dispatch_config(self.group_size) if config is None else config
@@ -508,6 +607,10 @@ class Buffer:
                 scales_arg = (x_scales.data_ptr(), x_scales.shape[1], True)
             else:
                 raise ValueError(f"x scales must be row-major or column-major, got strides {x_scales.stride()}")
+        if internode:
+            return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
+                                            previous_event, async_finish, allocate_on_comm_stream)
         rt = self._rt()
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
@@ -555,15 +658,15 @@ class Buffer:
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
 
-    def _copy_out(self, nd, x, hidden: int, k: Optional[int], num_worst_tokens: int, allocate_on_comm_stream: bool):
-        """torch-owned copies of a dispatch's outputs (views of the NVLink buffer), queued on the
-        comm stream right after the dispatch kernel."""
+    def _copy_out(self, nd, x, hidden: int, k: Optional[int], num_worst_tokens: int, allocate_on_comm_stream: bool, views: bool = True):
+        """torch-owned copies of a dispatch's outputs (views of the NVLink buffer, or the internode
+        family's own tensors), queued on the comm stream right after the dispatch kernel."""
         torch = _torch()
         m = nd.num_recv_tokens
         rows = num_worst_tokens if num_worst_tokens else m
         dev = self._device
         scales = nd.recv_scales
-        if self._dispatch_views:
+        if self._dispatch_views and views:
             if rows != m:
                 raise _unsupported(f"num_worst_tokens with {DISPATCH_VIEWS_ENV}=1",
                                    "views of the NVLink buffer cannot be padded to the worst-case row count; unset it for this call's Buffer")
@@ -593,6 +696,8 @@ class Buffer:
     def combine(self, x, handle: Handle, topk_weights=None, bias: Union[Any, Tuple[Any, Any]] = None, config: Optional[Config] = None,
                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
+        if isinstance(handle, InternodeHandle):
+            return self._internode_combine(x, handle, topk_weights, bias, previous_event, async_finish, allocate_on_comm_stream)
         if not isinstance(handle, Handle):
             raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
         _need(x, "x", torch.bfloat16, 2)
@@ -605,20 +710,8 @@ class Buffer:
         x = x[:m]
         if handle.buffer_generation != self._generation:
             raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
-        if bias is None:
-            b0 = b1 = None
-        elif isinstance(bias, tuple):
-            if len(bias) != 2:
-                raise ValueError(f"bias must be a tensor or a pair of tensors, got a {len(bias)}-tuple")
-            b0, b1 = bias
-        else:
-            b0, b1 = bias, None
         n = handle.num_tokens
-        for b, name in ((b0, "bias[0]"), (b1, "bias[1]")):
-            if b is not None:
-                _need(b, name, torch.bfloat16, 2)
-                if tuple(b.shape) != (n, hidden):
-                    raise ValueError(f"{name} must be [{n}, {hidden}], got {tuple(b.shape)}")
+        b0, b1 = _unpack_bias(bias, n, hidden)
         k = None
         if topk_weights is not None:
             _need(topk_weights, "topk_weights", torch.float32, 2)
@@ -637,6 +730,174 @@ class Buffer:
                            out.data_ptr(), out_w.data_ptr() if out_w is not None else None, config.num_sms)
         ev = self._end(async_finish, (x, topk_weights, b0, b1, out, out_w))
         return out, out_w, ev
+
+    # --- internode normal mode (the group spans hosts) ---------------------------------------
+    def _internode_layout(self, topk_idx, num_experts: int, previous_event, async_finish: bool, allocate_on_comm_stream: bool):
+        """DeepEP's layout for a group that spans hosts, computed with torch on the comm stream (no
+        host sync): per rank, per host (``num_tokens_per_rdma_rank``), per expert, and the
+        token-to-rank mask. The internode dispatch recomputes its routing from ``topk_idx`` in its
+        notify kernel; these tensors are for the caller (and are checked by dispatch)."""
+        torch = _torch()
+        r, nh = self.group_size, self._num_hosts
+        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % r != 0:
+            raise ValueError(f"num_experts={num_experts!r} must be a positive multiple of the {r} ranks")
+        n = topk_idx.shape[0]
+        local = num_experts // r
+        self._rt()
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        with self._alloc_ctx(allocate_on_comm_stream):
+            per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
+            per_host = torch.empty((nh,), dtype=torch.int32, device=self._device)
+            per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
+            in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
+        with torch.cuda.stream(self._comm_torch_stream()):
+            valid = topk_idx >= 0
+            # column r collects the unused (-1) slots and is dropped
+            dest = torch.where(valid, topk_idx // local, torch.full_like(topk_idx, r))
+            mask = torch.zeros((n, r + 1), dtype=torch.bool, device=self._device)
+            mask.scatter_(1, dest, True)
+            in_rank.copy_(mask[:, :r])
+            per_rank.copy_(in_rank.sum(0))
+            per_host.copy_(in_rank.view(n, nh, r // nh).any(2).sum(0))
+            per_expert.zero_()
+            per_expert.scatter_add_(0, torch.where(valid, topk_idx, torch.zeros_like(topk_idx)).flatten(), valid.flatten().to(torch.int32))
+        ev = self._end(async_finish, (topk_idx, per_rank, per_host, per_expert, in_rank))
+        return per_rank, per_host, per_expert, in_rank, ev
+
+    def _ensure_internode(self, hidden: int, topk: int, local_experts: int, num_sms: int) -> None:
+        """Create (collectively) the internode buffer, or re-create it when this fresh dispatch
+        needs a larger hidden / top-k / experts per rank or another SM count. Its token capacity is
+        the most that num_rdma_bytes holds."""
+        rt = self._rt()
+        max_topk = _native.internode_limits()[1]
+        if topk > max_topk:
+            raise ValueError(f"top-k {topk} exceeds the internode kernels' limit of {max_topk}; route each token to at most {max_topk} experts")
+        sms = rt.internode_fit_sms(num_sms)
+        dims = rt.internode_dims()
+        if dims is not None:
+            _, _, h, s, k, le = dims
+            if hidden <= h and topk <= k and local_experts <= le and sms == s:
+                return
+            hidden, topk, local_experts = max(hidden, h), max(topk, k), max(local_experts, le)
+        rph = self._ranks_per_host
+        cap = _native.internode_max_tokens(self.group_size, rph, hidden, sms, topk, local_experts, self.num_rdma_bytes)
+        if cap == 0:
+            need = _native.internode_buffer_bytes(self.group_size, rph, 1, hidden, sms, topk, local_experts)
+            raise ValueError(f"num_rdma_bytes={self.num_rdma_bytes} cannot hold one token of hidden {hidden} (top-k {topk}, "
+                             f"{local_experts} experts per rank) for {self.group_size} ranks in hosts of {rph} (needs >= {need}); "
+                             "size it with Config.get_rdma_buffer_size_hint")
+        rt.internode_create((rph, cap, hidden, sms, topk, local_experts))
+        self._generation += 1
+
+    def _check_internode_capacity(self, n: int, hidden: int) -> None:
+        rph, cap, h, sms, k, le = self._rt().internode_dims()
+        if n > cap:
+            need = _native.internode_buffer_bytes(self.group_size, rph, n, h, sms, k, le)
+            raise ValueError(f"dispatch of {n} tokens: num_rdma_bytes={self.num_rdma_bytes} holds {cap} tokens of hidden {h} per rank "
+                             f"on {self.group_size} ranks in hosts of {rph}; create the Buffer with num_rdma_bytes >= {need} "
+                             f"(or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing it with Config.get_rdma_buffer_size_hint)")
+
+    def _internode_dispatch(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish,
+                            allocate_on_comm_stream):
+        torch = _torch()
+        if not isinstance(expert_alignment, int) or expert_alignment < 1:
+            raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
+        config = self.get_dispatch_config(self.group_size) if config is None else config
+        n, hidden = x.shape
+        scales_arg = None
+        if x_scales is not None:
+            if x.dtype != torch.float8_e4m3fn:
+                raise ValueError("with scales, x must be float8_e4m3fn")
+            if x_scales.dtype != torch.float32 or x_scales.dim() != 2 or x_scales.shape[0] != n:
+                raise ValueError(f"x scales must be float32 [num_tokens={n}, hidden/128], got {x_scales.dtype} {tuple(x_scales.shape)}")
+            # the internode kernels read row-major scales: a column-major tensor is copied (on the
+            # current stream, which the comm stream waits for)
+            x_scales = x_scales.contiguous()
+            scales_arg = (x_scales.data_ptr(), x_scales.shape[1])
+        rt = self._rt()
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("a cached dispatch (handle given) takes no topk_idx / topk_weights")
+            if not isinstance(handle, InternodeHandle):
+                raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+            if handle.buffer_generation != self._generation:
+                raise ValueError("this handle's internode buffer was re-created since (a fresh dispatch with a larger hidden, top-k or "
+                                 "expert count, or another Config.num_sms); dispatch fresh again")
+            self._begin(previous_event, async_finish, allocate_on_comm_stream)
+            nd = rt.internode_dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, handle.native, 1)
+            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, 0, allocate_on_comm_stream, views=False)
+            del nd  # its tensors are freed stream-ordered on the comm stream, after the copies
+            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
+
+        if num_tokens_per_rank is None or num_tokens_per_rdma_rank is None or is_token_in_rank is None or num_tokens_per_expert is None \
+                or topk_idx is None or topk_weights is None:
+            raise ValueError("a fresh internode dispatch needs num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, "
+                             "num_tokens_per_expert (from get_dispatch_layout), topk_idx and topk_weights")
+        _need(topk_idx, "topk_idx", torch.int64, 2)
+        _need(topk_weights, "topk_weights", torch.float32, 2)
+        _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
+        _need(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank", torch.int32, 1)
+        _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
+        _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
+        k = topk_idx.shape[1]
+        num_experts = num_tokens_per_expert.shape[0]
+        for t, name, shape in ((topk_idx, "topk_idx", (n, k)), (topk_weights, "topk_weights", (n, k)),
+                               (num_tokens_per_rank, "num_tokens_per_rank", (self.group_size,)),
+                               (num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank", (self._num_hosts,)),
+                               (is_token_in_rank, "is_token_in_rank", (n, self.group_size))):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {list(shape)} (from get_dispatch_layout for these {n} tokens), got {list(t.shape)}")
+        if num_experts % self.group_size != 0:
+            raise ValueError(f"num_tokens_per_expert has {num_experts} experts, not a multiple of the {self.group_size} ranks")
+        self._ensure_internode(hidden, k, num_experts // self.group_size, config.num_sms)
+        self._check_internode_capacity(n, hidden)
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        nd = rt.internode_dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
+                                   (topk_idx.data_ptr(), topk_weights.data_ptr(), k, num_experts), None, expert_alignment)
+        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, 0, allocate_on_comm_stream, views=False)
+        counts = list(nd.num_recv_tokens_per_expert)
+        h = InternodeHandle(nd.handle(), self._generation)
+        del nd
+        ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                      num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
+
+    def _internode_combine(self, x, handle: InternodeHandle, topk_weights, bias, previous_event, async_finish: bool,
+                           allocate_on_comm_stream: bool):
+        torch = _torch()
+        _need(x, "x", torch.bfloat16, 2)
+        m, hidden = x.shape
+        if m != handle.num_recv_tokens or hidden != handle.hidden:
+            raise ValueError(f"combine: x is {list(x.shape)} but the handle's dispatch received [{handle.num_recv_tokens}, {handle.hidden}]; "
+                             "pass the expert outputs in the order and width of recv_x")
+        if handle.buffer_generation != self._generation:
+            raise ValueError("this handle's internode buffer was re-created since; dispatch fresh again")
+        n = handle.num_tokens
+        b0, b1 = _unpack_bias(bias, n, hidden)
+        k = None
+        if topk_weights is not None:
+            _need(topk_weights, "topk_weights", torch.float32, 2)
+            if topk_weights.shape[0] != m:
+                raise ValueError(f"topk_weights must have {m} rows (one per received row), got {topk_weights.shape[0]}")
+            k = topk_weights.shape[1]
+        rt = self._rt()
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        nc = rt.internode_combine(x.data_ptr(), m, hidden, handle.native, (topk_weights.data_ptr(), k) if k is not None else None,
+                                  b0.data_ptr() if b0 is not None else None, b1.data_ptr() if b1 is not None else None)
+        dev = self._device
+        with self._alloc_ctx(allocate_on_comm_stream):
+            out = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
+            out_w = torch.empty((n, k), dtype=torch.float32, device=dev) if k is not None else None
+        with torch.cuda.stream(self._comm_torch_stream()):
+            out.copy_(_view(nc.combined_x_ptr, torch.bfloat16, (n, hidden), nc, dev))
+            if k is not None:
+                out_w.copy_(_view(nc.combined_topk_weights_ptr, torch.float32, (n, k), nc, dev))
+        del nc  # freed stream-ordered on the comm stream, after the copies
+        ev = self._end(async_finish, (x, topk_weights, b0, b1, out, out_w))
+        return out, out_w, ev
+
 
     # --- low-latency mode --------------------------------------------------------------------
     @_checked

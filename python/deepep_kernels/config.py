@@ -11,6 +11,8 @@ from . import _native
 # ours receive every row at its final place, so the buffer is sized for a token capacity.
 DEFAULT_MAX_TOKENS_ENV = "DEEPEP_KERNELS_MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 4096
+# Experts per rank that get_rdma_buffer_size_hint sizes the internode buffer for.
+INTERNODE_HINT_LOCAL_EXPERTS = 128
 
 
 def default_max_tokens() -> int:
@@ -29,7 +31,8 @@ def default_max_tokens() -> int:
 class Config:
     """DeepEP's ``Config(num_sms, nvl_send, nvl_recv, rdma_send, rdma_recv)``.
 
-    ``num_sms`` sets the thread blocks of our intranode dispatch/combine kernels. The four chunk
+    ``num_sms`` sets the thread blocks of our intranode dispatch/combine kernels (and of the
+    internode ones, which need it even: ``num_sms / 2`` channels). The four chunk
     sizes are DeepEP ring-buffer knobs; they are validated like DeepEP does and kept as
     attributes, but our kernels have no ring buffer and do not read them (they never change
     results).
@@ -71,10 +74,25 @@ class Config:
         return _native.intranode_buffer_bytes(num_ranks, default_max_tokens(), hidden)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """0 within one host (no RDMA buffer needed), like DeepEP for <= 8 ranks. Across hosts
-        the normal (internode) mode is not bound yet."""
-        if num_ranks <= 8:
+        """Bytes of the internode (RDMA) symmetric buffer for rows of ``hidden_bytes`` (bf16: 2
+        bytes per channel), ``num_ranks`` ranks in hosts of 8 GPUs (DeepEP's NUM_MAX_NVL_PEERS; or
+        ``DEEPEP_KERNELS_RANKS_PER_HOST``), this config's ``num_sms`` and
+        ``DEEPEP_KERNELS_MAX_TOKENS`` (default 4096) tokens per rank and dispatch, for up to 32
+        top-k and 128 experts per rank. 0 when the ranks fit in one host, like DeepEP."""
+        from .buffer import NUM_MAX_NVL_PEERS, ranks_per_host_from_env
+
+        if hidden_bytes <= 0 or num_ranks <= 0:
+            raise ValueError(f"get_rdma_buffer_size_hint: hidden_bytes={hidden_bytes} and num_ranks={num_ranks} must be positive")
+        rph = ranks_per_host_from_env(num_ranks) or NUM_MAX_NVL_PEERS
+        if num_ranks <= rph:
             return 0
-        raise NotImplementedError(
-            "get_rdma_buffer_size_hint for more than 8 ranks: the internode (multi-host) normal mode is not bound in "
-            "deepep_kernels yet; use the low-latency mode across hosts (get_low_latency_rdma_size_hint)")
+        if num_ranks % rph != 0:
+            raise ValueError(f"get_rdma_buffer_size_hint: {num_ranks} ranks do not form hosts of {rph} GPUs; use a multiple of {rph} "
+                             "ranks (or set DEEPEP_KERNELS_RANKS_PER_HOST to the GPUs per host)")
+        if self.num_sms < 2 or self.num_sms % 2 != 0:
+            raise ValueError(f"get_rdma_buffer_size_hint: the internode mode needs an even num_sms >= 2, this Config has {self.num_sms}")
+        hidden = (hidden_bytes + 1) // 2
+        hidden = (hidden + 127) // 128 * 128  # the internode rows are multiples of 128 channels
+        _, max_topk, _ = _native.internode_limits()
+        return _native.internode_buffer_bytes(num_ranks, rph, default_max_tokens(), hidden, min(self.num_sms, 64), max_topk,
+                                              INTERNODE_HINT_LOCAL_EXPERTS)

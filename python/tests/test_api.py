@@ -127,11 +127,90 @@ def test_nvl_size_hint_is_the_kernels_buffer_for_the_default_token_capacity(monk
         c.get_nvl_buffer_size_hint(7168 * 2, 8)
 
 
-def test_rdma_size_hint_is_zero_within_a_host_and_unsupported_beyond():
+def test_rdma_size_hint_is_zero_within_a_host_and_the_internode_buffer_beyond(monkeypatch):
+    monkeypatch.delenv("DEEPEP_KERNELS_RANKS_PER_HOST", raising=False)
+    monkeypatch.delenv("DEEPEP_KERNELS_MAX_TOKENS", raising=False)
     c = Buffer.get_dispatch_config(8)
     assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
-    with pytest.raises(NotImplementedError, match="internode"):
-        c.get_rdma_buffer_size_hint(7168 * 2, 16)
+    # 16 ranks = 2 hosts of 8 (DeepEP's NUM_MAX_NVL_PEERS): our internode symmetric buffer for 4096
+    # tokens of hidden 7168, this config's SMs, top-k 32 and 128 experts per rank
+    hint = c.get_rdma_buffer_size_hint(7168 * 2, 16)
+    assert hint == _native.internode_buffer_bytes(16, 8, 4096, 7168, c.num_sms, 32, 128)
+    assert _native.internode_max_tokens(16, 8, 7168, c.num_sms, 32, 128, hint) == 4096
+    # a real model's top-k / experts fit at least as many tokens
+    assert _native.internode_max_tokens(16, 8, 7168, c.num_sms, 8, 16, hint) >= 4096
+    monkeypatch.setenv("DEEPEP_KERNELS_MAX_TOKENS", "8192")
+    assert c.get_rdma_buffer_size_hint(7168 * 2, 16) > hint
+    monkeypatch.delenv("DEEPEP_KERNELS_MAX_TOKENS")
+    with pytest.raises(ValueError, match="12 ranks do not form hosts of 8 GPUs"):
+        c.get_rdma_buffer_size_hint(7168 * 2, 12)
+    # emulated hosts of 2 ranks: 4 ranks already span two hosts
+    monkeypatch.setenv("DEEPEP_KERNELS_RANKS_PER_HOST", "2")
+    assert c.get_rdma_buffer_size_hint(2048 * 2, 4) == _native.internode_buffer_bytes(4, 2, 4096, 2048, c.num_sms, 32, 128)
+    assert c.get_rdma_buffer_size_hint(2048 * 2, 2) == 0
+    with pytest.raises(ValueError, match="even num_sms"):
+        Config(7).get_rdma_buffer_size_hint(2048 * 2, 4)
+
+
+def test_ranks_per_host_setting_is_validated_naming_the_fix():
+    from deepep_kernels.buffer import RANKS_PER_HOST_ENV, ranks_per_host_from_env
+
+    assert RANKS_PER_HOST_ENV == "DEEPEP_KERNELS_RANKS_PER_HOST"
+    assert ranks_per_host_from_env(8, {}) is None
+    assert ranks_per_host_from_env(8, {RANKS_PER_HOST_ENV: "4"}) == 4
+    assert ranks_per_host_from_env(2, {RANKS_PER_HOST_ENV: "1"}) == 1
+    for bad in ("3", "0", "-2", "two", "16"):
+        with pytest.raises(ValueError, match=rf"DEEPEP_KERNELS_RANKS_PER_HOST='{bad}' must be a number of ranks per host that divides "
+                                             r"the world size 8 and is at most 8: use one of \[1, 2, 4, 8\], or unset it"):
+            ranks_per_host_from_env(8, {RANKS_PER_HOST_ENV: bad})
+
+
+def test_host_topology_from_real_hosts_and_the_emulation():
+    from deepep_kernels.buffer import RANKS_PER_HOST_ENV, host_topology
+
+    assert host_topology(["a"] * 4, {}) == (1, 4)
+    assert host_topology(["a", "a", "b", "b"], {}) == (2, 2)
+    # interleaved or unequal hosts: no ranks_per_host (the internode mode refuses them)
+    assert host_topology(["a", "b", "a", "b"], {}) == (2, 0)
+    assert host_topology(["a", "a", "a", "b"], {}) == (2, 0)
+    # the emulation splits one real host into K-rank hosts
+    assert host_topology(["a"] * 8, {RANKS_PER_HOST_ENV: "2"}) == (4, 2)
+    assert host_topology(["a"] * 2, {RANKS_PER_HOST_ENV: "1"}) == (2, 1)
+    with pytest.raises(ValueError, match="divides the world size 4"):
+        host_topology(["a"] * 4, {RANKS_PER_HOST_ENV: "3"})
+
+
+def test_num_tokens_per_rdma_rank_only_in_the_internode_mode():
+    # A Buffer made without __init__ (no group/GPU here): these checks come before torch.
+    b = Buffer.__new__(Buffer)
+    b._internode = False
+    with pytest.raises(NotImplementedError, match="num_tokens_per_rdma_rank in a Buffer whose group is within one host"):
+        b.dispatch(None, num_tokens_per_rdma_rank=object())
+    b._internode = True
+    with pytest.raises(NotImplementedError, match="num_worst_tokens in the internode mode"):
+        b.dispatch(None, num_tokens_per_rdma_rank=object(), num_worst_tokens=64)
+
+
+def test_internode_buffer_size_helpers_invert_each_other_and_name_bad_configs():
+    for world, rph in ((2, 1), (4, 2), (8, 4), (16, 8)):
+        b = _native.internode_buffer_bytes(world, rph, 300, 2048, 24, 8, 8)
+        assert _native.internode_max_tokens(world, rph, 2048, 24, 8, 8, b) == 300
+        assert _native.internode_max_tokens(world, rph, 2048, 24, 8, 8, b - 1) == 299
+    # fewer channels (an oversubscribed rank's share of the SMs) never need more bytes
+    assert _native.internode_buffer_bytes(8, 2, 256, 2048, 8, 4, 4) <= _native.internode_buffer_bytes(8, 2, 256, 2048, 24, 4, 4)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        _native.internode_buffer_bytes(4, 2, 16, 2000, 24, 8, 8)
+    with pytest.raises(ValueError, match="even"):
+        _native.internode_buffer_bytes(4, 2, 16, 2048, 7, 8, 8)
+    assert _native.internode_limits() == (8, 32, 4096)
+
+
+def test_internode_handle_is_opaque():
+    from deepep_kernels.buffer import InternodeHandle
+
+    h = InternodeHandle.__new__(InternodeHandle)
+    with pytest.raises(NotImplementedError, match="unpacking the internode dispatch handle"):
+        tuple(h)
 
 
 def test_low_latency_size_hint_grows_with_tokens_and_rejects_bad_shapes():
