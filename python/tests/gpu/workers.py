@@ -431,3 +431,175 @@ def peer_stops_calling(rank, world, group):
     dist.barrier(group)
     # the CUDA context of rank 0 is gone: leave without destructors (they would call CUDA)
     os._exit(0)
+
+
+def internode_ranks_per_host(world):
+    """Emulated hosts for the internode test on one machine: 2 ranks -> hosts of 1, 4 -> 2,
+    8 -> 4 (both hops with several GPUs per host), as the Rust harness's cases do."""
+    return 1 if world <= 2 else min(world // 2, 4)
+
+
+def internode(rank, world, group, ranks_per_host=None):
+    """Internode (two-hop) mode through DEEPEP_KERNELS_RANKS_PER_HOST: layout with per-host
+    counts, fresh BF16 dispatch with expert alignment, cached dispatch, FP8 (row- and column-major
+    scales, fresh and cached), combine with weights and two biases, previous_event/async_finish/
+    allocate_on_comm_stream, and two micro-batches alive at once. Rows arrive ordered by source
+    rank, then source token (docs/internode.md; the Rust harness compares bit-exact against the
+    same order), so they are compared exactly, like the intranode ones."""
+    import os
+
+    from deepep_kernels import Config
+
+    k_host = ranks_per_host or internode_ranks_per_host(world)
+    # read by the Buffer (host grouping) and by the size hint (token capacity)
+    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = str(k_host)
+    os.environ["DEEPEP_KERNELS_MAX_TOKENS"] = "256"
+    num_hosts = world // k_host
+    num_experts = LOCAL_EXPERTS * world
+    local = LOCAL_EXPERTS
+    cfg = Buffer.get_dispatch_config(world)
+    rdma_bytes = cfg.get_rdma_buffer_size_hint(HIDDEN * 2, world)
+    assert rdma_bytes > 0, "more than one (emulated) host needs an RDMA buffer"
+    buf = Buffer(group, 0, rdma_bytes, explicitly_destroy=True)
+    assert buf._internode and buf._num_hosts == num_hosts and buf._ranks_per_host == k_host
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n = 96 + 13 * rank
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=11)
+    all_x, all_idx, all_w = zip(*gather(group, (x, idx, w)))
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+
+    # layout, with tokens per host (num_tokens_per_rdma_rank)
+    per_rank, per_host, per_expert, in_rank, ev = buf.get_dispatch_layout(idxd, num_experts)
+    assert ev.event is None
+    want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
+    want_host = want_in.view(n, num_hosts, k_host).any(2).sum(0).to(torch.int32)
+    check_equal("num_tokens_per_rank", per_rank, want_rank)
+    check_equal("num_tokens_per_rdma_rank", per_host, want_host)
+    check_equal("num_tokens_per_expert", per_expert, want_expert)
+    check_equal("is_token_in_rank", in_rank, want_in)
+    layout = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_host, is_token_in_rank=in_rank,
+                  num_tokens_per_expert=per_expert)
+
+    # fresh BF16 dispatch with alignment 4
+    rx, ri, rw, counts, handle, ev = buf.dispatch(xd, topk_idx=idxd, topk_weights=wd, expert_alignment=4, previous_event=ev, **layout)
+    ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
+    check_equal("recv_x", rx, ex)
+    check_equal("recv_topk_idx", ri, ei)
+    check_equal("recv_topk_weights", rw, ew)
+    assert counts == ecounts, (counts, ecounts)
+    assert isinstance(counts, list) and ev.event is None
+    assert handle.num_recv_tokens == ex.shape[0]
+
+    # cached dispatch of other data along the same routes
+    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
+    all_x2 = gather(group, x2)
+    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
+    assert (a, b, c, d) == (None, None, None, None)
+    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
+
+    # FP8 with row-major and column-major scales, fresh and cached
+    g = torch.Generator().manual_seed(177 + rank)
+    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
+    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
+    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
+    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
+    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
+    for colmajor in (False, True):
+        scd = sc.to(dev)
+        if colmajor:
+            scd = scd.t().contiguous().t()
+        (rq, rs), qi, _, qcounts, qhandle, _ = buf.dispatch((xq.to(dev), scd), topk_idx=idxd, topk_weights=wd, **layout)
+        check_equal(f"fp8 recv_x (colmajor={colmajor})", rq, exq)
+        check_equal(f"fp8 recv_scales (colmajor={colmajor})", rs, esc)
+        check_equal(f"fp8 recv_topk_idx (colmajor={colmajor})", qi, ei)
+        (cq, cs), _, _, _, _, _ = buf.dispatch((xq.to(dev), scd), handle=qhandle)
+        check_equal(f"fp8 cached recv_x (colmajor={colmajor})", cq, exq)
+        check_equal(f"fp8 cached recv_scales (colmajor={colmajor})", cs, esc)
+
+    # num_worst_tokens is refused by name (DeepEP's internode dispatch refuses it too)
+    try:
+        buf.dispatch(xd, topk_idx=idxd, topk_weights=wd, num_worst_tokens=4 * n, **layout)
+        raise AssertionError("num_worst_tokens was accepted in the internode mode")
+    except NotImplementedError as e:
+        assert "num_worst_tokens" in str(e), e
+
+    # combine: y_d = recv_x * (d+1) in bf16, weights, two biases. The kernels sum each host's rows
+    # in f32 and round to bf16, then add the host partials and biases in f32 and round: the error
+    # is at most one bf16 rounding of each partial plus one of the sum (bound below).
+    def combine_bound(contribs, biases):
+        want = sum(bb.float() for bb in biases) + sum(contribs)
+        mag = sum(bb.float().abs() for bb in biases) + sum(cc.abs() for cc in contribs)
+        # bf16's unit roundoff is 2^-8: one rounding per host partial plus the final one stays
+        # below 2^-7 * mag; 2^-6 leaves room for the f32 sums (a lost row is ~mag/world)
+        return want, mag * 2 ** -6 + 1e-6
+
+    y = (rx.float() * (rank + 1)).to(torch.bfloat16)
+    b0 = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    b1 = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    cx, cw, ev = buf.combine(y, handle, topk_weights=rw, bias=(b0.to(dev), b1.to(dev)))
+    assert ev.event is None
+    contribs = []
+    for dst in range(world):
+        sent = torch.tensor([any(dst * local <= e < (dst + 1) * local for e in row.tolist()) for row in idx])
+        contrib = (x.float() * (dst + 1)).to(torch.bfloat16).float()
+        contribs.append(torch.where(sent[:, None], contrib, torch.zeros_like(contrib)))
+    want, tol = combine_bound(contribs, (b0, b1))
+    err = (cx.cpu().float() - want).abs()
+    assert bool((err <= tol).all()), f"combine: max error {err.max().item():.4g} beyond the rounding bound (worst excess {(err - tol).max().item():.4g})"
+    assert cx.dtype == torch.bfloat16 and tuple(cx.shape) == (n, HIDDEN)
+    torch.testing.assert_close(cw.cpu(), torch.where(idx >= 0, w, torch.zeros_like(w)), rtol=1e-6, atol=1e-6)
+    cx1, cw1, _ = buf.combine(y, handle, bias=b0.to(dev))
+    assert cw1 is None
+    want1, tol1 = combine_bound(contribs, (b0,))
+    err1 = (cx1.cpu().float() - want1).abs()
+    assert bool((err1 <= tol1).all()), f"combine with one bias: max error {err1.max().item():.4g}"
+
+    # previous_event + async_finish + allocate_on_comm_stream, Megatron's fused_a2a sequence
+    prev = EventOverlap(EventHandle())
+    pr2, ph2, pe2, ir2, lev = buf.get_dispatch_layout(idxd, num_experts, previous_event=prev, async_finish=True, allocate_on_comm_stream=True)
+    assert lev.event is not None
+    rxa, _, _, _, handle_a, eva = buf.dispatch(xd, num_tokens_per_rank=pr2, num_tokens_per_rdma_rank=ph2, is_token_in_rank=ir2,
+                                               num_tokens_per_expert=pe2, topk_idx=idxd, topk_weights=wd, previous_event=lev,
+                                               async_finish=True, allocate_on_comm_stream=True)
+    assert isinstance(eva, EventOverlap) and eva.event is not None
+    eva.current_stream_wait()
+    check_equal("async num_tokens_per_rdma_rank", ph2, want_host)
+    check_equal("async recv_x", rxa, ex)
+    ca_ev = buf.combine(rxa, handle_a, previous_event=eva, async_finish=True)
+    ca_ev[2].current_stream_wait()
+
+    # two micro-batches: dispatch A (above), dispatch B, then use both
+    xb, idxb, wb = make_routing(rank, world, 64 + 7 * rank, num_experts, seed=12)
+    all_xb, all_idxb, all_wb = zip(*gather(group, (xb, idxb, wb)))
+    pr_b, ph_b, pe_b, ir_b, _ = buf.get_dispatch_layout(idxb.to(dev), num_experts)
+    rxb, _, _, _, handle_b, _ = buf.dispatch(xb.to(dev), num_tokens_per_rank=pr_b, num_tokens_per_rdma_rank=ph_b, is_token_in_rank=ir_b,
+                                             num_tokens_per_expert=pe_b, topk_idx=idxb.to(dev), topk_weights=wb.to(dev))
+    exb, _, _, _, _, _ = expected_recv(all_xb, all_idxb, all_wb, rank, world, num_experts)
+    check_equal("micro-batch A recv_x after B's dispatch", rxa, ex)
+    check_equal("micro-batch B recv_x", rxb, exb)
+    ca, _, _ = buf.combine(rxa, handle_a)
+    cb, _, _ = buf.combine(rxb, handle_b)
+    for name, cc, xx, ii in (("A", ca, x, idx), ("B", cb, xb, idxb)):
+        parts = []
+        for dst in range(world):
+            sent = torch.tensor([any(dst * local <= e < (dst + 1) * local for e in row.tolist()) for row in ii])
+            parts.append(torch.where(sent[:, None], xx.float(), torch.zeros(xx.shape)))
+        want, tol = combine_bound(parts, ())
+        err = (cc.cpu().float() - want).abs()
+        assert bool((err <= tol).all()), f"micro-batch {name} combine: max error {err.max().item():.4g}"
+    check_equal("async combine (micro-batch A)", ca_ev[0], ca.cpu())
+
+    # expert outputs whose row count differs from the handle's dispatch are refused, naming it
+    try:
+        buf.combine(rx[:1], handle)
+        raise AssertionError("a combine with the wrong row count was accepted")
+    except ValueError as e:
+        assert "order and width of recv_x" in str(e), e
+    torch.cuda.synchronize()
+    gather(group, "internode done")
+    buf.destroy()
+
+
+def internode_hosts_of_one(rank, world, group):
+    """The internode mode with every rank its own host (every token takes the NVSHMEM path)."""
+    internode(rank, world, group, ranks_per_host=1)
