@@ -11,7 +11,9 @@ current stream waits for the comm stream unless ``async_finish`` (then the retur
 ``EventOverlap`` carries the event). Outputs DeepEP returns as fresh tensors are allocated with
 ``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``).
 The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
-at most two low-latency results are alive at once applies literally).
+at most two low-latency results are alive at once applies literally). When the group spans hosts
+the normal mode runs the internode family (outputs copied out of its own tensors on the comm
+stream); docs/python.md, "Internode mode".
 """
 
 from __future__ import annotations
@@ -269,8 +271,10 @@ class LowLatencyHandle:
 
 
 class Buffer:
-    """DeepEP's ``Buffer``: intranode (NVLink) normal dispatch/combine and low-latency
-    dispatch/combine over the ranks of ``group``."""
+    """DeepEP's ``Buffer``: normal dispatch/combine, intranode (NVLink) within one host or
+    internode (two-hop, NVSHMEM across hosts, needs ``num_rdma_bytes``) when the group spans hosts
+    (or ``DEEPEP_KERNELS_RANKS_PER_HOST`` emulates hosts), and low-latency dispatch/combine over
+    the ranks of ``group``."""
 
     num_sms: int = 20
 

@@ -1110,7 +1110,7 @@ mod tests {
         assert_eq!(inter_max_tokens(8, d, 10), 0);
         // an invalid configuration (3 ranks per host of 8 ranks) fits nowhere
         assert_eq!(inter_max_tokens(8, (3, 0, 2048, 24, 8, 8), usize::MAX), 0);
-        assert!(internode_buffer_bytes(8, 3, 16, 2048, 24, 8, 8).unwrap_err().to_string().contains("divide"));
+        assert!(inter_bytes(8, (3, 16, 2048, 24, 8, 8)).unwrap_err().to_string().contains("divide"));
     }
 
     #[test]

@@ -448,8 +448,6 @@ def internode(rank, world, group, ranks_per_host=None):
     same order), so they are compared exactly, like the intranode ones."""
     import os
 
-    from deepep_kernels import Config
-
     k_host = ranks_per_host or internode_ranks_per_host(world)
     # read by the Buffer (host grouping) and by the size hint (token capacity)
     os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = str(k_host)
