@@ -69,30 +69,6 @@ def expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=1, 
     return x, sc, i, w, counts, src
 
 
-def check_cached_dispatch(buf, group, x, handle, src, dev):
-    """A cached dispatch of other data (2x + 1) along the routes of `handle`: the rows arrive in
-    the order `src` ((source rank, token) per received row) and nothing else is returned."""
-    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
-    all_x2 = gather(group, x2)
-    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
-    assert (a, b, c, d) == (None, None, None, None)
-    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
-
-
-def fp8_batch(group, rank, world, n, seed, all_idx, all_w, num_experts):
-    """This rank's FP8 tokens and float32 scales (seeded by `seed + rank`), and the FP8 rows and
-    scales this rank must receive along the gathered routes `all_idx`; and the generator, which
-    the caller keeps drawing from."""
-    g = torch.Generator().manual_seed(seed + rank)
-    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
-    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
-    # float8 tensors do not survive all_gather_object's unpickling in torch 2.11: send the bytes.
-    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
-    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
-    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
-    return xq, sc, exq, esc, g
-
-
 def combined_copies(x, sends):
     """The combine of unchanged copies: x times the number of ranks the token went to, summed
     from +0.0 as the kernel does, so a token sent nowhere is +0.0 (x * 0 would keep x's sign and
@@ -167,10 +143,21 @@ def intranode(rank, world, group):
     assert counts == ecounts, (counts, ecounts)
     assert isinstance(counts, list) and ev.event is None
 
-    check_cached_dispatch(buf, group, x, handle, src, dev)
+    # cached dispatch of other data along the same routes
+    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
+    all_x2 = gather(group, x2)
+    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
+    assert (a, b, c, d) == (None, None, None, None)
+    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
 
     # FP8 with row-major and column-major scales
-    xq, sc, exq, esc, g = fp8_batch(group, rank, world, n, 77, all_idx, all_w, num_experts)
+    g = torch.Generator().manual_seed(77 + rank)
+    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
+    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
+    # float8 tensors do not survive all_gather_object's unpickling in torch 2.11: send the bytes.
+    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
+    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
+    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
     for colmajor in (False, True):
         scd = sc.to(dev)
         if colmajor:
@@ -501,10 +488,20 @@ def internode(rank, world, group, ranks_per_host=None):
     assert isinstance(counts, list) and ev.event is None
     assert handle.num_recv_tokens == ex.shape[0]
 
-    check_cached_dispatch(buf, group, x, handle, src, dev)
+    # cached dispatch of other data along the same routes
+    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
+    all_x2 = gather(group, x2)
+    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
+    assert (a, b, c, d) == (None, None, None, None)
+    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
 
     # FP8 with row-major and column-major scales, fresh and cached
-    xq, sc, exq, esc, g = fp8_batch(group, rank, world, n, 177, all_idx, all_w, num_experts)
+    g = torch.Generator().manual_seed(177 + rank)
+    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
+    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
+    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
+    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
+    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
     for colmajor in (False, True):
         scd = sc.to(dev)
         if colmajor:
