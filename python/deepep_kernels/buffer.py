@@ -804,12 +804,17 @@ class Buffer:
     def _internode_dispatch(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish,
                             allocate_on_comm_stream):
-        # `dispatch` checked x, x_scales (FP8, float32 [n, hidden/128], row- or column-major),
-        # expert_alignment and resolved config before routing here.
         torch = _torch()
+        if not isinstance(expert_alignment, int) or expert_alignment < 1:
+            raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
+        config = self.get_dispatch_config(self.group_size) if config is None else config
         n, hidden = x.shape
         scales_arg = None
         if x_scales is not None:
+            if x.dtype != torch.float8_e4m3fn:
+                raise ValueError("with scales, x must be float8_e4m3fn")
+            if x_scales.dtype != torch.float32 or x_scales.dim() != 2 or x_scales.shape[0] != n:
+                raise ValueError(f"x scales must be float32 [num_tokens={n}, hidden/128], got {x_scales.dtype} {tuple(x_scales.shape)}")
             # the internode kernels read row-major scales: a column-major tensor is copied (on the
             # current stream, which the comm stream waits for)
             x_scales = x_scales.contiguous()
