@@ -206,44 +206,37 @@ struct NativeDispatch {
     runtime_id: u64,
 }
 
-/// The getters both dispatch-output classes expose over their `out` (an intranode or internode
-/// `DispatchOutput`, same field names) and `handle()` wrapping `out.handle` as `$handle`.
-macro_rules! dispatch_output_methods {
-    ($class:ident, $handle:ident) => {
-        #[pymethods]
-        impl $class {
-            #[getter]
-            fn num_recv_tokens(&self) -> usize {
-                self.out.recv_x.shape()[0]
-            }
-            #[getter]
-            fn recv_x_ptr(&self) -> u64 {
-                self.out.recv_x.ptr()
-            }
-            /// (ptr, num_scales) of the f32 row-major `[M, S]` received scales (FP8 only).
-            #[getter]
-            fn recv_scales(&self) -> Option<(u64, usize)> {
-                self.out.recv_scales.as_ref().map(|t| (t.ptr(), t.shape()[1]))
-            }
-            #[getter]
-            fn recv_topk_idx_ptr(&self) -> Option<u64> {
-                self.out.recv_topk_idx.as_ref().map(Tensor::ptr)
-            }
-            #[getter]
-            fn recv_topk_weights_ptr(&self) -> Option<u64> {
-                self.out.recv_topk_weights.as_ref().map(Tensor::ptr)
-            }
-            #[getter]
-            fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
-                self.out.num_recv_tokens_per_expert.clone()
-            }
-            fn handle(&self) -> $handle {
-                $handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
-            }
-        }
-    };
+#[pymethods]
+impl NativeDispatch {
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.out.recv_x.shape()[0]
+    }
+    #[getter]
+    fn recv_x_ptr(&self) -> u64 {
+        self.out.recv_x.ptr()
+    }
+    /// (ptr, num_scales) of the f32 row-major `[M, S]` received scales (FP8 only).
+    #[getter]
+    fn recv_scales(&self) -> Option<(u64, usize)> {
+        self.out.recv_scales.as_ref().map(|t| (t.ptr(), t.shape()[1]))
+    }
+    #[getter]
+    fn recv_topk_idx_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_idx.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn recv_topk_weights_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_weights.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
+        self.out.num_recv_tokens_per_expert.clone()
+    }
+    fn handle(&self) -> Handle {
+        Handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+    }
 }
-dispatch_output_methods!(NativeDispatch, Handle);
 
 /// The low-latency dispatch handle (valid while its dispatch is one of the two most recent).
 #[pyclass(module = "deepep_kernels._native")]
@@ -347,7 +340,37 @@ struct NativeInterDispatch {
     runtime_id: u64,
 }
 
-dispatch_output_methods!(NativeInterDispatch, InterHandle);
+#[pymethods]
+impl NativeInterDispatch {
+    #[getter]
+    fn num_recv_tokens(&self) -> usize {
+        self.out.recv_x.shape()[0]
+    }
+    #[getter]
+    fn recv_x_ptr(&self) -> u64 {
+        self.out.recv_x.ptr()
+    }
+    /// (ptr, num_scales) of the f32 row-major `[M, S]` received scales (FP8 only).
+    #[getter]
+    fn recv_scales(&self) -> Option<(u64, usize)> {
+        self.out.recv_scales.as_ref().map(|t| (t.ptr(), t.shape()[1]))
+    }
+    #[getter]
+    fn recv_topk_idx_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_idx.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn recv_topk_weights_ptr(&self) -> Option<u64> {
+        self.out.recv_topk_weights.as_ref().map(Tensor::ptr)
+    }
+    #[getter]
+    fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
+        self.out.num_recv_tokens_per_expert.clone()
+    }
+    fn handle(&self) -> InterHandle {
+        InterHandle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+    }
+}
 
 /// One internode combine's outputs (owned by the kernels crate, copied out like the dispatch's).
 #[pyclass(module = "deepep_kernels._native")]
@@ -425,12 +448,7 @@ fn inter_bytes(world: usize, d: InterDims) -> deepep_kernels::Result<usize> {
 /// Largest `max_tokens` (of `d`, whose own `max_tokens` is ignored) whose internode buffer is a
 /// valid configuration and fits in `bytes`; 0 if none.
 fn inter_max_tokens(world: usize, d: InterDims, bytes: usize) -> usize {
-    largest_fitting(|t| inter_bytes(world, (d.0, t, d.2, d.3, d.4, d.5)).map(|b| b <= bytes).unwrap_or(false))
-}
-
-/// The largest token count `t` with `fits(t)` (`fits` monotone: true up to some count), found by
-/// doubling then bisecting, below 2^24; 0 if not even one token fits.
-fn largest_fitting(fits: impl Fn(usize) -> bool) -> usize {
+    let fits = |t: usize| inter_bytes(world, (d.0, t, d.2, d.3, d.4, d.5)).map(|b| b <= bytes).unwrap_or(false);
     if !fits(1) {
         return 0;
     }
@@ -934,7 +952,24 @@ fn intranode_buffer_bytes(num_ranks: usize, max_tokens: usize, hidden: usize) ->
 /// Largest per-rank token count whose NVLink buffer fits in `bytes` (0 if none).
 #[pyfunction]
 fn intranode_max_tokens(num_ranks: usize, hidden: usize, bytes: usize) -> usize {
-    largest_fitting(|t| buffer_size_hint(num_ranks, t, hidden).map(|b| b <= bytes).unwrap_or(false))
+    let fits = |t: usize| buffer_size_hint(num_ranks, t, hidden).map(|b| b <= bytes).unwrap_or(false);
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, 1usize);
+    while fits(hi) && hi < (1 << 24) {
+        lo = hi;
+        hi *= 2;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    lo
 }
 
 /// Bytes of one rank's internode symmetric buffer for `world` ranks in hosts of
