@@ -20,6 +20,13 @@ eval "$(bash scripts/install-toolchain.sh --print-env)"
 export CUDA_HOME NVSHMEM_DIR DEEPEP_NVSHMEM_WHEEL
 echo "CUDA_HOME=$CUDA_HOME"; echo "NVSHMEM_DIR=$NVSHMEM_DIR"; echo "DEEPEP_NVSHMEM_WHEEL=$DEEPEP_NVSHMEM_WHEEL"
 
+step "cargo fetch --locked (every crate of Cargo.lock, for every platform)"
+# cargo test below downloads only this platform's crates; the Nix check of pkgs/workspace-src.nix
+# runs `cargo metadata --offline`, which needs every platform's (as Nix's vendoring of Cargo.lock
+# does). Fetching the whole lock first makes the run independent of what an earlier build left in
+# CARGO_HOME.
+cargo fetch --locked
+
 step "cargo test --workspace"
 set +e
 cargo test --workspace --all-targets --locked 2>&1 | tee "$log_dir/cargo.log"
