@@ -129,10 +129,10 @@ fn family_parameter_structs_match_the_kernels() {
         ("intranode", "ep_intranode_notify", vec![sa::<IntranodeArgs>(), sa::<NotifyParams>(), diag]),
         ("intranode", "ep_intranode_dispatch_", vec![sa::<IntranodeArgs>(), sa::<DispatchParams>(), diag]),
         ("intranode", "ep_intranode_combine_", vec![sa::<IntranodeArgs>(), sa::<CombineParams>(), diag]),
-        ("low_latency", "ll_dispatch2_", vec![sa::<LlDispatch2Args>(), diag]),
-        ("low_latency", "ll_combine3_", vec![sa::<LlCombine2Args>(), diag]),
-        ("low_latency", "ll_dispatch_", vec![sa::<LlDispatchArgs>(), diag]),
-        ("low_latency", "ll_combine_", vec![sa::<LlCombineArgs>(), diag]),
+        ("low_latency", "_ZN2ll13dispatch2_", vec![sa::<LlDispatch2Args>(), diag]),
+        ("low_latency", "_ZN2ll12combine3_", vec![sa::<LlCombine2Args>(), diag]),
+        ("low_latency", "_ZN2ll12dispatch_", vec![sa::<LlDispatchArgs>(), diag]),
+        ("low_latency", "_ZN2ll11combine_", vec![sa::<LlCombineArgs>(), diag]),
         ("internode", "internode_", vec![sa::<InternodeArgs>(), diag]),
     ];
     let mut checked = 0;
@@ -195,7 +195,8 @@ fn elf_reader_rejects_garbage() {
 
 /// The low-latency cubin holds exactly the kept kernel variants (docs/architecture.md, "Kernel
 /// variants"): dispatch v1/v2, combine v1/v3, each for NVLink stores (`_p2p`) and NVSHMEM puts
-/// (`_put`). Combine v2 (`ll_combine2_*`) was retired and must not come back unnoticed.
+/// (`_put`), under the C++ names `ll::dispatch*` / `ll::combine*` that DeepEP's profiling looks
+/// for. Combine v2 (`ll_combine2_*`) was retired and must not come back unnoticed.
 #[test]
 fn low_latency_cubin_has_exactly_the_kept_variants() {
     let Some(c) = cubins::get("low_latency") else {
@@ -208,9 +209,9 @@ fn low_latency_cubin_has_exactly_the_kept_variants() {
     let mut got: Vec<&str> = c.kernels.to_vec();
     got.sort_unstable();
     let mut want = Vec::new();
-    for k in ["ll_dispatch", "ll_dispatch2", "ll_combine", "ll_combine3"] {
+    for (k, args) in [("dispatch", "LlDispatchArgs"), ("dispatch2", "LlDispatch2Args"), ("combine", "LlCombineArgs"), ("combine3", "LlCombine2Args")] {
         for t in ["p2p", "put"] {
-            want.push(format!("{k}_{t}"));
+            want.push(deepep_kernels::low_latency::ll_entry(&format!("{k}_{t}"), args));
         }
     }
     want.sort_unstable();

@@ -208,13 +208,48 @@ def _unsupported(name: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"deepep_kernels does not support {name}: {why}")
 
 
+# DeepEP v1.2.1's handle tuples, element by element (deep_ep/buffer.py): what each index holds.
+_INTRANODE_HANDLE_ELEMENTS = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+                              "is_token_in_rank", "send_head")
+_INTERNODE_HANDLE_ELEMENTS = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
+                              "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
+                              "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
+_LL_HANDLE_ELEMENTS = ("src_info", "layout_range", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts")
+
+
+def _handle_index(i, elements: Tuple[str, ...], kind: str) -> int:
+    if not isinstance(i, int) or isinstance(i, bool):
+        raise TypeError(f"{kind} handle indices must be integers (DeepEP's handle is a {len(elements)}-tuple), got {type(i).__name__}")
+    n = len(elements)
+    if not -n <= i < n:
+        raise IndexError(f"{kind} handle index {i} out of range (DeepEP's handle is a {n}-tuple: {', '.join(elements)})")
+    return i % n
+
+
+def _no_channel_element(kind: str, elements: Tuple[str, ...], i: int) -> NotImplementedError:
+    return _unsupported(f"{kind} handle element [{i}] ({elements[i]})",
+                        "our kernels have no DeepEP channels or ring buffers, so this element has no equivalent; "
+                        f"indexable elements: {', '.join(f'[{j}] {e}' for j, e in enumerate(elements) if e in _HANDLE_SUPPORTED)}")
+
+
+_HANDLE_SUPPORTED = {"rank_prefix_matrix", "recv_src_idx", "is_token_in_rank", "recv_gbl_rank_prefix_sum", "src_info", "layout_range",
+                     "num_max_dispatch_tokens_per_rank", "hidden", "num_experts"}
+
+
 class Handle:
-    """The communication handle of an intranode dispatch (opaque; pass it to ``combine`` or to a
-    cached ``dispatch``). Unlike DeepEP's 6-tuple it cannot be unpacked."""
+    """The communication handle of an intranode dispatch: pass it to ``combine`` or to a cached
+    ``dispatch``. Indexable like DeepEP's 6-tuple for the elements our kernels have: ``[0]``
+    ``rank_prefix_matrix`` (int32 ``[R, R]``: rows ``[0]..[i]`` summed, the rows rank ``j``
+    received from ranks ``0..i``), ``[3]`` ``recv_src_idx`` (int32 ``[M]``) and ``[4]``
+    ``is_token_in_rank`` (bool ``[N, R]``); the channel matrices ``[1]``, ``[2]`` and
+    ``send_head`` ``[5]`` raise ``NotImplementedError``. The handle keeps what it needs alive
+    (the layout's ``is_token_in_rank``), so it stays valid after later dispatches, as DeepEP's."""
 
-    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "buffer_generation")
+    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "buffer_generation", "_keep",
+                 "_device", "_prefix")
 
-    def __init__(self, native: _native.Handle, hidden: int, generation: int, num_worst_tokens: int = 0) -> None:
+    def __init__(self, native: _native.Handle, hidden: int, generation: int, num_worst_tokens: int = 0, keep=None,
+                 device=None) -> None:
         self.native = native
         self.num_recv_tokens = native.num_recv_tokens
         # rows of the dispatch outputs (num_worst_tokens when given, as in DeepEP)
@@ -223,31 +258,71 @@ class Handle:
         self.num_topk = native.num_topk
         self.hidden = hidden
         self.buffer_generation = generation
+        # the layout tensor the kernels read at combine time (the native handle holds its address)
+        self._keep = keep
+        self._device = device
+        self._prefix = None
 
-    def __iter__(self):
-        raise _unsupported("unpacking the dispatch handle", "it is an opaque object here (DeepEP's is a tuple of its ring-buffer prefix matrices); pass it back unchanged")
+    def __len__(self) -> int:
+        return len(_INTRANODE_HANDLE_ELEMENTS)
+
+    def __getitem__(self, i):
+        i = _handle_index(i, _INTRANODE_HANDLE_ELEMENTS, "intranode")
+        if i == 0:
+            if self._prefix is None:
+                torch = _torch()
+                flat = self.native.rank_prefix_matrix()
+                r = math.isqrt(len(flat))
+                self._prefix = torch.tensor(flat, dtype=torch.int32, device=self._device).view(r, r)
+            return self._prefix
+        if i == 3:
+            return _view(self.native.recv_src_idx_ptr(), _torch().int32, (self.num_recv_tokens,), self.native, self._device)
+        if i == 4:
+            return self._keep
+        raise _no_channel_element("intranode", _INTRANODE_HANDLE_ELEMENTS, i)
 
     def __repr__(self) -> str:
         return f"deepep_kernels.Handle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, hidden={self.hidden})"
 
 
 class InternodeHandle:
-    """The communication handle of an internode dispatch (opaque; pass it to ``combine`` or to a
-    cached ``dispatch``). Unlike DeepEP's 10-tuple it cannot be unpacked."""
+    """The communication handle of an internode dispatch: pass it to ``combine`` or to a cached
+    ``dispatch``. Indexable like DeepEP's 10-tuple for ``[0]`` ``is_token_in_rank`` and ``[6]``
+    (= ``[-4]``) ``recv_gbl_rank_prefix_sum`` (int32 ``[R]``: rows from ranks ``0..i``); the other
+    elements (channel matrices, source metadata, send heads) raise ``NotImplementedError``."""
 
-    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "buffer_generation")
+    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "buffer_generation", "_keep", "_device",
+                 "_prefix")
 
-    def __init__(self, native, generation: int) -> None:
+    def __init__(self, native, generation: int, keep=None, device=None) -> None:
         self.native = native
         self.num_recv_tokens = native.num_recv_tokens
         self.num_tokens = native.num_tokens
         self.num_topk = native.num_topk
         self.hidden = native.hidden
         self.buffer_generation = generation
+        self._keep = keep
+        self._device = device
+        self._prefix = None
 
-    def __iter__(self):
-        raise _unsupported("unpacking the internode dispatch handle", "it is an opaque object here (DeepEP's is a tuple of its "
-                           "RDMA/NVLink prefix matrices); pass it back unchanged")
+    def __len__(self) -> int:
+        return len(_INTERNODE_HANDLE_ELEMENTS)
+
+    def __getitem__(self, i):
+        i = _handle_index(i, _INTERNODE_HANDLE_ELEMENTS, "internode")
+        if i == 0 and self._keep is not None:
+            return self._keep
+        if i == 6:
+            if self._prefix is None:
+                torch = _torch()
+                # recv_off is [R][C+1]: the last entry of source i's row is where its rows end, which
+                # is DeepEP's inclusive prefix sum over source ranks (rows grouped by source rank)
+                off = self.native.recv_offsets()
+                r = self._keep.shape[1]
+                c1 = len(off) // r
+                self._prefix = torch.tensor([off[i * c1 + c1 - 1] for i in range(r)], dtype=torch.int32, device=self._device)
+            return self._prefix
+        raise _no_channel_element("internode", _INTERNODE_HANDLE_ELEMENTS, i)
 
     def __repr__(self) -> str:
         return (f"deepep_kernels.InternodeHandle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, "
@@ -255,19 +330,44 @@ class InternodeHandle:
 
 
 class LowLatencyHandle:
-    """The handle of a low-latency dispatch (opaque, valid while its dispatch is one of the
-    two most recent on the Buffer)."""
+    """The handle of a low-latency dispatch: pass it to ``low_latency_combine``. Indexable like
+    DeepEP's 5-tuple: ``[0]`` ``src_info`` (int32 ``[L, R*num_max]``: each received row's token
+    index at its source), ``[1]`` ``layout_range`` (int64 ``[L, R]``: ``begin << 32 | count`` of
+    each source's rows), ``[2]`` num_max_dispatch_tokens_per_rank, ``[3]`` hidden, ``[4]``
+    num_experts. ``[0]`` and ``[1]`` are torch-owned copies made when first indexed (they cost
+    nothing when never indexed); indexing, or combining, after two later dispatches on the
+    Buffer raises ValueError (the dispatch's receive half was reused; docs/python.md)."""
 
-    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "__weakref__")
+    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "_device", "_copies", "__weakref__")
 
-    def __init__(self, native, num_max: int, hidden: int, num_experts: int) -> None:
+    def __init__(self, native, num_max: int, hidden: int, num_experts: int, device=None) -> None:
         self.native = native
         self.num_max_dispatch_tokens_per_rank = num_max
         self.hidden = hidden
         self.num_experts = num_experts
+        self._device = device
+        self._copies = [None, None]
 
-    def __iter__(self):
-        raise _unsupported("unpacking the low-latency handle", "it is an opaque object here; pass it back unchanged")
+    def __len__(self) -> int:
+        return len(_LL_HANDLE_ELEMENTS)
+
+    def __getitem__(self, i):
+        i = _handle_index(i, _LL_HANDLE_ELEMENTS, "low-latency")
+        if i == 2:
+            return self.num_max_dispatch_tokens_per_rank
+        if i == 3:
+            return self.hidden
+        if i == 4:
+            return self.num_experts
+        if self._copies[i] is None:
+            torch = _torch()
+            if self.native is None:
+                raise ValueError("this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone")
+            # (ptr, shape) after checking that the dispatch's half was not reused
+            ptr, shape = self.native.src_info() if i == 0 else self.native.layout_range()
+            dtype = torch.int32 if i == 0 else torch.int64
+            self._copies[i] = _view(ptr, dtype, shape, None, self._device).clone()
+        return self._copies[i]
 
 
 class Buffer:
@@ -359,6 +459,8 @@ class Buffer:
         self._generation = 0
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
+        # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
+        self._next_combine_last = None
         # Views of the low-latency buffer halves, by (address, dtype, shape): made once (outside any
         # CUDA-graph capture when warmed up) and reused; they hold no reference to the Rust
         # buffer, so no view can delay the collective free of the symmetric memory.
@@ -534,6 +636,7 @@ class Buffer:
         rt.destroy()
         self._runtime = None
         self._next_combine_buffers = []
+        self._next_combine_last = None
 
     def get_comm_stream(self):
         return self._comm_torch_stream()
@@ -634,22 +737,26 @@ class Buffer:
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
 
-        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None or topk_idx is None or topk_weights is None:
-            raise ValueError("a fresh dispatch needs num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert (from get_dispatch_layout), "
-                             "topk_idx and topk_weights")
-        _need(topk_idx, "topk_idx", torch.int64, 2)
-        _need(topk_weights, "topk_weights", torch.float32, 2)
+        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+            raise ValueError("a fresh dispatch needs num_tokens_per_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)")
+        if (topk_idx is None) != (topk_weights is None):
+            raise ValueError("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")
+        k = None
+        if topk_idx is not None:
+            _need(topk_idx, "topk_idx", torch.int64, 2)
+            _need(topk_weights, "topk_weights", torch.float32, 2)
+            k = topk_idx.shape[1]
         _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
         _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
         _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
-        k = topk_idx.shape[1]
         num_experts = num_tokens_per_expert.shape[0]
         if num_worst_tokens < 0:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
         self._ensure_intranode(hidden)
         self._check_capacity(n, hidden)
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, (topk_idx.data_ptr(), topk_weights.data_ptr(), k),
+        nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
+                         (topk_idx.data_ptr(), topk_weights.data_ptr(), k) if k is not None else None,
                          (num_tokens_per_rank.data_ptr(), num_tokens_per_expert.data_ptr(), is_token_in_rank.data_ptr(), num_experts),
                          None, expert_alignment, config.num_sms)
         if num_worst_tokens and nd.num_recv_tokens > num_worst_tokens:
@@ -657,7 +764,7 @@ class Buffer:
                              "(at most num_ranks * num_tokens)")
         recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, num_worst_tokens, allocate_on_comm_stream)
         counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
-        h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens)
+        h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens, keep=is_token_in_rank, device=self._device)
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
@@ -835,10 +942,29 @@ class Buffer:
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
 
-        if num_tokens_per_rank is None or num_tokens_per_rdma_rank is None or is_token_in_rank is None or num_tokens_per_expert is None \
-                or topk_idx is None or topk_weights is None:
-            raise ValueError("a fresh internode dispatch needs num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, "
-                             "num_tokens_per_expert (from get_dispatch_layout), topk_idx and topk_weights")
+        if num_tokens_per_rank is None or num_tokens_per_rdma_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+            raise ValueError("a fresh internode dispatch needs num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank and "
+                             "num_tokens_per_expert (from get_dispatch_layout)")
+        if (topk_idx is None) != (topk_weights is None):
+            raise ValueError("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")
+        with_topk = topk_idx is not None
+        if not with_topk:
+            # DeepEP's dispatch without top-k: rows go to the ranks of is_token_in_rank. The internode
+            # kernels route by top-k ids, so route each token to the first local expert of every rank
+            # it goes to (one slot per rank, -1 elsewhere); no top-k output comes back, and the
+            # per-expert counts come from the ranks' num_tokens_per_expert, as in DeepEP.
+            _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
+            _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
+            r = self.group_size
+            if num_tokens_per_expert.shape[0] % r != 0:
+                raise ValueError(f"num_tokens_per_expert has {num_tokens_per_expert.shape[0]} experts, not a multiple of the {r} ranks")
+            if r > _native.internode_limits()[1]:
+                raise _unsupported(f"dispatch without top-k on {r} ranks in the internode mode",
+                                   f"it routes one slot per rank and the kernels take at most {_native.internode_limits()[1]}; pass topk_idx")
+            local = num_tokens_per_expert.shape[0] // r
+            first = torch.arange(r, dtype=torch.int64, device=self._device) * local
+            topk_idx = torch.where(is_token_in_rank, first.expand(n, r), torch.full((n, r), -1, dtype=torch.int64, device=self._device))
+            topk_weights = torch.zeros((n, r), dtype=torch.float32, device=self._device)
         _need(topk_idx, "topk_idx", torch.int64, 2)
         _need(topk_weights, "topk_weights", torch.float32, 2)
         _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
@@ -860,13 +986,31 @@ class Buffer:
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         nd = rt.internode_dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
                                    (topk_idx.data_ptr(), topk_weights.data_ptr(), k, num_experts), None, expert_alignment)
-        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, 0, allocate_on_comm_stream, views=False)
-        counts = list(nd.num_recv_tokens_per_expert)
-        h = InternodeHandle(nd.handle(), self._generation)
+        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k if with_topk else None, 0, allocate_on_comm_stream,
+                                                               views=False)
+        if with_topk:
+            counts = list(nd.num_recv_tokens_per_expert)
+        else:
+            counts = self._counts_from_layout(num_tokens_per_expert, expert_alignment)
+        h = InternodeHandle(nd.handle(), self._generation, keep=is_token_in_rank, device=self._device)
         del nd
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                       num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
+
+    def _counts_from_layout(self, num_tokens_per_expert, expert_alignment: int) -> List[int]:
+        """This rank's received tokens per local expert from every rank's ``num_tokens_per_expert``
+        (gathered through the group, a host sync like the dispatch's own), each rounded up to
+        ``expert_alignment``: DeepEP's ``num_recv_tokens_per_expert_list`` without top-k."""
+        mine = [int(v) for v in num_tokens_per_expert.tolist()]
+        local = len(mine) // self.group_size
+        all_counts = self._all_gather_object(mine)
+        lo = self.rank * local
+        out = []
+        for e in range(lo, lo + local):
+            c = sum(int(cs[e]) for cs in all_counts)
+            out.append((c + expert_alignment - 1) // expert_alignment * expert_alignment)
+        return out
 
     def _internode_combine(self, x, handle: InternodeHandle, topk_weights, bias, previous_event, async_finish: bool,
                            allocate_on_comm_stream: bool):
@@ -942,7 +1086,7 @@ class Buffer:
             phys = self._ll_view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape))
             recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
         recv_count = self._ll_view(r.recv_count_ptr, torch.int32, (shape[0],))
-        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device)
         self._ll_handles.add(handle)
         native_hook = r.take_hook()
         stats = cumulative_local_expert_recv_stats
@@ -992,6 +1136,16 @@ class Buffer:
         if handle.native is None:
             raise ValueError("this low-latency handle's buffer was destroyed or re-created; dispatch again")
         _need(x, "x", torch.bfloat16, 3)
+        if zero_copy:
+            # DeepEP's zero-copy combine reads the expert outputs from the buffer that
+            # get_next_low_latency_combine_buffer handed out (x only has to have its shape)
+            if self._next_combine_last is None:
+                raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
+                                 "call it and write the outputs there first (or pass zero_copy=False)")
+            if tuple(self._next_combine_last.shape) != tuple(x.shape):
+                raise ValueError(f"zero_copy=True: x has shape {tuple(x.shape)} but the combine buffer handed out has "
+                                 f"{tuple(self._next_combine_last.shape)}; pass expert outputs of the handle's layout")
+            x = self._next_combine_last
         _need(topk_idx, "topk_idx", torch.int64, 2)
         _need(topk_weights, "topk_weights", torch.float32, 2)
         n = handle.native.num_tokens
@@ -1020,4 +1174,5 @@ class Buffer:
             self._next_combine_buffers = [torch.empty(shape, dtype=torch.bfloat16, device=self._device) for _ in range(2)]
         t = self._next_combine_buffers[self._next_combine_parity]
         self._next_combine_parity ^= 1
+        self._next_combine_last = t
         return t

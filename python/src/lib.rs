@@ -259,7 +259,24 @@ impl NativeLlHandle {
     fn hidden(&self) -> usize {
         self.inner.hidden
     }
+    /// (device address, shape) of DeepEP's `src_info` (i32 `[L, R·num_max]`) in the dispatch's
+    /// receive half; an error once a later dispatch reused that half.
+    fn src_info(&self) -> PyResult<(u64, Vec<usize>)> {
+        let t = &self.inner.src_info;
+        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
+        Ok((t.ptr(), t.shape().to_vec()))
+    }
+    /// (device address, shape) of DeepEP's `layout_range` (i64 `[L, R]`, `begin << 32 | count`).
+    fn layout_range(&self) -> PyResult<(u64, Vec<usize>)> {
+        let t = &self.inner.layout_range;
+        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
+        Ok((t.ptr(), t.shape().to_vec()))
+    }
 }
+
+const LL_HANDLE_REUSED: &str = "this low-latency handle's dispatch is no longer one of the two most recent on the Buffer: its receive \
+     half (src_info, layout_range, packed outputs) was reused by a later dispatch. Index the handle (handle[0], handle[1]) and \
+     combine with it before dispatching twice more";
 
 /// The receive half of a low-latency call made with `return_recv_hook` (launch once).
 #[pyclass(module = "deepep_kernels._native")]
@@ -328,6 +345,11 @@ impl InterHandle {
     /// Device address of `recv_src_idx` (i32 `[M]`: each received row's token index at its source).
     fn recv_src_idx_ptr(&self) -> u64 {
         self.inner.recv_src_idx.ptr()
+    }
+    /// `recv_off` as a host list: `[R][C+1]` first output row per source rank and channel (the
+    /// last entry of a source's row is where its rows end). Synchronises with the device.
+    fn recv_offsets(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        without_gil(py, || self.inner.recv_offsets()).map_err(py_err)
     }
 }
 
@@ -660,6 +682,23 @@ impl Runtime {
                 let buf = self.intra()?;
                 without_gil(py, || buf.dispatch(a)).map_err(py_err)?
             }
+            (None, Some((pr, pe, itr, e)), None) => {
+                // DeepEP's dispatch without top-k: rows go by is_token_in_rank alone
+                let r = self.comm.world();
+                let lay = Layout {
+                    num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
+                    num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
+                    is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
+                    num_tokens: n,
+                    num_experts: e,
+                };
+                let mut a = DispatchArgs::fresh_without_topk(&xt, &lay).expert_alignment(expert_alignment).config(config);
+                if let Some(s) = st.as_ref() {
+                    a = a.scales(s);
+                }
+                let buf = self.intra()?;
+                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            }
             (None, None, Some(hd)) => {
                 self.check_owner(hd.runtime_id, "handle")?;
                 let mut a = DispatchArgs::cached(&xt, &hd.inner).config(config);
@@ -669,7 +708,7 @@ impl Runtime {
                 let buf = self.intra()?;
                 without_gil(py, || buf.dispatch(a)).map_err(py_err)?
             }
-            _ => return Err(PyValueError::new_err("dispatch needs either topk + layout (fresh) or a handle (cached), not both")),
+            _ => return Err(PyValueError::new_err("dispatch needs either a layout (fresh, with or without topk) or a handle (cached), not both")),
         };
         Ok(NativeDispatch { out, runtime_id: id })
     }

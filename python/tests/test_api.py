@@ -205,11 +205,19 @@ def test_internode_buffer_size_helpers_invert_each_other_and_name_bad_configs():
     assert _native.internode_limits() == (8, 32, 4096)
 
 
-def test_internode_handle_is_opaque():
+def test_internode_handle_indexes_like_deepeps_tuple():
+    from types import SimpleNamespace
+
     from deepep_kernels.buffer import InternodeHandle
 
-    h = InternodeHandle.__new__(InternodeHandle)
-    with pytest.raises(NotImplementedError, match="unpacking the internode dispatch handle"):
+    # the native handle needs a GPU; a stand-in with its four counters (the Python class is real)
+    native = SimpleNamespace(num_recv_tokens=3, num_tokens=2, num_topk=1, hidden=128)
+    h = InternodeHandle(native, 0, keep="the caller's is_token_in_rank")
+    assert len(h) == 10 and h[0] == "the caller's is_token_in_rank"
+    with pytest.raises(NotImplementedError, match=r"internode handle element \[1\] \(rdma_channel_prefix_matrix\)"):
+        h[1]
+    # unpacking stops at the first element our kernels do not have, naming it
+    with pytest.raises(NotImplementedError, match="rdma_channel_prefix_matrix"):
         tuple(h)
 
 
@@ -474,3 +482,61 @@ def test_dispatch_views_setting_is_checked():
     assert _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "0"}) is False
     with pytest.raises(ValueError, match=r"DEEPEP_KERNELS_DISPATCH_VIEWS='yes': use 1 .* or 0"):
         _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "yes"})
+
+
+# --- DeepEP handle tuples (deep_ep/buffer.py v1.2.1): element order and index rules ---------------
+
+def test_handles_follow_deepeps_tuple_lengths_and_order():
+    from deepep_kernels import buffer as b
+
+    assert b._INTRANODE_HANDLE_ELEMENTS[0] == "rank_prefix_matrix" and len(b._INTRANODE_HANDLE_ELEMENTS) == 6
+    # test_internode.py reads handle[-4] as recv_gbl_rank_prefix_sum
+    assert b._INTERNODE_HANDLE_ELEMENTS[-4] == "recv_gbl_rank_prefix_sum" and len(b._INTERNODE_HANDLE_ELEMENTS) == 10
+    assert b._LL_HANDLE_ELEMENTS[:2] == ("src_info", "layout_range") and len(b._LL_HANDLE_ELEMENTS) == 5
+
+
+def test_handle_index_rules():
+    from deepep_kernels import buffer as b
+
+    els = b._INTRANODE_HANDLE_ELEMENTS
+    assert b._handle_index(-6, els, "intranode") == 0
+    assert b._handle_index(5, els, "intranode") == 5
+    with pytest.raises(IndexError, match="6-tuple"):
+        b._handle_index(6, els, "intranode")
+    with pytest.raises(TypeError, match="integers"):
+        b._handle_index(slice(0, 2), els, "intranode")
+    e = b._no_channel_element("intranode", els, 1)
+    assert isinstance(e, NotImplementedError) and "channel_prefix_matrix" in str(e) and "[0] rank_prefix_matrix" in str(e)
+
+
+def test_low_latency_handle_scalars_without_a_gpu():
+    from deepep_kernels.buffer import LowLatencyHandle
+
+    h = LowLatencyHandle(None, 128, 7168, 288)
+    assert len(h) == 5 and (h[2], h[3], h[4]) == (128, 7168, 288) and h[-1] == 288
+    # DeepEP's unpacking pattern works for the scalar part
+    assert tuple(h[i] for i in range(2, 5)) == (128, 7168, 288)
+
+
+CONFORMANCE = os.path.join(os.path.dirname(__file__), "..", "scripts", "deepep-conformance.sh")
+
+
+def test_conformance_runner_refuses_a_folder_without_deepeps_tests(tmp_path):
+    r = subprocess.run(["bash", CONFORMANCE, str(tmp_path), "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "test_intranode.py not found" in r.stderr and "DeepEP checkout" in r.stderr
+
+
+def test_conformance_runner_help_and_bad_option():
+    r = subprocess.run(["bash", CONFORMANCE, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "DEEPEP_SRC NPROC" in r.stdout and "--deepep-site" in r.stdout
+    r = subprocess.run(["bash", CONFORMANCE, "--nope", "x", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown option '--nope'" in r.stderr
+
+
+def test_conformance_adapter_is_inert_unless_enabled(tmp_path):
+    # the adapter runs in every Python process of a conformance run; elsewhere it must do nothing
+    adapter = os.path.join(os.path.dirname(CONFORMANCE), "conformance")
+    env = dict(os.environ, PYTHONPATH=adapter)
+    env.pop("DEEPEP_CONFORMANCE_ADAPTER", None)
+    r = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "False" and "conformance adapter" not in r.stderr

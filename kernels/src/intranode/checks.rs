@@ -77,6 +77,10 @@ pub enum RoutingInfo<'a> {
         topk_weights: &'a TensorInfo,
         expert_alignment: usize,
     },
+    /// Fresh dispatch from a layout without top-k (DeepEP's dispatch without `topk_idx`): rows
+    /// go to the ranks of `is_token_in_rank`, no top-k ids or weights travel; the per-expert
+    /// counts still come from the layout's `num_tokens_per_expert`.
+    FreshNoTopk { layout_tokens: usize, num_experts: usize, expert_alignment: usize },
     /// Reuse of a handle from an earlier dispatch on the same buffer.
     Cached { handle_buffer: u64, handle_tokens: usize },
 }
@@ -160,6 +164,19 @@ pub fn check_dispatch(
             expect_tensor("topk_weights", topk_weights, DType::F32, &[n, plan.num_topk])?;
             validate::expert_alignment(*expert_alignment)?;
             (plan.num_topk, *num_experts, *expert_alignment)
+        }
+        RoutingInfo::FreshNoTopk { layout_tokens, num_experts, expert_alignment } => {
+            if *layout_tokens != n {
+                return bad(format!("the layout was computed for {layout_tokens} tokens but x has {n}; call dispatch_layout with this batch's topk_idx"));
+            }
+            if *num_experts == 0 || *num_experts % layout.num_ranks != 0 {
+                return bad(format!(
+                    "the layout counts {num_experts} experts, not a positive multiple of the {} ranks; pass num_tokens_per_expert from dispatch_layout",
+                    layout.num_ranks
+                ));
+            }
+            validate::expert_alignment(*expert_alignment)?;
+            (0, *num_experts, *expert_alignment)
         }
         RoutingInfo::Cached { handle_buffer, handle_tokens } => {
             if *handle_buffer != buffer_id {

@@ -107,6 +107,9 @@ impl Handle {
 pub enum Routing<'a> {
     /// From a layout of this batch's top-k (runs notify; blocks the host until counts are known).
     Fresh { layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor, expert_alignment: usize },
+    /// From a layout, without top-k (DeepEP's dispatch without `topk_idx`): outputs no top-k ids
+    /// or weights; the per-expert counts come from the layout (runs notify like `Fresh`).
+    FreshNoTopk { layout: &'a Layout, expert_alignment: usize },
     /// Reuse the routing of an earlier dispatch (same tokens, same destinations); outputs no
     /// top-k, weights or counts (DeepEP's cached mode).
     Cached(&'a Handle),
@@ -130,6 +133,10 @@ impl<'a> DispatchArgs<'a> {
     pub fn fresh(x: &'a Tensor, layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor) -> Self {
         DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None }
     }
+    /// Fresh dispatch of bf16 `x` routed by `layout` alone (no top-k travels).
+    pub fn fresh_without_topk(x: &'a Tensor, layout: &'a Layout) -> Self {
+        DispatchArgs { x, scales: None, routing: Routing::FreshNoTopk { layout, expert_alignment: 1 }, config: Config::default(), wait: None }
+    }
     /// Cached dispatch with `handle`.
     pub fn cached(x: &'a Tensor, handle: &'a Handle) -> Self {
         DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None }
@@ -139,8 +146,9 @@ impl<'a> DispatchArgs<'a> {
         self
     }
     pub fn expert_alignment(mut self, a: usize) -> Self {
-        if let Routing::Fresh { expert_alignment, .. } = &mut self.routing {
-            *expert_alignment = a;
+        match &mut self.routing {
+            Routing::Fresh { expert_alignment, .. } | Routing::FreshNoTopk { expert_alignment, .. } => *expert_alignment = a,
+            Routing::Cached(_) => {}
         }
         self
     }
@@ -468,12 +476,16 @@ impl<'g> Buffer<'g> {
                     expert_alignment,
                 }
             }
+            Routing::FreshNoTopk { layout, expert_alignment } => {
+                RoutingInfo::FreshNoTopk { layout_tokens: layout.num_tokens, num_experts: layout.num_experts, expert_alignment }
+            }
             Routing::Cached(h) => RoutingInfo::Cached { handle_buffer: h.buffer, handle_tokens: h.num_tokens },
         };
         let plan = checks::check_dispatch(&self.layout, self.id, a.x.info(), a.scales.map(|s| s.info()), &routing_info, &a.config, Some(self.device_sms))?;
         self.wait_event(a.wait)?;
         let r = match a.routing {
-            Routing::Fresh { layout, topk_idx, topk_weights, .. } => self.dispatch_fresh(&a, &plan, layout, topk_idx, topk_weights),
+            Routing::Fresh { layout, topk_idx, topk_weights, .. } => self.dispatch_fresh(&a, &plan, layout, Some((topk_idx, topk_weights))),
+            Routing::FreshNoTopk { layout, .. } => self.dispatch_fresh(&a, &plan, layout, None),
             Routing::Cached(h) => self.dispatch_cached(&a, &plan, h),
         };
         match r {
@@ -482,7 +494,7 @@ impl<'g> Buffer<'g> {
         }
     }
 
-    fn dispatch_fresh(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, layout: &Layout, topk_idx: &Tensor, topk_weights: &Tensor) -> Result<DispatchOutput> {
+    fn dispatch_fresh(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, layout: &Layout, topk: Option<(&Tensor, &Tensor)>) -> Result<DispatchOutput> {
         let (r, n) = (self.num_ranks, plan.num_tokens);
         let l = plan.num_experts / r;
         let s = self.gpu.stream().clone();
@@ -525,20 +537,20 @@ impl<'g> Buffer<'g> {
         }
 
         // 2. dispatch.
-        self.launch_dispatch(plan, a, Some((topk_idx, topk_weights, l)), &send_pos, &count_matrix)?;
+        self.launch_dispatch(plan, a, topk.map(|(i, w)| (i, w, l)), &send_pos, &count_matrix)?;
         let (recv_x, recv_scales) = self.recv_payload_views(plan, m);
         let k = plan.num_topk;
         let gen = self.generation();
-        let recv_topk_idx = self.view(self.layout.off_recv_topk_idx, DType::I64, &[m, k], gen.clone());
-        let recv_topk_weights = self.view(self.layout.off_recv_topk_w, DType::F32, &[m, k], gen.clone());
+        let recv_topk_idx = topk.map(|_| self.view(self.layout.off_recv_topk_idx, DType::I64, &[m, k], gen.clone()));
+        let recv_topk_weights = topk.map(|_| self.view(self.layout.off_recv_topk_w, DType::F32, &[m, k], gen.clone()));
         let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], gen);
         let recv_src_idx = recv_src_view.to_owned()?;
         let event = self.record_event()?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
-            recv_topk_idx: Some(recv_topk_idx),
-            recv_topk_weights: Some(recv_topk_weights),
+            recv_topk_idx,
+            recv_topk_weights,
             num_recv_tokens_per_expert: per_expert.clone(),
             handle: Handle {
                 buffer: self.id,

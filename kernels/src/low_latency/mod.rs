@@ -487,6 +487,14 @@ pub struct LlDispatchOpts {
     pub return_hook: bool,
 }
 
+/// The symbol of the low-latency entry point `ll::{name}(const {args} a, EpDiag diag)` in the
+/// cubin: its Itanium C++ mangling (`_ZN2ll<len><name>E<len><args>6EpDiag`; a top-level `const`
+/// does not enter the mangled name). The entry points have C++ names so that profilers show
+/// `ll::dispatch*` / `ll::combine*`, the names DeepEP's tests look for.
+pub fn ll_entry(name: &str, args: &str) -> String {
+    format!("_ZN2ll{}{name}E{}{args}6EpDiag", name.len(), args.len())
+}
+
 /// What combine needs from its dispatch.
 #[derive(Clone)]
 pub struct LlHandle {
@@ -682,15 +690,15 @@ impl LowLatencyBuffer<'_> {
         );
         let peer_table = DeviceBuffer::from_slice(gpu, &peers)?;
         let suffix = if all_p2p { "p2p" } else { "put" };
-        let dispatch_kernel = module.kernel(&format!("ll_dispatch_{suffix}"))?;
-        let dispatch2_kernel = module.kernel(&format!("ll_dispatch2_{suffix}"))?;
-        let combine3_kernel = module.kernel(&format!("ll_combine3_{suffix}"))?;
+        let dispatch_kernel = module.kernel(&ll_entry(&format!("dispatch_{suffix}"), "LlDispatchArgs"))?;
+        let dispatch2_kernel = module.kernel(&ll_entry(&format!("dispatch2_{suffix}"), "LlDispatch2Args"))?;
+        let combine3_kernel = module.kernel(&ll_entry(&format!("combine3_{suffix}"), "LlCombine2Args"))?;
         let combine_version = if r > 32 { CombineVersion::V1 } else { CombineVersion::from_env()? };
         let mut version = DispatchVersion::from_env()?;
         if r > 32 {
             version = DispatchVersion::V1;
         }
-        let combine_kernel = module.kernel(&format!("ll_combine_{suffix}"))?;
+        let combine_kernel = module.kernel(&ll_entry(&format!("combine_{suffix}"), "LlCombineArgs"))?;
         Ok(LowLatencyBuffer {
             gpu,
             rank: comm.rank(),

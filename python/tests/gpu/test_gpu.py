@@ -30,6 +30,11 @@ def test_internode_one_rank_per_host():
     harness.run(workers.internode_hosts_of_one)
 
 
+def test_deepep_semantics_handles_without_topk_zero_copy():
+    # what DeepEP's own tests exercise (python/scripts/deepep-conformance.sh runs them unchanged)
+    harness.run(workers.deepep_semantics)
+
+
 def test_peer_that_stops_calling_is_reported_not_partial_rows():
     # last: its rank 0 loses its CUDA context on purpose (the processes end with it)
     if harness.num_ranks() != 2:

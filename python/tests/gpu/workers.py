@@ -391,6 +391,140 @@ def low_latency(rank, world, group):
     buf.destroy()
 
 
+def deepep_semantics(rank, world, group):
+    """What DeepEP's own test files taught us (python/scripts/deepep-conformance.sh): handles are
+    indexable with DeepEP's element order, dispatch works without top-k, an intranode handle
+    outlives later dispatches and the caller's layout tensors, the low-latency handle's src_info /
+    layout_range describe the packed rows, and a zero-copy combine reads the handed-out buffer."""
+    import gc
+
+    import pytest
+
+    num_experts = LOCAL_EXPERTS * world
+    local = LOCAL_EXPERTS
+    dev = torch.device("cuda", torch.cuda.current_device())
+    nvl_bytes = _native.intranode_buffer_bytes(world, 512, 7168)
+    buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
+    n = 64 + 7 * rank
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=11)
+    all_x, all_idx, all_w = zip(*gather(group, (x, idx, w)))
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxd, num_experts)
+    rx, ri, rw, counts, h, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                            num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
+    ex, _, _, _, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts)
+
+    # handle[0]: DeepEP's rank_prefix_matrix, [i][j] = rows rank j receives from ranks 0..i
+    sent = torch.zeros(world, world, dtype=torch.int32)
+    for s_ in range(world):
+        for row in all_idx[s_]:
+            for d in {e // local for e in row.tolist() if e >= 0}:
+                sent[s_, d] += 1
+    assert len(h) == 6
+    prefix = h[0]
+    assert prefix.is_cuda and prefix.dtype == torch.int32 and tuple(prefix.shape) == (world, world)
+    check_equal("handle[0] rank_prefix_matrix", prefix, sent.cumsum(0).to(torch.int32))
+    assert h[-6] is prefix
+    # rows from source i sit at [prefix[i-1][rank], prefix[i][rank]) (what test_intranode checks)
+    start = 0
+    for i in range(world):
+        end = int(prefix[i][rank])
+        assert [s_ for s_, _ in src[start:end]] == [i] * (end - start), f"rows of source {i}"
+        start = end
+    check_equal("handle[3] recv_src_idx", h[3], torch.tensor([t for _, t in src], dtype=torch.int32))
+    assert h[4] is in_rank
+    for i in (1, 2, 5):
+        with pytest.raises(NotImplementedError, match="no DeepEP channels"):
+            h[i]
+    with pytest.raises(IndexError):
+        h[6]
+
+    # dispatch without top-k: same rows, no top-k outputs, counts from num_tokens_per_expert
+    nx, ni, nw, ncounts, nh, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                              num_tokens_per_expert=per_expert)
+    assert ni is None and nw is None
+    assert ncounts == ecounts, (ncounts, ecounts)
+    check_equal("recv_x without top-k", nx, ex)
+    check_equal("handle[0] without top-k", nh[0], prefix.cpu())
+    nc, ncw, _ = buf.combine(nx, nh)
+    assert ncw is None
+    sends = torch.stack([torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in idx])
+                         for d in range(world)], 1)
+    check_equal("combine without top-k", nc, combined_copies(x, sends))
+    with pytest.raises(ValueError, match="together"):
+        buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idxd)
+
+    # an older handle after other dispatches, with the caller's layout tensors dropped: combine
+    # and cached dispatch still use its own routing (DeepEP's handle owns its tensors)
+    x3, idx3, w3 = make_routing(rank, world, n + 5, num_experts, seed=12)
+    pr3, _, pe3, ir3, _ = buf.get_dispatch_layout(idx3.to(dev), num_experts)
+    buf.dispatch(x3.to(dev), num_tokens_per_rank=pr3, is_token_in_rank=ir3, num_tokens_per_expert=pe3,
+                 topk_idx=idx3.to(dev), topk_weights=w3.to(dev))
+    del per_rank, per_expert, in_rank, pr3, pe3, ir3
+    gc.collect()
+    torch.cuda.empty_cache()
+    junk = torch.ones(n * world * 4, dtype=torch.bool, device=dev)  # reuses freed memory
+    c_old, _, _ = buf.combine(rx, h, topk_weights=rw)
+    check_equal("combine with an older handle", c_old, _combine_copies_weighted(x, idx, w, world))
+    rx_old, *_ = buf.dispatch(xd, handle=h)
+    check_equal("cached dispatch with an older handle", rx_old, ex)
+    del junk
+    buf.destroy()
+
+    # low latency: handle = (src_info, layout_range, num_max, hidden, num_experts)
+    num_max = 32
+    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
+    ll = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=local, explicitly_destroy=True)
+    m = 20 + rank
+    lx, lidx, lw = make_routing(rank, world, m, num_experts, seed=13)
+    # the last 128 channels carry the token index, as in DeepEP's test
+    lx[:, -128:] = torch.arange(m).to(torch.bfloat16)[:, None]
+    all_lx, all_lidx = zip(*gather(group, (lx, lidx)))
+    lxd, lidxd, lwd = lx.to(dev), lidx.to(dev), lw.to(dev)
+    rxl, cnt, lh, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    assert len(lh) == 5 and (lh[2], lh[3], lh[4]) == (num_max, HIDDEN, num_experts)
+    src_info, layout_range = lh[0], lh[1]
+    assert src_info.dtype == torch.int32 and tuple(src_info.shape) == (local, world * num_max)
+    assert layout_range.dtype == torch.int64 and tuple(layout_range.shape) == (local, world)
+    mask = (1 << 32) - 1
+    for le in range(local):
+        e = rank * local + le
+        c = int(cnt[le])
+        lr = layout_range[le].cpu()
+        assert int((lr & mask).sum()) == c
+        for j in range(world):
+            begin, count = int(lr[j] >> 32), int(lr[j] & mask)
+            assert count == int((all_lidx[j] == e).sum()), f"layout_range count of source {j} for expert {le}"
+            rows = rxl[le, begin:begin + count].cpu()
+            toks = src_info[le, begin:begin + count].cpu()
+            for r_, t in zip(rows, toks.tolist()):
+                assert bool((r_ == all_lx[j][t]).all()), f"src_info of a row from source {j} names token {t}"
+    # the copies made at indexing survive later dispatches; an un-indexed old handle refuses
+    keep = src_info.clone()
+    _, _, lh2, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    assert lh[0] is src_info and torch.equal(lh[0], keep)
+    with pytest.raises(ValueError, match="two most recent"):
+        lh2[0]
+    # zero-copy: the combine reads the handed-out buffer, not x's data (DeepEP's semantics)
+    rz, _, hz, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    zb = ll.get_next_low_latency_combine_buffer(hz)
+    zb.copy_(rz)
+    out_z, _, _ = ll.low_latency_combine(torch.zeros_like(rz), lidxd, lwd, hz, zero_copy=True)
+    out_ref, _, _ = ll.low_latency_combine(rz, lidxd, lwd, hz)
+    check_equal("zero-copy combine reads the combine buffer", out_z, out_ref.cpu())
+    ll.destroy()
+
+
+def _combine_copies_weighted(x, idx, w, world):
+    """Intranode combine of unchanged copies (y = recv_x): x times the ranks the token went to."""
+    local = LOCAL_EXPERTS
+    sends = torch.stack([torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in idx])
+                         for d in range(world)], 1)
+    return combined_copies(x, sends)
+
+
 def peer_stops_calling(rank, world, group):
     """A rank that stops calling: the other rank's kernel gives up its bounded wait, records
     {rank, phase, peer}, and traps, so torch's next synchronisation fails instead of returning

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Run DeepEP's own test files, unchanged, against our deepep_kernels package and against a real
+# DeepEP build, several ranks on the GPUs there are (all on one GPU by default), in one command.
+#
+# Usage: python/scripts/deepep-conformance.sh [options] DEEPEP_SRC NPROC [NPROC...]
+#   DEEPEP_SRC  a DeepEP checkout (its tests/ folder is run from there; nothing is copied into the
+#               project). DeepEP v1.2.1 is what our API follows.
+#   NPROC       rank counts (--num-processes of the test files), e.g. 2 4 8
+# Options:
+#   --ours PATH          our package: a deepep_kernels wheel (installed into a temporary folder)
+#                        or a folder that holds deepep_kernels/ (default: the importable one)
+#   --deepep-site DIR    a folder holding a built `deep_ep` (with deep_ep_cpp), e.g. the --target of
+#                        DeepEP's pip install; without it only our package runs
+#   --only ours|deepep   run one library only
+#   --tests "A B"        test files under DEEPEP_SRC/tests (default: "test_intranode.py test_low_latency.py")
+#   --gpus N             GPUs the ranks share, rank r on GPU r % N (default 1)
+#   --timeout S          limit per run in seconds (default 600)
+#   --no-mps             do not start a private MPS server per run (default: start one when
+#                        nvidia-cuda-mps-control exists; spin-waiting kernels of several ranks on one
+#                        GPU progress far faster under MPS)
+#   --test-args "..."    extra arguments for every test file (e.g. "--num-tokens 1024")
+# Environment: PYTHON (default python3), OUT (log folder, default ./conformance-logs).
+#
+# The adapter (python/scripts/conformance/sitecustomize.py) changes only the environment: set_device
+# modulo the GPU count, gloo instead of NCCL, CUDA collectives staged through the CPU, float8 as
+# bytes. Each run's full output is in $OUT/<library>-<test>-<nproc>.log; $OUT/summary.txt has one
+# line per run. Exits 1 when a run of our package failed (DeepEP's results are reported only).
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+py=${PYTHON:-python3}
+ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args=""
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ours) ours=$2; shift 2 ;;
+    --deepep-site) deepep_site=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --tests) tests=$2; shift 2 ;;
+    --gpus) gpus=$2; shift 2 ;;
+    --timeout) limit=$2; shift 2 ;;
+    --no-mps) mps=0; shift ;;
+    --test-args) test_args=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --*) echo "deepep-conformance: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 2 ] || { usage >&2; exit 2; }
+src=$(cd "$1" 2>/dev/null && pwd) || { echo "deepep-conformance: DEEPEP_SRC '$1' is not a folder" >&2; exit 2; }
+shift
+nprocs=("$@")
+for t in $tests; do
+  [ -f "$src/tests/$t" ] || { echo "deepep-conformance: $src/tests/$t not found; point DEEPEP_SRC at a DeepEP checkout (v1.2.1)" >&2; exit 2; }
+done
+case "$only" in ""|ours|deepep) ;; *) echo "deepep-conformance: --only takes ours or deepep" >&2; exit 2 ;; esac
+libs=()
+[ "$only" != deepep ] && libs+=(ours)
+if [ "$only" != ours ]; then
+  if [ -n "$deepep_site" ]; then
+    [ -d "$deepep_site/deep_ep" ] || { echo "deepep-conformance: no deep_ep/ in --deepep-site $deepep_site" >&2; exit 2; }
+    libs+=(deepep)
+  elif [ "$only" = deepep ]; then
+    echo "deepep-conformance: --only deepep needs --deepep-site" >&2; exit 2
+  else
+    echo "deepep-conformance: no --deepep-site given: running our package only"
+  fi
+fi
+out=${OUT:-$PWD/conformance-logs}
+mkdir -p "$out"
+scratch=$(mktemp -d /tmp/deepep-conformance.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+
+# Our package: a wheel goes into a private --target folder; the shim folder provides `deep_ep`.
+ours_path=""
+if [[ " ${libs[*]} " == *" ours "* ]]; then
+  if [ -n "$ours" ] && [ -f "$ours" ]; then
+    "$py" -m pip install -q --no-index --no-deps --target "$scratch/ours" "$ours" || { echo "deepep-conformance: cannot install $ours" >&2; exit 2; }
+    ours_path="$scratch/ours"
+  elif [ -n "$ours" ]; then
+    [ -d "$ours/deepep_kernels" ] || { echo "deepep-conformance: no deepep_kernels/ in --ours $ours" >&2; exit 2; }
+    ours_path=$(cd "$ours" && pwd)
+  fi
+  shim=$(PYTHONPATH="$ours_path${PYTHONPATH:+:$PYTHONPATH}" "$py" -m deepep_kernels.shim) || { echo "deepep-conformance: deepep_kernels is not importable (pass --ours)" >&2; exit 2; }
+fi
+
+mps_start() {
+  [ "$mps" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1 || return 0
+  export CUDA_MPS_PIPE_DIRECTORY="$scratch/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$scratch/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  sleep 1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+port=$((20000 + RANDOM % 20000))
+fail=0
+printf '%-7s %-22s %5s  %-8s %7s  %s\n' library test nproc result seconds log | tee -a "$out/summary.txt"
+for lib in "${libs[@]}"; do
+  if [ "$lib" = ours ]; then libpath="$shim${ours_path:+:$ours_path}"; else libpath=$(cd "$deepep_site" && pwd); fi
+  for t in $tests; do
+    for n in "${nprocs[@]}"; do
+      log="$out/$lib-${t%.py}-$n.log"
+      port=$((port + 1))
+      mps_start
+      start=$(date +%s)
+      # own process group, so that every rank of a run that overruns is ended by its group id
+      (cd "$src/tests" && exec env PYTHONPATH="$here/conformance:$libpath${PYTHONPATH:+:$PYTHONPATH}" DEEPEP_CONFORMANCE_ADAPTER=1 \
+        DEEPEP_CONFORMANCE_GPUS="$gpus" MASTER_ADDR=127.0.0.1 MASTER_PORT=$port PYTHONUNBUFFERED=1 \
+        NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 \
+        setsid "$py" "$t" --num-processes "$n" $test_args) >"$log" 2>&1 &
+      pid=$!
+      result=""
+      while kill -0 "$pid" 2>/dev/null; do
+        if [ $(( $(date +%s) - start )) -ge "$limit" ]; then
+          pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
+          [ -n "$pgid" ] && kill -TERM -- "-$pgid" 2>/dev/null
+          sleep 5
+          [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null
+          result=TIMEOUT
+          break
+        fi
+        sleep 2
+      done
+      wait "$pid"; code=$?
+      secs=$(( $(date +%s) - start ))
+      [ -z "$result" ] && { [ "$code" -eq 0 ] && result=PASS || result="FAIL($code)"; }
+      mps_stop
+      printf '%-7s %-22s %5s  %-8s %7s  %s\n' "$lib" "$t" "$n" "$result" "$secs" "$(basename "$log")" | tee -a "$out/summary.txt"
+      if [ "$result" != PASS ]; then
+        grep -E "Error|error|assert|Traceback" "$log" | grep -v "^\[conformance adapter\]" | tail -n 4 | sed 's/^/    /' | tee -a "$out/summary.txt"
+        [ "$lib" = ours ] && fail=1
+      fi
+    done
+  done
+done
+exit $fail
