@@ -384,23 +384,43 @@ fn merge_nvlink(log: &str, m: &mut BTreeMap<String, Res>) {
     }
 }
 
-/// The names of the `extern "C" __global__` functions of a CUDA source (comments and preprocessor
-/// lines ignored; `extern "C" { ... }` blocks understood; attributes such as `__launch_bounds__(..)`
-/// skipped).
+/// What an open brace of a CUDA source opened (for [`parse_kernels`]).
+#[derive(Clone)]
+enum Brace {
+    ExternC,
+    Namespace(String),
+    Other,
+}
+
+/// The entry-point symbols of a CUDA source: the names of its `extern "C" __global__` functions
+/// (comments and preprocessor lines ignored; `extern "C" { ... }` blocks understood; attributes
+/// such as `__launch_bounds__(..)` skipped), and the Itanium-mangled names of `__global__`
+/// functions with C++ linkage inside namespaces (the low-latency entry points live in `ll::`, so
+/// profilers show `ll::dispatch*`; their parameters must be plain class types, which is all the
+/// mangling here covers).
 fn parse_kernels(src: &str) -> Vec<String> {
     let toks = tokenize(src);
     let mut names = Vec::new();
-    let mut braces: Vec<bool> = Vec::new(); // per open brace: is it an extern "C" block?
+    let mut braces: Vec<Brace> = Vec::new();
     for i in 0..toks.len() {
         let t = toks[i].as_str();
         match t {
-            "{" => braces.push(i >= 2 && toks[i - 2] == "extern" && toks[i - 1] == "\"C\""),
+            "{" => braces.push(if i >= 2 && toks[i - 2] == "extern" && toks[i - 1] == "\"C\"" {
+                Brace::ExternC
+            } else if i >= 2 && toks[i - 2] == "namespace" {
+                Brace::Namespace(toks[i - 1].clone())
+            } else {
+                Brace::Other
+            }),
             "}" => {
                 braces.pop();
             }
             "__global__" => {
                 let prefixed = i >= 2 && toks[i - 2] == "extern" && toks[i - 1] == "\"C\"";
-                if !(prefixed || braces.iter().any(|&b| b)) {
+                let extern_c = prefixed || braces.iter().any(|b| matches!(b, Brace::ExternC));
+                let namespaces: Vec<&str> =
+                    braces.iter().filter_map(|b| if let Brace::Namespace(n) = b { Some(n.as_str()) } else { None }).collect();
+                if !extern_c && namespaces.is_empty() {
                     continue;
                 }
                 // Walk to the first identifier followed by "(" that is not a __attribute__.
@@ -425,7 +445,11 @@ fn parse_kernels(src: &str) -> Vec<String> {
                             }
                             continue;
                         }
-                        names.push(toks[j].clone());
+                        if extern_c {
+                            names.push(toks[j].clone());
+                        } else {
+                            names.push(mangle(&namespaces, &toks[j], &param_types(&toks, j + 1)));
+                        }
                         break;
                     }
                     j += 1;
@@ -435,6 +459,67 @@ fn parse_kernels(src: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// The parameter types of the list opening at `toks[open] == "("`: each parameter's tokens without
+/// `const` and without its name. Panics (a build error naming the fix) on anything but a plain
+/// class type.
+fn param_types(toks: &[String], open: usize) -> Vec<String> {
+    let mut params: Vec<Vec<String>> = vec![Vec::new()];
+    let mut depth = 0;
+    for t in &toks[open..] {
+        match t.as_str() {
+            "(" => {
+                depth += 1;
+                if depth == 1 {
+                    continue;
+                }
+            }
+            ")" => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            "," if depth == 1 => {
+                params.push(Vec::new());
+                continue;
+            }
+            _ => {}
+        }
+        params.last_mut().unwrap().push(t.clone());
+    }
+    params
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let ty: Vec<&String> = p.iter().filter(|t| t.as_str() != "const").collect();
+            let plain = ty.len() == 2 && ty.iter().all(|t| t.chars().all(|c| c.is_alphanumeric() || c == '_'));
+            assert!(
+                plain,
+                "a namespaced __global__ kernel takes parameter `{}`; build.rs mangles only plain class types \
+                 (`[const] Type name`): pass a struct by value or give the kernel extern \"C\" linkage",
+                p.join(" ")
+            );
+            ty[0].clone()
+        })
+        .collect()
+}
+
+/// Itanium C++ mangling of `ns1::ns2::name(T1, T2, ...)` for plain class parameter types.
+fn mangle(namespaces: &[&str], name: &str, params: &[String]) -> String {
+    let mut m = String::from("_ZN");
+    for n in namespaces.iter().copied().chain(std::iter::once(name)) {
+        m.push_str(&format!("{}{n}", n.len()));
+    }
+    m.push('E');
+    if params.is_empty() {
+        m.push('v');
+    }
+    for p in params {
+        m.push_str(&format!("{}{p}", p.len()));
+    }
+    m
 }
 
 fn tokenize(src: &str) -> Vec<String> {
