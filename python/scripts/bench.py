@@ -4,7 +4,13 @@
 Usage (GPU machine, the wheel on PYTHONPATH or installed):
     python3 python/scripts/bench.py [--ranks 2] [--gpus N] [--mode intranode|ll|all]
         [--tokens 4096] [--hidden 7168] [--topk 8] [--experts 256] [--num-sms 24]
-        [--ll-tokens 128] [--ll-experts 288] [--reps 30] [--warmup 5] [--no-profile]
+        [--ll-tokens 128] [--ll-experts 288] [--reps 30] [--warmup 5] [--no-profile] [--json FILE]
+
+  Side by side with a real DeepEP build (DIR holds the `deep_ep` package and `deep_ep_cpp*.so`,
+  e.g. the --target folder of DeepEP's `pip install --no-build-isolation --no-deps --target DIR .`):
+    python3 python/scripts/bench.py --compare-deep-ep DIR [--ranks 1] [--mode ll|intranode|all]
+        [--calls 300] [--call-warmup 30] [--normal-calls 50] [--rounds 1] [--no-graph] [--json FILE]
+        (and the shape options above)
 
 Per op: the median of ``--reps`` repetitions after ``--warmup`` warm-ups, CUDA events around each
 call on the current stream (so the binding, the stream joins and, for dispatch, the copy of the
@@ -14,17 +20,92 @@ FP8 x (1 + 4/128) / 2, combine the same bytes as dispatch; LL: DeepEP's LL byte 
 torch profiler (default on) the kernel time per call is also printed: the sum of the CUDA kernel
 and memcpy durations of one repetition. Compare with the Rust figures of the same shapes in
 kernels/BENCHMARKS.md (``deepep-bench``, whose outputs stay in the NVLink buffer: the zero-copy
-figure). Ranks exchange through a gloo group; rank r uses GPU ``r * gpus // ranks``.
+figure). Ranks exchange through a gloo group; rank r uses GPU ``r * gpus // ranks``. ``--json
+FILE`` also writes the rows (rank 0).
+
+Side by side with DeepEP (``--compare-deep-ep DIR``)
+----------------------------------------------------
+The same calls, shapes and inputs go through real DeepEP (``import deep_ep`` with DIR first on
+``sys.path``) and through ``deepep_kernels``, and one table prints, per op, DeepEP / ours and the
+ratio ours / DeepEP of three statistics (each named in the table header; every figure is the
+slowest rank's):
+
+- device kernel time per call: the torch profiler (CUDA activity) around ``--calls`` back-to-back
+  calls after ``--call-warmup`` warm-ups; the durations of every kernel, memcpy and memset in that
+  region summed and divided by the number of calls (the two libraries' kernel names differ, so
+  nothing is matched by name), plus the mean duration of the single largest kernel (by mean, the
+  figure DeepEP's ``bench_kineto`` prints) with its name under the table;
+- host time per call: ``time.perf_counter_ns()`` around ``--calls`` back-to-back calls with no
+  synchronisation inside the loop, divided by the number of calls, after ``--call-warmup``
+  warm-ups (the GPU work queues up; a call that waits for the GPU by design, the fresh normal
+  dispatch, includes that wait);
+- event time per call: CUDA events around each call, the median of ``--reps`` after
+  ``--warmup`` warm-ups, the L2 flushed before each repetition (the statistic of the plain mode).
+
+Ops: low-latency dispatch FP8, dispatch BF16 and combine BF16 (``--ll-tokens`` x ``--hidden``,
+top-``--topk`` of ``--ll-experts``; default 128 x 7168, top-8 of 288, DeepEP's
+test_low_latency.py defaults), any rank count, ``--ranks 1`` included; then, unless
+``--no-graph``, dispatch + combine BF16 captured once per library in one CUDA graph and replayed
+(the three statistics per replay). With ``--ranks`` >= 2 also the normal (intranode) ops: fresh
+BF16 dispatch (layout + dispatch), cached BF16 and cached FP8 dispatch, and combine BF16
+(``--tokens`` x ``--hidden``, top-``--topk`` of ``--experts``, default 4096 x 7168, top-8 of
+256, each library's default dispatch/combine Config for the rank count with ``--num-sms`` SMs).
+The normal ops use ``--normal-calls`` back-to-back calls for the first two statistics (a long
+queue of 4096-token calls would fill the launch queue and block the host). Each library sizes
+its Buffers with its own size hints (``Config.get_nvl_buffer_size_hint``, the larger of the
+dispatch and combine configs'; ``Buffer.get_low_latency_rdma_size_hint``) and creates them with
+``explicitly_destroy=True``, destroying each before the next. Inputs come from the same seeds
+in both libraries (seed = rank for the normal ops, 100 + rank for low latency, drawn before any
+library call); their SHA-256 per rank is recorded and the report says whether both libraries
+got identical bytes. When ranks share a GPU the table is headed by ``NOT PERFORMANCE: N ranks
+share one GPU; ratios only``. ``--json FILE`` writes every run's rows, the per-rank figures and
+the combined table.
+
+Design: one set of rank processes per library, run one after the other in this invocation
+(DeepEP's ranks first, then ours; with ``--rounds K`` the order alternates DeepEP, ours, ours,
+DeepEP, ... and the table gives the median and range over the rounds), each writing its rows to
+a file that this process reads and joins into the table. Not both libraries in one process:
+NVSHMEM is a per-process singleton and each library loads its own ``libnvshmem_host.so.3``
+(whichever the loader finds first would serve both, and our package refuses one other than its
+cubins' release); initialising NVSHMEM again after DeepEP's ``destroy()`` finalised it in the
+same process is not something NVSHMEM promises; and separate processes also keep the CUDA
+context, torch's caching allocator and the environment variables each library sets
+(``NVSHMEM_*``) from leaking from one library's figures into the other's. The cost is that the
+two libraries run seconds apart rather than interleaved: same GPU, same shapes, same inputs,
+not the same instant (``--rounds`` shows the drift).
 """
 
 import argparse
+import hashlib
+import json
 import os
 import statistics
 import sys
 import tempfile
+import time
+
+# The two libraries of --compare-deep-ep, by import name, and how the report names them.
+LIB_DEEP_EP = "deep_ep"
+LIB_OURS = "deepep_kernels"
+LIBRARIES = (LIB_DEEP_EP, LIB_OURS)
+LABELS = {LIB_DEEP_EP: "DeepEP", LIB_OURS: "ours"}
+# Statistics of a compare row: JSON key, the column header (formatted with the group's counts).
+STATS = (
+    ("kernel_us", "device kernel time per call, us (torch profiler: all kernels + memcpys + memsets of {calls} back-to-back "
+                  "calls, summed, / {calls}; after {call_warmup} warm-ups)"),
+    ("largest_kernel_mean_us", "largest kernel, mean us (torch profiler, same calls)"),
+    ("host_us", "host time per call, us (perf_counter_ns around {calls} back-to-back calls, no sync inside, / {calls}; "
+                "after {call_warmup} warm-ups)"),
+    ("event_us", "event time per call, us (CUDA events around each call, median of {reps} after {warmup} warm-ups, "
+                 "L2 flushed before each)"),
+)
+# Device activities the profiler may report that are not GPU work of the call (synchronisation).
+_SYNC_ACTIVITIES = ("Stream Sync", "Event Sync", "Context Sync", "Stream Wait Event", "Device Sync")
+GROUP_LL = "low-latency"
+GROUP_NORMAL = "intranode"
 
 
-def parse():
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all visible, at most --ranks)")
@@ -39,7 +120,259 @@ def parse():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-profile", action="store_true")
-    return p.parse_args()
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON to FILE")
+    c = p.add_argument_group("side by side with DeepEP")
+    c.add_argument("--compare-deep-ep", metavar="DIR", default=None,
+                   help="run the same calls through the real DeepEP in DIR (holding deep_ep/ and deep_ep_cpp*.so) and through ours")
+    c.add_argument("--calls", type=int, default=300, help="back-to-back calls for the profiler and host-time statistics (low latency)")
+    c.add_argument("--normal-calls", type=int, default=50, help="the same for the normal (intranode) ops")
+    c.add_argument("--call-warmup", type=int, default=30, help="warm-up calls before the profiled and the host-timed calls")
+    c.add_argument("--rounds", type=int, default=1, help="run each library this many times, alternating (DeepEP, ours, ours, DeepEP, ...)")
+    c.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph row (LL dispatch + combine BF16, per replay)")
+    return p.parse_args(argv)
+
+
+def deep_ep_dir_problem(path):
+    """Why ``path`` is not a folder holding a built DeepEP (None when it looks like one)."""
+    if not os.path.isdir(path):
+        return f"--compare-deep-ep {path}: not a directory"
+    if not os.path.isfile(os.path.join(path, "deep_ep", "__init__.py")):
+        return f"--compare-deep-ep {path}: no deep_ep/__init__.py there (point it at the folder that holds the deep_ep package)"
+    if not any(f.startswith("deep_ep_cpp") and f.endswith(".so") for f in os.listdir(path)):
+        return (f"--compare-deep-ep {path}: no deep_ep_cpp*.so there (a built DeepEP: pip install --no-build-isolation --no-deps "
+                "--target DIR . in its checkout)")
+    for f in ("__init__.py", "buffer.py"):
+        src = os.path.join(path, "deep_ep", f)
+        if os.path.isfile(src):
+            with open(src, encoding="utf-8", errors="replace") as fh:
+                if "deepep_kernels" in fh.read():
+                    return f"--compare-deep-ep {path}: its deep_ep is deepep_kernels' shim, not DeepEP"
+    return None
+
+
+def validate(args):
+    """Problems with the arguments, as messages (empty when fine)."""
+    out = []
+    for name in ("ranks", "tokens", "hidden", "topk", "experts", "num_sms", "ll_tokens", "ll_experts", "reps"):
+        if getattr(args, name) < 1:
+            out.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        out.append(f"--warmup must be >= 0, got {args.warmup}")
+    if args.gpus < 0:
+        out.append(f"--gpus must be >= 0 (0: all visible), got {args.gpus}")
+    if args.compare_deep_ep is None:
+        return out
+    for name in ("calls", "normal_calls", "rounds"):
+        if getattr(args, name) < 1:
+            out.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.call_warmup < 0:
+        out.append(f"--call-warmup must be >= 0, got {args.call_warmup}")
+    if args.hidden % 128 != 0:
+        out.append(f"--hidden {args.hidden}: the FP8 ops need a multiple of 128")
+    if args.ranks >= 1 and args.ll_experts % args.ranks != 0 and args.mode in ("ll", "all"):
+        out.append(f"--ll-experts {args.ll_experts} must be a multiple of --ranks {args.ranks}")
+    if args.ranks >= 2 and args.experts % args.ranks != 0 and args.mode in ("intranode", "all"):
+        out.append(f"--experts {args.experts} must be a multiple of --ranks {args.ranks}")
+    if args.mode == "intranode" and args.ranks < 2:
+        out.append("--mode intranode needs --ranks >= 2 (the normal ops exchange between ranks); use --mode ll at one rank")
+    if args.num_sms % 2 != 0:
+        out.append(f"--num-sms {args.num_sms} must be even (both libraries run num_sms / 2 channels)")
+    problem = deep_ep_dir_problem(args.compare_deep_ep)
+    if problem:
+        out.append(problem)
+    return out
+
+
+def gpus_for(ranks, requested, visible):
+    """GPUs the ranks spread over: --gpus (0: all visible), at most the ranks, at least one."""
+    return max(1, min(requested or visible, ranks, visible))
+
+
+def oversubscription_line(ranks, gpus):
+    """The label that heads the table when ranks share a GPU (None when each rank has its own)."""
+    if ranks <= gpus:
+        return None
+    where = "one GPU" if gpus == 1 else f"{gpus} GPUs"
+    return f"NOT PERFORMANCE: {ranks} ranks share {where}; ratios only"
+
+
+def run_order(rounds):
+    """(round, library) in run order: DeepEP, ours, then ours, DeepEP, ... (alternating, so a drift
+    over the session weighs on both)."""
+    order = []
+    for r in range(rounds):
+        libs = LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]
+        order.extend((r, lib) for lib in libs)
+    return order
+
+
+def summarize_device_events(events, calls):
+    """Per-call device statistics from the profiler's device activities ``(name, duration_us)`` of
+    ``calls`` calls: every kernel, memcpy and memset summed / calls, and the kernel with the
+    largest mean duration (its name, mean, and how many times per call it ran)."""
+    total, count = 0.0, 0
+    kernels = {}
+    for name, dur in events:
+        if any(name.startswith(s) for s in _SYNC_ACTIVITIES):
+            continue
+        total += dur
+        count += 1
+        if name.startswith("Memcpy") or name.startswith("Memset"):
+            continue
+        k = kernels.setdefault(name, [0, 0.0])
+        k[0] += 1
+        k[1] += dur
+    out = {"kernel_us": total / calls, "device_activities_per_call": count / calls,
+           "largest_kernel": None, "largest_kernel_mean_us": None, "largest_kernel_per_call": None}
+    if kernels:
+        name, (n, tot) = max(kernels.items(), key=lambda kv: (kv[1][1] / kv[1][0], kv[0]))
+        out.update(largest_kernel=name, largest_kernel_mean_us=tot / n, largest_kernel_per_call=n / calls)
+    return out
+
+
+def slowest(per_rank):
+    """One rank-independent row from the per-rank statistics: the largest value of each figure
+    (the slowest rank), the largest kernel of the rank with the largest one, the first error."""
+    out = {}
+    for key in ("kernel_us", "largest_kernel_mean_us", "host_us", "event_us", "device_activities_per_call"):
+        vals = [s[key] for s in per_rank if s.get(key) is not None]
+        out[key] = max(vals) if vals else None
+    with_kernel = [s for s in per_rank if s.get("largest_kernel_mean_us") is not None]
+    out["largest_kernel"] = max(with_kernel, key=lambda s: s["largest_kernel_mean_us"])["largest_kernel"] if with_kernel else None
+    for key in ("error", "profiler_error"):
+        errors = [f"rank {r}: {s[key]}" for r, s in enumerate(per_rank) if s.get(key)]
+        out[key] = errors[0] if errors else None
+    return out
+
+
+def _median_range(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None, None, None
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def build_table(runs):
+    """Join the rows of every run (``{"library", "round", "rows": [...]}``) into one entry per
+    (group, op), in the order the ops first appear: per library the figures of every round and
+    their median / min / max, and the ratio ours / DeepEP of the medians."""
+    entries = {}
+    for run in runs:
+        lib = run["library"]
+        for row in run.get("rows", []):
+            key = (row["group"], row["op"])
+            e = entries.get(key)
+            if e is None:
+                e = entries[key] = {"group": row["group"], "title": row.get("title"), "op": row["op"],
+                                    "counts": {c: row.get(c) for c in ("calls", "call_warmup", "reps", "warmup")},
+                                    "libraries": {lib_: {"rounds": []} for lib_ in LIBRARIES}}
+            e["libraries"][lib]["rounds"].append(row)
+    for e in entries.values():
+        for lib, d in e["libraries"].items():
+            rows = d["rounds"]
+            for key, _ in STATS:
+                med, lo, hi = _median_range([r.get(key) for r in rows])
+                d[key] = {"median": med, "min": lo, "max": hi, "n": len([r for r in rows if r.get(key) is not None])}
+            names = [r.get("largest_kernel") for r in rows if r.get("largest_kernel")]
+            d["largest_kernel"] = max(set(names), key=names.count) if names else None
+            d["errors"] = [r["error"] for r in rows if r.get("error")]
+            d["profiler_errors"] = [r["profiler_error"] for r in rows if r.get("profiler_error")]
+            d["input_sha256"] = [list(t) for t in dict.fromkeys(tuple(r.get("input_sha256") or [None]) for r in rows)]
+        ratios = {}
+        for key, _ in STATS:
+            a = e["libraries"][LIB_DEEP_EP][key]["median"]
+            b = e["libraries"][LIB_OURS][key]["median"]
+            ratios[key] = b / a if a and b is not None else None
+        e["ratio_ours_over_deep_ep"] = ratios
+    return list(entries.values())
+
+
+def _fmt_us(stat, rounds):
+    if stat["median"] is None:
+        return "-"
+    s = f"{stat['median']:.1f}"
+    if rounds > 1 and stat["n"] > 1:
+        s += f" [{stat['min']:.1f}-{stat['max']:.1f}]"
+    return s
+
+
+def format_cell(entry, key, rounds):
+    """``DeepEP / ours (ratio x)`` for one statistic of one table entry."""
+    a = _fmt_us(entry["libraries"][LIB_DEEP_EP][key], rounds)
+    b = _fmt_us(entry["libraries"][LIB_OURS][key], rounds)
+    r = entry["ratio_ours_over_deep_ep"][key]
+    return f"{a} / {b}" + (f" ({r:.2f}x)" if r is not None else "")
+
+
+def _short(name, width=90):
+    return name if name is None or len(name) <= width else name[: width - 3] + "..."
+
+
+def inputs_line(entries):
+    """Whether both libraries got the same input bytes, per group (from the recorded digests)."""
+    parts = []
+    for group in dict.fromkeys(e["group"] for e in entries):
+        per_lib = {lib: [tuple(d) for e in entries if e["group"] == group for d in e["libraries"][lib]["input_sha256"]]
+                   for lib in LIBRARIES}
+        seen = {d for ds in per_lib.values() for d in ds}
+        if not all(per_lib.values()) or any(None in d for d in seen):
+            parts.append(f"{group}: not checked")
+        elif len(seen) == 1:
+            parts.append(f"{group}: identical in both libraries")
+        else:
+            parts.append(f"{group}: DIFFER between the libraries (see the JSON)")
+    return "inputs (SHA-256 of every rank's input tensors): " + "; ".join(parts)
+
+
+def format_report(entries, meta):
+    """The side-by-side report: the NOT PERFORMANCE label when ranks share a GPU, what ran, then per
+    group a title with the shape and a markdown table whose headers name the statistics."""
+    lines = []
+    over = oversubscription_line(meta["ranks"], meta["gpus"])
+    if over:
+        lines.append(over)
+    lines.append(f"DeepEP: {meta.get('deep_ep') or '?'}; ours: {meta.get('ours') or '?'}; device: {meta.get('device') or '?'}; "
+                 f"torch {meta.get('torch') or '?'}; {meta['rounds']} round(s); each cell DeepEP / ours (ours / DeepEP), "
+                 "slowest rank" + ("; median [min-max] over the rounds" if meta["rounds"] > 1 else ""))
+    if entries:
+        lines.append(inputs_line(entries))
+    for note in meta.get("notes", []):
+        lines.append(note)
+    for group in dict.fromkeys(e["group"] for e in entries):
+        rows = [e for e in entries if e["group"] == group]
+        counts = rows[0]["counts"]
+        fill = {k: ("?" if v is None else v) for k, v in counts.items()}
+        lines.append("")
+        lines.append(rows[0]["title"] or group)
+        lines.append("")
+        lines.append("| op | " + " | ".join(h.format(**fill) + ": DeepEP / ours" for _, h in STATS) + " |")
+        lines.append("|---" * (len(STATS) + 1) + "|")
+        for e in rows:
+            lines.append(f"| {e['op']} | " + " | ".join(format_cell(e, key, meta["rounds"]) for key, _ in STATS) + " |")
+        lines.append("")
+        for e in rows:
+            names = [f"{LABELS[lib]} `{_short(e['libraries'][lib]['largest_kernel'])}`" for lib in LIBRARIES
+                     if e["libraries"][lib]["largest_kernel"]]
+            if names:
+                lines.append(f"largest kernel, {e['op']}: " + ", ".join(names))
+            for lib in LIBRARIES:
+                for err in e["libraries"][lib]["errors"]:
+                    lines.append(f"ERROR {LABELS[lib]}, {e['op']}: {_short(err, 300)}")
+                for err in e["libraries"][lib]["profiler_errors"][:1]:
+                    lines.append(f"no profiler figures, {LABELS[lib]}, {e['op']}: {_short(err, 300)}")
+    for run in meta.get("failed_runs", []):
+        lines.append(f"ERROR: the {LABELS[run['library']]} ranks of round {run['round'] + 1} failed: {_short(run['error'], 2000)}")
+    return "\n".join(lines)
+
+
+def write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+# --- GPU side (torch is imported inside the functions) -------------------------------------------
 
 
 def time_op(torch, fn, reps, warmup, flush):
@@ -74,6 +407,315 @@ def kernel_us(torch, fn, profile):
     return total
 
 
+def device_stats(torch, fn, calls, warmup):
+    """summarize_device_events over ``calls`` back-to-back calls under the torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = []
+    for e in p.events():
+        kind = getattr(e.device_type, "name", str(e.device_type))
+        if kind.upper().endswith("CUDA"):
+            events.append((e.name, e.time_range.end - e.time_range.start))
+    return summarize_device_events(events, calls)
+
+
+def host_us(torch, fn, calls, warmup):
+    """Host time per call: ``calls`` back-to-back calls, no synchronisation inside the loop."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls / 1e3
+
+
+def input_digest(torch, tensors):
+    """SHA-256 of the tensors' bytes (shape and dtype included), to check both libraries got the same."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(f"{tuple(t.shape)} {t.dtype};".encode())
+        raw = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+        try:
+            h.update(raw.numpy().tobytes())
+        except (ImportError, RuntimeError, TypeError):  # torch without numpy: not checked
+            return None
+    return h.hexdigest()
+
+
+def cast_fp8(torch, x):
+    """Per-token, per-128-channel FP8 (e4m3) cast: (values [n, h], float32 scales [n, h/128] row-major)."""
+    n, h = x.shape
+    blocks = x.float().view(n, h // 128, 128)
+    amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
+    q = (blocks * (448.0 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(n, h)
+    return q, (amax / 448.0).contiguous()
+
+
+def load_library(name, deep_ep_dir):
+    """(Buffer, Config, where) of one library, in a rank process. DeepEP comes from DIR (put first on
+    sys.path here, never in the parent, whose sys.path the spawned ranks inherit); ours from the
+    installed wheel, with DIR kept off sys.path."""
+    d = os.path.realpath(deep_ep_dir)
+    if name == LIB_DEEP_EP:
+        sys.path.insert(0, d)
+        import deep_ep  # noqa: F401
+        import deep_ep_cpp  # noqa: F401
+
+        for m in (deep_ep, deep_ep_cpp):
+            f = os.path.realpath(m.__file__)
+            if not f.startswith(d + os.sep):
+                raise RuntimeError(f"{m.__name__} was imported from {f}, not from --compare-deep-ep {d}")
+        if LIB_OURS in sys.modules:
+            raise RuntimeError(f"importing deep_ep from {d} imported {LIB_OURS} (is it our shim?); point --compare-deep-ep at a DeepEP build")
+        return deep_ep.Buffer, deep_ep.Config, {"module": deep_ep.__file__, "extension": deep_ep_cpp.__file__}
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != d]
+    import deepep_kernels
+    from deepep_kernels import Buffer, Config
+
+    return Buffer, Config, {"module": deepep_kernels.__file__}
+
+
+def normal_configs(Buffer, Config, world, num_sms):
+    """The library's default dispatch and combine configs for ``world`` ranks with ``num_sms`` SMs
+    (DeepEP's recipe), or Config(num_sms, 6, 256, 6, 128) for both where it has none."""
+    Buffer.set_num_sms(num_sms)
+    try:
+        return Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)
+    except Exception:
+        c = Config(num_sms, 6, 256, 6, 128)
+        return c, c
+
+
+class _Session:
+    """One library's rank process: measures ops, gathers every rank's figures, rank 0 saves rows."""
+
+    def __init__(self, torch, dist, group, rank, world, library, args, out_path, meta):
+        self.torch, self.dist, self.group = torch, dist, group
+        self.rank, self.world, self.library, self.args = rank, world, library, args
+        self.out_path = out_path
+        self.doc = {"library": library, "meta": meta, "rows": []}
+        self.flush = torch.empty(256 << 20, dtype=torch.int8, device=torch.device("cuda", torch.cuda.current_device()))
+        self.save()
+
+    def save(self):
+        if self.rank == 0:
+            write_json(self.out_path, self.doc)
+
+    def barrier(self):
+        self.dist.barrier(self.group)
+
+    def measure(self, fn, calls):
+        torch, a = self.torch, self.args
+        s = {}
+        self.barrier()
+        if not a.no_profile:
+            try:
+                s.update(device_stats(torch, fn, calls, a.call_warmup))
+            except Exception as e:  # e.g. no CUPTI access: the other two statistics still count
+                s["profiler_error"] = f"{type(e).__name__}: {e}"
+            torch.cuda.synchronize()
+            self.barrier()
+        s["host_us"] = host_us(torch, fn, calls, a.call_warmup)
+        self.barrier()
+        s["event_us"] = time_op(torch, fn, a.reps, a.warmup, self.flush)
+        torch.cuda.synchronize()
+        return s
+
+    def op(self, group_name, title, op, fn, calls, digest, setup=None):
+        try:
+            if setup is not None:
+                setup()
+            s = self.measure(fn, calls)
+        except Exception as e:  # recorded in the row; a CUDA error ends the run at the next call anyway
+            s = {"error": f"{type(e).__name__}: {e}"}
+        per_rank = [None] * self.world
+        self.dist.all_gather_object(per_rank, s, self.group)
+        digests = [None] * self.world
+        self.dist.all_gather_object(digests, digest, self.group)
+        row = {"group": group_name, "title": title, "op": op, "library": self.library, "calls": calls,
+               "call_warmup": self.args.call_warmup, "reps": self.args.reps, "warmup": self.args.warmup,
+               "per_rank": per_rank, "input_sha256": digests}
+        row.update(slowest(per_rank))
+        self.doc["rows"].append(row)
+        self.save()
+
+
+def compare_normal(ses, Buffer, Config, gpus):
+    torch, a, world, rank = ses.torch, ses.args, ses.world, ses.rank
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n, h, k, e = a.tokens, a.hidden, a.topk, a.experts
+    torch.manual_seed(rank)
+    x = torch.randn(n, h, device=dev).to(torch.bfloat16)
+    idx = torch.randn(n, e, device=dev).abs().topk(k, dim=1).indices.to(torch.int64)
+    w = torch.rand(n, k, device=dev)
+    xq, sc = cast_fp8(torch, x)
+    digest = input_digest(torch, (x, idx, w, xq, sc))
+    if ses.library == LIB_OURS:
+        # ours sizes its NVLink buffer for a token capacity and a hidden size (docs/python.md)
+        os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(h))
+        if n > 4096:
+            os.environ.setdefault("DEEPEP_KERNELS_MAX_TOKENS", str(n))
+    dcfg, ccfg = normal_configs(Buffer, Config, world, a.num_sms)
+    nvl = max(c.get_nvl_buffer_size_hint(h * 2, world) for c in (dcfg, ccfg))
+    title = (f"{GROUP_NORMAL} (normal mode): {n} tokens x {h} hidden per rank, top-{k} of {e} experts, {a.num_sms} SMs; "
+             f"{world} ranks on {gpus} GPU(s); num_nvl_bytes from each library's size hint")
+    buf = Buffer(ses.group, nvl, 0, explicitly_destroy=True)
+    try:
+        lay = buf.get_dispatch_layout(idx, e)
+        rx, _, _, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
+                                              topk_idx=idx, topk_weights=w, config=dcfg)
+        torch.cuda.synchronize()
+
+        def fresh():
+            lay = buf.get_dispatch_layout(idx, e)
+            return buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
+                                topk_idx=idx, topk_weights=w, config=dcfg)
+
+        ops = [
+            ("dispatch BF16, fresh (layout + dispatch)", fresh),
+            ("dispatch BF16, cached", lambda: buf.dispatch(x, handle=handle, config=dcfg)),
+            ("dispatch FP8, cached", lambda: buf.dispatch((xq, sc), handle=handle, config=dcfg)),
+            ("combine BF16", lambda: buf.combine(rx, handle, config=ccfg)),
+        ]
+        for op, fn in ops:
+            ses.op(GROUP_NORMAL, title, op, fn, a.normal_calls, digest)
+        torch.cuda.synchronize()
+        del rx, handle, lay
+    finally:
+        torch.cuda.synchronize()
+        ses.barrier()
+        buf.destroy()
+
+
+def compare_ll(ses, Buffer, gpus):
+    torch, a, world, rank = ses.torch, ses.args, ses.world, ses.rank
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n, h, k, e = a.ll_tokens, a.hidden, a.topk, a.ll_experts
+    torch.manual_seed(100 + rank)
+    x = torch.randn(n, h, device=dev).to(torch.bfloat16)
+    idx = torch.randn(n, e, device=dev).abs().topk(k, dim=1).indices.to(torch.int64)
+    w = torch.rand(n, k, device=dev)
+    y = torch.randn(e // world, world * n, h, device=dev).to(torch.bfloat16)
+    out = torch.empty(n, h, dtype=torch.bfloat16, device=dev)
+    digest = input_digest(torch, (x, idx, w, y))
+    title = (f"{GROUP_LL}: {n} tokens x {h} hidden per rank, top-{k} of {e} experts; {world} rank(s) on {gpus} GPU(s); "
+             "num_rdma_bytes from each library's size hint")
+    rdma = Buffer.get_low_latency_rdma_size_hint(n, h, world, e)
+    buf = Buffer(ses.group, 0, rdma, low_latency_mode=True, num_qps_per_rank=e // world, explicitly_destroy=True)
+    state = {}
+    try:
+        def dispatch_for_combine():
+            # the handle must stay one of the two most recent low-latency results
+            state["handle"] = buf.low_latency_dispatch(x, idx, n, e, use_fp8=True)[2]
+            torch.cuda.synchronize()
+
+        ops = [
+            ("LL dispatch FP8", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=True), None),
+            ("LL dispatch BF16", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=False), None),
+            ("LL combine BF16", lambda: buf.low_latency_combine(y, idx, w, state["handle"], out=out), dispatch_for_combine),
+        ]
+        for op, fn, setup in ops:
+            ses.op(GROUP_LL, title, op, fn, a.calls, digest, setup)
+        state.clear()
+
+        if not a.no_graph:
+            def capture():
+                cur = torch.cuda.current_stream()
+                s = torch.cuda.Stream()
+                s.wait_stream(cur)
+                with torch.cuda.stream(s):  # warm-up outside the capture
+                    for _ in range(3):
+                        r, _, hd, _, _ = buf.low_latency_dispatch(x, idx, n, e, use_fp8=False)
+                        buf.low_latency_combine(r, idx, w, hd, out=out)
+                cur.wait_stream(s)
+                torch.cuda.synchronize()
+                ses.barrier()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    r, _, hd, _, _ = buf.low_latency_dispatch(x, idx, n, e, use_fp8=False)
+                    buf.low_latency_combine(r, idx, w, hd, out=out)
+                torch.cuda.synchronize()
+                state["graph"] = g
+
+            ses.op(GROUP_LL, title, "LL dispatch + combine BF16, one CUDA graph (per replay)",
+                   lambda: state["graph"].replay(), a.calls, digest, capture)
+            state.clear()
+    finally:
+        state.clear()
+        torch.cuda.synchronize()
+        ses.barrier()
+        buf.destroy()
+
+
+def compare_worker(rank, world, gpus, init, args, library, out_path):
+    """One rank of one library's run (spawned): the ops of --mode, rows saved to ``out_path``."""
+    Buffer, Config, where = load_library(library, args.compare_deep_ep)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank * gpus // world)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    meta = dict(where, torch=torch.__version__, device=torch.cuda.get_device_name(), ranks=world, gpus=gpus)
+    ses = _Session(torch, dist, group, rank, world, library, args, out_path, meta)
+    if args.mode in ("intranode", "all") and world >= 2:
+        compare_normal(ses, Buffer, Config, gpus)
+    if args.mode in ("ll", "all"):
+        compare_ll(ses, Buffer, gpus)
+    ses.barrier()
+    dist.destroy_process_group()
+
+
+def compare_main(args):
+    import torch
+    import torch.multiprocessing as mp
+
+    gpus = gpus_for(args.ranks, args.gpus, torch.cuda.device_count())
+    runs = []
+    with tempfile.TemporaryDirectory() as d:
+        for i, (rnd, lib) in enumerate(run_order(args.rounds)):
+            out = os.path.join(d, f"run{i}.json")
+            print(f"[bench] round {rnd + 1}/{args.rounds}: {LABELS[lib]}, {args.ranks} rank process(es) on {gpus} GPU(s)",
+                  file=sys.stderr, flush=True)
+            err = None
+            try:
+                mp.spawn(compare_worker, args=(args.ranks, gpus, os.path.join(d, f"pg{i}"), args, lib, out),
+                         nprocs=args.ranks, join=True)
+            except Exception as e:  # a failed run still shows what it measured, and the error
+                err = f"{type(e).__name__}: {e}"
+            run = {"library": lib, "meta": {}, "rows": []}
+            if os.path.exists(out):
+                with open(out) as f:
+                    run = json.load(f)
+            run.update(round=rnd, error=err)
+            runs.append(run)
+    entries = build_table(runs)
+    first = {lib: next((r["meta"] for r in runs if r["library"] == lib and r["meta"]), {}) for lib in LIBRARIES}
+    any_meta = first[LIB_OURS] or first[LIB_DEEP_EP]
+    notes = []
+    if args.mode == "all" and args.ranks < 2:
+        notes.append("normal (intranode) ops skipped: they need --ranks >= 2")
+    meta = {"ranks": args.ranks, "gpus": gpus, "rounds": args.rounds, "notes": notes,
+            "deep_ep": first[LIB_DEEP_EP].get("extension") or os.path.abspath(args.compare_deep_ep),
+            "ours": first[LIB_OURS].get("module"), "device": any_meta.get("device"), "torch": any_meta.get("torch"),
+            "failed_runs": [{"library": r["library"], "round": r["round"], "error": r["error"]} for r in runs if r["error"]]}
+    print(format_report(entries, meta), flush=True)
+    if args.json:
+        write_json(args.json, {"meta": dict(meta, args=vars(args), not_performance=oversubscription_line(args.ranks, gpus)),
+                               "runs": runs, "table": entries})
+    return 1 if meta["failed_runs"] or any(e["libraries"][lib]["errors"] for e in entries for lib in LIBRARIES) else 0
+
+
 def worker(rank, world, gpus, init, args):
     import torch
     import torch.distributed as dist
@@ -86,6 +728,7 @@ def worker(rank, world, gpus, init, args):
     dev = torch.device("cuda", torch.cuda.current_device())
     flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
     rows = []
+    json_rows = []
 
     def report(op, shape, us, nbytes, kus):
         all_us = [None] * world
@@ -96,6 +739,9 @@ def worker(rank, world, gpus, init, args):
         dist.all_gather_object(all_b, nbytes, group)
         gbs = min(b / (u * 1e3) for b, (u, _) in zip(all_b, all_us))
         rows.append(f"{op:<40} {shape:<28} {worst:9.1f} {gbs:9.1f} {kworst:10.1f}")
+        json_rows.append({"op": op, "shape": shape, "us": worst, "gbs": gbs, "kernel_us": None if kworst != kworst else kworst,
+                          "per_rank_us": [u for u, _ in all_us], "per_rank_kernel_us": [None if k != k else k for _, k in all_us],
+                          "per_rank_bytes": all_b})
 
     if args.mode in ("intranode", "all"):
         torch.manual_seed(rank)
@@ -186,18 +832,29 @@ def worker(rank, world, gpus, init, args):
         for r in rows:
             print(r)
         sys.stdout.flush()
+        if args.json:
+            write_json(args.json, {"meta": {"ranks": world, "gpus": gpus, "reps": args.reps, "warmup": args.warmup,
+                                            "oversubscribed": gpus < world, "args": vars(args)}, "rows": json_rows})
     dist.destroy_process_group()
 
 
-def main():
-    args = parse()
+def main(argv=None):
+    args = parse(argv)
+    problems = validate(args)
+    if problems:
+        for p in problems:
+            print(f"bench.py: {p}", file=sys.stderr)
+        return 2
+    if args.compare_deep_ep is not None:
+        return compare_main(args)
     import torch
     import torch.multiprocessing as mp
 
-    gpus = max(1, min(args.gpus or torch.cuda.device_count(), args.ranks, torch.cuda.device_count()))
+    gpus = gpus_for(args.ranks, args.gpus, torch.cuda.device_count())
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(worker, args=(args.ranks, gpus, os.path.join(d, "pg"), args), nprocs=args.ranks, join=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
