@@ -227,8 +227,10 @@ pub struct VerifyArgs {
     pub net: NetArgs,
     #[command(flatten)]
     pub select: SelectArgs,
-    /// Local file to verify instead of downloading (repeatable). Without --version etc. the
-    /// lock entry is found by the file's name. A local file that fails is left in place.
+    /// Local file to verify instead of downloading (repeatable). Its lock entry is found by
+    /// its file name; --version/--cuda/--system/--source, if given, must agree with the name.
+    /// A file the lock does not name needs --version and --cuda (its extension gives the
+    /// source). A local file that fails is left in place.
     #[arg(long = "file", value_name = "PATH")]
     pub files: Vec<PathBuf>,
     /// Directory to download into (resumes <name>.part; a file that fails is deleted).
@@ -264,8 +266,10 @@ pub struct InstallArgs {
     /// parents are created, and removed again if the install fails.
     #[arg(long, value_name = "DIR")]
     pub prefix: PathBuf,
-    /// Use this local archive (.tar.xz or .whl) instead of downloading; it is verified
-    /// against the lock first.
+    /// Use this local archive (.tar.xz or .whl) instead of downloading. As with `verify
+    /// --file`, its release, CUDA major, system and source are read from its file name (flags
+    /// given must agree), and it is verified against that artifact's pinned hash first. A
+    /// build for another system than this machine's needs --system.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Download cache [default: $XDG_CACHE_HOME/deepep-nix or ~/.cache/deepep-nix].
@@ -434,29 +438,7 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
         report.push((pinned, path));
     } else {
         for file in &args.files {
-            let pinned = if sel.is_empty() {
-                let name = file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let mut hits = v::by_filename(&lock, &name);
-                match hits.len() {
-                    1 => hits.remove(0),
-                    0 => return Err(Error::Usage(format!(
-                        "{}: no artifact named {name:?} in the lock; pass --version/--cuda/--system/--source to pick the entry",
-                        file.display()))),
-                    _ => return Err(Error::Usage(format!(
-                        "{}: {} lock entries are named {name:?}; pass --version/--cuda/--system/--source", file.display(), hits.len()))),
-                }
-            } else {
-                v::select(&lock, &sel)?
-            };
-            if !file.is_file() {
-                return Err(Error::Usage(format!(
-                    "--file {}: no such file",
-                    file.display()
-                )));
-            }
+            let pinned = v::resolve_file(&lock, &sel, file)?;
             v::check_file(file, &pinned.artifact, OnMismatch::Keep)?;
             report.push((pinned, file.clone()));
         }
@@ -593,12 +575,44 @@ fn default_cache() -> PathBuf {
         .join("deepep-nix")
 }
 
+/// The selector that picks exactly `p`.
+fn sel_of(p: &crate::verify::Pinned) -> crate::verify::Selector {
+    crate::verify::Selector {
+        version: p.version.parse().ok(),
+        system: Some(p.system),
+        cuda: p.cuda.parse().ok(),
+        source: Some(p.source),
+    }
+}
+
 pub fn install(args: &InstallArgs) -> Result<i32> {
     use crate::install::{self as inst, Format};
     use crate::verify::{self as v, OnMismatch};
     let found = repo::find_repo(args.repo.repo.as_deref())?;
     let (lock, _, _) = repo::read_lock(found.as_ref())?;
-    let pinned = v::select(&lock, &args.select.selector()?)?;
+    let sel = args.select.selector()?;
+    let pinned = match &args.file {
+        Some(f) => v::resolve_file(&lock, &sel, f)?,
+        None => v::select(&lock, &sel)?,
+    };
+    if let (None, Some(host)) = (sel.system, crate::model::System::host()) {
+        if pinned.system != host {
+            let sibling = v::select(
+                &lock,
+                &v::Selector {
+                    system: Some(host),
+                    ..sel_of(&pinned)
+                },
+            )
+            .map(|o| format!(", or use the {host} file {}", o.artifact.filename))
+            .unwrap_or_default();
+            return Err(Error::Usage(format!(
+                "{} is the {} build, but this machine is {host}; pass --system {} to install it anyway \
+                 (for hosts of that kind){sibling}",
+                pinned.artifact.filename, pinned.system, pinned.system
+            )));
+        }
+    }
     eprintln!(
         "installing NVSHMEM {} from {}",
         pinned.describe(),

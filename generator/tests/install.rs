@@ -305,8 +305,30 @@ fn archive_without_host_library_is_rejected() {
 
 // ---- through the CLI, verified against a lock -----------------------------------------------
 
+/// The PyPI name of the 3.4.5 CUDA 13 x86_64 wheel.
+const WHEEL_X86: &str =
+    "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
+/// The PyPI name of the 3.4.5 CUDA 13 aarch64 wheel.
+const WHEEL_ARM: &str = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux_2_28_aarch64.whl";
+
 /// A repo whose lock pins `tarball` (NVIDIA, x86_64 CUDA 13) and `whl` (PyPI) for 3.4.5.
 fn repo_pinning(tarball: &[u8], whl: &[u8]) -> tempfile::TempDir {
+    repo_pinning_with(
+        tarball,
+        &[(WHEEL_X86, whl)],
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/",
+        "https://files.example",
+    )
+}
+
+/// A repo whose lock pins `tarball` (NVIDIA x86_64 CUDA 13, below `nvidia_url`) and the
+/// CUDA 13 `wheels` (PyPI, named as given, below `wheel_base`), all of release 3.4.5.
+fn repo_pinning_with(
+    tarball: &[u8],
+    wheels: &[(&str, &[u8])],
+    nvidia_url: &str,
+    wheel_base: &str,
+) -> tempfile::TempDir {
     let repo = tempfile::tempdir().unwrap();
     let m = repo.path().join("pkgs/nvshmem/manifests");
     std::fs::create_dir_all(m.join("nvidia")).unwrap();
@@ -320,16 +342,19 @@ fn repo_pinning(tarball: &[u8], whl: &[u8]) -> tempfile::TempDir {
         serde_json::to_vec_pretty(&nv).unwrap(),
     )
     .unwrap();
-    let name = "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
-    let py = serde_json::json!({ "info": { "name": "nvidia-nvshmem-cu13" }, "releases": { "3.4.5": [ {
+    let files: Vec<serde_json::Value> = wheels.iter().map(|(name, whl)| serde_json::json!({
         "digests": { "sha256": hex::encode(sha2::Sha256::digest(whl)) }, "filename": name, "packagetype": "bdist_wheel",
-        "size": whl.len(), "url": format!("https://files.example/{name}"), "upload_time_iso_8601": "2025-09-06T00:00:00Z" } ] } });
+        "size": whl.len(), "url": format!("{wheel_base}/{name}"), "upload_time_iso_8601": "2025-09-06T00:00:00Z" })).collect();
+    let py = serde_json::json!({ "info": { "name": "nvidia-nvshmem-cu13" }, "releases": { "3.4.5": files } });
     std::fs::write(
         m.join("pypi/nvidia-nvshmem-cu13.json"),
         serde_json::to_vec_pretty(&py).unwrap(),
     )
     .unwrap();
-    let out = common::run_in(repo.path(), &["lock", "--offline"]);
+    let out = common::run_in(
+        repo.path(),
+        &["lock", "--offline", "--nvidia-url", nvidia_url],
+    );
     assert!(out.status.success(), "{}", common::stderr(&out));
     repo
 }
@@ -347,11 +372,7 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     let (tarball, whl) = (good_tar(), good_wheel());
     let repo = repo_pinning(&tarball, &whl);
     let files = tempfile::tempdir().unwrap();
-    let w = write(
-        files.path(),
-        "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-        &whl,
-    );
+    let w = write(files.path(), WHEEL_X86, &whl);
     let t = write(files.path(), &format!("{TOP}.tar.xz"), &tarball);
     let prefix = files.path().join("wheel-prefix");
     let args = [
@@ -640,4 +661,288 @@ fn unpacked_size_is_bounded_and_the_flag_raises_the_bound() {
         std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
         24 << 20
     );
+}
+
+// ---- install --file: the file name says which artifact it is (issue 20) ---------------------
+
+/// Runs `install` in `repo` with exactly `args` (no release selection added).
+fn run_bare(repo: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["install"];
+    all.extend_from_slice(args);
+    common::run_in(repo, &all)
+}
+
+/// `--system x86_64-linux` where this machine is another system (the fixtures pin x86_64
+/// builds, and a build for another system than the host's needs the flag).
+fn x86_unless_host() -> Vec<&'static str> {
+    if std::env::consts::ARCH == "x86_64" {
+        vec![]
+    } else {
+        vec!["--system", "x86_64-linux"]
+    }
+}
+
+#[test]
+fn install_file_takes_release_cuda_and_source_from_its_name() {
+    let (tarball, whl) = (good_tar(), good_wheel());
+    let repo = repo_pinning(&tarball, &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    // Issue 20: --version and --cuda without --source compared the wheel with the
+    // tarball's hash ("sha256 mismatch"); the wheel's name says it is the PyPI artifact.
+    let p1 = files.path().join("p1");
+    let out = run_bare(
+        repo.path(),
+        &[
+            "--version",
+            "3.4.5",
+            "--cuda",
+            "13",
+            "--system",
+            "x86_64-linux",
+            "--file",
+            w.to_str().unwrap(),
+            "--prefix",
+            p1.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("3.4.5 x86_64-linux cuda13 pypi"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert_file(&p1, "lib/libnvshmem_host.so.3", b"ELF host library");
+    // The file alone: it used to ask for --version, then for --cuda.
+    for (name, bytes, probe) in [
+        (
+            WHEEL_X86.to_string(),
+            &whl,
+            "lib/nvshmem_bootstrap_uid.so.3",
+        ),
+        (format!("{TOP}.tar.xz"), &tarball, "bin/nvshmem-info"),
+    ] {
+        let f = write(files.path(), &name, bytes);
+        let p = files.path().join(format!("p-{name}"));
+        let mut args = vec![
+            "--file",
+            f.to_str().unwrap(),
+            "--prefix",
+            p.to_str().unwrap(),
+        ];
+        args.extend(x86_unless_host());
+        let out = run_bare(repo.path(), &args);
+        assert!(out.status.success(), "{name}: {}", common::stderr(&out));
+        assert!(p.join(probe).is_file(), "{name}");
+    }
+}
+
+#[test]
+fn flags_that_contradict_the_file_name_are_named_with_it() {
+    let (tarball, whl) = (good_tar(), good_wheel());
+    let repo = repo_pinning(&tarball, &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    let prefix = files.path().join("p");
+    let tar_name = format!("{TOP}.tar.xz");
+    for (flags, expect, names) in [
+        (&["--cuda", "12"][..], "but --cuda 12 says otherwise", None),
+        (
+            &["--source", "nvidia"][..],
+            "but --source nvidia says otherwise",
+            Some(tar_name.as_str()),
+        ),
+        (
+            &["--version", "3.4.6", "--system", "aarch64-linux"][..],
+            "but --version 3.4.6 --system aarch64-linux say otherwise",
+            None,
+        ),
+    ] {
+        let mut args = flags.to_vec();
+        args.extend_from_slice(&[
+            "--file",
+            w.to_str().unwrap(),
+            "--prefix",
+            prefix.to_str().unwrap(),
+        ]);
+        let out = run_bare(repo.path(), &args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flags:?}: {}",
+            common::stderr(&out)
+        );
+        let err = common::stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "--file {WHEEL_X86} is the lock's 3.4.5 x86_64-linux cuda13 pypi artifact"
+            )) && err.contains(expect)
+                && err.contains("leave"),
+            "{flags:?}: {err}"
+        );
+        if let Some(other) = names {
+            assert!(
+                err.contains(&format!("or pass the file it names: {other}")),
+                "{err}"
+            );
+        }
+        assert!(!prefix.exists());
+    }
+    // verify --file applies the same rule (it used to ignore the name once a flag was given).
+    let out = common::run_in(
+        repo.path(),
+        &["verify", "--cuda", "12", "--file", w.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("cuda13 pypi artifact, but --cuda 12"),
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+#[test]
+fn a_file_name_the_lock_lacks_is_refused_with_the_nearest_entries() {
+    let (tarball, whl) = (good_tar(), good_wheel());
+    let repo = repo_pinning(&tarball, &whl);
+    let files = tempfile::tempdir().unwrap();
+    let prefix = files.path().join("p");
+    let p = prefix.to_str().unwrap();
+    let nearest = format!("nearest locked artifacts: 3.4.5 x86_64-linux cuda13 pypi ({WHEEL_X86})");
+    // A release the lock does not have: the nearest locked release's wheel is listed.
+    // The same release for another CUDA major: that release's wheel is listed.
+    let refresh =
+        "refresh the lock with `deepep-nix lock` (3.4.6 is newer than its newest release, 3.4.5)";
+    for (name, says, newer) in [
+        (
+            WHEEL_X86.replace("3.4.5", "3.4.6"),
+            "3.4.6 x86_64-linux cuda13 pypi",
+            true,
+        ),
+        (
+            WHEEL_X86.replace("cu13", "cu12"),
+            "3.4.5 x86_64-linux cuda12 pypi",
+            false,
+        ),
+    ] {
+        let f = write(files.path(), &name, &whl);
+        let out = run_bare(repo.path(), &["--file", f.to_str().unwrap(), "--prefix", p]);
+        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+        let err = common::stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "--file {name}: the lock has no artifact of this name (the name says {says})"
+            )) && err.contains(&nearest)
+                && err.contains(refresh) == newer,
+            "{err}"
+        );
+    }
+    // A renamed copy says nothing: both missing flags are named in one message.
+    let copy = write(files.path(), "copy.whl", &whl);
+    let c = copy.to_str().unwrap();
+    let out = run_bare(repo.path(), &["--file", c, "--prefix", p]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("--version V and --cuda 12|13 are required") && err.contains("original name"),
+        "{err}"
+    );
+    // Its extension says it is a wheel: --source nvidia contradicts it.
+    let sel = [
+        "--version",
+        "3.4.5",
+        "--cuda",
+        "13",
+        "--system",
+        "x86_64-linux",
+    ];
+    let mut args = sel.to_vec();
+    args.extend_from_slice(&["--source", "nvidia", "--file", c, "--prefix", p]);
+    let out = run_bare(repo.path(), &args);
+    assert_eq!(out.status.code(), Some(2));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("--source nvidia, but --file copy.whl is a wheel (.whl)"),
+        "{err}"
+    );
+    assert!(!prefix.exists());
+    // Without --source it is checked against the wheel's pin (it used to be the tarball's).
+    let mut args = sel.to_vec();
+    args.extend_from_slice(&["--file", c, "--prefix", p]);
+    let out = run_bare(repo.path(), &args);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // No file and no selection: one message names both flags.
+    let other = files.path().join("q");
+    let out = run_bare(repo.path(), &["--prefix", other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        common::stderr(&out).contains("--version V and --cuda 12|13 are required"),
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+#[test]
+fn a_build_for_another_system_than_the_hosts_needs_system() {
+    let x86 = good_wheel();
+    let arm = wheel(&[
+        (
+            "nvidia/nvshmem/lib/libnvshmem_host.so.3",
+            b"aarch64 ELF host library",
+        ),
+        ("nvidia/nvshmem/include/nvshmem.h", b"#define NVSHMEM 1\n"),
+    ]);
+    let (foreign, foreign_sys, host_name, host_sys) = match std::env::consts::ARCH {
+        "x86_64" => (
+            (WHEEL_ARM, &arm),
+            "aarch64-linux",
+            WHEEL_X86,
+            "x86_64-linux",
+        ),
+        "aarch64" => (
+            (WHEEL_X86, &x86),
+            "x86_64-linux",
+            WHEEL_ARM,
+            "aarch64-linux",
+        ),
+        other => {
+            eprintln!("skipped: NVSHMEM has no builds for this CPU ({other})");
+            return;
+        }
+    };
+    let repo = repo_pinning_with(
+        &good_tar(),
+        &[(WHEEL_X86, &x86), (WHEEL_ARM, &arm)],
+        "https://developer.download.nvidia.com/compute/nvshmem/redist/",
+        "https://files.example",
+    );
+    let files = tempfile::tempdir().unwrap();
+    let f = write(files.path(), foreign.0, foreign.1);
+    let prefix = files.path().join("p");
+    let args = [
+        "--file",
+        f.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ];
+    let out = run_bare(repo.path(), &args);
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "is the {foreign_sys} build, but this machine is {host_sys}; pass --system {foreign_sys}"
+        )) && err.contains(&format!("or use the {host_sys} file {host_name}")),
+        "{err}"
+    );
+    assert!(!prefix.exists());
+    let mut with_system = vec!["--system", foreign_sys];
+    with_system.extend_from_slice(&args);
+    let out = run_bare(repo.path(), &with_system);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let host_lib: &[u8] = if foreign_sys == "aarch64-linux" {
+        b"aarch64 ELF host library"
+    } else {
+        b"ELF host library"
+    };
+    assert_file(&prefix, "lib/libnvshmem_host.so.3", host_lib);
 }
