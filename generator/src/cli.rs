@@ -575,6 +575,72 @@ fn default_cache() -> PathBuf {
         .join("deepep-nix")
 }
 
+/// `s` as one shell word: as is when it holds only characters no shell treats specially,
+/// else single-quoted.
+fn sh_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%=".contains(&b))
+    {
+        s.to_string()
+    } else {
+        crate::install::sh_quote(s)
+    }
+}
+
+/// A download of NVIDIA's tarball that failed for want of an answer (NVIDIA's host is not
+/// reachable from every network) gets the command that installs the same release from the
+/// PyPI wheel, when the lock pins one.
+fn suggest_pypi(
+    e: Error,
+    lock: &crate::lock::Lock,
+    pinned: &crate::verify::Pinned,
+    args: &InstallArgs,
+) -> Error {
+    let Error::Http { url, msg } = e else {
+        return e;
+    };
+    let wheel = crate::verify::select(
+        lock,
+        &crate::verify::Selector {
+            source: Some(SourceKind::Pypi),
+            ..sel_of(pinned)
+        },
+    );
+    match (pinned.source, wheel) {
+        (SourceKind::Nvidia, Ok(w)) => {
+            let mut cmd = format!(
+                "deepep-nix install --version {} --cuda {} --system {} --source pypi --prefix {}",
+                w.version,
+                w.cuda,
+                w.system,
+                sh_word(&args.prefix.display().to_string())
+            );
+            if let Some(r) = &args.repo.repo {
+                cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
+            }
+            if let Some(c) = &args.cache {
+                cmd += &format!(" --cache {}", sh_word(&c.display().to_string()));
+            }
+            if args.replace {
+                cmd += " --replace";
+            }
+            if args.shell == crate::install::Shell::Fish {
+                cmd += " --shell fish";
+            }
+            Error::Http {
+                url,
+                msg: format!(
+                    "{msg}; the lock also pins this release's PyPI wheel ({}), which installs the same \
+                     NVSHMEM: `{cmd}`",
+                    w.artifact.filename
+                ),
+            }
+        }
+        _ => Error::Http { url, msg },
+    }
+}
+
 /// The selector that picks exactly `p`.
 fn sel_of(p: &crate::verify::Pinned) -> crate::verify::Selector {
     crate::verify::Selector {
@@ -627,7 +693,8 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             &args.net.http(true, PINNED_URL_HINT)?,
             &pinned,
             &args.cache.clone().unwrap_or_else(default_cache),
-        )?,
+        )
+        .map_err(|e| suggest_pypi(e, &lock, &pinned, args))?,
     };
     let format = Format::detect(&pinned.artifact.format).ok_or_else(|| {
         Error::upstream(

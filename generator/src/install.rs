@@ -675,7 +675,8 @@ pub enum Shell {
     Fish,
 }
 
-fn sh_quote(s: &str) -> String {
+/// `s` in single quotes for POSIX shells.
+pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 

@@ -946,3 +946,77 @@ fn a_build_for_another_system_than_the_hosts_needs_system() {
     };
     assert_file(&prefix, "lib/libnvshmem_host.so.3", host_lib);
 }
+
+#[test]
+fn an_unreachable_nvidia_host_gets_the_pypi_command_which_works() {
+    let whl = good_wheel();
+    let server = common::Server::start();
+    server.route(
+        &format!("/w/{WHEEL_X86}"),
+        common::Behaviour::ok(whl.clone()),
+    );
+    // Nothing listens on port 1 of the loopback: the tarball's download is refused at once,
+    // as from networks that cannot reach NVIDIA's host.
+    let repo = repo_pinning_with(
+        &good_tar(),
+        &[(WHEEL_X86, &whl)],
+        "http://127.0.0.1:1/",
+        &server.url("/w"),
+    );
+    let files = tempfile::tempdir().unwrap();
+    let prefix = files.path().join("p");
+    let cache = files.path().join("cache");
+    let out = run_bare(
+        repo.path(),
+        &[
+            "--version",
+            "3.4.5",
+            "--cuda",
+            "13",
+            "--system",
+            "x86_64-linux",
+            "--retries",
+            "0",
+            "--cache",
+            cache.to_str().unwrap(),
+            "--prefix",
+            prefix.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    let expected = format!(
+        "deepep-nix install --version 3.4.5 --cuda 13 --system x86_64-linux --source pypi --prefix {} --cache {}",
+        prefix.display(),
+        cache.display()
+    );
+    assert!(
+        err.contains("127.0.0.1:1")
+            && err.contains(&format!(
+                "the lock also pins this release's PyPI wheel ({WHEEL_X86})"
+            ))
+            && err.contains(&format!("`{expected}`")),
+        "{err}"
+    );
+    assert!(!prefix.exists());
+    // The suggested command installs the release.
+    let words: Vec<&str> = expected.split_whitespace().skip(1).collect();
+    let out = common::run_in(repo.path(), &words);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_file(&prefix, "lib/libnvshmem_host.so.3", b"ELF host library");
+    // A download that fails for a wheel gets no such suggestion.
+    server.route(&format!("/w/{WHEEL_X86}"), common::Behaviour::Status(404));
+    let other = files.path().join("q");
+    let mut args = words[1..].to_vec();
+    let at = args.iter().position(|a| *a == "--prefix").unwrap();
+    args[at + 1] = other.to_str().unwrap();
+    let at = args.iter().position(|a| *a == "--cache").unwrap();
+    args[at + 1] = files.path().to_str().unwrap();
+    let out = run_bare(repo.path(), &args);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    assert!(
+        !common::stderr(&out).contains("also pins"),
+        "{}",
+        common::stderr(&out)
+    );
+}
