@@ -263,7 +263,9 @@ pub struct InstallArgs {
     #[command(flatten)]
     pub select: SelectArgs,
     /// Install into this directory (must not exist or be empty, unless --replace); missing
-    /// parents are created, and removed again if the install fails.
+    /// parents are created, and removed again if the install fails or is interrupted. An
+    /// existing directory (a mount point, or one in a parent you cannot write) is kept and
+    /// filled from a staging directory inside it; nothing is written beside it.
     #[arg(long, value_name = "DIR")]
     pub prefix: PathBuf,
     /// Use this local archive (.tar.xz or .whl) instead of downloading. As with `verify
@@ -654,6 +656,14 @@ fn sel_of(p: &crate::verify::Pinned) -> crate::verify::Selector {
 pub fn install(args: &InstallArgs) -> Result<i32> {
     use crate::install::{self as inst, Format};
     use crate::verify::{self as v, OnMismatch};
+    // Ctrl-C (or SIGTERM, SIGHUP) during the unpacking removes the staging directory and the
+    // parent directories created for the prefix before the process ends.
+    if let Err(e) = crate::interrupt::undo_on_signal() {
+        tracing::warn!(
+            "cannot handle signals ({e}); an interrupted install may leave a {}* directory behind",
+            inst::STAGING_PREFIX
+        );
+    }
     let found = repo::find_repo(args.repo.repo.as_deref())?;
     let (lock, _, _) = repo::read_lock(found.as_ref())?;
     let sel = args.select.selector()?;

@@ -1020,3 +1020,439 @@ fn an_unreachable_nvidia_host_gets_the_pypi_command_which_works() {
         common::stderr(&out)
     );
 }
+
+// ---- where install stages: existing prefixes, mount points, unwritable parents, signals ------
+
+/// Entries below `dir` (recursively) whose name starts like a staging or set-aside directory.
+fn staging_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
+    common::snapshot(dir)
+        .into_iter()
+        .map(|(rel, _)| rel)
+        .filter(|rel| {
+            rel.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with(".deepep-nix-install-") || n.starts_with(".deepep-nix-old-")
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn an_existing_prefix_is_filled_in_place_and_nothing_is_written_beside_it() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let archive = write(t.path(), "a.tar.xz", &good_tar());
+    let parent = t.path().join("opt");
+    let prefix = parent.join("nvshmem");
+    std::fs::create_dir_all(&prefix).unwrap();
+    std::fs::set_permissions(&prefix, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::open(&parent)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let ino = std::fs::metadata(&prefix).unwrap().ino();
+    let parent_mtime = || std::fs::metadata(&parent).unwrap().modified().unwrap();
+    // The old code staged beside the prefix and renamed over it: a new directory (new
+    // inode, mode 0755), a write to the parent, and EBUSY on a mount point.
+    for replace in [false, true] {
+        install(&archive, Format::TarXz, &prefix, replace).unwrap();
+        let m = std::fs::metadata(&prefix).unwrap();
+        assert_eq!(
+            m.ino(),
+            ino,
+            "the prefix directory itself is kept (replace: {replace})"
+        );
+        assert_eq!(m.permissions().mode() & 0o777, 0o750);
+        assert_eq!(
+            parent_mtime(),
+            old,
+            "nothing was created or removed in the parent"
+        );
+        assert_file(&prefix, "include/nvshmem.h", b"#define NVSHMEM 1\n");
+        assert_eq!(staging_dirs(&parent), Vec::<std::path::PathBuf>::new());
+    }
+}
+
+#[test]
+fn a_failed_install_into_an_existing_prefix_leaves_it_as_it_was() {
+    let t = tempfile::tempdir().unwrap();
+    let mut truncated = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(
+            &format!("{TOP}/lib/libnvshmem_host.so.3"),
+            &noise(300_000),
+            0o644,
+        ),
+    ]);
+    truncated.truncate(truncated.len() * 2 / 3);
+    let archive = write(t.path(), "a.tar.xz", &truncated);
+    let root = t.path().join("root");
+    let (empty, earlier) = (root.join("empty"), root.join("earlier"));
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::create_dir_all(earlier.join("lib")).unwrap();
+    std::fs::write(earlier.join("lib/libnvshmem_host.so.3"), "old").unwrap();
+    let before = common::snapshot(&root);
+    install(&archive, Format::TarXz, &empty, false).unwrap_err();
+    install(&archive, Format::TarXz, &earlier, true).unwrap_err();
+    assert_eq!(common::snapshot(&root), before);
+}
+
+/// Runs `sh -c script` in a new user and mount namespace (as root there), or `None` where
+/// this kernel or container does not allow that to this user.
+fn in_mount_namespace(script: &str, args: &[&str]) -> Option<std::process::Output> {
+    let probe = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg("d=$(mktemp -d) && mount -t tmpfs tmpfs \"$d\" && umount \"$d\" && rmdir \"$d\"")
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!(
+                "skipped: unshare cannot mount a tmpfs here ({})",
+                common::stderr(&o).trim()
+            );
+            return None;
+        }
+        Err(e) => {
+            eprintln!("skipped: no unshare ({e})");
+            return None;
+        }
+    }
+    Some(
+        std::process::Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "sh",
+                "-c",
+                script,
+                "sh",
+            ])
+            .args(args)
+            .env_remove("DEEPEP_NIX_REPO")
+            .env("DEEPEP_NIX_LOG", "warn")
+            .output()
+            .unwrap(),
+    )
+}
+
+/// A mount point cannot be renamed or removed (EBUSY, os error 16), which the old code did
+/// with an existing prefix. A real tmpfs is mounted in a user namespace of its own, which
+/// needs no privileges where the kernel allows user namespaces; elsewhere the test is
+/// skipped with the reason (the in-place staging it relies on is also covered by
+/// `an_existing_prefix_is_filled_in_place_and_nothing_is_written_beside_it`).
+#[test]
+fn installs_into_a_mount_point() {
+    let whl = good_wheel();
+    let repo = repo_pinning(&good_tar(), &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    let prefix = files.path().join("mnt");
+    std::fs::create_dir(&prefix).unwrap();
+    let system = if std::env::consts::ARCH == "x86_64" {
+        ""
+    } else {
+        "--system x86_64-linux"
+    };
+    let script = format!(
+        "set -e; mount -t tmpfs tmpfs \"$1\"
+         \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$1\" {system} >/dev/null
+         \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$1\" {system} --replace >/dev/null
+         ls -A \"$1\"; ls -A \"$1/lib\""
+    );
+    let Some(out) = in_mount_namespace(
+        &script,
+        &[
+            prefix.to_str().unwrap(),
+            env!("CARGO_BIN_EXE_deepep-nix"),
+            repo.path().to_str().unwrap(),
+            w.to_str().unwrap(),
+        ],
+    ) else {
+        return;
+    };
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        common::stdout(&out),
+        "include\nlib\nlibnvshmem_host.so\nlibnvshmem_host.so.3\nnvshmem_bootstrap_uid.so.3\n",
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+/// The user owns the prefix but not its parent (`/opt/x` but not `/opt`). Permission bits do
+/// not stop root, so as root the binary runs as `nobody` (uid 65534); otherwise the parent
+/// is made read-only. Skipped with the reason where `nobody` cannot run the binary.
+#[test]
+fn installs_into_a_prefix_whose_parent_is_not_writable() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let root = running_as_root();
+    let whl = good_wheel();
+    let repo = repo_pinning(&good_tar(), &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    let parent = files.path().join("opt");
+    let prefix = parent.join("x");
+    std::fs::create_dir_all(&prefix).unwrap();
+    // And one that exists but is not the user's.
+    let theirs = parent.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    let run = |prefix: &Path| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"));
+        cmd.args(["install", "--repo", repo.path().to_str().unwrap()])
+            .args([
+                "--file",
+                w.to_str().unwrap(),
+                "--prefix",
+                prefix.to_str().unwrap(),
+            ])
+            .args(x86_unless_host())
+            .env_remove("DEEPEP_NIX_REPO")
+            .env("DEEPEP_NIX_LOG", "warn");
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        cmd.output().unwrap()
+    };
+    let open = std::fs::Permissions::from_mode(0o755);
+    if root {
+        for d in [repo.path(), files.path()] {
+            std::fs::set_permissions(d, open.clone()).unwrap();
+        }
+        std::os::unix::fs::chown(&prefix, Some(65534), Some(65534)).unwrap();
+        let probe = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+            .arg("--version")
+            .uid(65534)
+            .gid(65534)
+            .output();
+        if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!(
+                "skipped: uid 65534 cannot run {} ({probe:?})",
+                env!("CARGO_BIN_EXE_deepep-nix")
+            );
+            return;
+        }
+    } else {
+        for d in [&parent, &theirs] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o555)).unwrap();
+        }
+    }
+    let before = common::snapshot(&parent);
+    let out = run(&prefix);
+    let missing = parent.join("y/z");
+    let refused = run(&missing);
+    let not_mine = run(&theirs);
+    let after = common::snapshot(&parent);
+    for d in [&parent, &theirs] {
+        std::fs::set_permissions(d, open.clone()).unwrap();
+    }
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(prefix.join("lib/libnvshmem_host.so.3").is_file());
+    // A prefix that does not exist cannot be created there: the message says how to make one.
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        common::stderr(&refused)
+    );
+    let err = common::stderr(&refused);
+    assert!(
+        err.contains(&format!(
+            "cannot create --prefix {}: {} is not writable by you",
+            missing.display(),
+            parent.display()
+        )) && err.contains(&format!("sudo mkdir -p '{}'", missing.display())),
+        "{err}"
+    );
+    assert_eq!(
+        not_mine.status.code(),
+        Some(2),
+        "{}",
+        common::stderr(&not_mine)
+    );
+    let err = common::stderr(&not_mine);
+    assert!(
+        err.contains(&format!(
+            "--prefix {} is not writable by you (Permission denied (os error 13)); make it yours",
+            theirs.display()
+        )) && !err.contains(".deepep-nix-install"),
+        "{err}"
+    );
+    // Nothing was written beside the prefix, nor into the directory that is not the user's.
+    let entries: Vec<_> = after
+        .iter()
+        .filter(|(rel, _)| rel.components().count() == 1)
+        .map(|(rel, _)| rel.clone())
+        .collect();
+    assert_eq!(entries, ["theirs", "x"].map(std::path::PathBuf::from));
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+}
+
+/// Whether this process runs as root (read from /proc, without libc).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP during the unpacking: the process dies of the signal
+/// (as a shell expects) after removing its staging directory, inside an existing prefix
+/// and beside a new one, and the parent directories it created for the new one.
+#[test]
+fn a_signal_during_install_removes_staging_and_created_parents() {
+    // 128 MiB of zeros: a 20 KiB archive that takes about a second to unpack.
+    let big = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
+        E::File(&format!("{TOP}/lib/zeros"), &vec![0u8; 128 << 20], 0o644),
+    ]);
+    let repo = repo_pinning(&big, &good_wheel());
+    let files = tempfile::tempdir().unwrap();
+    let archive = write(files.path(), &format!("{TOP}.tar.xz"), &big);
+    for (sig, name) in [(2, "INT"), (15, "TERM"), (1, "HUP")] {
+        let work = files.path().join(format!("work-{name}"));
+        let existing = work.join("existing");
+        std::fs::create_dir_all(&existing).unwrap();
+        let new = work.join("new1/new2/pfx");
+        for prefix in [&existing, &new] {
+            let before = common::snapshot(&work);
+            let mut args = vec![
+                "install",
+                "--file",
+                archive.to_str().unwrap(),
+                "--prefix",
+                prefix.to_str().unwrap(),
+                "--max-unpacked-size",
+                "1G",
+            ];
+            args.extend(x86_unless_host());
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+                .args(&args)
+                .current_dir(repo.path())
+                .env_remove("DEEPEP_NIX_REPO")
+                .env("DEEPEP_NIX_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let start = std::time::Instant::now();
+            loop {
+                // Inside the prefix or beside it (where the old code staged).
+                let staged = [prefix.as_path(), prefix.parent().unwrap()]
+                    .iter()
+                    .any(|d| {
+                        std::fs::read_dir(d).ok().is_some_and(|rd| {
+                            rd.filter_map(|e| e.ok()).any(|e| {
+                                e.file_name()
+                                    .to_string_lossy()
+                                    .starts_with(".deepep-nix-install-")
+                            })
+                        })
+                    });
+                if staged {
+                    break;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    let out = child.wait_with_output().unwrap();
+                    panic!(
+                        "install ended ({status}) before its staging directory was seen: {}",
+                        common::stderr(&out)
+                    );
+                }
+                assert!(
+                    start.elapsed().as_secs() < 60,
+                    "no staging directory after 60 s"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let kill = std::process::Command::new("kill")
+                .args([format!("-{name}"), child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(kill.success());
+            let out = child.wait_with_output().unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                out.status.signal(),
+                Some(sig),
+                "SIG{name} into {}: {:?} {}",
+                prefix.display(),
+                out.status,
+                common::stderr(&out)
+            );
+            assert_eq!(
+                common::snapshot(&work),
+                before,
+                "SIG{name} into {}: staging directory and new parents removed",
+                prefix.display()
+            );
+        }
+    }
+}
+
+/// Under `nohup` SIGHUP is ignored, and the signal handling must keep it so: the install
+/// goes on to the end.
+#[test]
+fn nohup_keeps_sighup_ignored() {
+    let big = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
+        E::File(&format!("{TOP}/lib/zeros"), &vec![0u8; 64 << 20], 0o644),
+    ]);
+    let repo = repo_pinning(&big, &good_wheel());
+    let files = tempfile::tempdir().unwrap();
+    let archive = write(files.path(), &format!("{TOP}.tar.xz"), &big);
+    let prefix = files.path().join("p");
+    let mut child = std::process::Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_deepep-nix"))
+        .args(["install", "--file", archive.to_str().unwrap()])
+        .args([
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--max-unpacked-size",
+            "1G",
+        ])
+        .args(x86_unless_host())
+        .current_dir(repo.path())
+        .env_remove("DEEPEP_NIX_REPO")
+        .env("DEEPEP_NIX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !std::fs::read_dir(files.path()).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".deepep-nix-install-")
+    }) {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "no staging directory after 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        common::stderr(&out)
+    );
+    assert_eq!(
+        std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
+        64 << 20
+    );
+}
