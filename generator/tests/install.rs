@@ -1300,6 +1300,14 @@ fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Sends SIGname to `pid` with the shell's `kill` (a builtin, so no procps is needed).
+fn send(name: &str, pid: u32) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", "kill -s \"$1\" \"$2\"", "sh", name, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Ctrl-C (SIGINT), SIGTERM and SIGHUP during the unpacking: the process dies of the signal
 /// (as a shell expects) after removing its staging directory, inside an existing prefix
 /// and beside a new one, and the parent directories it created for the new one.
@@ -1370,11 +1378,7 @@ fn a_signal_during_install_removes_staging_and_created_parents() {
                 );
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            let kill = std::process::Command::new("kill")
-                .args([format!("-{name}"), child.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(kill.success());
+            assert!(send(name, child.id()));
             let out = child.wait_with_output().unwrap();
             use std::os::unix::process::ExitStatusExt;
             assert_eq!(
@@ -1441,9 +1445,7 @@ fn nohup_keeps_sighup_ignored() {
         );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let _ = std::process::Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status();
+    send("HUP", child.id());
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
