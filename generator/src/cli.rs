@@ -187,16 +187,17 @@ pub struct ReleasesArgs {
 /// Which locked artifact: shared by `verify` and `install`.
 #[derive(Debug, Clone, Args)]
 pub struct SelectArgs {
-    /// NVSHMEM release, e.g. 3.4.5.
+    /// NVSHMEM release, e.g. 3.4.5 (with --file: read from the file name).
     #[arg(long = "version", value_name = "VERSION")]
     pub nvshmem_version: Option<String>,
-    /// CUDA major: 12 or 13.
+    /// CUDA major: 12 or 13 (with --file: read from the file name).
     #[arg(long, value_parser = ["12", "13"])]
     pub cuda: Option<String>,
-    /// Nix system [default: this machine's].
+    /// Nix system [default: with --file, what its name says; else this machine's].
     #[arg(long, value_parser = ["x86_64-linux", "aarch64-linux"])]
     pub system: Option<String>,
-    /// Artifact source [default: nvidia when the lock pins it, else pypi].
+    /// Artifact source [default: with --file, what its name or extension says; else nvidia
+    /// when the lock pins it, else pypi].
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
 }
