@@ -187,16 +187,17 @@ pub struct ReleasesArgs {
 /// Which locked artifact: shared by `verify` and `install`.
 #[derive(Debug, Clone, Args)]
 pub struct SelectArgs {
-    /// NVSHMEM release, e.g. 3.4.5.
+    /// NVSHMEM release, e.g. 3.4.5 (with --file: read from the file name).
     #[arg(long = "version", value_name = "VERSION")]
     pub nvshmem_version: Option<String>,
-    /// CUDA major: 12 or 13.
+    /// CUDA major: 12 or 13 (with --file: read from the file name).
     #[arg(long, value_parser = ["12", "13"])]
     pub cuda: Option<String>,
-    /// Nix system [default: this machine's].
+    /// Nix system [default: with --file, what its name says; else this machine's].
     #[arg(long, value_parser = ["x86_64-linux", "aarch64-linux"])]
     pub system: Option<String>,
-    /// Artifact source [default: nvidia when the lock pins it, else pypi].
+    /// Artifact source [default: with --file, what its name or extension says; else nvidia
+    /// when the lock pins it, else pypi].
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
 }
@@ -227,8 +228,10 @@ pub struct VerifyArgs {
     pub net: NetArgs,
     #[command(flatten)]
     pub select: SelectArgs,
-    /// Local file to verify instead of downloading (repeatable). Without --version etc. the
-    /// lock entry is found by the file's name. A local file that fails is left in place.
+    /// Local file to verify instead of downloading (repeatable). Its lock entry is found by
+    /// its file name; --version/--cuda/--system/--source, if given, must agree with the name.
+    /// A file the lock does not name needs --version and --cuda (its extension gives the
+    /// source). A local file that fails is left in place.
     #[arg(long = "file", value_name = "PATH")]
     pub files: Vec<PathBuf>,
     /// Directory to download into (resumes <name>.part; a file that fails is deleted).
@@ -261,11 +264,15 @@ pub struct InstallArgs {
     #[command(flatten)]
     pub select: SelectArgs,
     /// Install into this directory (must not exist or be empty, unless --replace); missing
-    /// parents are created, and removed again if the install fails.
+    /// parents are created, and removed again if the install fails or is interrupted. An
+    /// existing directory (a mount point, or one in a parent you cannot write) is kept and
+    /// filled from a staging directory inside it; nothing is written beside it.
     #[arg(long, value_name = "DIR")]
     pub prefix: PathBuf,
-    /// Use this local archive (.tar.xz or .whl) instead of downloading; it is verified
-    /// against the lock first.
+    /// Use this local archive (.tar.xz or .whl) instead of downloading. As with `verify
+    /// --file`, its release, CUDA major, system and source are read from its file name (flags
+    /// given must agree), and it is verified against that artifact's pinned hash first. A
+    /// build for another system than this machine's needs --system.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Download cache [default: $XDG_CACHE_HOME/deepep-nix or ~/.cache/deepep-nix].
@@ -434,29 +441,7 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
         report.push((pinned, path));
     } else {
         for file in &args.files {
-            let pinned = if sel.is_empty() {
-                let name = file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let mut hits = v::by_filename(&lock, &name);
-                match hits.len() {
-                    1 => hits.remove(0),
-                    0 => return Err(Error::Usage(format!(
-                        "{}: no artifact named {name:?} in the lock; pass --version/--cuda/--system/--source to pick the entry",
-                        file.display()))),
-                    _ => return Err(Error::Usage(format!(
-                        "{}: {} lock entries are named {name:?}; pass --version/--cuda/--system/--source", file.display(), hits.len()))),
-                }
-            } else {
-                v::select(&lock, &sel)?
-            };
-            if !file.is_file() {
-                return Err(Error::Usage(format!(
-                    "--file {}: no such file",
-                    file.display()
-                )));
-            }
+            let pinned = v::resolve_file(&lock, &sel, file)?;
             v::check_file(file, &pinned.artifact, OnMismatch::Keep)?;
             report.push((pinned, file.clone()));
         }
@@ -593,12 +578,118 @@ fn default_cache() -> PathBuf {
         .join("deepep-nix")
 }
 
+/// `s` as one shell word: as is when it holds only characters no shell treats specially,
+/// else single-quoted.
+fn sh_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%=".contains(&b))
+    {
+        s.to_string()
+    } else {
+        crate::install::sh_quote(s)
+    }
+}
+
+/// A download of NVIDIA's tarball that failed for want of an answer (NVIDIA's host is not
+/// reachable from every network) gets the command that installs the same release from the
+/// PyPI wheel, when the lock pins one.
+fn suggest_pypi(
+    e: Error,
+    lock: &crate::lock::Lock,
+    pinned: &crate::verify::Pinned,
+    args: &InstallArgs,
+) -> Error {
+    let Error::Http { url, msg } = e else {
+        return e;
+    };
+    let wheel = crate::verify::select(
+        lock,
+        &crate::verify::Selector {
+            source: Some(SourceKind::Pypi),
+            ..sel_of(pinned)
+        },
+    );
+    match (pinned.source, wheel) {
+        (SourceKind::Nvidia, Ok(w)) => {
+            let mut cmd = format!(
+                "deepep-nix install --version {} --cuda {} --system {} --source pypi --prefix {}",
+                w.version,
+                w.cuda,
+                w.system,
+                sh_word(&args.prefix.display().to_string())
+            );
+            if let Some(r) = &args.repo.repo {
+                cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
+            }
+            if let Some(c) = &args.cache {
+                cmd += &format!(" --cache {}", sh_word(&c.display().to_string()));
+            }
+            if args.replace {
+                cmd += " --replace";
+            }
+            if args.shell == crate::install::Shell::Fish {
+                cmd += " --shell fish";
+            }
+            Error::Http {
+                url,
+                msg: format!(
+                    "{msg}; the lock also pins this release's PyPI wheel ({}), which installs the same \
+                     NVSHMEM: `{cmd}`",
+                    w.artifact.filename
+                ),
+            }
+        }
+        _ => Error::Http { url, msg },
+    }
+}
+
+/// The selector that picks exactly `p`.
+fn sel_of(p: &crate::verify::Pinned) -> crate::verify::Selector {
+    crate::verify::Selector {
+        version: p.version.parse().ok(),
+        system: Some(p.system),
+        cuda: p.cuda.parse().ok(),
+        source: Some(p.source),
+    }
+}
+
 pub fn install(args: &InstallArgs) -> Result<i32> {
     use crate::install::{self as inst, Format};
     use crate::verify::{self as v, OnMismatch};
+    // Ctrl-C (or SIGTERM, SIGHUP) during the unpacking removes the staging directory and the
+    // parent directories created for the prefix before the process ends.
+    if let Err(e) = crate::interrupt::undo_on_signal() {
+        tracing::warn!(
+            "cannot handle signals ({e}); an interrupted install may leave a {}* directory behind",
+            inst::STAGING_PREFIX
+        );
+    }
     let found = repo::find_repo(args.repo.repo.as_deref())?;
     let (lock, _, _) = repo::read_lock(found.as_ref())?;
-    let pinned = v::select(&lock, &args.select.selector()?)?;
+    let sel = args.select.selector()?;
+    let pinned = match &args.file {
+        Some(f) => v::resolve_file(&lock, &sel, f)?,
+        None => v::select(&lock, &sel)?,
+    };
+    if let (None, Some(host)) = (sel.system, crate::model::System::host()) {
+        if pinned.system != host {
+            let sibling = v::select(
+                &lock,
+                &v::Selector {
+                    system: Some(host),
+                    ..sel_of(&pinned)
+                },
+            )
+            .map(|o| format!(", or use the {host} file {}", o.artifact.filename))
+            .unwrap_or_default();
+            return Err(Error::Usage(format!(
+                "{} is the {} build, but this machine is {host}; pass --system {} to install it anyway \
+                 (for hosts of that kind){sibling}",
+                pinned.artifact.filename, pinned.system, pinned.system
+            )));
+        }
+    }
     eprintln!(
         "installing NVSHMEM {} from {}",
         pinned.describe(),
@@ -613,7 +704,8 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             &args.net.http(true, PINNED_URL_HINT)?,
             &pinned,
             &args.cache.clone().unwrap_or_else(default_cache),
-        )?,
+        )
+        .map_err(|e| suggest_pypi(e, &lock, &pinned, args))?,
     };
     let format = Format::detect(&pinned.artifact.format).ok_or_else(|| {
         Error::upstream(

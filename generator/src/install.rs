@@ -4,9 +4,11 @@
 //! Safety: every entry path must be relative without `..`; symlink and hard-link targets
 //! must resolve inside the prefix (following the archive's own symlinks, so a chain of
 //! individually harmless links cannot escape); symlinks are created last, so no file is
-//! ever written through one. Everything is unpacked into a temporary directory next to the
-//! prefix and renamed into place at the end; on any error the prefix is untouched, and
-//! parent directories created for a new prefix are removed again.
+//! ever written through one. Everything is unpacked into a staging directory and renamed
+//! into place at the end (inside an existing prefix, which is itself never renamed, so mount
+//! points and prefixes in unwritable parents work; beside a missing one); on any error the
+//! prefix is as before, and parent directories created for a new prefix are removed again.
+//! A signal (SIGINT, SIGTERM, SIGHUP) removes them as well, see [`crate::interrupt`].
 //!
 //! Bounds: the unpacked bytes may be at most [`UNPACKED_RATIO`] times the (verified)
 //! archive's size unless the caller raises the bound (`--max-unpacked-size`); a decompression
@@ -19,6 +21,7 @@ use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::interrupt::guarded;
 
 /// Archive formats NVSHMEM ships in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +181,7 @@ impl<'a> Stager<'a> {
 
     fn dir(&self, rel: &[String]) -> Result<()> {
         let p = self.path_of(rel);
-        fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))
+        guarded(|| fs::create_dir_all(&p)).map_err(|e| Error::io(&p, e))
     }
 
     /// Counts `n` more unpacked bytes against the bound.
@@ -199,10 +202,14 @@ impl<'a> Stager<'a> {
     fn file(&mut self, entry: &str, rel: &[String], mode: u32, mut data: impl Read) -> Result<()> {
         use std::io::Write;
         let p = self.path_of(rel);
-        if let Some(parent) = p.parent() {
-            fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        }
-        let mut f = File::create(&p).map_err(|e| Error::io(&p, e))?;
+        // Each step that writes holds the interrupt guard (reading the archive does not), so
+        // a signal's cleanup never races with it; see `crate::interrupt`.
+        let mut f = guarded(|| {
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            }
+            File::create(&p).map_err(|e| Error::io(&p, e))
+        })?;
         let mut buf = vec![0u8; 1 << 16];
         loop {
             let n = match data.read(&mut buf) {
@@ -212,9 +219,9 @@ impl<'a> Stager<'a> {
                 Err(e) => return Err(corrupt(self.archive, entry, e)),
             };
             self.count(entry, n as u64)?;
-            f.write_all(&buf[..n]).map_err(|e| Error::io(&p, e))?;
+            guarded(|| f.write_all(&buf[..n])).map_err(|e| Error::io(&p, e))?;
         }
-        set_mode(&p, if mode & 0o111 != 0 { 0o755 } else { 0o644 })
+        guarded(|| set_mode(&p, if mode & 0o111 != 0 { 0o755 } else { 0o644 }))
     }
 
     /// Validates and creates the deferred links.
@@ -243,21 +250,23 @@ impl<'a> Stager<'a> {
             }
             let dst = self.path_of(at);
             if let Some(parent) = dst.parent() {
-                fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+                guarded(|| fs::create_dir_all(parent)).map_err(|e| Error::io(parent, e))?;
             }
             let len = fs::metadata(&src).map_err(|e| Error::io(&src, e))?.len();
             hard_copies.push((entry.clone(), src, dst, len));
         }
         for (entry, src, dst, len) in hard_copies {
             self.count(&entry, len)?;
-            fs::copy(&src, &dst).map_err(|e| Error::io(&dst, e))?;
+            guarded(|| fs::copy(&src, &dst)).map_err(|e| Error::io(&dst, e))?;
         }
         for (_, at, target) in &self.symlinks {
             let p = self.path_of(at);
-            if let Some(parent) = p.parent() {
-                fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-            }
-            std::os::unix::fs::symlink(target, &p).map_err(|e| Error::io(&p, e))?;
+            guarded(|| {
+                if let Some(parent) = p.parent() {
+                    fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+                }
+                std::os::unix::fs::symlink(target, &p).map_err(|e| Error::io(&p, e))
+            })?;
         }
         Ok(())
     }
@@ -440,17 +449,28 @@ fn require_host_lib(dir: &Path) -> Result<()> {
 /// top-level entries of the archive being installed (`also`). Returns what it holds;
 /// otherwise a usage error naming what is missing or foreign, and the fix.
 pub fn earlier_install(dir: &Path, also: &[String]) -> Result<Replaced> {
+    earlier_install_but(dir, also, &[])
+}
+
+/// [`earlier_install`], not looking at the entries named in `ignore` (this install's own
+/// staging directory).
+fn earlier_install_but(dir: &Path, also: &[String], ignore: &[String]) -> Result<Replaced> {
     let shown = dir.display();
     require_host_lib(dir)?;
     let mut entries = Vec::new();
     let mut foreign = Vec::new();
+    let mut files = 0;
     for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let e = e.map_err(|e| Error::io(dir, e))?;
         let name = e.file_name().to_string_lossy().into_owned();
+        if ignore.contains(&name) {
+            continue;
+        }
         let is_dir = e
             .file_type()
             .map_err(|err| Error::io(e.path(), err))?
             .is_dir();
+        files += if is_dir { count_files(&e.path())? } else { 1 };
         if (is_dir && INSTALL_ENTRIES.contains(&name.as_str()))
             || (!is_dir && name.to_ascii_lowercase().starts_with("license"))
             || also.contains(&name)
@@ -465,16 +485,14 @@ pub fn earlier_install(dir: &Path, also: &[String]) -> Result<Replaced> {
         return Err(Error::Usage(format!(
             "--prefix {shown} is not an earlier NVSHMEM install: it also holds {}, which NVSHMEM does not install \
              (an install has only {}, LICENSE* files and what this archive has at its top), so --replace does not remove it; \
-             move those out (or remove the directory yourself) and run again",
+             move those out (or remove the directory yourself) and run again{}",
             foreign.join(", "),
-            INSTALL_ENTRIES.join("/, ") + "/"
+            INSTALL_ENTRIES.join("/, ") + "/",
+            leftover_hint(dir, &foreign)
         )));
     }
     entries.sort();
-    Ok(Replaced {
-        entries,
-        files: count_files(dir)?,
-    })
+    Ok(Replaced { entries, files })
 }
 
 /// Non-directory entries below `dir` (symlinks are not followed).
@@ -494,11 +512,89 @@ fn count_files(dir: &Path) -> Result<u64> {
     Ok(n)
 }
 
+/// Name prefix of the staging directory (beside a new prefix, or inside an existing one).
+pub const STAGING_PREFIX: &str = ".deepep-nix-install-";
+/// Name prefix of the directory inside the prefix that an earlier install is moved to.
+pub const OLD_PREFIX: &str = ".deepep-nix-old-";
+
+/// What an interrupted install may leave behind (when killed with SIGKILL, which cannot be
+/// caught), among `names`.
+fn leftovers(names: &[String]) -> Vec<&String> {
+    names
+        .iter()
+        .filter(|n| n.starts_with(STAGING_PREFIX) || n.starts_with(OLD_PREFIX))
+        .collect()
+}
+
+/// ` (… is what an interrupted install left behind: remove it with `rm -rf …`)` when
+/// `names` (entries of `dir`) hold such leftovers, else nothing.
+fn leftover_hint(dir: &Path, names: &[String]) -> String {
+    let left = leftovers(names);
+    if left.is_empty() {
+        return String::new();
+    }
+    let paths: Vec<String> = left
+        .iter()
+        .map(|n| sh_quote(&dir.join(n).display().to_string()))
+        .collect();
+    format!(
+        " ({} {} what an interrupted install left behind: remove {} with `rm -rf {}`)",
+        left.iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if left.len() == 1 { "is" } else { "are" },
+        if left.len() == 1 { "it" } else { "them" },
+        paths.join(" ")
+    )
+}
+
+/// The entries of directory `dir`, by name.
+fn names_in(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        out.push(e.file_name().to_string_lossy().into_owned());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether `e` means this user may not write there (permissions, or a read-only mount).
+fn not_writable(e: &io::Error) -> bool {
+    const EROFS: i32 = 30;
+    e.kind() == io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(EROFS)
+}
+
+/// The error without the random staging path tempfile appends (`… at path "…"`), which
+/// says nothing to the user.
+fn os_error(e: io::Error) -> io::Error {
+    if e.raw_os_error().is_some() {
+        return e;
+    }
+    let text = e.to_string();
+    match text.split_once(" at path ") {
+        Some((msg, _)) => io::Error::new(e.kind(), msg.to_string()),
+        None => e,
+    }
+}
+
 /// Unpacks `archive` into `prefix`. `prefix` must not exist or be an empty directory, unless
 /// `opts.replace` is set and it holds an earlier install ([`earlier_install`]); that one is
 /// swapped out only after the new tree is complete. Adds
-/// `lib/libnvshmem_host.so -> libnvshmem_host.so.3` when missing. On error nothing changed:
-/// parent directories created for the prefix are removed again.
+/// `lib/libnvshmem_host.so -> libnvshmem_host.so.3` when missing.
+///
+/// Where it stages: a prefix that exists (empty, or an earlier install) is never renamed or
+/// removed; the archive is unpacked into a staging directory inside it, whose entries are
+/// then renamed into place (an earlier install's entries first into a directory beside
+/// them), all or none: a failed rename moves back what was moved. So a mount point works,
+/// and so does a prefix whose parent the user may not write; the directory keeps its owner,
+/// mode and inode. A missing prefix is staged beside itself in its parent (created as
+/// needed) and renamed into place in one step.
+///
+/// On error the prefix is as before, and parent directories created for it are removed
+/// again. The steps are registered with [`crate::interrupt`], so a signal handled there
+/// removes the staging directory and those parents too.
 pub fn install_with(
     archive: &Path,
     format: Format,
@@ -507,8 +603,8 @@ pub fn install_with(
 ) -> Result<Installed> {
     let prefix = absolute(prefix)?;
     let shown = prefix.display();
-    let mut replace_existing = false;
-    match fs::symlink_metadata(&prefix) {
+    // `None`: missing; `Some(occupied)`: an existing directory, holding an earlier install.
+    let existing = match fs::symlink_metadata(&prefix) {
         Ok(m) if m.file_type().is_symlink() => {
             return Err(Error::Usage(format!(
                 "--prefix {shown} is a symlink; pass the directory it points to"
@@ -525,33 +621,22 @@ pub fn install_with(
             )));
         }
         Ok(_) => {
-            let empty = fs::read_dir(&prefix)
-                .map_err(|e| Error::io(&prefix, e))?
-                .next()
-                .is_none();
-            if !empty {
-                if !opts.replace {
-                    return Err(Error::Usage(format!(
-                        "--prefix {shown} exists and is not empty; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install"
-                    )));
-                }
+            let names = names_in(&prefix)?;
+            if names.is_empty() {
+                Some(false)
+            } else if !opts.replace {
+                return Err(Error::Usage(format!(
+                    "--prefix {shown} exists and is not empty{}; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install",
+                    leftover_hint(&prefix, &names)
+                )));
+            } else {
                 require_host_lib(&prefix)?;
-                replace_existing = true;
+                Some(true)
             }
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io(&prefix, e)),
-    }
-    let parent = prefix
-        .parent()
-        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?
-        .to_path_buf();
-    // Ancestors that do not exist yet, deepest first: removed again on failure.
-    let created: Vec<PathBuf> = parent
-        .ancestors()
-        .take_while(|d| fs::symlink_metadata(d).is_err())
-        .map(Path::to_path_buf)
-        .collect();
+    };
     let limit = match opts.max_unpacked {
         Some(n) => (n, "--max-unpacked-size".to_string()),
         None => {
@@ -564,35 +649,23 @@ pub fn install_with(
             )
         }
     };
-    let result = (|| {
-        fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        publish(archive, format, &prefix, &parent, replace_existing, limit)
-    })();
-    if result.is_err() {
-        for d in &created {
-            let _ = fs::remove_dir(d);
-        }
-    }
-    result.map(|replaced| Installed { prefix, replaced })
+    let replaced = match existing {
+        None => install_new(archive, format, &prefix, limit).map(|()| None),
+        Some(occupied) => install_existing(archive, format, &prefix, occupied, limit),
+    }?;
+    Ok(Installed { prefix, replaced })
 }
 
-/// Unpacks into a staging directory in `parent` and renames it to `prefix`. With
-/// `occupied`, the prefix must hold an earlier install ([`earlier_install`], checked against
-/// the new tree's top level), which is swapped out and described in the result.
-fn publish(
+/// Unpacks `archive` into the (empty) directory `root` and completes the tree: links
+/// checked and created, `lib/libnvshmem_host.so.3` required, the unversioned link added.
+fn unpack_into(
     archive: &Path,
     format: Format,
-    prefix: &Path,
-    parent: &Path,
-    occupied: bool,
+    root: &Path,
     (limit, limit_why): (u64, String),
-) -> Result<Option<Replaced>> {
-    let staging = tempfile::Builder::new()
-        .prefix(".deepep-nix-install-")
-        .tempdir_in(parent)
-        .map_err(|e| Error::io(parent, e))?;
+) -> Result<()> {
     let mut stage = Stager {
-        root: staging.path(),
+        root,
         archive,
         symlinks: Vec::new(),
         hardlinks: Vec::new(),
@@ -605,55 +678,251 @@ fn publish(
         Format::Wheel => unpack_wheel(archive, &mut stage)?,
     }
     stage.finish()?;
-    let host = staging.path().join(HOST_LIB);
+    let host = root.join(HOST_LIB);
     if !host.is_file() {
         return Err(Error::Usage(format!(
             "{} has no {HOST_LIB}; it is not an NVSHMEM archive",
             archive.display()
         )));
     }
-    let link = staging.path().join(HOST_LIB_LINK);
+    let link = root.join(HOST_LIB_LINK);
     if fs::symlink_metadata(&link).is_err() {
-        std::os::unix::fs::symlink("libnvshmem_host.so.3", &link)
+        guarded(|| std::os::unix::fs::symlink("libnvshmem_host.so.3", &link))
             .map_err(|e| Error::io(&link, e))?;
     }
-    set_mode(staging.path(), 0o755)?;
-    let replaced = if occupied {
-        let mut tops = Vec::new();
-        for e in fs::read_dir(staging.path()).map_err(|e| Error::io(staging.path(), e))? {
-            let e = e.map_err(|e| Error::io(staging.path(), e))?;
-            tops.push(e.file_name().to_string_lossy().into_owned());
+    Ok(())
+}
+
+/// Forgets `tickets`; with `also` run first, under the same guard (so a signal sees either
+/// the registrations or the result of `also`).
+fn forget_all(tickets: Vec<crate::interrupt::Ticket>, also: impl FnOnce()) {
+    let mut g = crate::interrupt::guard();
+    also();
+    for t in tickets {
+        g.forget(t);
+    }
+}
+
+/// A missing prefix: stage in a directory beside it (creating its parents), then rename
+/// that directory to the prefix.
+fn install_new(archive: &Path, format: Format, prefix: &Path, limit: (u64, String)) -> Result<()> {
+    use crate::interrupt::{guard, Undo};
+    let parent = prefix
+        .parent()
+        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?
+        .to_path_buf();
+    // Ancestors that do not exist yet, deepest first: removed again on failure.
+    let created: Vec<PathBuf> = parent
+        .ancestors()
+        .take_while(|d| fs::symlink_metadata(d).is_err())
+        .map(Path::to_path_buf)
+        .collect();
+    let cannot_create = |e: io::Error| {
+        if !not_writable(&e) {
+            return Error::io(&parent, e);
         }
-        Some(earlier_install(prefix, &tops)?)
-    } else {
-        None
+        let e = os_error(e);
+        let blocked = parent
+            .ancestors()
+            .find(|d| fs::symlink_metadata(d).is_ok())
+            .unwrap_or(Path::new("/"));
+        let p = sh_quote(&prefix.display().to_string());
+        Error::Usage(format!(
+            "cannot create --prefix {}: {} is not writable by you ({e}); create the prefix and make it yours \
+             (`sudo mkdir -p {p} && sudo chown \"$USER\" {p}`), then run again (install writes only inside it), \
+             or pick a prefix below a directory you can write",
+            prefix.display(),
+            blocked.display()
+        ))
     };
-    // Publish: the staging dir becomes the prefix in one rename.
-    let staged = staging.keep();
+    let mut tickets = Vec::new();
     let result = (|| {
-        if prefix.exists() {
-            if occupied {
-                let old = tempfile::Builder::new()
-                    .prefix(".deepep-nix-old-")
-                    .tempdir_in(parent)
-                    .map_err(|e| Error::io(parent, e))?;
-                let old_path = old.path().join("prefix");
-                fs::rename(prefix, &old_path).map_err(|e| Error::io(prefix, e))?;
-                fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
-                drop(old); // removes the previous tree
-            } else {
-                fs::remove_dir(prefix).map_err(|e| Error::io(prefix, e))?;
-                fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
+        let staging = {
+            let mut g = guard();
+            for d in created.iter().rev() {
+                tickets.push(g.register(Undo::EmptyDir(d.clone())));
             }
+            fs::create_dir_all(&parent).map_err(&cannot_create)?;
+            let staging = tempfile::Builder::new()
+                .prefix(STAGING_PREFIX)
+                .tempdir_in(&parent)
+                .map_err(&cannot_create)?;
+            tickets.push(g.register(Undo::Tree(staging.path().to_path_buf())));
+            staging
+        };
+        unpack_into(archive, format, staging.path(), limit)?;
+        guarded(|| set_mode(staging.path(), 0o755))?;
+        // Publish: the staging directory becomes the prefix in one rename.
+        let _g = guard();
+        let staged = staging.keep();
+        fs::rename(&staged, prefix).map_err(|e| {
+            let _ = fs::remove_dir_all(&staged);
+            Error::io(prefix, e)
+        })
+    })();
+    forget_all(tickets, || {
+        if result.is_err() {
+            for d in &created {
+                let _ = fs::remove_dir(d);
+            }
+        }
+    });
+    result
+}
+
+/// An existing directory (empty, or with an earlier install when `occupied`): stage inside
+/// it, then move the entries into place with [`swap`].
+fn install_existing(
+    archive: &Path,
+    format: Format,
+    prefix: &Path,
+    occupied: bool,
+    limit: (u64, String),
+) -> Result<Option<Replaced>> {
+    use crate::interrupt::{guard, Undo};
+    let cannot_write = |e: io::Error| {
+        if !not_writable(&e) {
+            return Error::io(prefix, e);
+        }
+        let e = os_error(e);
+        let p = sh_quote(&prefix.display().to_string());
+        Error::Usage(format!(
+            "--prefix {} is not writable by you ({e}); make it yours (`sudo chown \"$USER\" {p}`) or pick a directory you can write",
+            prefix.display()
+        ))
+    };
+    let mut tickets = Vec::new();
+    let mut keep_old: Option<PathBuf> = None;
+    let result = (|| {
+        let staging = {
+            let mut g = guard();
+            let staging = tempfile::Builder::new()
+                .prefix(STAGING_PREFIX)
+                .tempdir_in(prefix)
+                .map_err(cannot_write)?;
+            tickets.push(g.register(Undo::Tree(staging.path().to_path_buf())));
+            staging
+        };
+        unpack_into(archive, format, staging.path(), limit)?;
+        let staging_name = file_name(staging.path());
+        let replaced = if occupied {
+            Some(earlier_install_but(
+                prefix,
+                &names_in(staging.path())?,
+                std::slice::from_ref(&staging_name),
+            )?)
         } else {
-            fs::rename(&staged, prefix).map_err(|e| Error::io(prefix, e))?;
+            None
+        };
+        let old = {
+            let mut g = guard();
+            let old = if occupied {
+                let old = tempfile::Builder::new()
+                    .prefix(OLD_PREFIX)
+                    .tempdir_in(prefix)
+                    .map_err(|e| Error::io(prefix, e))?;
+                tickets.push(g.register(Undo::Tree(old.path().to_path_buf())));
+                Some(old)
+            } else {
+                None
+            };
+            let skip: Vec<String> = std::iter::once(staging_name.clone())
+                .chain(old.as_ref().map(|o| file_name(o.path())))
+                .collect();
+            if let Err((e, stranded)) = swap(
+                prefix,
+                staging.path(),
+                old.as_ref().map(|o| o.path()),
+                &skip,
+            ) {
+                if stranded {
+                    // The earlier install is (partly) in `old`: not for a signal to remove.
+                    if let Some(t) = tickets.pop() {
+                        g.forget(t);
+                    }
+                    keep_old = old.map(|o| o.keep());
+                }
+                return Err(e);
+            }
+            old
+        };
+        // The new tree is in place: the previous one (moved aside) and the empty staging
+        // directory go.
+        drop(old);
+        drop(staging);
+        Ok(replaced)
+    })();
+    forget_all(tickets, || {});
+    match (result, keep_old) {
+        (Err(e), Some(old)) => Err(Error::io(
+            &old,
+            io::Error::other(format!(
+                "{e}; moving the earlier install back failed too: its entries are in {}, move them back into {} by hand",
+                old.display(),
+                prefix.display()
+            )),
+        )),
+        (result, _) => result,
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Moves the entries of `staging` into `prefix`; with `old`, first moves the entries of
+/// `prefix` (but those named in `skip`) into `old`. All or nothing: when a rename fails,
+/// what was moved is moved back. The error says whether entries of the earlier install
+/// could not be moved back (they are then still in `old`).
+fn swap(
+    prefix: &Path,
+    staging: &Path,
+    old: Option<&Path>,
+    skip: &[String],
+) -> std::result::Result<(), (Error, bool)> {
+    let mut moved_old: Vec<String> = Vec::new();
+    let mut moved_new: Vec<String> = Vec::new();
+    let moved = (|| {
+        if let Some(old) = old {
+            for n in names_in(prefix)? {
+                if skip.contains(&n) {
+                    continue;
+                }
+                fs::rename(prefix.join(&n), old.join(&n))
+                    .map_err(|e| Error::io(prefix.join(&n), e))?;
+                moved_old.push(n);
+            }
+        }
+        for n in names_in(staging)? {
+            let to = prefix.join(&n);
+            if fs::symlink_metadata(&to).is_ok() {
+                return Err(Error::io(
+                    &to,
+                    io::Error::new(io::ErrorKind::AlreadyExists, "appeared while installing"),
+                ));
+            }
+            fs::rename(staging.join(&n), &to).map_err(|e| Error::io(&to, e))?;
+            moved_new.push(n);
         }
         Ok(())
     })();
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&staged);
+    let Err(e) = moved else { return Ok(()) };
+    for n in moved_new.iter().rev() {
+        // Ours alone: removed where it cannot be moved back.
+        if fs::rename(prefix.join(n), staging.join(n)).is_err() {
+            let p = prefix.join(n);
+            let _ = fs::remove_dir_all(&p).or_else(|_| fs::remove_file(&p));
+        }
     }
-    result.map(|()| replaced)
+    let mut stranded = false;
+    if let Some(old) = old {
+        for n in moved_old.iter().rev() {
+            stranded |= fs::rename(old.join(n), prefix.join(n)).is_err();
+        }
+    }
+    Err((e, stranded))
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {
@@ -675,7 +944,8 @@ pub enum Shell {
     Fish,
 }
 
-fn sh_quote(s: &str) -> String {
+/// `s` in single quotes for POSIX shells.
+pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
@@ -745,6 +1015,74 @@ mod tests {
         assert!(resolve_inside(&v("y"), "loop", &links)
             .unwrap_err()
             .contains("loops"));
+    }
+
+    /// Every entry below `dir` with its file bytes (directories as `<dir>`).
+    fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                if p.is_dir() {
+                    out.push((rel, b"<dir>".to_vec()));
+                    stack.push(p);
+                } else {
+                    out.push((rel, fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn put(dir: &Path, rel: &str, content: &str) {
+        let p = dir.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, content).unwrap();
+    }
+
+    #[test]
+    fn swap_moves_everything_or_nothing() {
+        // Without an earlier install: `bin` moves, then `lib` cannot (the prefix has one),
+        // so `bin` moves back.
+        let t = tempfile::tempdir().unwrap();
+        let prefix = t.path().join("p");
+        let staging = prefix.join(".s");
+        put(&prefix, "lib/mine", "mine");
+        put(&staging, "bin/x", "new");
+        put(&staging, "lib/y", "new");
+        let before = tree(&prefix);
+        let (e, stranded) = swap(&prefix, &staging, None, &[".s".into()]).unwrap_err();
+        assert!(e.to_string().contains("appeared while installing"), "{e}");
+        assert!(!stranded);
+        assert_eq!(tree(&prefix), before);
+        // With one: its entries move aside first and come back when a later rename fails.
+        let t = tempfile::tempdir().unwrap();
+        let prefix = t.path().join("p");
+        let (staging, old) = (prefix.join(".s"), prefix.join(".o"));
+        put(&prefix, "include/old.h", "old");
+        put(&prefix, "lib/libnvshmem_host.so.3", "old");
+        put(
+            &prefix,
+            "keep/x",
+            "skipped, so it stays and blocks the new keep/",
+        );
+        put(&staging, "bin/x", "new");
+        put(&staging, "keep/y", "new");
+        fs::create_dir(&old).unwrap();
+        let before = tree(&prefix);
+        let skip = [".s".to_string(), ".o".to_string(), "keep".to_string()];
+        let (_, stranded) = swap(&prefix, &staging, Some(&old), &skip).unwrap_err();
+        assert!(!stranded);
+        assert_eq!(tree(&prefix), before);
+        // And when nothing is in the way, the earlier install ends up in `old`.
+        fs::remove_dir_all(prefix.join("keep")).unwrap();
+        swap(&prefix, &staging, Some(&old), &skip).unwrap();
+        assert_eq!(fs::read(prefix.join("keep/y")).unwrap(), b"new");
+        assert_eq!(fs::read(old.join("include/old.h")).unwrap(), b"old");
+        assert!(fs::read_dir(&staging).unwrap().next().is_none());
     }
 
     #[test]

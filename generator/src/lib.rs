@@ -13,6 +13,7 @@ pub mod generate;
 pub mod hash;
 pub mod http;
 pub mod install;
+pub mod interrupt;
 pub mod lock;
 pub mod model;
 pub mod nvidia;

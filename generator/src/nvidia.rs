@@ -218,7 +218,7 @@ fn cuda_key(k: &str) -> Option<u32> {
 }
 
 /// The CUDA major in a redist archive name such as `..._cuda13-archive.tar.xz`.
-fn cuda_from_path(rel: &str) -> Option<u32> {
+pub(crate) fn cuda_from_path(rel: &str) -> Option<u32> {
     let pos = rel.rfind("_cuda")?;
     let digits: String = rel[pos + 5..]
         .chars()

@@ -1,7 +1,8 @@
-//! A set of file changes that is checked (`--check`) or applied all together: every new
-//! file is first written to a temporary file in its destination directory, and only when
-//! all of them are written are they renamed into place (each rename is atomic; a failure
-//! before the renames leaves every destination untouched).
+//! A set of file changes that is checked (`--check`) or applied all together: every file
+//! whose bytes change is first written to a temporary file in its destination directory,
+//! and only when all of them are written are they renamed into place (each rename is
+//! atomic; a failure before the renames leaves every destination untouched). Files whose
+//! bytes are already right are left alone.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -143,12 +144,17 @@ impl Plan {
             .collect()
     }
 
-    /// Applies the plan: temp files first, then renames, then deletions. On any failure
-    /// before the renames, the temp files are removed and nothing on disk has changed.
+    /// Applies the plan: temp files first, then renames, then deletions. A file whose bytes
+    /// would not change is not written at all (its inode and mtime stay, so nothing that
+    /// watches it, such as a build script's `rerun-if-changed`, sees a change). On any
+    /// failure before the renames, the temp files are removed and nothing on disk has changed.
     pub fn apply(&self) -> Result<Vec<FileStatus>> {
         let statuses = self.statuses()?;
         let mut staged: Vec<(tempfile::NamedTempFile, &Path)> = Vec::new();
-        for c in &self.changes {
+        for (c, st) in self.changes.iter().zip(&statuses) {
+            if st.status == Status::Unchanged {
+                continue;
+            }
             if let Change::Write { path, bytes } = c {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

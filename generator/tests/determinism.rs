@@ -49,6 +49,85 @@ fn lock_twice_gives_identical_bytes() {
     assert_eq!(snapshot(repo.path()), once);
 }
 
+/// `(inode, mtime)` of every file below `dir`.
+fn identities(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    snapshot(dir)
+        .into_iter()
+        .filter(|(_, bytes)| bytes != b"<dir>")
+        .map(|(rel, _)| {
+            let m = std::fs::metadata(dir.join(&rel)).unwrap();
+            (rel, m.ino(), m.modified().unwrap())
+        })
+        .collect()
+}
+
+/// `kernels/build.rs` watches the generated files, so a `lock` that rewrites unchanged files
+/// makes the next cargo command rebuild for minutes: only files whose bytes change are
+/// written, and those atomically (a new file renamed over the old one).
+#[test]
+fn lock_writes_only_the_files_whose_bytes_change() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let repo = common::temp_repo_with_committed_data();
+    let r = repo.path().to_str().unwrap();
+    let data = repo.path().join("pkgs/nvshmem");
+    // An old mtime on every file, so that any rewrite would show in it.
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    for (rel, _, _) in identities(&data) {
+        std::fs::File::options()
+            .write(true)
+            .open(data.join(rel))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let nix = data.join("releases.nix");
+    let committed = std::fs::read(&nix).unwrap();
+    std::fs::write(&nix, b"# hand-edited\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&nix)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let before = identities(&data);
+    let out = run_in(repo.path(), &["lock", "--offline", "--repo", r]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let o = stdout(&out);
+    let changed: Vec<&str> = o.lines().filter(|l| l.starts_with("changed")).collect();
+    assert!(
+        changed.len() == 1 && changed[0].contains("releases.nix"),
+        "{o}"
+    );
+    let after = identities(&data);
+    assert_eq!(after.len(), before.len(), "no files added or left behind");
+    for ((rel, ino, mtime), (rel2, ino2, mtime2)) in before.iter().zip(&after) {
+        assert_eq!(rel, rel2);
+        if rel.as_path() == std::path::Path::new("releases.nix") {
+            assert_ne!(
+                ino, ino2,
+                "releases.nix is replaced by a rename, not rewritten in place"
+            );
+            assert_ne!(mtime, mtime2);
+        } else {
+            assert_eq!(
+                (ino, mtime),
+                (ino2, mtime2),
+                "{} was rewritten",
+                rel.display()
+            );
+        }
+    }
+    assert_eq!(std::fs::read(&nix).unwrap(), committed);
+    let m = std::fs::metadata(&nix).unwrap();
+    assert_eq!(m.permissions().mode() & 0o777, 0o644);
+    assert_eq!(m.nlink(), 1);
+    // A second run changes nothing at all.
+    let out = run_in(repo.path(), &["lock", "--offline", "--repo", r]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(identities(&data), after);
+}
+
 #[test]
 fn check_reports_drift_and_writes_nothing() {
     let repo = common::temp_repo_with_committed_data();
