@@ -92,6 +92,16 @@ _COMBINE_CONFIGS = {
 _DEFAULT_LL_GRID = 132
 
 
+def _current_raw_stream(device_index: int) -> int:
+    """The raw ``CUstream`` of torch's current stream on ``device_index``, without building a
+    ``torch.cuda.Stream`` object (microseconds per call on a path that runs every decode step)."""
+    torch = _torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def _torch():
     try:
         import torch
@@ -338,10 +348,12 @@ class LowLatencyHandle:
     nothing when never indexed); indexing, or combining, after two later dispatches on the
     Buffer raises ValueError (the dispatch's receive half was reused; docs/python.md)."""
 
-    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "_device", "_copies", "__weakref__")
+    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "num_tokens", "_device", "_copies",
+                 "__weakref__")
 
-    def __init__(self, native, num_max: int, hidden: int, num_experts: int, device=None) -> None:
+    def __init__(self, native, num_max: int, hidden: int, num_experts: int, device=None, num_tokens: int = 0) -> None:
         self.native = native
+        self.num_tokens = num_tokens
         self.num_max_dispatch_tokens_per_rank = num_max
         self.hidden = hidden
         self.num_experts = num_experts
@@ -392,6 +404,7 @@ class Buffer:
             raise ValueError("Either 'group' or 'comm' must be provided.")
         self._dispatch_views = _dispatch_views_from_env()
         self._runtime = None
+        self._comm_stream_obj = None
         self.explicitly_destroy = explicitly_destroy
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
@@ -489,14 +502,22 @@ class Buffer:
                 return
 
     def _rt(self):
-        if self._runtime is None:
+        # every public method checks the device error record first (@_checked), once per call
+        rt = self._runtime
+        if rt is None:
             raise RuntimeError("this Buffer was destroyed; create a new one")
-        check_device_error()
-        return self._runtime
+        return rt
+
+    def _cur(self) -> int:
+        return _current_raw_stream(self._device_index)
 
     def _comm_torch_stream(self):
-        torch = _torch()
-        return torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
+        # one ExternalStream object per Buffer (the comm stream never changes)
+        s = self._comm_stream_obj
+        if s is None:
+            torch = _torch()
+            s = self._comm_stream_obj = torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
+        return s
 
     def _begin(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool) -> None:
         # Like DeepEP, an EventOverlap without an event (from a call without async_finish) counts
@@ -510,12 +531,12 @@ class Buffer:
         if handle is not None:
             rt.comm_wait_event(handle.event)
         else:
-            rt.comm_wait_stream(_torch().cuda.current_stream().cuda_stream)
+            rt.comm_wait_stream(self._cur())
 
     def _end(self, async_finish: bool, tensors: Tuple[Any, ...], record: bool = True) -> EventOverlap:
         torch = _torch()
         if not async_finish:
-            self._rt().stream_wait_comm(torch.cuda.current_stream().cuda_stream)
+            self._rt().stream_wait_comm(self._cur())
             return EventOverlap(None)
         ev = self._rt().record_comm()
         if async_finish:
@@ -635,6 +656,7 @@ class Buffer:
         self._release_ll_refs()
         rt.destroy()
         self._runtime = None
+        self._comm_stream_obj = None
         self._next_combine_buffers = []
         self._next_combine_last = None
 
@@ -1076,50 +1098,66 @@ class Buffer:
                 raise ValueError(f"cumulative_local_expert_recv_stats must be [{local_experts}] (local experts)")
         self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
         rt = self._rt()
-        self._begin(None, async_finish, False)
-        r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0, return_recv_hook)
-        shape = tuple(r.recv_x_shape)
-        recv_x = self._ll_view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape)
-        recv_scales = None
-        if r.recv_scales is not None:
-            sp, sd, sshape = r.recv_scales
-            phys = self._ll_view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape))
-            recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
-        recv_count = self._ll_view(r.recv_count_ptr, torch.int32, (shape[0],))
-        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device)
-        self._ll_handles.add(handle)
-        native_hook = r.take_hook()
         stats = cumulative_local_expert_recv_stats
-
-        def add_stats():
+        cur = self._cur()
+        # One crossing into Rust: the comm stream waits for the current one, the kernel launches
+        # and (without async_finish) the current stream waits for the comm stream, so the caller
+        # may reuse x and topk_idx right away (with a hook too: the send half reads them; DeepEP
+        # launches a hooked call on the current stream itself). The stats are added on the
+        # current stream after that join (DeepEP adds them in its kernel), after the receive half
+        # with a hook; with async_finish on the comm stream before the event.
+        join_back = cur if not async_finish else None
+        r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0,
+                           return_recv_hook, cur, join_back)
+        shape = r.recv_x_shape
+        recv_x, recv_scales, recv_count = self._ll_outputs(r, shape, use_fp8)
+        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
+                                  num_tokens=n)
+        self._ll_handles.add(handle)
+        if return_recv_hook:
+            hook = self._make_hook(r.take_hook(), stats, recv_count)
+            if async_finish:
+                return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
+                    self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
+            return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, EventOverlap(None), hook
+        if async_finish:
             if stats is not None:
                 with torch.cuda.stream(self._comm_torch_stream()):
                     stats.add_(recv_count)
+            ev = self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
+        else:
+            if stats is not None:
+                stats.add_(recv_count)
+            ev = EventOverlap(None)
+        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
 
-        if not return_recv_hook:
-            add_stats()
-        ev = self._end(async_finish, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
-        hook = self._make_hook(native_hook, add_stats) if return_recv_hook else None
-        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, hook
-
-    def _ll_view(self, ptr: int, dtype, shape):
-        key = (ptr, dtype, shape)
-        t = self._ll_views.get(key)
-        if t is None:
-            # no owner: the memory lives as long as the low-latency buffer (until destroy() or
-            # its re-creation, which drop these cached views)
-            t = _view(ptr, dtype, shape, None, self._device)
-            self._ll_views[key] = t
-        return t
-
-    def _make_hook(self, native_hook, after: Callable[[], None]) -> Callable[[], None]:
-        def hook() -> None:
+    def _ll_outputs(self, r, shape, use_fp8: bool):
+        """Views of one low-latency dispatch's outputs (made once per buffer half and cached)."""
+        sc = r.recv_scales
+        key = (r.recv_x_ptr, use_fp8, sc[1] if sc is not None else None)
+        views = self._ll_views.get(key)
+        if views is None:
             torch = _torch()
-            rt = self._rt()
-            rt.comm_wait_stream(torch.cuda.current_stream().cuda_stream)
-            rt.ll_recv(native_hook)
-            after()
-            rt.stream_wait_comm(torch.cuda.current_stream().cuda_stream)
+            shape = tuple(shape)
+            recv_x = _view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, None, self._device)
+            recv_scales = None
+            if sc is not None:
+                sp, sd, sshape = sc
+                phys = _view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape), None, self._device)
+                recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
+            recv_count = _view(r.recv_count_ptr, torch.int32, (shape[0],), None, self._device)
+            views = (recv_x, recv_scales, recv_count)
+            self._ll_views[key] = views
+        return views
+
+    def _make_hook(self, native_hook, stats=None, recv_count=None) -> Callable[[], None]:
+        # The views have no owner: the memory lives as long as the low-latency buffer (until
+        # destroy() or its re-creation, which drop the cached views).
+        def hook() -> None:
+            cur = self._cur()
+            self._rt().ll_recv(native_hook, cur, cur)
+            if stats is not None:
+                stats.add_(recv_count)
 
         return hook
 
@@ -1148,16 +1186,19 @@ class Buffer:
             x = self._next_combine_last
         _need(topk_idx, "topk_idx", torch.int64, 2)
         _need(topk_weights, "topk_weights", torch.float32, 2)
-        n = handle.native.num_tokens
+        n = handle.num_tokens
         if out is None:
             out = torch.empty((n, handle.hidden), dtype=torch.bfloat16, device=self._device)
         else:
             _need(out, "out", torch.bfloat16, 2)
-        rt = self._rt()
-        self._begin(None, async_finish, False)
-        native_hook = rt.ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(), return_recv_hook)
-        ev = self._end(async_finish, (x, topk_idx, topk_weights, out), record=False)
-        hook = self._make_hook(native_hook, lambda: None) if return_recv_hook else None
+        cur = self._cur()
+        native_hook = self._rt().ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(),
+                                            return_recv_hook, cur, cur if not async_finish else None)
+        if async_finish:
+            ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
+        else:
+            ev = EventOverlap(None)
+        hook = self._make_hook(native_hook) if return_recv_hook else None
         return out, ev, hook
 
     @_checked

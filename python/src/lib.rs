@@ -526,6 +526,23 @@ impl Runtime {
             num_sms
         }
     }
+    /// The comm stream waits for the work queued so far on `stream` (a raw `CUstream`, 0 being
+    /// the legacy default stream; None = no join).
+    fn join_from(&mut self, stream: Option<u64>) -> PyResult<()> {
+        let Some(stream) = stream else { return Ok(()) };
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(as_stream(stream))?;
+        e.wait_raw(comm)
+    }
+    /// `stream` waits for the work queued so far on the comm stream (None = no join).
+    fn join_to(&mut self, stream: Option<u64>) -> PyResult<()> {
+        let Some(stream) = stream else { return Ok(()) };
+        let comm = self.gpu.cu_stream();
+        let e = self.join_event();
+        e.record_raw(comm)?;
+        e.wait_raw(as_stream(stream))
+    }
     fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
         if id != self.id {
             return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
@@ -575,18 +592,12 @@ impl Runtime {
     /// The comm stream waits for the work queued so far on `stream`.
     fn comm_wait_stream(&mut self, stream: u64) -> PyResult<()> {
         self.bind()?;
-        let comm = self.gpu.cu_stream();
-        let e = self.join_event();
-        e.record_raw(as_stream(stream))?;
-        e.wait_raw(comm)
+        self.join_from(Some(stream))
     }
     /// `stream` waits for the work queued so far on the comm stream.
     fn stream_wait_comm(&mut self, stream: u64) -> PyResult<()> {
         self.bind()?;
-        let comm = self.gpu.cu_stream();
-        let e = self.join_event();
-        e.record_raw(comm)?;
-        e.wait_raw(as_stream(stream))
+        self.join_to(Some(stream))
     }
     /// The comm stream waits for `event`.
     fn comm_wait_event(&self, event: &Event) -> PyResult<()> {
@@ -888,16 +899,21 @@ impl Runtime {
     }
 
     /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`), on the comm
-    /// stream. No host wait.
+    /// stream. No host wait. In the same call (one crossing from Python): the comm stream first
+    /// waits for `wait_for` and afterwards `join_back` waits for the comm stream (raw streams; None
+    /// = no join), the joins DeepEP makes around the launch.
     #[allow(clippy::too_many_arguments)]
-    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool) -> PyResult<NativeLlDispatch> {
+    #[pyo3(signature = (x, n, hidden, topk, k, use_fp8, round_scale, use_ue8m0, return_hook, wait_for = None, join_back = None))]
+    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<NativeLlDispatch> {
         self.bind()?;
+        self.join_from(wait_for)?;
         let gpu = self.gpu_static();
         let id = self.id;
         let xt = tensor_of(gpu, x, DType::Bf16, &[n, hidden]);
         let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
         let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
         let out = self.ll()?.dispatch(&xt, &it, opts).map_err(py_err)?;
+        self.join_to(join_back)?;
         let recv_scales = out.packed_recv_x_scales.as_ref().map(|t| (t.ptr(), if t.dtype() == DType::I32 { "int32" } else { "float32" }.to_string(), t.shape().to_vec()));
         let mut keep = vec![out.packed_recv_x.clone(), out.packed_recv_count.clone()];
         keep.extend(out.packed_recv_x_scales.clone());
@@ -913,10 +929,13 @@ impl Runtime {
     }
 
     /// Low-latency combine of bf16 `y` (`[L, R·num_max, hidden]`) into the caller's bf16 `out`
-    /// (`[n, hidden]`) with this rank's `topk_idx` / `topk_weights` (`[n, k]`), on the comm stream.
+    /// (`[n, hidden]`) with this rank's `topk_idx` / `topk_weights` (`[n, k]`), on the comm stream;
+    /// `wait_for` / `join_back` as for `ll_dispatch`.
     #[allow(clippy::too_many_arguments)]
-    fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool) -> PyResult<Option<NativeHook>> {
+    #[pyo3(signature = (y, topk, weights, handle, out, return_hook, wait_for = None, join_back = None))]
+    fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<Option<NativeHook>> {
         self.bind()?;
+        self.join_from(wait_for)?;
         self.check_owner(handle.runtime_id, "low-latency handle")?;
         let gpu = self.gpu_static();
         let id = self.id;
@@ -927,15 +946,20 @@ impl Runtime {
         let wt = tensor_of(gpu, weights, DType::F32, &[n, k]);
         let ot = tensor_of(gpu, out, DType::Bf16, &[n, h]);
         let r = self.ll()?.combine_into(&yt, &it, &wt, &handle.inner, &ot, return_hook).map_err(py_err)?;
+        self.join_to(join_back)?;
         Ok(r.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }))
     }
 
-    /// Launch the receive half of a hooked low-latency call on the comm stream (once).
-    fn ll_recv(&mut self, mut hook: PyRefMut<'_, NativeHook>) -> PyResult<()> {
+    /// Launch the receive half of a hooked low-latency call on the comm stream (once);
+    /// `wait_for` / `join_back` as for `ll_dispatch`.
+    #[pyo3(signature = (hook, wait_for = None, join_back = None))]
+    fn ll_recv(&mut self, mut hook: PyRefMut<'_, NativeHook>, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<()> {
         self.bind()?;
         self.check_owner(hook.runtime_id, "hook")?;
         let h = hook.hook.take().ok_or_else(|| PyRuntimeError::new_err("this receive hook was already called; each hook runs once"))?;
-        self.ll()?.recv(h).map_err(py_err)
+        self.join_from(wait_for)?;
+        self.ll()?.recv(h).map_err(py_err)?;
+        self.join_to(join_back)
     }
 
     /// (device address, bytes) of the local NVLink buffer (`rdma=False`) or symmetric buffer.

@@ -543,7 +543,7 @@ impl Module {
         // Images linked by nvlink (NVSHMEM) record only the total; the driver may then not know
         // the sizes either, so keep the total for a coarser check.
         let param_total = self.cubin.params(name).ok().and_then(|p| p.total);
-        Ok(Kernel { name: name.to_string(), func, params, param_total, module: self.clone(), dyn_smem: Arc::new(AtomicU32::new(48 * 1024)) })
+        Ok(Kernel { name: name.to_string(), func, params, param_total, module: self.clone(), dyn_smem: Arc::new(AtomicU32::new(48 * 1024)), occupancy: Arc::default() })
     }
 }
 
@@ -567,6 +567,10 @@ pub struct Kernel {
     param_total: Option<usize>,
     module: Arc<Module>,
     dyn_smem: Arc<AtomicU32>,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` results by (block threads, dynamic smem):
+    /// a cooperative launch checks the grid against it every call, and the driver query costs
+    /// microseconds of host time per launch while the answer never changes for a kernel.
+    occupancy: Arc<std::sync::Mutex<Vec<((u32, u32), u32)>>>,
 }
 
 // SAFETY: CUfunction handles are usable from any thread with the context bound.
@@ -639,6 +643,10 @@ impl Kernel {
 
     /// How many blocks of `block_threads` threads with `smem` dynamic shared bytes fit on one SM.
     pub fn max_blocks_per_sm(&self, block_threads: u32, smem: u32) -> Result<u32> {
+        let key = (block_threads, smem);
+        if let Some(&(_, n)) = self.occupancy.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(k, _)| *k == key) {
+            return Ok(n);
+        }
         if smem > 48 * 1024 {
             self.ensure_dynamic_smem(smem)?;
         }
@@ -647,6 +655,7 @@ impl Kernel {
         check(unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.func, block_threads as i32, smem as usize) }, || {
             format!("occupancy of {}", self.name)
         })?;
+        self.occupancy.lock().unwrap_or_else(|p| p.into_inner()).push((key, n as u32));
         Ok(n as u32)
     }
 }
