@@ -24,8 +24,15 @@
 #      python3Packages.deepep-kernels, and its refusal of a toolkit of another CUDA major.
 #      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
+#      The audit against nixpkgs (docs/nix.md, issue 22), over a stub modelling the recipes read:
+#      cuda_crt and cccl in every CUDA 13 toolkit root, DeepEP's arch list limited to what torch's
+#      extension builder accepts, one NVSHMEM per process (DeepEP and the python shell's binding
+#      against torch's NVSHMEM or torch rebuilt without), meta.broken instead of throws (overlay,
+#      a torch recipe that predates CUDA 13), and checks/nvshmem-maps.py on real processes
+#      (checks/nvshmem-maps-test.sh).
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
-#      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
+#      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt), and the
+#      maps test uses its real libnvshmem_host.so.3.
 #   6b. pkgs/workspace-src.nix: cargo metadata --offline over exactly the paths it lists (every
 #      workspace member present, as the Rust packages need).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
