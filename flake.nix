@@ -16,8 +16,11 @@
       # The driver packages' pnames, as nixpkgs names them (checks/default.nix, unfree-names):
       # pkgs/os-specific/linux/nvidia-x11/generic.nix "nvidia-x11", or "nvidia-dc" for the
       # datacenter drivers; settings.nix "nvidia-settings"; persistenced.nix "nvidia-persistenced";
-      # fabricmanager.nix "fabricmanager".
-      unfreeNames = [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" ];
+      # fabricmanager.nix "fabricmanager"; and, since the proprietary kernel modules became a
+      # derivation of their own (nixpkgs PR #498612: kernel-modules.nix at 37f8b96b, pname
+      # "nvidia-kernel-modules" with the driver's unfree licence, `nvidia_x11.mod`), that one; the
+      # open modules ("nvidia-open") are free.
+      unfreeNames = [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" "nvidia-kernel-modules" ];
       # torch with CUDA (packages.deep-ep) also needs cuDNN, cuSPARSELt and cuTENSOR (licence
       # names: nixpkgs pkgs/development/cuda-modules/_cuda/lib/licenses.nix).
       torchCudaLicenses = [ "cuDNN EULA" "cuSPARSELt EULA" "cuTENSOR EULA" ];
@@ -66,13 +69,15 @@
         {
           default = mkDevShell { inherit (p) nvshmem; kernels = p.deepep-kernels; };
           no-nvshmem = mkDevShell { nvshmem = null; kernels = p.deepep-kernels-no-nvshmem; };
-          # Python with torch (CUDA on, NVSHMEM's CUDA major) and DeepEP built against `nvshmem`;
-          # DeepEP's tests run from a checkout: python tests/test_intranode.py --num-processes 2
+          # Python with torch (CUDA on, NVSHMEM's CUDA major) and DeepEP built against the one
+          # NVSHMEM its process loads (`nvshmem`, or torch's: pkgs/deep-ep/package.nix,
+          # oneNvshmem); DeepEP's tests run from a checkout:
+          # python tests/test_intranode.py --num-processes 2
           deep-ep = pkgs.mkShell {
             packages = [ p.deep-ep.pythonEnv ];
             NVSHMEM_DIR = "${p.deep-ep.nvshmem}";
             shellHook = ''
-              echo "deepep-nix DeepEP shell: deep_ep ${p.deep-ep.version} + torch, NVSHMEM ${p.deep-ep.nvshmem.version} (CUDA ${p.deep-ep.nvshmem.cudaMajor}), TORCH_CUDA_ARCH_LIST ${p.deep-ep.torchCudaArchList}"
+              echo "deepep-nix DeepEP shell: deep_ep ${p.deep-ep.version} + torch ${p.deep-ep.torch.version}, NVSHMEM ${p.deep-ep.nvshmem.version} (CUDA ${p.deep-ep.cudaPackages.cudaMajorVersion}; ${p.deep-ep.oneNvshmem.why}), TORCH_CUDA_ARCH_LIST ${p.deep-ep.torchCudaArchList}"
             '';
           };
           # Python with torch (CUDA on, NVSHMEM's CUDA major) and our `deepep_kernels`
@@ -82,9 +87,11 @@
             let env = ours.${system}.deepepKernelsPythonEnv;
             in pkgs.mkShell {
               packages = [ env ];
-              passthru = { inherit (env) deepepKernels torch; };
+              # The binding prefers $NVSHMEM_DIR/lib; point it at the one NVSHMEM of this process.
+              NVSHMEM_DIR = "${env.deepepKernels.nvshmem}";
+              passthru = { inherit (env) deepepKernels torch oneNvshmem; };
               shellHook = ''
-                echo "deepep-nix Python shell: deepep_kernels ${env.deepepKernels.version} + torch, NVSHMEM ${env.deepepKernels.nvshmem.version} (CUDA ${env.deepepKernels.nvshmem.cudaMajor}); import deep_ep via the shim: docs/python.md"
+                echo "deepep-nix Python shell: deepep_kernels ${env.deepepKernels.version} + torch, NVSHMEM ${env.deepepKernels.nvshmem.version} (CUDA ${env.deepepKernels.nvshmem.cudaMajor}; ${env.oneNvshmem.why}); import deep_ep via the shim: docs/python.md"
               '';
             };
         });
@@ -102,8 +109,10 @@
         in s.missing // s.packages // {
           deepepGdrdrvFor = s.gdrdrvFor;
           # python3Packages.deep-ep (every Python's package set): DeepEP against this flake's
-          # `nvshmem`, with that package set's torch (which needs config.cudaSupport = true and
-          # NVSHMEM's CUDA major; pkgs/deep-ep/package.nix refuses anything else).
+          # `nvshmem` (or torch's, one NVSHMEM per process), with that package set's torch, which
+          # needs config.cudaSupport = true and NVSHMEM's CUDA major; otherwise the package is
+          # meta.broken with the reason in passthru.brokenConditions, as nixpkgs' own deep-ep
+          # (meta.broken = !cudaSupport), so evaluating the set never throws.
           pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
             # python3Packages.deepep-kernels: our `deepep_kernels` (python/), built in that set
             # with the kernels' toolkit and NVSHMEM (pkgs/default.nix mkDeepepKernelsPython).

@@ -3,7 +3,11 @@
 #   tests/test_intranode.py   --num-processes N   always
 #   tests/test_low_latency.py --num-processes N   when built with NVSHMEM
 # N = the largest of 1, 2, 4, 8 not above the GPUs in the sandbox (the tests' default expert
-# counts, 256 and 288, divide evenly by these). Needs a builder with the "cuda" system feature
+# counts, 256 and 288, divide evenly by these). First, one NVSHMEM per process: a Python of that
+# environment imports torch and deep_ep and its /proc/self/maps must show exactly one
+# libnvshmem_host.so.3, the one DeepEP's device code was built with (deep-ep.nvshmemLibDir;
+# ./nvshmem-maps.py), or, for the intranode-only build, at most torch's own. Needs a builder
+# with the "cuda" system feature
 # (docs/nix.md, "GPU runner"), like checks/gpu.nix. Exposed as deep-ep.gpuCheck and in the
 # flake's `gpuChecks`.
 { lib
@@ -20,6 +24,8 @@ runCommand "deep-ep-gpu-check-${deep-ep.version}"
     nativeBuildInputs = [ deep-ep.pythonEnv ];
     tests = "${deep-ep.src}/tests";
     withNvshmem = if deep-ep.withNvshmem then "1" else "";
+    mapsCheck = ./nvshmem-maps.py;
+    mapsRule = if deep-ep.withNvshmem then "--expect ${deep-ep.nvshmemLibDir}" else "--at-most-one";
     # tests/utils.py init_dist reads MASTER_ADDR/PORT (loopback: the sandbox has no other network).
     MASTER_ADDR = "127.0.0.1";
     MASTER_PORT = "8361";
@@ -38,7 +44,10 @@ runCommand "deep-ep-gpu-check-${deep-ep.version}"
     cp -r "$tests" tests
     chmod -R u+w tests
     cd tests
-    echo "== $gpus GPU(s); DeepEP tests with --num-processes $n" | tee "$out/summary.log"
+    echo "== one NVSHMEM per process (import torch, deep_ep; /proc/self/maps)" | tee "$out/summary.log"
+    # shellcheck disable=SC2086
+    python "$mapsCheck" $mapsRule deep_ep 2>&1 | tee "$out/nvshmem-maps.log"
+    echo "== $gpus GPU(s); DeepEP tests with --num-processes $n" | tee -a "$out/summary.log"
     python test_intranode.py --num-processes "$n" 2>&1 | tee "$out/test_intranode.log"
     echo "test_intranode.py --num-processes $n: passed" | tee -a "$out/summary.log"
     if [ -n "$withNvshmem" ]; then

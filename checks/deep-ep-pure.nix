@@ -144,7 +144,7 @@ in
   # ---- TORCH_CUDA_ARCH_LIST
   deepEpArchFromNixpkgsKeeps90AndNewer = {
     expr = d.archPlan { capabilities = [ "10.0" "7.5" "9.0" "8.6" "12.0" ]; withNvshmem = true; fromNixpkgs = true; };
-    expected = { problem = null; archList = "9.0;10.0;12.0"; disableSm90Features = false; dropped = [ "7.5" "8.6" ]; };
+    expected = { problem = null; archList = "9.0;10.0;12.0"; disableSm90Features = false; dropped = [ "7.5" "8.6" ]; droppedUnsupported = [ ]; };
   };
   deepEpArchHopperSpecific = {
     expr = (d.archPlan { capabilities = [ "9.0a" ]; withNvshmem = true; fromNixpkgs = true; }).archList;
@@ -160,13 +160,109 @@ in
       (matches ".*DISABLE_SM90_FEATURES=1.*withNvshmem = false.*" (d.archPlan { capabilities = [ "8.0" "9.0" ]; withNvshmem = true; fromNixpkgs = false; }).problem)
       (d.archPlan { capabilities = [ "8.0" "9.0" ]; withNvshmem = false; fromNixpkgs = false; })
     ];
-    expected = [ true { problem = null; archList = "8.0;9.0"; disableSm90Features = true; dropped = [ ]; } ];
+    expected = [ true { problem = null; archList = "8.0;9.0"; disableSm90Features = true; dropped = [ ]; droppedUnsupported = [ ]; } ];
   };
   deepEpArchBelow80Refused = {
     expr = matches ".*below 8.0 \\(\"7.5\"\\).*" (d.archPlan { capabilities = [ "7.5" ]; withNvshmem = false; fromNixpkgs = false; }).problem;
     expected = true;
   };
   deepEpArchEmptyRefused = { expr = (d.archPlan { capabilities = [ ]; withNvshmem = false; fromNixpkgs = false; }).problem != null; expected = true; };
+
+  # torch's extension builder rejects what its allowlist lacks ("Unknown CUDA arch"); nixpkgs'
+  # torch no longer narrows its capabilities to that list (7dec1fd5), so nixpkgs' entries it would
+  # reject are dropped (f-suffixed family targets, 11.0), explicit ones refused.
+  deepEpArchKeepsWhatTorchsExtensionBuilderAccepts = {
+    expr = d.archPlan { capabilities = [ "8.9" "9.0" "10.0" "10.0f" "10.3" "11.0" "12.0" "12.1" ]; withNvshmem = true; fromNixpkgs = true; accepted = d.torchAcceptedArches "2.13.0"; };
+    expected = { problem = null; archList = "9.0;10.0;10.3;12.0;12.1"; disableSm90Features = false; dropped = [ "8.9" "10.0f" "11.0" ]; droppedUnsupported = [ "10.0f" "11.0" ]; };
+  };
+  deepEpArchTorchBefore28HasNo103Or121 = {
+    expr = (d.archPlan { capabilities = [ "9.0" "10.0" "10.3" "12.1" ]; withNvshmem = true; fromNixpkgs = true; accepted = d.torchAcceptedArches "2.7.1"; }).archList;
+    expected = "9.0;10.0";
+  };
+  deepEpArchExplicitEntryTorchRejectsRefused = {
+    expr = map (c: (d.archPlan { capabilities = c; withNvshmem = true; fromNixpkgs = false; accepted = d.torchAcceptedArches "2.9.1"; }).problem) [ [ "9.0" "11.0" ] [ "9.0a" "10.0+PTX" ] ];
+    expected = [
+      "deep-ep: torch's extension builder (torch.utils.cpp_extension) stops with \"Unknown CUDA arch\" for \"11.0\" in TORCH_CUDA_ARCH_LIST; it accepts ${builtins.concatStringsSep ", " (map (a: "\"${a}\"") (d.torchAcceptedArches "2.9.1"))} (each also with \"+PTX\"); remove them from cudaCapabilities."
+      null
+    ];
+  };
+  deepEpArchNothingTorchAcceptsRefused = {
+    expr = matches "deep-ep: none of nixpkgs' CUDA capabilities from 9.0 up \\(\"11.0\"\\) is one torch's extension builder accepts.*"
+      (d.archPlan { capabilities = [ "8.0" "11.0" ]; withNvshmem = true; fromNixpkgs = true; accepted = d.torchAcceptedArches "2.9.1"; }).problem;
+    expected = true;
+  };
+  deepEpTorchAllowlistByVersion = {
+    expr = map (v: d.torchAcceptedArches v != null && builtins.elem "12.1" (d.torchAcceptedArches v)) [ "2.7.1" "2.8.0" "2.9.1" "2.13.0" ];
+    expected = [ false true true true ];
+  };
+
+  # ---- versions as nixpkgs' libnvshmem spells them ("3.6.5-0")
+  deepEpReleaseVersionStripsTheTagSuffix = {
+    expr = map d.releaseVersion [ "3.6.5-0" "3.4.5" "1.2.1+29d31c0" ];
+    expected = [ "3.6.5" "3.4.5" "1.2.1" ];
+  };
+  deepEpNixpkgsSpellingsPairLikeTheRelease = {
+    expr = map (v: status v) [ "3.4.5-0" "3.6.5-0" "3.5.19-0" ];
+    expected = [ "good" "broken" "broken" ];
+  };
+
+  # ---- one NVSHMEM per process
+  # DeepEP 1.2.1 with nixpkgs' torch (NVSHMEM 3.6.5: known broken) -> torch rebuilt without
+  # NVSHMEM; with PyPI-style torch at 3.4.5 (known good) -> built against torch's, no rebuild;
+  # torch without NVSHMEM -> ours; intranode only -> none.
+  deepEpOneNvshmemPlans = {
+    expr = map
+      (t:
+        let p = d.oneNvshmemPlan ({ who = "deep-ep"; withNvshmem = true; ours = "3.4.5"; } // t // (if t ? torchNvshmem then { torchPairing = status t.torchNvshmem; } else { }));
+        in { inherit (p) use rebuildTorch problem; })
+      [{ torchNvshmem = "3.6.5-0"; } { torchNvshmem = "3.4.5"; } { } { torchNvshmem = "3.6.5-0"; mode = "rebuild-torch"; } { torchNvshmem = "3.4.5"; mode = "rebuild-torch"; }];
+    expected = [
+      { use = "ours"; rebuildTorch = true; problem = null; }
+      { use = "torch"; rebuildTorch = false; problem = null; }
+      { use = "ours"; rebuildTorch = false; problem = null; }
+      { use = "ours"; rebuildTorch = true; problem = null; }
+      { use = "ours"; rebuildTorch = true; problem = null; }
+    ];
+  };
+  deepEpOneNvshmemTorchModeRefusesABrokenPairing = {
+    expr =
+      let p = d.oneNvshmemPlan { who = "deep-ep"; withNvshmem = true; ours = "3.4.5"; torchNvshmem = "3.6.5-0"; torchPairing = "broken"; torchProblem = d.pairingProblem { deepep = "1.2.1"; nvshmem = "3.6.5-0"; }; mode = "torch"; };
+      in map (part: contains part p.problem) [ "oneNvshmem = \"torch\", but torch links NVSHMEM 3.6.5, a known-broken pairing" "rule \"rc-qp-layout-3.5.19\"" "oneNvshmem = \"rebuild-torch\"" "hours" ];
+    expected = [ true true true true ];
+  };
+  deepEpOneNvshmemOtherRefusals = {
+    expr = map (a: (d.oneNvshmemPlan ({ who = "deep-ep"; withNvshmem = true; ours = "3.4.5"; } // a)).problem != null) [{ mode = "torch"; } { mode = "sometimes"; } { mode = "torch"; torchNvshmem = "3.4.5"; torchPairing = "good"; }];
+    expected = [ true true false ];
+  };
+  deepEpOneNvshmemIntranodeOnlyLoadsNone = {
+    expr = (d.oneNvshmemPlan { who = "deep-ep"; withNvshmem = false; torchNvshmem = "3.6.5-0"; }).use;
+    expected = "none";
+  };
+  # Every torch build ./pairings.json records, against DeepEP 1.2.1's default.
+  deepEpTorchNvshmemBuildsPlanned = {
+    expr = map (b: { inherit (b) id; plan = (d.oneNvshmemPlan { who = "deep-ep"; withNvshmem = true; ours = "3.4.5"; torchNvshmem = b.nvshmem; torchPairing = status b.nvshmem; }).use; }) d.torchNvshmemBuilds;
+    expected = [{ id = "nixpkgs-torch-withNvshmem"; plan = "ours"; } { id = "pypi-torch-2.11-to-2.14-cu13"; plan = "torch"; }];
+  };
+  deepEpTorchNvshmemBuildsWellFormed = {
+    expr = all (b: b ? id && b ? torch && version b.nvshmem && length b.sources >= 1 && all (s: matches "https://github.com/.*" s) b.sources) d.torchNvshmemBuilds;
+    expected = true;
+  };
+
+  # ---- what nixpkgs decides: meta.broken, not an evaluation error
+  deepEpBrokenConditions = {
+    expr = map (a: builtins.attrNames (d.brokenConditions a)) [
+      { torchCudaSupport = false; torchCudaMajor = null; }
+      { torchCudaSupport = true; torchCudaMajor = "13"; torchVersion = "2.9.1"; torchBroken = [ "Unsupported CUDA version" ]; }
+      { torchCudaSupport = true; torchCudaMajor = "12"; nvshmemVersion = "3.4.5"; nvshmemCudaMajor = "13"; }
+      { torchCudaSupport = true; torchCudaMajor = "13"; nvshmemVersion = "3.4.5"; nvshmemCudaMajor = "13"; }
+    ];
+    expected = [
+      [ (d.cudaProblem { torchCudaSupport = false; torchCudaMajor = null; }) ]
+      [ "deep-ep: nixpkgs marks torch 2.9.1 broken here (\"Unsupported CUDA version\"; torch.brokenConditions); a torch that predates nixpkgs' CUDA 13 support lists \"Unsupported CUDA version\": use a nixpkgs whose torch builds for this CUDA major, or an NVSHMEM and torch of a major it supports (e.g. nvshmem_3_4_5_cuda12 with cudaPackages_12.pkgs)." ]
+      [ (d.cudaProblem { torchCudaSupport = true; torchCudaMajor = "12"; nvshmemVersion = "3.4.5"; nvshmemCudaMajor = "13"; }) ]
+      [ ]
+    ];
+  };
 
   # ---- one CUDA major for torch, DeepEP and NVSHMEM
   deepEpCudaMajorsAgree = {

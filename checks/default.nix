@@ -55,13 +55,14 @@ in
 
   # The unfree packages the NixOS VM test and the HGX configuration pull in are allowed by our
   # nixpkgs instance under their real pnames (nixpkgs pkgs/os-specific/linux/nvidia-x11/:
-  # generic.nix "nvidia-x11" / "nvidia-dc", settings.nix, persistenced.nix, fabricmanager.nix),
-  # and an unrelated unfree package is not.
+  # generic.nix "nvidia-x11" / "nvidia-dc", settings.nix, persistenced.nix, fabricmanager.nix,
+  # kernel-modules.nix "nvidia-kernel-modules": the proprietary modules, a derivation of their own
+  # since nixpkgs PR #498612), and an unrelated unfree package is not.
   unfree-names = evalCheck "deepep-unfree-names" (
     let
       unfree = pname: { inherit pname; version = "1"; name = "${pname}-1"; meta.license = { free = false; shortName = "unfree"; }; };
       allowed = map (n: { name = n; allowed = pkgs.config.allowUnfreePredicate (unfree n); })
-        [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" "some-other-unfree-package" ];
+        [ "nvidia-x11" "nvidia-dc" "nvidia-settings" "nvidia-persistenced" "fabricmanager" "nvidia-kernel-modules" "some-other-unfree-package" ];
       wrong = lib.filter (a: a.allowed != (a.name != "some-other-unfree-package")) allowed;
     in
     if wrong == [ ] then allowed

@@ -7,7 +7,8 @@
 #   options also apply when nvidia loads in stage 1;
 # - GDRCopy's gdrdrv kernel module, /dev/gdrdrv (udev), libgdrapi on the system;
 # - NVSHMEM on the system and its runtime knobs exported (only those that are set);
-# - nvidia-persistenced on headless hosts, the fabric manager on NVSwitch (HGX) boards;
+# - nvidia-persistenced on headless hosts (also in datacenter mode, where NixOS' nvidia.nix
+#   defines no unit for it), the fabric manager on NVSwitch (HGX) boards;
 # - a boot-time readiness check (deepep-doctor.service: `deepep-nix doctor`, verdict in the
 #   journal; a host that is not ready does not fail the boot).
 #
@@ -83,6 +84,14 @@ let
     else "hardware.nvidia.open = true, but boot.extraModulePackages does not contain the driver's open modules (${openPackage.name or "?"})";
 
   nvshmemVersion = cfg.nvshmem.package.version or "unknown";
+
+  # nixos/modules/hardware/video/nvidia.nix creates nvidia-persistenced.service only in its X11
+  # block (mkIf cfg.nvidiaPersistenced there); its datacenter block runs the fabric manager but
+  # no persistenced, so hardware.nvidia.nvidiaPersistenced alone does nothing on an HGX host
+  # (docs/nix.md, "Audit against nixpkgs"). In datacenter mode this module defines the same unit
+  # with mkDefault: a NixOS revision that defines it there too (at normal priority) wins.
+  persistencedInDatacenter = nvidiaOn && config.hardware.nvidia.datacenter.enable && config.hardware.nvidia.nvidiaPersistenced;
+  persistencedPackage = if persistencedInDatacenter then config.hardware.nvidia.package.persistenced or null else null;
 
   doctorProblem = pure.doctorCapabilitiesProblem cfg.doctor.capabilities;
 
@@ -261,7 +270,12 @@ in
     persistenced.enable = mkOption {
       type = types.bool;
       default = true;
-      description = "Run nvidia-persistenced (keeps GPUs initialised on headless hosts; sets hardware.nvidia.nvidiaPersistenced by default).";
+      description = ''
+        Run nvidia-persistenced (keeps GPUs initialised on headless hosts): sets
+        hardware.nvidia.nvidiaPersistenced by default. With the X11 driver NixOS then runs
+        nvidia-persistenced.service; in datacenter mode (fabricManager.enable), where NixOS'
+        nvidia.nix defines no such unit, this module defines the same one.
+      '';
     };
 
     fabricManager.enable = mkOption {
@@ -364,6 +378,15 @@ in
           assertion = cfg.doctor.enable -> doctorProblem == null;
           message = toString doctorProblem;
         }
+        {
+          assertion = persistencedInDatacenter -> persistencedPackage != null;
+          message = ''
+            hardware.nvidia.nvidiaPersistenced is on (services.deepep.persistenced.enable sets it) in
+            datacenter mode, where this module runs nvidia-persistenced itself, but the driver
+            package ${config.hardware.nvidia.package.name or "?"} has no persistenced
+            (hardware.nvidia.package.persistenced). Use a driver built with persistenced, or set
+            services.deepep.persistenced.enable = false.'';
+        }
       ];
 
       warnings =
@@ -408,6 +431,18 @@ in
       };
 
       hardware.nvidia.nvidiaPersistenced = mkIf cfg.persistenced.enable (mkDefault true);
+      # The unit nvidia.nix's X11 block would create (same settings), for datacenter mode.
+      systemd.services.nvidia-persistenced = mkIf (persistencedPackage != null) (mkDefault {
+        description = "NVIDIA Persistence Daemon";
+        wantedBy = [ "multi-user.target" ];
+        serviceConfig = {
+          Type = "forking";
+          Restart = "always";
+          PIDFile = "/var/run/nvidia-persistenced/nvidia-persistenced.pid";
+          ExecStart = "${lib.getBin persistencedPackage}/bin/nvidia-persistenced --verbose";
+          ExecStopPost = "${pkgs.coreutils}/bin/rm -rf /var/run/nvidia-persistenced";
+        };
+      });
       hardware.nvidia.datacenter.enable = mkIf cfg.fabricManager.enable (mkDefault true);
     })
   ];

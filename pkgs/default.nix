@@ -29,6 +29,7 @@
 }:
 let
   nvshmemLib = import ./nvshmem/lib.nix;
+  deepEpLib = import ./deep-ep/lib.nix;
 
   # The one CUDA major of the default outputs: the default NVSHMEM (`nvshmem`), the kernels
   # built against it (and with them the dev shells' nvcc and CUDA_HOME and the GPU check's
@@ -63,12 +64,13 @@ let
 
   nvshmem = nvshmemPackages.nvshmem or (throw "NVSHMEM ${nvshmemLib.defaultVersion} for CUDA ${nvshmemLib.defaultCudaMajor} has no build for ${system} in the release data.");
 
-  # passthru.gpuCheck: runs the GPU tests and a quick benchmark (needs the "cuda" system feature).
+  # passthru.gpuCheck: runs the GPU tests and a quick benchmark (needs the "cuda" system feature),
+  # and checks one NVSHMEM per process in the `python` dev shell's Python (torch + our binding).
   deepep-kernels =
     let base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem cudaPackages; };
     in base.overrideAttrs (old: {
       passthru = old.passthru // {
-        gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; };
+        gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; pythonEnv = deepepKernelsPythonEnv; };
       };
     });
 
@@ -88,11 +90,32 @@ let
 
   # Python with torch of NVSHMEM's CUDA major (CUDA on, the set DeepEP uses above), pytest and
   # deepep_kernels built in that same set: the `python` dev shell (flake.nix).
+  #
+  # One NVSHMEM per process (./deep-ep/lib.nix oneNvshmemPlan, docs/deepep.md): a torch that
+  # links its own NVSHMEM (nixpkgs' torch with withNvshmem: cudaPackages.libnvshmem) maps it at
+  # `import torch`, and our binding, loading libnvshmem_host.so.3 by SONAME, would get that copy,
+  # not the one its cubins were linked against. Our kernels use NVSHMEM's public API only (no
+  # rule of ./deep-ep/pairings.json covers them), so here they are built against torch's
+  # NVSHMEM when torch has one: no torch rebuild, one library. Otherwise against `nvshmem`.
   deepepKernelsPythonEnv =
-    let kernelsPy = mkDeepepKernelsPython deepEpPython;
-    in deepEpPython.python.withPackages (ps: [ ps.torch ps.pytest kernelsPy ]) // {
+    let
+      torch = deepEpPython.torch;
+      torchNvshmem = import ./torch-nvshmem.nix torch;
+      plan = deepEpLib.oneNvshmemPlan {
+        who = "deepep-kernels-python";
+        withNvshmem = true;
+        ours = nvshmem.version;
+        torchNvshmem = if torchNvshmem == null then null else torchNvshmem.version;
+      };
+      # kernels-build-env.nix compares the NVSHMEM's CUDA major with the toolkit's.
+      kernelsNvshmem = if plan.use == "torch" then torchNvshmem // { cudaMajor = torch.cudaPackages.cudaMajorVersion; } else nvshmem;
+      torch' = if plan.rebuildTorch then torch.override { withNvshmem = false; } else torch;
+      kernelsPy = deepEpPython.callPackage ./deepep-kernels-python/package.nix { nvshmem = kernelsNvshmem; inherit cudaPackages; };
+    in
+    deepEpPython.python.withPackages (ps: [ torch' ps.pytest kernelsPy ]) // {
       deepepKernels = kernelsPy;
-      inherit (deepEpPython) torch;
+      torch = torch';
+      oneNvshmem = plan // { torchNvshmem = if torchNvshmem == null then null else torchNvshmem.version; };
     };
 in
 {

@@ -24,8 +24,15 @@
 #      python3Packages.deepep-kernels, and its refusal of a toolkit of another CUDA major.
 #      One CUDA major across NVSHMEM, kernels, dev shells and the GPU check (checks/cuda-major.nix,
 #      and that it fails when an output takes pkgs.cudaPackages); the unfree package names.
+#      The audit against nixpkgs (docs/nix.md, issue 22), over a stub modelling the recipes read:
+#      cuda_crt and cccl in every CUDA 13 toolkit root, DeepEP's arch list limited to what torch's
+#      extension builder accepts, one NVSHMEM per process (DeepEP and the python shell's binding
+#      against torch's NVSHMEM or torch rebuilt without), meta.broken instead of throws (overlay,
+#      a torch recipe that predates CUDA 13), and checks/nvshmem-maps.py on real processes
+#      (checks/nvshmem-maps-test.sh).
 #      With DEEPEP_NVSHMEM_WHEEL set (scripts/test-all.sh sets it), the NVSHMEM package's shell
-#      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt).
+#      phases also run on that wheel (checks/nvshmem-phases.sh; unzip/patchelf from apt), and the
+#      maps test uses its real libnvshmem_host.so.3.
 #   6b. pkgs/workspace-src.nix: cargo metadata --offline over exactly the paths it lists (every
 #      workspace member present, as the Rust packages need).
 #   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
@@ -222,7 +229,7 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     "let pkgs = $stubpkgs; ours = import $repo/pkgs { inherit pkgs; }; in (pkgs.callPackage $repo/pkgs/deepep-kernels/package.nix { inherit (ours.packages) nvshmem; }).drvPath" \
     "NVSHMEM 3.4.5 is the CUDA 13 build but cudaPackages is CUDA 12"
   if out=$(nix eval --json "${stub[@]}" .#checks.x86_64-linux.unfree-names.result 2>"$log"); then
-    pass "allowUnfreePredicate: the driver packages' real pnames (nvidia-x11, nvidia-dc, nvidia-settings, nvidia-persistenced, fabricmanager)"
+    pass "allowUnfreePredicate: the driver packages' real pnames (nvidia-x11, nvidia-dc, nvidia-settings, nvidia-persistenced, fabricmanager, nvidia-kernel-modules)"
   else
     fail "allowUnfreePredicate names"; grep -v "^warning:" "$log" || true
   fi
@@ -245,17 +252,16 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
     fail "deep-ep with NVSHMEM 3.6.5: unexpected error"; cat "$log"
   fi
   if out=$(deepep_eval 'ps: "${ps.deep-ep.pairing} ${ps.deep-ep.nvshmem.version} ${ps.deep-ep.TORCH_CUDA_ARCH_LIST} ${builtins.baseNameOf ps.deep-ep.drvPath}"') \
-    && [[ "$out" == "good 3.4.5 9.0;10.0 "*-deep-ep-1.2.1.drv ]]; then
+    && [[ "$out" == "good 3.4.5 9.0;10.0;10.3;12.0;12.1 "*-deep-ep-1.2.1.drv ]]; then
     pass "deep-ep: DeepEP 1.2.1 + NVSHMEM 3.4.5 accepted ($out)"
   else
     fail "deep-ep default pairing: ${out:-}"; grep -v "^warning:" "$log" || true
   fi
-  if deepep_eval 'ps: (ps.deep-ep.override { nvshmem = ps.nvshmem_3_4_5_cuda12; }).drvPath' >/dev/null; then
-    fail "deep-ep with a CUDA 12 NVSHMEM under CUDA 13 torch evaluated"
-  elif grep -qF 'torch is built for CUDA 13 but NVSHMEM 3.4.5 for CUDA 12' "$log"; then
-    pass "deep-ep with torch CUDA 13 and NVSHMEM CUDA 12 is refused"
+  if out=$(deepep_eval 'ps: let d = ps.deep-ep.override { nvshmem = ps.nvshmem_3_4_5_cuda12; }; in builtins.toJSON [ d.meta.broken (builtins.attrNames d.brokenConditions) ]') \
+    && grep -qF '[true,["deep-ep: torch is built for CUDA 13 but NVSHMEM 3.4.5 for CUDA 12' <<<"$out"; then
+    pass "deep-ep with torch CUDA 13 and NVSHMEM CUDA 12 is meta.broken, the reason in brokenConditions"
   else
-    fail "deep-ep CUDA-major mismatch: unexpected error"; cat "$log"
+    fail "deep-ep CUDA-major mismatch: ${out:-}"; grep -v "^warning:" "$log" || true
   fi
   if out=$(deepep_eval 'ps: "${ps.deep-ep-no-nvshmem.pairing} ${ps.deep-ep-no-nvshmem.NVSHMEM_DIR or "unset"} ${ps.deep-ep-no-nvshmem.DISABLE_SM90_FEATURES}"') && [ "$out" = "no-nvshmem unset 0" ]; then
     pass "deep-ep-no-nvshmem: NVSHMEM_DIR unset"
@@ -301,18 +307,115 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
       devShells = { default = shell; no-nvshmem = shell; };
       gpuChecks.kernels = ours.packages.deepep-kernels.gpuCheck;
     }" "packages.deepep-kernels-python (toolkit): 12, expected 13"
-  # python3Packages.deep-ep from the overlay, on a CUDA-enabled stub package set: torch of CUDA
-  # 12 (the stub's default) is refused against the CUDA 13 `nvshmem`; cudaPackages_13.pkgs works.
+  # python3Packages.deep-ep from the overlay, on stub package sets: with a CPU torch and with a
+  # torch of CUDA 12 (the stub's default) against the CUDA 13 `nvshmem` it is meta.broken with the
+  # reason in passthru.brokenConditions, as nixpkgs' own deep-ep is for a CPU torch (evaluating the
+  # package set never throws); from cudaPackages_13.pkgs it works.
   pyoverlay_expr="let
       flake = builtins.getFlake \"git+file://$repo\";
       withOverlay = prev: let final = prev // flake.overlays.default final prev; in final;
+      cpu = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; };
       cuda = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; config.cudaSupport = true; };
       pyDeepEp = f: ((builtins.head f.pythonPackagesExtensions) f.python3Packages { }).deep-ep;
-    in [ (builtins.tryEval (pyDeepEp (withOverlay cuda)).drvPath).success (pyDeepEp (withOverlay cuda.cudaPackages_13.pkgs)).pairing ]"
-  if out=$(nix eval --impure --json --expr "$pyoverlay_expr" 2>"$log") && [ "$out" = '[false,"good"]' ]; then
-    pass "overlays.default python3Packages.deep-ep: $out"
+      has = re: d: builtins.any (r: builtins.match re r != null) (builtins.attrNames d.brokenConditions);
+      a = pyDeepEp (withOverlay cpu); b = pyDeepEp (withOverlay cuda); c = pyDeepEp (withOverlay cuda.cudaPackages_13.pkgs);
+    in [ a.meta.broken (has \".*torch given is built without CUDA.*\" a) b.meta.broken (has \".*torch is built for CUDA 12 but NVSHMEM 3.4.5 for CUDA 13.*\" b)
+         (builtins.tryEval b.drvPath).success c.meta.broken c.pairing ]"
+  if out=$(nix eval --impure --json --expr "$pyoverlay_expr" 2>"$log") && [ "$out" = '[true,true,true,true,true,false,"good"]' ]; then
+    pass "overlays.default python3Packages.deep-ep: meta.broken with the reason for a CPU torch and a CUDA 12 torch, not a throw; works from cudaPackages_13.pkgs ($out)"
   else
     fail "overlays.default python3Packages.deep-ep: ${out:-}"; grep -v "^warning:" "$log" || true
+  fi
+
+  # The audit of issue 22 (docs/nix.md, "Audit against nixpkgs"), each against the stub modelling
+  # the nixpkgs recipes read (checks/stub-nixpkgs/pkgs.nix `torch`):
+  # CUDA 13 toolkit roots hold cuda_crt (crt/host_config.h lives only there from CUDA 13) ahead of
+  # nvcc, and CCCL as `cccl` (cuda_cccl is an alias in CUDA 13.3 sets; the stub's throws).
+  home_expr='ps: let
+      paths = h: builtins.filter (x: x != "") (builtins.filter builtins.isString (builtins.split " " h.paths));
+      first = h: builtins.baseNameOf (builtins.head (paths h));
+      ok = h: builtins.match ".*-cuda_crt-13.*" (first h) != null && builtins.any (p: builtins.match ".*-cccl-13$" p != null) (paths h);
+    in [ (ok ps.deepep-kernels.cudaHome) (ok ps.deepep-kernels-python.cudaHome) (ok ps.gdrcopy.cudaRoot) (ok ps.deep-ep.cudaHome) ]'
+  if out=$(nix eval --json "${stub[@]}" .#packages.x86_64-linux --apply "$home_expr" 2>"$log") && [ "$out" = '[true,true,true,true]' ]; then
+    pass "CUDA 13 toolkit roots (kernels, Python package, gdrcopy, DeepEP): cuda_crt first, cccl not the cuda_cccl alias"
+  else
+    fail "CUDA 13 toolkit roots: ${out:-}"; grep -v "^warning:" "$log" | tail -5 || true
+  fi
+  # TORCH_CUDA_ARCH_LIST holds only what torch's extension builder accepts: nixpkgs' torch 2.13
+  # passes the whole capability list (7.5 ... 11.0, 12.1), torch 2.9 narrowed it itself; 11.0 is
+  # in neither allowlist, 10.3/12.1 only from torch 2.8 on (a torch 2.7 recipe: 9.0;10.0;12.0).
+  arch_expr="let
+      deepEpWith = torch: (import $repo/pkgs { pkgs = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; inherit torch; }; }).packages.deep-ep;
+      d = deepEpWith { };
+      old = deepEpWith { version = \"2.7.1\"; withNvshmem = false; cudaMajors = [ \"11\" \"12\" \"13\" ]; narrowedCapabilities = true; };
+    in [ d.TORCH_CUDA_ARCH_LIST d.droppedCudaCapabilities old.TORCH_CUDA_ARCH_LIST
+         (builtins.match \".*check-arch-list.py.*\" d.preBuild != null) ]"
+  if out=$(nix eval --impure --json --expr "$arch_expr" 2>"$log") \
+    && [ "$out" = '["9.0;10.0;10.3;12.0;12.1",["7.5","8.0","8.6","8.9","11.0"],"9.0;10.0;12.0",true]' ]; then
+    pass "deep-ep TORCH_CUDA_ARCH_LIST: what torch's extension builder accepts ($out)"
+  else
+    fail "deep-ep TORCH_CUDA_ARCH_LIST: ${out:-}"; grep -v "^warning:" "$log" | tail -5 || true
+  fi
+  # One NVSHMEM per process. nixpkgs' torch links cudaPackages.libnvshmem 3.6.5 (stub default,
+  # as at 7dec1fd5): DeepEP 1.2.1 is a known-broken pairing with it, so packages.deep-ep builds
+  # against `nvshmem` with torch.override { withNvshmem = false; } in its build and Python; a
+  # torch without NVSHMEM (older recipe) needs no rebuild; a DeepEP that declares the RC-layout fix
+  # follows torch's NVSHMEM; oneNvshmem = "torch" with 1.2.1 is refused naming the rebuild; the
+  # `python` dev shell's binding is built against torch's NVSHMEM.
+  one_expr="let
+      oursWith = torch: import $repo/pkgs { pkgs = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; inherit torch; }; };
+      ours = oursWith { };
+      d = ours.packages.deep-ep;
+      envTorches = builtins.filter (p: builtins.match \".*torch.*\" p != null) (builtins.filter builtins.isString (builtins.split \" \" d.pythonEnv.paths));
+      older = (oursWith { withNvshmem = false; }).packages.deep-ep;
+      fixed = d.override { src = d.src; patches = [ $repo/flake.nix ]; knownFixes = [ \"rc-qp-layout-3.5.19\" ]; };
+      py = ours.deepepKernelsPythonEnv;
+    in [ d.oneNvshmem.use d.oneNvshmem.rebuildTorch d.oneNvshmem.torchNvshmem d.torch.USE_NVSHMEM (envTorches == [ d.torch.outPath ]) d.NVSHMEM_DIR
+         older.oneNvshmem.use older.oneNvshmem.rebuildTorch
+         fixed.oneNvshmem.use fixed.nvshmem.version fixed.torch.USE_NVSHMEM
+         py.oneNvshmem.use py.deepepKernels.nvshmem.version ]"
+  want="[\"ours\",true,\"3.6.5-0\",\"0\",true,\"$(nix eval --raw "${stub[@]}" .#packages.x86_64-linux.nvshmem.outPath 2>/dev/null)\",\"ours\",false,\"torch\",\"3.6.5-0\",\"1\",\"torch\",\"3.6.5-0\"]"
+  if out=$(nix eval --impure --json --expr "$one_expr" 2>"$log") && [ "$out" = "$want" ]; then
+    pass "one NVSHMEM per process: DeepEP 1.2.1 + NVSHMEM 3.4.5 with torch rebuilt without NVSHMEM (torch links 3.6.5); no rebuild for a torch without; a fixed DeepEP and the python shell's binding follow torch's NVSHMEM"
+  else
+    fail "one NVSHMEM per process: got ${out:-}, want $want"; grep -v "^warning:" "$log" | tail -5 || true
+  fi
+  # The flake's shells point NVSHMEM_DIR at that one library (our binding prefers $NVSHMEM_DIR/lib).
+  if out=$(nix eval --json "${stub[@]}" .#devShells.x86_64-linux --apply 'ds: [ (ds.python.NVSHMEM_DIR == ds.python.deepepKernels.nvshmem.outPath) ds.python.oneNvshmem.use (ds.deep-ep.NVSHMEM_DIR == ds.python.deepepKernels.nvshmem.outPath) ]' 2>"$log") \
+    && [ "$out" = '[true,"torch",false]' ]; then
+    pass "devShells.python: NVSHMEM_DIR is torch's NVSHMEM, the one its binding was built against; devShells.deep-ep's is DeepEP's own"
+  else
+    fail "devShells NVSHMEM_DIR: ${out:-}"; grep -v "^warning:" "$log" | tail -5 || true
+  fi
+  if deepep_eval 'ps: (ps.deep-ep.override { oneNvshmem = "torch"; }).drvPath' >/dev/null; then
+    fail "deep-ep.override { oneNvshmem = \"torch\"; } evaluated with torch's NVSHMEM 3.6.5, expected the broken pairing refused"
+  elif grep -qF 'oneNvshmem = "torch", but torch links NVSHMEM 3.6.5, a known-broken pairing' "$log" && grep -qF 'oneNvshmem = "rebuild-torch"' "$log"; then
+    pass "deep-ep.override { oneNvshmem = \"torch\"; } is refused for torch's NVSHMEM 3.6.5, naming oneNvshmem = \"rebuild-torch\""
+  else
+    fail "deep-ep oneNvshmem = torch: unexpected error"; cat "$log"
+  fi
+  # A torch recipe that predates nixpkgs' CUDA 13 support (6b516b42: "Unsupported CUDA version")
+  # leaves DeepEP meta.broken with that reason, not an opaque "marked as broken" about torch.
+  old_torch_expr="let
+      d = (import $repo/pkgs { pkgs = import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; torch = { version = \"2.9.1\"; withNvshmem = false; cudaMajors = [ \"11\" \"12\" ]; narrowedCapabilities = true; }; }; }).packages.deep-ep;
+    in [ d.meta.broken (builtins.any (r: builtins.match \".*nixpkgs marks torch 2.9.1 broken here .*Unsupported CUDA version.*\" r != null) (builtins.attrNames d.brokenConditions)) ]"
+  if out=$(nix eval --impure --json --expr "$old_torch_expr" 2>"$log") && [ "$out" = '[true,true]' ]; then
+    pass "deep-ep with a torch recipe that predates CUDA 13: meta.broken naming torch's \"Unsupported CUDA version\""
+  else
+    fail "deep-ep with a pre-CUDA-13 torch: ${out:-}"; grep -v "^warning:" "$log" | tail -5 || true
+  fi
+  # The /proc/self/maps rule itself (checks/nvshmem-maps.py, which the install check of deep-ep
+  # and both GPU checks run), on real processes: stand-in torch/extension modules map copies of
+  # a shared library named libnvshmem_host.so.3 (the real 3.4.5 wheel's when
+  # DEEPEP_NVSHMEM_WHEEL is set, else a copy of the system's libz) from one or two directories.
+  if command -v python3 >/dev/null 2>&1; then
+    if out=$(bash checks/nvshmem-maps-test.sh 2>"$log"); then
+      pass "$out"
+    else
+      fail "checks/nvshmem-maps.py on fake processes"; printf '%s\n' "${out:-}"; cat "$log"
+    fi
+  else
+    skip "checks/nvshmem-maps.py on fake processes" "no python3"
   fi
   # python3Packages.deepep-kernels from the overlay: our Python package in that Python set, with
   # the overlay's kernels' toolkit, CUDA_HOME and NVSHMEM (the stub's pkgs.cudaPackages is CUDA

@@ -14,6 +14,11 @@
 #   env             exact environment.variables the module sets
 #   udevGdrdrv      whether the udev rules contain the gdrdrv rule
 #   persistenced    hardware.nvidia.nvidiaPersistenced
+#   persistencedUnit  whether nvidia-persistenced.service exists (and then runs the driver's
+#                   persistenced with --verbose), whoever defines it: NixOS' nvidia.nix (its X11
+#                   block) or the module (datacenter mode, where nvidia.nix defines none)
+#   nvidiaModules   lib.getName of the nvidia kernel-module packages in boot.extraModulePackages
+#                   (nvidia-open, nvidia-kernel-modules, or nvidia-x11/nvidia-dc: the driver's bin)
 #   datacenter      hardware.nvidia.datacenter.enable
 #   doctorArgs      the arguments of deepep-doctor.service's ExecStart after the deepep-nix
 #                   binary (null: the unit must not exist); a unit that exists is also checked
@@ -60,6 +65,8 @@ in
       env = { NVSHMEM_QP_DEPTH = "1024"; NVSHMEM_MAX_TEAMS = "7"; };
       udevGdrdrv = false;
       persistenced = true;
+      persistencedUnit = true;
+      nvidiaModules = [ "nvidia-open" ];
       datacenter = false;
       doctorArgs = "${nvlinkCaps} ${cap "internode-ibgda"}";
       doctorAfter = [ "systemd-modules-load.service" "nvidia-persistenced.service" ];
@@ -120,11 +127,91 @@ in
       };
       udevGdrdrv = true;
       persistenced = false;
+      persistencedUnit = false;
       datacenter = true;
       doctorArgs = "${nvlinkCaps} ${cap "internode-ibgda"} ${cap "internode-cpu-ibgda"}";
       doctorAfter = [ "systemd-modules-load.service" "nvidia-fabricmanager.service" ];
       failed = [ ];
     };
+  }
+  {
+    # HGX with persistenced on (the default): NixOS' nvidia.nix runs nvidia-persistenced only in
+    # its X11 block, so in datacenter mode the module defines the unit itself; the boot-time
+    # check waits for it and the fabric manager.
+    name = "hgx-persistenced";
+    nvidia = "datacenter";
+    module = openModules // {
+      services.deepep = { enable = true; fabricManager.enable = true; };
+    };
+    expect = {
+      modprobe = driverLine + "\n";
+      persistenced = true;
+      persistencedUnit = true;
+      nvidiaModules = [ "nvidia-open" ];
+      datacenter = true;
+      doctorArgs = "${nvlinkCaps} ${cap "internode-ibgda"}";
+      doctorAfter = [ "systemd-modules-load.service" "nvidia-persistenced.service" "nvidia-fabricmanager.service" ];
+      failed = [ ];
+    };
+  }
+  {
+    # A NixOS revision whose datacenter block defines nvidia-persistenced.service too: its
+    # definition (normal priority) replaces the module's (mkDefault); still one unit, no conflict.
+    name = "hgx-persistenced-defined-by-nixos";
+    nvidia = "datacenter";
+    standIns.persistencedInDatacenter = true;
+    module = openModules // {
+      services.deepep = { enable = true; fabricManager.enable = true; };
+    };
+    expect = { persistencedUnit = true; failed = [ ]; };
+  }
+  {
+    # The user turns persistenced off in NixOS' own option: no unit, whatever the module's default.
+    name = "hgx-persistenced-off-in-nixos-option";
+    nvidia = "datacenter";
+    module = {
+      hardware.nvidia = { open = true; nvidiaPersistenced = false; };
+      services.deepep = { enable = true; fabricManager.enable = true; };
+    };
+    expect = { persistenced = false; persistencedUnit = false; doctorAfter = [ "systemd-modules-load.service" "nvidia-fabricmanager.service" ]; failed = [ ]; };
+  }
+  {
+    # A datacenter driver without persistenced: the module's assertion, not an evaluation error.
+    # (lib-eval only: the stand-in driver set has such a driver; `standIns` keeps it out of the
+    # real-NixOS evaluation.)
+    name = "hgx-driver-without-persistenced";
+    nvidia = "datacenter";
+    standIns = { };
+    module = { pkgs, ... }: {
+      hardware.nvidia = { open = true; package = pkgs.linuxPackages.nvidiaPackages.dcWithoutPersistenced; };
+      services.deepep = { enable = true; fabricManager.enable = true; };
+    };
+    expect = { persistencedUnit = false; failed = [ "has no persistenced" ]; };
+  }
+  {
+    # Proprietary kernel modules: since nixpkgs PR #498612 a derivation of their own
+    # (nvidia_x11.mod, pname "nvidia-kernel-modules", unfree), before it the driver's bin output.
+    # Both only over the stand-ins: which one the pin has is the real evaluation's to show.
+    name = "proprietary-modules";
+    standIns.closedModules = "mod";
+    module = { services.deepep = { enable = true; ibgda.method = "none"; }; hardware.nvidia.open = false; };
+    expect = { nvidiaModules = [ "nvidia-kernel-modules" ]; failed = [ ]; };
+  }
+  {
+    name = "proprietary-modules-before-the-split";
+    standIns.closedModules = "bin";
+    module = { services.deepep = { enable = true; ibgda.method = "none"; }; hardware.nvidia.open = false; };
+    expect = { nvidiaModules = [ "nvidia-x11" ]; failed = [ ]; };
+  }
+  {
+    # Ubuntu's blacklist off (boot.modprobeConfig.useUbuntuModuleBlacklist = false): NixOS then
+    # writes no ubuntu.conf, and the module's line is still in nixos.conf.
+    name = "ubuntu-blacklist-off";
+    module = openModules // {
+      boot.modprobeConfig.useUbuntuModuleBlacklist = false;
+      services.deepep.enable = true;
+    };
+    expect = { modprobe = driverLine + "\n"; failed = [ ]; };
   }
   {
     # The same board with a nixpkgs whose datacenter mode installs the proprietary modules

@@ -77,6 +77,14 @@ let
         (lib.filterAttrs (n: _: lib.hasPrefix "NVSHMEM_" n) config.environment.variables) else true)
     (opt "udevGdrdrv" (lib.hasInfix ''KERNEL=="gdrdrv"'' config.services.udev.extraRules))
     (opt "persistenced" config.hardware.nvidia.nvidiaPersistenced)
+    (if !(e ? persistencedUnit) then true
+    else
+      let u = config.systemd.services.nvidia-persistenced or null;
+      in same "nvidia-persistenced.service exists" e.persistencedUnit (u != null)
+        && (u == null || same "nvidia-persistenced.service ExecStart"
+        "${lib.getBin config.hardware.nvidia.package.persistenced}/bin/nvidia-persistenced --verbose"
+        u.serviceConfig.ExecStart))
+    (opt "nvidiaModules" (lib.filter (n: lib.elem n [ "nvidia-open" "nvidia-kernel-modules" "nvidia-x11" "nvidia-dc" ]) (map lib.getName config.boot.extraModulePackages)))
     (opt "datacenter" config.hardware.nvidia.datacenter.enable)
     doctorOk
   ];

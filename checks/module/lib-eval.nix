@@ -20,22 +20,32 @@ let
   };
 
   # A driver as pkgs/os-specific/linux/nvidia-x11/generic.nix builds it: outputs out and bin
-  # (the proprietary kernel modules and nvidia-smi), passthru.open (the open kernel modules,
-  # open.nix, pname "nvidia-open"). pname "nvidia-x11", or "nvidia-dc" for the datacenter
-  # drivers (which also carry passthru.fabricmanager, pname "fabricmanager").
+  # (nvidia-smi; the proprietary kernel modules before nixpkgs PR #498612), passthru.open (the
+  # open kernel modules, pname "nvidia-open") and passthru.mod (the proprietary ones since PR
+  # #498612: kernel-modules.nix, pname "nvidia-kernel-modules"), passthru.persistenced
+  # (persistenced.nix, pname "nvidia-persistenced"; null for a driver built without it). pname
+  # "nvidia-x11", or "nvidia-dc" for the datacenter drivers (which also carry
+  # passthru.fabricmanager, pname "fabricmanager").
   driver = pname: version: extra:
-    stubDrv "${pname}-${version}-6.12.0" ({ inherit pname version; outputs = [ "out" "bin" ]; } // extra) // {
-      open = stubDrv "nvidia-open-6.12.0-${version}" { pname = "nvidia-open"; inherit version; };
+    stubDrv "${pname}-${version}-6.12.0" ({ inherit pname version; outputs = [ "out" "bin" ]; } // removeAttrs extra [ "persistenced" ]) // {
+      open = stubDrv "nvidia-open-${version}-6.12.0" { pname = "nvidia-open"; inherit version; };
+      mod = stubDrv "nvidia-kernel-modules-${version}-6.12.0" { pname = "nvidia-kernel-modules"; inherit version; };
+      persistenced = extra.persistenced or (stubDrv "nvidia-persistenced-${version}" { pname = "nvidia-persistenced"; inherit version; });
     };
 
   pkgsFor = system: {
     writeShellScript = name: _text: "/stub/${name}";
     coreutils = stubDrv "coreutils" { };
     gawk = stubDrv "gawk" { };
+    kmod-blacklist-ubuntu = stubDrv "kmod-blacklist-ubuntu" { };
+    kmod-debian-aliases = stubDrv "kmod-debian-aliases" { };
     stdenv.hostPlatform = { inherit system; isAarch64 = system == "aarch64-linux"; };
-    linuxPackages.nvidiaPackages = {
+    linuxPackages.nvidiaPackages = rec {
       stable = driver "nvidia-x11" "580.95.05" { };
-      dc = driver "nvidia-dc" "580.95.05" { fabricmanager = stubDrv "fabricmanager-580.95.05" { pname = "fabricmanager"; }; };
+      dc = driver "nvidia-dc" "580.95.05" { inherit fabricmanager; };
+      # A datacenter driver built without persistenced (usePersistenced = false).
+      dcWithoutPersistenced = driver "nvidia-dc" "580.95.05" { inherit fabricmanager; persistenced = null; };
+      fabricmanager = stubDrv "fabricmanager-580.95.05" { pname = "fabricmanager"; };
     };
   };
 

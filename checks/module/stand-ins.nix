@@ -10,10 +10,24 @@
 # 83199d0d) is not readable offline, and the real-NixOS evaluation (`nix flake check`,
 # checks/module/nixos-eval.nix) runs the same cases against the pinned NixOS itself.
 #
-# datacenterHonoursOpen: whether nvidia.nix installs the open kernel modules in datacenter mode
-# when hardware.nvidia.open = true. nixpkgs before PR #511778 (merged 2026, "dc_5{7,8,9}0: add
-# open kernel modules") always installed the proprietary ones there; the cases run both.
-{ datacenterHonoursOpen ? true }:
+# Arguments model what differs between nixpkgs revisions around the pin (docs/nix.md, "Audit
+# against nixpkgs"); cases set them through `standIns` (lib-eval only: the real-NixOS
+# evaluation has the pinned revision's answer):
+#   datacenterHonoursOpen     whether nvidia.nix installs the open kernel modules in datacenter
+#                             mode when hardware.nvidia.open = true. nixpkgs before PR #511778
+#                             (merged 2026, "dc_5{7,8,9}0: add open kernel modules") always
+#                             installed the proprietary ones there; the cases run both.
+#   closedModules             the driver attribute holding the proprietary kernel modules:
+#                             "mod" (a derivation of its own, pname "nvidia-kernel-modules",
+#                             since nixpkgs PR #498612; nixos-26.05 nvidia.nix installs
+#                             `if useOpenModules then [ nvidia_x11.open ] else [ nvidia_x11.mod ]`)
+#                             or "bin" (the driver's bin output, before).
+#   persistencedInDatacenter  whether nvidia.nix defines nvidia-persistenced.service in its
+#                             datacenter block too. Every nvidia.nix read (2023 to 2026) defines it
+#                             only in the X11 block (`lib.mkIf cfg.nvidiaPersistenced` among the
+#                             X11 block's systemd.services), hence false; true models a revision
+#                             that moved it.
+{ datacenterHonoursOpen ? true, closedModules ? "mod", persistencedInDatacenter ? false }:
 [
   # nixos/modules/misc/assertions.nix
   {
@@ -26,12 +40,16 @@
     };
   }
 
-  # nixos/modules/system/boot/modprobe.nix: the options, and the /etc/modprobe.d/nixos.conf it
-  # writes from them (blacklist lines, then boot.extraModprobeConfig). Both initrd flavours copy
-  # that same file (nixos/modules/system/boot/stage-1.nix, systemd/initrd.nix).
+  # nixos/modules/system/boot/modprobe.nix: the options, and the files it writes under
+  # boot.modprobeConfig.enable: /etc/modprobe.d/nixos.conf from them (blacklist lines, then
+  # boot.extraModprobeConfig), ubuntu.conf (Ubuntu's module blacklist, under
+  # boot.modprobeConfig.useUbuntuModuleBlacklist) and debian.conf (Debian's aliases); the
+  # systemd.conf it links from systemd's package is left out (it reads systemd.package, which
+  # nothing here declares). Both initrd flavours copy nixos.conf (nixos/modules/system/boot/
+  # stage-1.nix, systemd/initrd.nix); the other files stay out of the initrd.
   {
     mirrors = "nixos/modules/system/boot/modprobe.nix";
-    module = { config, lib, ... }: {
+    module = { config, lib, pkgs, ... }: {
       options.boot = {
         modprobeConfig.enable = lib.mkEnableOption "modprobe config. This is useful for systems like containers which do not require a kernel" // { default = true; };
         modprobeConfig.useUbuntuModuleBlacklist = lib.mkEnableOption "Ubuntu distro's module blacklist" // { default = true; };
@@ -39,10 +57,14 @@
         extraModprobeConfig = lib.mkOption { type = lib.types.lines; default = ""; };
       };
       config = lib.mkIf config.boot.modprobeConfig.enable {
+        environment.etc."modprobe.d/ubuntu.conf" = lib.mkIf config.boot.modprobeConfig.useUbuntuModuleBlacklist {
+          source = "${pkgs.kmod-blacklist-ubuntu}/modprobe.conf";
+        };
         environment.etc."modprobe.d/nixos.conf".text = ''
           ${lib.concatStringsSep "" (map (name: "blacklist ${name}\n") config.boot.blacklistedKernelModules)}
           ${config.boot.extraModprobeConfig}
         '';
+        environment.etc."modprobe.d/debian.conf".source = pkgs.kmod-debian-aliases;
       };
     };
   }
@@ -64,14 +86,15 @@
     };
   }
 
-  # nixos/modules/system/etc/etc.nix (only `text` of environment.etc.<name>; its `source`,
-  # `mode`, ... are not read here)
+  # nixos/modules/system/etc/etc.nix (`text` and `source` of environment.etc.<name>; in NixOS
+  # `source` is a path that `text` defaults into; its `mode`, ... are not read here)
   {
     mirrors = "nixos/modules/system/etc/etc.nix";
     module = { lib, ... }: {
       options.environment.etc = lib.mkOption {
         type = lib.types.attrsOf (lib.types.submodule {
           options.text = lib.mkOption { type = lib.types.nullOr lib.types.lines; default = null; };
+          options.source = lib.mkOption { type = lib.types.nullOr lib.types.path; default = null; };
         });
         default = { };
       };
@@ -144,7 +167,9 @@
   # services.xserver.videoDrivers or with hardware.nvidia.datacenter.enable (not both: its own
   # assertion); `open` is nullOr bool, null by default for drivers >= 560, and its default reads
   # the driver's version, so reading it with the driver off fails ("value is null while a set
-  # was expected"); the kernel modules it installs are `package.open` or the proprietary ones.
+  # was expected"); the kernel modules it installs are `package.open` or the proprietary ones
+  # (`closedModules`); nvidia-persistenced.service exists in the X11 block only
+  # (`persistencedInDatacenter`), nvidia-fabricmanager.service in the datacenter block.
   {
     mirrors = "nixos/modules/hardware/video/nvidia.nix";
     module = { config, lib, ... }:
@@ -153,7 +178,19 @@
         nvidiaEnabled = lib.elem "nvidia" config.services.xserver.videoDrivers;
         nvidia_x11 = if nvidiaEnabled || cfg.datacenter.enable then cfg.package else null;
         useOpenModules = cfg.open == true;
-        modulePackages = openAllowed: if openAllowed && useOpenModules then [ nvidia_x11.open ] else [ nvidia_x11.bin ];
+        modulePackages = openAllowed: if openAllowed && useOpenModules then [ nvidia_x11.open ] else [ nvidia_x11.${closedModules} ];
+        # The X11 block's unit (lib.getExe nvidia_x11.persistenced there).
+        persistencedUnit = lib.mkIf cfg.nvidiaPersistenced {
+          description = "NVIDIA Persistence Daemon";
+          wantedBy = [ "multi-user.target" ];
+          serviceConfig = {
+            Type = "forking";
+            Restart = "always";
+            PIDFile = "/var/run/nvidia-persistenced/nvidia-persistenced.pid";
+            ExecStart = "${lib.getBin nvidia_x11.persistenced}/bin/nvidia-persistenced --verbose";
+            ExecStopPost = "/stub/coreutils/bin/rm -rf /var/run/nvidia-persistenced";
+          };
+        };
       in
       {
         options.hardware.nvidia = {
@@ -189,6 +226,7 @@
             '';
           }
           (lib.mkIf nvidiaEnabled {
+            systemd.services.nvidia-persistenced = persistencedUnit;
             boot.extraModulePackages = modulePackages true;
             # (nvidia, nvidia_modeset, nvidia_drm are added only with services.xserver.enable,
             # which the module neither sets nor reads; left out here.)
@@ -196,6 +234,12 @@
             boot.kernelParams = lib.optional useOpenModules "nvidia.NVreg_OpenRmEnableUnsupportedGpus=1";
           })
           (lib.mkIf cfg.datacenter.enable {
+            systemd.services.nvidia-fabricmanager = {
+              description = "Start NVIDIA NVLink Management";
+              wantedBy = [ "multi-user.target" ];
+              serviceConfig.Type = "forking";
+            };
+            systemd.services.nvidia-persistenced = lib.mkIf persistencedInDatacenter persistencedUnit;
             boot.extraModulePackages = modulePackages datacenterHonoursOpen;
             boot.kernelModules = lib.optional (datacenterHonoursOpen && useOpenModules) "nvidia_uvm";
           })

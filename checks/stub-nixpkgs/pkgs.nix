@@ -7,8 +7,21 @@
 # CUDA/Python (for pkgs/deep-ep): `cudaMajor` picks the default `cudaPackages`, `cudaSupport`
 # stands for config.cudaSupport; `pkgsCuda` and `cudaPackages_<M>.pkgs` are the variants nixpkgs
 # documents, and python3Packages.torch carries the passthru nixpkgs' torch has (cudaSupport,
-# cudaPackages, cudaCapabilities: the capabilities here are made up).
-{ system, cudaMajor ? "12", cudaSupport ? false }:
+# cudaPackages, cudaCapabilities, brokenConditions; the capabilities here are made up).
+#
+# `torch` picks which nixpkgs torch is modelled (docs/nix.md, "Audit against nixpkgs"):
+#   version        "2.13.0" (torch/source/default.nix at 7dec1fd5) by default
+#   withNvshmem    whether the recipe has the withNvshmem argument (default true, as at 7dec1fd5:
+#                  withNvshmem ? cudaSupport && libnvshmem available, env.USE_NVSHMEM, libnvshmem
+#                  among the build inputs; false = torch from before nixpkgs PR #508278)
+#   cudaMajors     the CUDA majors it builds for (brokenConditions "Unsupported CUDA version"
+#                  otherwise; 6b516b42, torch 2.9.1, has [ "11" "12" ])
+#   narrowedCapabilities  torch.cudaCapabilities = nixpkgs' list filtered to torch's extension
+#                  allowlist (6b516b42) instead of the whole list (7dec1fd5)
+# CUDA sets: CUDA 13 has `cccl` (pname cccl from 13.3, packages/cccl.nix) and `cuda_cccl` is an
+# alias there (here one that throws, so that the flake is shown not to use it), plus `cuda_crt`;
+# every set has `libnvshmem` (nixpkgs' source build, version "3.6.5-0", one output).
+{ system, cudaMajor ? "12", cudaSupport ? false, torch ? { } }:
 let
   lib = import ./lib.nix;
   inherit (builtins) functionArgs intersectAttrs isAttrs isFunction isPath isString mapAttrs removeAttrs;
@@ -50,12 +63,15 @@ let
     if isAttrs r then r // { override = newArgs: callPackageWith autoArgs fn (args // (if isFunction newArgs then newArgs (auto // args) else newArgs)); }
     else r;
 
+  torchArgs = { version = "2.13.0"; withNvshmem = true; cudaMajors = [ "11" "12" "13" ]; narrowedCapabilities = false; } // torch;
+
   cudaSet = major: {
     cudaMajorVersion = major;
     cudaMajorMinorVersion = "${major}.0";
-    flags.cudaCapabilities = [ "7.5" "8.0" "9.0" "10.0" ];
+    flags.cudaCapabilities = [ "7.5" "8.0" "8.6" "8.9" "9.0" "10.0" "10.3" "11.0" "12.0" "12.1" ];
     backendStdenv = pkgs.stdenv;
-    pkgs = import ./pkgs.nix { inherit system cudaSupport; cudaMajor = major; };
+    pkgs = import ./pkgs.nix { inherit system cudaSupport torch; cudaMajor = major; };
+    libnvshmem = mkDerivation { pname = "libnvshmem"; version = "3.6.5-0"; name = "cuda${major}-libnvshmem-3.6.5-0"; };
     libcublas = multi "libcublas-${major}" [ "out" "lib" "dev" "include" ];
     libcusolver = multi "libcusolver-${major}" [ "out" "lib" "dev" "include" ];
     libcusparse = multi "libcusparse-${major}" [ "out" "lib" "dev" "include" ];
@@ -67,6 +83,8 @@ let
   } // lib.optionalAttrs (major == "13") {
     # nvcc's crt headers, a package of their own from CUDA 13 on.
     cuda_crt = multi "cuda_crt-${major}" [ "out" "include" ];
+    cccl = stub "cccl-${major}";
+    cuda_cccl = throw "stub nixpkgs: cudaPackages_13.cuda_cccl is an alias of cudaPackages_13.cccl (nixpkgs warns); use cccl";
   };
 
   fakeHash = "sha256-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
@@ -120,7 +138,7 @@ let
     cudaPackages_12 = cudaSet "12";
     cudaPackages_13 = cudaSet "13";
     cudaPackages = pkgs."cudaPackages_${cudaMajor}";
-    pkgsCuda = import ./pkgs.nix { inherit system cudaMajor; cudaSupport = true; };
+    pkgsCuda = import ./pkgs.nix { inherit system cudaMajor torch; cudaSupport = true; };
 
     pythonPackagesExtensions = [ ];
     python3Packages = python3Packages;
@@ -162,17 +180,44 @@ let
     callPackage = callPackageWith (pkgs // python3Packages);
     buildPythonPackage = { __functor = _: mkDerivation; override = _: python3Packages.buildPythonPackage; };
     python = stub "python3-3.12" // {
-      # nixpkgs' python passthru: the interpreter's path.
+      # nixpkgs' python passthru: the interpreter's path, the site-packages directory.
       interpreter = "${stub "python3-3.12"}/bin/python3.12";
+      sitePackages = "lib/python3.12/site-packages";
       withPackages = f: mkDerivation { name = "python3-3.12-env"; paths = toString (f python3Packages); };
     };
-    torch = stub "python3.12-torch-2.9.0" // {
-      inherit cudaSupport;
-      inherit (pkgs) cudaPackages;
-      cudaCapabilities = if cudaSupport then [ "8.0" "9.0" "10.0" ] else [ ];
-    };
+    torch = mkTorch { withNvshmem = torchArgs.withNvshmem && cudaSupport; };
     # nixpkgs pkgs/development/interpreters/python/hooks/default.nix
     pytestCheckHook = stub "pytest-check-hook";
   } // lib.genAttrs [ "setuptools" "numpy" "pybind11" "pytest" ] (n: stub "python3.12-${n}");
+  # nixpkgs' torch (pkgs/development/python-modules/torch/source/default.nix) as far as the flake
+  # reads it; `.override { withNvshmem = false; }` exists only where the recipe has the argument.
+  mkTorch = { withNvshmem }:
+    let
+      cuda = pkgs.cudaPackages;
+      supported = builtins.elem cuda.cudaMajorVersion torchArgs.cudaMajors;
+      brokenConditions = { "Unsupported CUDA version" = cudaSupport && !supported; };
+      narrowed = builtins.filter (c: builtins.elem c [ "7.5" "8.0" "8.6" "8.9" "9.0" "10.0" "10.3" "12.0" "12.1" ]) cuda.flags.cudaCapabilities;
+    in
+    mkDerivation
+      {
+        name = "python3.12-torch-${torchArgs.version}";
+        inherit (torchArgs) version;
+        USE_NVSHMEM = if withNvshmem then "1" else "0";
+        buildInputs = lib.optional withNvshmem cuda.libnvshmem;
+        passthru = {
+          inherit cudaSupport brokenConditions;
+          cudaPackages = cuda;
+          cudaCapabilities = if !cudaSupport then [ ] else if torchArgs.narrowedCapabilities then narrowed else cuda.flags.cudaCapabilities;
+        } // lib.optionalAttrs torchArgs.withNvshmem {
+          # With structured attrs nixpkgs keeps `env` on the derivation.
+          env.USE_NVSHMEM = if withNvshmem then "1" else "0";
+        };
+        meta.broken = builtins.any (x: x) (builtins.attrValues brokenConditions);
+      } // {
+      override = args:
+        if args ? withNvshmem && !torchArgs.withNvshmem
+        then throw "stub nixpkgs: torch ${torchArgs.version} called with unexpected argument 'withNvshmem'"
+        else mkTorch { withNvshmem = args.withNvshmem or withNvshmem; };
+    };
 in
 pkgs

@@ -10,13 +10,24 @@
 #                                                  module is importable)
 #   deep-ep.override { nvshmem = nvshmem_3_3_24; } another NVSHMEM of torch's CUDA major
 #   deep-ep.override { cudaCapabilities = [ "9.0a" ]; }
+#   deep-ep.override { oneNvshmem = "rebuild-torch"; }   see "One NVSHMEM per process" below
 #
 # Refused at evaluation, each with a message naming the fix (rules in ./lib.nix):
 #   - a DeepEP x NVSHMEM pairing that ./pairings.json lists as broken (DeepEP <= 1.2.1 with
 #     NVSHMEM >= 3.5.19: RC QP layout), unless `knownFixes` declares the source carries the fix;
-#   - torch without CUDA, or torch and NVSHMEM of different CUDA majors (the CUDA toolkit used
-#     here is torch's own `cudaPackages`, so all three share one major);
-#   - CUDA capabilities DeepEP cannot build for.
+#   - CUDA capabilities DeepEP or torch's extension builder cannot build for, given explicitly.
+# Marked broken instead (meta.broken, the reasons in passthru.brokenConditions), as nixpkgs' own
+# python3Packages.deep-ep is for a torch without CUDA: what the nixpkgs it is built in decides,
+# i.e. torch without CUDA, a torch nixpkgs marks broken (e.g. for a CUDA major it predates), and
+# torch and NVSHMEM of different CUDA majors (the toolkit is torch's own `cudaPackages`).
+#
+# One NVSHMEM per process (./lib.nix oneNvshmemPlan, docs/deepep.md): torch built with NVSHMEM
+# (nixpkgs' torch with withNvshmem, linking cudaPackages.libnvshmem) maps its
+# libnvshmem_host.so.3 at `import torch`, and deep_ep_cpp, which needs that SONAME, then gets
+# torch's copy whatever NVSHMEM_DIR it was built with. So with oneNvshmem = "auto" DeepEP is
+# built against torch's NVSHMEM when that pairing is not known broken (no rebuild), and else
+# against `nvshmem` with torch.override { withNvshmem = false; } (a rebuild of torch: hours).
+# "torch" insists on torch's (refusing a broken pairing), "rebuild-torch" on `nvshmem`.
 #
 # What DeepEP v1.2.1's setup.py reads (its only build interface): NVSHMEM_DIR (include/, lib/
 # with libnvshmem_host.so and libnvshmem_device.a; also added to the extension's RPATH),
@@ -46,22 +57,49 @@
 , # Ids of ./pairings.json `broken` rules that `src`/`patches` are known to fix.
   knownFixes ? [ ]
 , # null: torch.cudaCapabilities (nixpkgs' configured capabilities that torch supports) or
-  # else cudaPackages.flags.cudaCapabilities, keeping 9.0 and newer. A list: exactly these.
+  # else cudaPackages.flags.cudaCapabilities, keeping 9.0 and newer that torch's extension
+  # builder accepts. A list: exactly these.
   cudaCapabilities ? null
+, # "auto" | "torch" | "rebuild-torch": see "One NVSHMEM per process" above.
+  oneNvshmem ? "auto"
 ,
 }:
 let
   deepEpLib = import ./lib.nix;
 
   # torch's CUDA package set (passthru of nixpkgs' torch: pkgs/development/python-modules/
-  # torch/source/default.nix exposes cudaSupport, cudaPackages and cudaCapabilities).
+  # torch/source/default.nix exposes cudaSupport, cudaPackages, cudaCapabilities and
+  # brokenConditions).
   torchCudaSupport = torch.cudaSupport or false;
   cudaPackages = torch.cudaPackages;
 
+  # The NVSHMEM the given torch links (nixpkgs' torch with withNvshmem), or null.
+  torchNvshmem = import ../torch-nvshmem.nix torch;
+
+  oneNvshmemPlan = deepEpLib.oneNvshmemPlan {
+    who = "deep-ep";
+    inherit withNvshmem;
+    mode = oneNvshmem;
+    ours = if nvshmem == null then null else nvshmem.version;
+    torchNvshmem = if torchNvshmem == null then null else torchNvshmem.version;
+    torchPairing = if torchNvshmem == null then "untested" else deepEpLib.pairingStatus { deepep = version; nvshmem = torchNvshmem.version; inherit knownFixes; };
+    torchProblem = if torchNvshmem == null then null else deepEpLib.pairingProblem { deepep = version; nvshmem = torchNvshmem.version; inherit knownFixes; };
+  };
+
+  # The torch this DeepEP is built with and runs with, and the NVSHMEM its extension links.
+  torch' = if oneNvshmemPlan.rebuildTorch then torch.override { withNvshmem = false; } else torch;
+  nvshmem' =
+    if oneNvshmemPlan.use == "torch" then torchNvshmem
+    else if oneNvshmemPlan.use == "ours" then nvshmem
+    else null;
+  nvshmemVersion = if nvshmem' == null then null else deepEpLib.releaseVersion nvshmem'.version;
+  nvshmemLibDir = if nvshmem' == null then null else "${lib.getLib nvshmem'}/lib";
+
   # nixpkgs' CUDA capabilities: cudaPackages.flags.cudaCapabilities is config.cudaCapabilities,
   # or the per-CUDA-release defaults when that is unset (flags: pkgs/top-level/cuda-packages.nix
-  # and the cuda-modules flags file it imports); torch.cudaCapabilities is the part torch
-  # supports. Same source as nixpkgs' colmap, transformer-engine, flashinfer use.
+  # and the cuda-modules flags file it imports); torch.cudaCapabilities is torch's (the part torch
+  # supports up to torch 2.9 in nixpkgs, the whole list since; see ./lib.nix
+  # torchExtensionArches). Same source as nixpkgs' colmap, transformer-engine, flashinfer use.
   nixpkgsCapabilities =
     let fromTorch = torch.cudaCapabilities or [ ];
     in if fromTorch != [ ] then fromTorch else cudaPackages.flags.cudaCapabilities;
@@ -69,22 +107,30 @@ let
   arch = deepEpLib.archPlan {
     capabilities = if cudaCapabilities == null then nixpkgsCapabilities else cudaCapabilities;
     fromNixpkgs = cudaCapabilities == null;
+    accepted = deepEpLib.torchAcceptedArches (torch.version or null);
     inherit withNvshmem;
+  };
+
+  # What the nixpkgs this is built in decided (meta.broken, see the header).
+  brokenConditions = deepEpLib.brokenConditions {
+    inherit torchCudaSupport;
+    torchCudaMajor = if torchCudaSupport then cudaPackages.cudaMajorVersion else null;
+    torchVersion = torch.version or "?";
+    torchBroken =
+      let conditions = lib.attrNames (lib.filterAttrs (_: c: c) (torch.brokenConditions or { }));
+      in if conditions != [ ] then conditions else lib.optional (torch.meta.broken or false) "meta.broken";
+    nvshmemVersion = if oneNvshmemPlan.use == "ours" && nvshmem != null then nvshmem.version else null;
+    nvshmemCudaMajor = if oneNvshmemPlan.use == "ours" && nvshmem != null then nvshmem.cudaMajor else null;
   };
 
   problems = lib.filter (p: p != null) ([
     (if withNvshmem && nvshmem == null then "deep-ep: withNvshmem = true needs nvshmem = <an NVSHMEM package of this repository>." else null)
     (if src == null then deepEpLib.sourceProblem version else null)
     (deepEpLib.knownFixesProblem { inherit knownFixes; customSource = src != null || patches != [ ]; })
-    (deepEpLib.cudaProblem {
-      inherit torchCudaSupport;
-      torchCudaMajor = if torchCudaSupport then cudaPackages.cudaMajorVersion else null;
-      nvshmemVersion = if withNvshmem && nvshmem != null then nvshmem.version else null;
-      nvshmemCudaMajor = if withNvshmem && nvshmem != null then nvshmem.cudaMajor else null;
-    })
-  ] ++ lib.optionals (withNvshmem && nvshmem != null) [
+    oneNvshmemPlan.problem
+  ] ++ lib.optionals (oneNvshmemPlan.use == "ours" && nvshmem != null) [
     (deepEpLib.pairingProblem { deepep = version; nvshmem = nvshmem.version; inherit knownFixes; })
-  ] ++ lib.optionals torchCudaSupport [ arch.problem ]);
+  ] ++ lib.optionals (torchCudaSupport && brokenConditions == { }) [ arch.problem ]);
 
   pinned = deepEpLib.sourceFor version;
 
@@ -92,18 +138,21 @@ let
   # ATen/cuda headers include (cudart, CCCL, cuBLAS, cuSOLVER, cuSPARSE) and libcudart. With
   # CUDA 13, nvcc's crt headers are a package of their own (cuda_crt) and CCCL may sit under
   # include/cccl (see preBuild).
+  # CCCL is `cccl` where the set has it (CUDA 13.3 renamed it; cuda_cccl is then an alias), and
+  # cuda_crt comes first so that include/crt is a real directory of the join (../cuda-home.nix).
   cudaHome = symlinkJoin {
     name = "deep-ep-cuda-home-${cudaPackages.cudaMajorMinorVersion or cudaPackages.cudaMajorVersion}";
-    paths = with cudaPackages; [
+    paths = lib.optional (cudaPackages ? cuda_crt) (lib.getInclude cudaPackages.cuda_crt)
+      ++ (with cudaPackages; [
       (lib.getBin cuda_nvcc)
       (lib.getInclude cuda_nvcc)
       (lib.getInclude cuda_cudart)
       (lib.getLib cuda_cudart)
-      (lib.getInclude cuda_cccl)
+      (lib.getInclude (cudaPackages.cccl or cuda_cccl))
       (lib.getInclude libcublas)
       (lib.getInclude libcusolver)
       (lib.getInclude libcusparse)
-    ] ++ lib.optional (cudaPackages ? cuda_crt) (lib.getInclude cudaPackages.cuda_crt);
+    ]);
   };
 
   pname = "deep-ep" + lib.optionalString (!withNvshmem) "-no-nvshmem";
@@ -121,8 +170,8 @@ else
       else fetchFromGitHub { inherit (pinned) owner repo tag hash; };
     inherit patches;
 
-    build-system = [ setuptools torch ];
-    dependencies = [ torch ];
+    build-system = [ setuptools torch' ];
+    dependencies = [ torch' ];
 
     nativeBuildInputs = [ cudaPackages.cuda_nvcc ninja ];
     buildInputs = [ pybind11 ] ++ lib.optional withNvshmem (lib.getDev rdma-core);
@@ -137,7 +186,7 @@ else
       TORCH_CUDA_ARCH_LIST = arch.archList;
       DISABLE_SM90_FEATURES = if arch.disableSm90Features then "1" else "0";
     } // lib.optionalAttrs withNvshmem {
-      NVSHMEM_DIR = "${nvshmem}";
+      NVSHMEM_DIR = "${nvshmem'}";
     };
 
     preBuild = ''
@@ -153,6 +202,10 @@ else
         export NVCC_APPEND_FLAGS="''${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }-I$CUDA_HOME/include/cccl"
         export CPLUS_INCLUDE_PATH="$CUDA_HOME/include/cccl''${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
       fi
+      # torch.utils.cpp_extension checks TORCH_CUDA_ARCH_LIST against its own allowlist
+      # (./lib.nix torchExtensionArches is what was read, not necessarily this torch): ask this
+      # torch now, before the first compiler runs.
+      ${python.pythonOnBuildForHost.interpreter or python.interpreter} ${./check-arch-list.py}
     '';
 
     # Importing deep_ep loads deep_ep_cpp, torch and (with NVSHMEM) libnvshmem_host.so.3; none of
@@ -160,8 +213,10 @@ else
     pythonImportsCheck = [ "deep_ep" ];
 
     # The extension was built the way this derivation says: with NVSHMEM, it needs
-    # libnvshmem_host from exactly `nvshmem` (RUNPATH) and contains the internode/low-latency
-    # kernels; without, neither.
+    # libnvshmem_host from exactly the NVSHMEM it was built with (RUNPATH) and contains the
+    # internode/low-latency kernels; without, neither. And one NVSHMEM per process: after
+    # `import torch, deep_ep` exactly that one libnvshmem_host.so.3 is mapped
+    # (../../checks/nvshmem-maps.py reads /proc/self/maps; no GPU needed).
     doInstallCheck = true;
     nativeInstallCheckInputs = [ binutils ];
     postInstallCheck = ''
@@ -171,31 +226,41 @@ else
       syms=$(readelf -sW --dyn-syms "$so")
       ${if withNvshmem then ''
         echo "$dyn" | grep -q 'NEEDED.*libnvshmem_host' || { echo "deep-ep: $so does not link libnvshmem_host" >&2; exit 1; }
-        echo "$dyn" | grep -q 'R.*PATH.*${nvshmem}/lib' || { echo "deep-ep: $so has no RUNPATH to ${nvshmem}/lib" >&2; exit 1; }
+        echo "$dyn" | grep -q 'R.*PATH.*${nvshmem'}/lib' || { echo "deep-ep: $so has no RUNPATH to ${nvshmem'}/lib" >&2; exit 1; }
         echo "$syms" | grep -q 'internode_ll' || { echo "deep-ep: $so has no low-latency kernels" >&2; exit 1; }
+        (cd / && PYTHONPATH="$out/${python.sitePackages}''${PYTHONPATH:+:$PYTHONPATH}" \
+          ${python.interpreter} ${../../checks/nvshmem-maps.py} --expect ${nvshmemLibDir} deep_ep)
       '' else ''
         if echo "$dyn" | grep -q 'libnvshmem'; then echo "deep-ep: $so links NVSHMEM in the intranode-only build" >&2; exit 1; fi
         if echo "$syms" | grep -q 'internode_ll'; then echo "deep-ep: $so has low-latency kernels in the intranode-only build" >&2; exit 1; fi
+        (cd / && PYTHONPATH="$out/${python.sitePackages}''${PYTHONPATH:+:$PYTHONPATH}" \
+          ${python.interpreter} ${../../checks/nvshmem-maps.py} --at-most-one deep_ep)
       ''}
     '';
 
     passthru = {
-      inherit withNvshmem cudaPackages cudaHome knownFixes;
-      nvshmem = if withNvshmem then nvshmem else null;
+      inherit withNvshmem cudaPackages cudaHome knownFixes brokenConditions;
+      # The NVSHMEM the extension links and its process loads (this repository's `nvshmem`, or
+      # torch's cudaPackages.libnvshmem under oneNvshmem), its lib/ directory, and the plan.
+      nvshmem = nvshmem';
+      inherit nvshmemLibDir;
+      oneNvshmem = oneNvshmemPlan // { mode = oneNvshmem; torchNvshmem = if torchNvshmem == null then null else torchNvshmem.version; };
+      torch = torch';
       torchCudaArchList = arch.archList;
       droppedCudaCapabilities = arch.dropped;
-      pairing = if withNvshmem then deepEpLib.pairingStatus { deepep = version; nvshmem = nvshmem.version; inherit knownFixes; } else "no-nvshmem";
+      pairing = if withNvshmem then deepEpLib.pairingStatus { deepep = version; nvshmem = nvshmemVersion; inherit knownFixes; } else "no-nvshmem";
       # Python with torch, numpy (DeepEP's tests) and this DeepEP: the dev shell and GPU check.
-      pythonEnv = python.withPackages (_: [ torch numpy finalAttrs.finalPackage ]);
+      pythonEnv = python.withPackages (_: [ torch' numpy finalAttrs.finalPackage ]);
       # DeepEP's tests/test_intranode.py (and test_low_latency.py with NVSHMEM) on the builder's
       # GPUs; needs the "cuda" system feature (checks/deep-ep-gpu.nix).
       gpuCheck = import ../../checks/deep-ep-gpu.nix { inherit lib runCommand; deep-ep = finalAttrs.finalPackage; };
     };
 
     meta = {
-      description = "DeepEP expert-parallel communication library${if withNvshmem then " (NVSHMEM ${nvshmem.version})" else " (intranode only, without NVSHMEM)"}";
+      description = "DeepEP expert-parallel communication library${if withNvshmem then " (NVSHMEM ${nvshmemVersion})" else " (intranode only, without NVSHMEM)"}";
       homepage = "https://github.com/deepseek-ai/DeepEP";
       license = lib.licenses.mit;
       platforms = [ "x86_64-linux" "aarch64-linux" ];
+      broken = brokenConditions != { };
     };
   })

@@ -5,7 +5,8 @@
 # dev shell.
 #
 # The toolkit and NVSHMEM come exactly as pkgs/deepep-kernels/package.nix gets them: `nvshmem`
-# and `cudaPackages` passed by pkgs/default.nix (the one CUDA major of the default outputs),
+# and `cudaPackages` passed by pkgs/default.nix (the one CUDA major of the default outputs; in
+# the `python` dev shell the NVSHMEM torch links, if it links one: one NVSHMEM per process),
 # CUDA_HOME the same ../cuda-home.nix join, NVSHMEM_DIR the NVSHMEM prefix; kernels/build.rs
 # (run again inside maturin's cargo build) reads only those two variables. No torch at build
 # time (the wheel links no libtorch); torch is needed at run time and is not a dependency here,
@@ -50,6 +51,10 @@ let
 
   # CUDA_HOME, NVSHMEM_DIR, nvcc flags, the one-major check and the run-time library
   # directories: the same as pkgs/deepep-kernels/package.nix.
+  # The release the host library reports: nixpkgs' cudaPackages.libnvshmem (which the `python`
+  # dev shell may build against, pkgs/default.nix) carries the git tag's "-0" ("3.6.5-0").
+  release = if nvshmem == null then null else (import ../deep-ep/lib.nix).releaseVersion nvshmem.version;
+
   build = import ../kernels-build-env.nix {
     inherit lib symlinkJoin cudaPackages nvshmem;
     who = "deepep-kernels-python";
@@ -115,8 +120,8 @@ buildPythonPackage {
       || { echo "deepep-kernels-python: $so has no RUNPATH to ${lib.getLib nvshmem}/lib" >&2; exit 1; }
     got=$(cd / && env -u NVSHMEM_DIR LD_LIBRARY_PATH= ${python.interpreter} -c \
       'import deepep_kernels._native as n; print(n.nvshmem_host_check()[1])')
-    if [ "$got" != "${nvshmem.version}" ]; then
-      echo "deepep-kernels-python: the extension loads NVSHMEM host library $got, expected ${nvshmem.version}" >&2; exit 1
+    if [ "$got" != "${release}" ]; then
+      echo "deepep-kernels-python: the extension loads NVSHMEM host library $got, expected ${release}" >&2; exit 1
     fi
   '';
 

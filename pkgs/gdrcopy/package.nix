@@ -60,7 +60,7 @@ stdenv.mkDerivation {
     runHook postInstallCheck
   '';
 
-  passthru = { inherit cudaPackages; };
+  passthru = { inherit cudaPackages cudaRoot; };
 
   meta = {
     description = "Low-latency GPU memory copy library based on GPUDirect RDMA (library${lib.optionalString withTools " and tools"})";

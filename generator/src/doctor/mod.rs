@@ -11,6 +11,7 @@ mod driver;
 mod elf;
 mod host;
 mod knobs;
+mod maps;
 mod nvshmem;
 mod rdma;
 mod report;
@@ -37,7 +38,9 @@ capability. A fail blocks the capabilities that need the check; warn and skip do
 Exit status: 0 every requested capability is ready, 1 one is not, 2 usage error.\n\
 Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION, the NVSHMEM_* knobs and, for the \
 deepep.* checks, TORCH_CUDA_ARCH_LIST are read from the environment doctor runs in; the locked-memory limit \
-(memlock) is doctor's own."
+(memlock) is doctor's own. One NVSHMEM per process (process.nvshmem-maps): DEEPEP_DOCTOR_MAPS=FILE (a saved \
+/proc/<pid>/maps) or DEEPEP_DOCTOR_MAPS_PYTHON=PYTHON (with DEEPEP_DOCTOR_MAPS_MODULES, default deep_ep), \
+expected NVSHMEM from DEEPEP_DOCTOR_MAPS_EXPECT or --nvshmem-dir."
 )]
 pub struct DoctorArgs {
     /// Print the report as JSON (checks, verdicts, exit_code) instead of the table.
@@ -210,6 +213,8 @@ pub fn run_with(
     };
     knobs::check(&host, &ctx, &mut checks);
     container::check(&host, &kind, &mut checks);
+    let real_host = std::fs::canonicalize(&args.root).is_ok_and(|p| p == Path::new("/"));
+    maps::check(env, args.nvshmem_dir.as_deref(), real_host, &mut checks);
     if !args.python_site.is_empty() {
         deepep::check(
             &host,
