@@ -674,16 +674,18 @@ impl Runtime {
         };
         let config = Config::with_sms(self.fit_sms(num_sms));
         let id = self.id;
+        let r = self.comm.world();
+        // the caller's layout tensors (from get_dispatch_layout) for a fresh dispatch
+        let layout_of = |(pr, pe, itr, e): (u64, u64, u64, usize)| Layout {
+            num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
+            num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
+            is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
+            num_tokens: n,
+            num_experts: e,
+        };
         let out = match (topk, layout, handle) {
-            (Some((ip, wp, k)), Some((pr, pe, itr, e)), None) => {
-                let r = self.comm.world();
-                let lay = Layout {
-                    num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
-                    num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
-                    is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
-                    num_tokens: n,
-                    num_experts: e,
-                };
+            (Some((ip, wp, k)), Some(l), None) => {
+                let lay = layout_of(l);
                 let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
                 let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
                 let mut a = DispatchArgs::fresh(&xt, &lay, &idx, &w).expert_alignment(expert_alignment).config(config);
@@ -693,16 +695,9 @@ impl Runtime {
                 let buf = self.intra()?;
                 without_gil(py, || buf.dispatch(a)).map_err(py_err)?
             }
-            (None, Some((pr, pe, itr, e)), None) => {
+            (None, Some(l), None) => {
                 // DeepEP's dispatch without top-k: rows go by is_token_in_rank alone
-                let r = self.comm.world();
-                let lay = Layout {
-                    num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
-                    num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
-                    is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
-                    num_tokens: n,
-                    num_experts: e,
-                };
+                let lay = layout_of(l);
                 let mut a = DispatchArgs::fresh_without_topk(&xt, &lay).expert_alignment(expert_alignment).config(config);
                 if let Some(s) = st.as_ref() {
                     a = a.scales(s);
