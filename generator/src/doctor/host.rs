@@ -86,8 +86,19 @@ impl Tools for NoTools {
     }
 }
 
-/// Runs `program args`, capturing stdout, killing it after `timeout`.
-fn run_with_timeout(program: &str, args: &[&str], timeout: Duration) -> ToolOutput {
+/// How a program run by [`run_captured`] ended.
+pub(crate) enum Ran {
+    /// Not on PATH.
+    NotFound,
+    /// Could not start, was stopped at the timeout, or could not be waited for.
+    Failed(String),
+    /// Exited: its status, standard output and standard error.
+    Exited(std::process::ExitStatus, String, String),
+}
+
+/// Runs `program args` with no standard input, capturing both outputs (drained on threads so a
+/// chatty program cannot block on a full pipe), killing it after `timeout`.
+pub(crate) fn run_captured(program: &str, args: &[&str], timeout: Duration) -> Ran {
     let mut child = match Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -96,12 +107,9 @@ fn run_with_timeout(program: &str, args: &[&str], timeout: Duration) -> ToolOutp
         .spawn()
     {
         Ok(c) => c,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return ToolOutput::Unavailable(format!("`{program}` is not on PATH"))
-        }
-        Err(e) => return ToolOutput::Failed(format!("`{program}` could not start: {e}")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ran::NotFound,
+        Err(e) => return Ran::Failed(format!("`{program}` could not start: {e}")),
     };
-    // Drain both pipes on threads so a chatty tool cannot block on a full pipe.
     let mut stdout = child.stdout.take().expect("piped stdout");
     let mut stderr = child.stderr.take().expect("piped stderr");
     let out = std::thread::spawn(move || {
@@ -121,30 +129,40 @@ fn run_with_timeout(program: &str, args: &[&str], timeout: Duration) -> ToolOutp
             Ok(None) if start.elapsed() >= timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return ToolOutput::Failed(format!(
-                    "`{program} {}` did not finish within {} s and was stopped",
-                    args.join(" "),
+                return Ran::Failed(format!(
+                    "`{program}` did not finish within {} s and was stopped",
                     timeout.as_secs()
                 ));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return ToolOutput::Failed(format!("waiting for `{program}` failed: {e}")),
+            Err(e) => return Ran::Failed(format!("waiting for `{program}` failed: {e}")),
         }
     };
     let stdout = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        ToolOutput::Output(stdout)
-    } else {
-        let msg = stderr
-            .lines()
-            .chain(stdout.lines())
-            .find(|l| !l.trim().is_empty());
-        ToolOutput::Failed(format!(
-            "`{program} {}` exited with {status}{}",
-            args.join(" "),
-            msg.map(|m| format!(": {}", m.trim())).unwrap_or_default()
-        ))
+    Ran::Exited(status, stdout, stderr)
+}
+
+/// Runs `program args`, capturing stdout, killing it after `timeout`.
+fn run_with_timeout(program: &str, args: &[&str], timeout: Duration) -> ToolOutput {
+    match run_captured(program, args, timeout) {
+        Ran::NotFound => ToolOutput::Unavailable(format!("`{program}` is not on PATH")),
+        Ran::Failed(m) => ToolOutput::Failed(m.replace(
+            &format!("`{program}`"),
+            &format!("`{program} {}`", args.join(" ")),
+        )),
+        Ran::Exited(status, stdout, _) if status.success() => ToolOutput::Output(stdout),
+        Ran::Exited(status, stdout, stderr) => {
+            let msg = stderr
+                .lines()
+                .chain(stdout.lines())
+                .find(|l| !l.trim().is_empty());
+            ToolOutput::Failed(format!(
+                "`{program} {}` exited with {status}{}",
+                args.join(" "),
+                msg.map(|m| format!(": {}", m.trim())).unwrap_or_default()
+            ))
+        }
     }
 }
 

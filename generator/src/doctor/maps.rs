@@ -22,12 +22,11 @@
 //!
 //! The same rule as `checks/nvshmem-maps.py` (the Nix install and GPU checks).
 
+use super::host::Ran;
 use super::report::{caps, Check, Status};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const ENV_MAPS: &str = "DEEPEP_DOCTOR_MAPS";
 pub const ENV_PYTHON: &str = "DEEPEP_DOCTOR_MAPS_PYTHON";
@@ -202,58 +201,25 @@ fn modules(env: &BTreeMap<String, String>) -> Vec<String> {
 
 /// Runs `python -c PROBE modules...` and returns its standard output (markers + maps).
 fn run_probe(python: &str, modules: &[String], timeout: Duration) -> Result<String, String> {
-    let mut child = Command::new(python)
-        .arg("-c")
-        .arg(PROBE)
-        .args(modules)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("`{python}` could not start: {e}"))?;
-    let mut stdout = child.stdout.take().expect("piped stdout");
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stdout.read_to_end(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stderr.read_to_end(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "`{python}` did not finish within {} s and was stopped",
-                    timeout.as_secs()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for `{python}` failed: {e}")),
+    let mut args = vec!["-c", PROBE];
+    args.extend(modules.iter().map(String::as_str));
+    match super::host::run_captured(python, &args, timeout) {
+        Ran::NotFound => Err(format!("`{python}` could not start: not found")),
+        Ran::Failed(m) => Err(m),
+        Ran::Exited(status, stdout, _) if status.success() => Ok(stdout),
+        Ran::Exited(status, _, stderr) => {
+            // a Python traceback ends with the error itself
+            let last = stderr
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            Err(format!(
+                "`{python} -c 'import torch, {}'` failed ({status}): {last}",
+                modules.join(", ")
+            ))
         }
-    };
-    let stdout = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        Ok(stdout)
-    } else {
-        let last = stderr
-            .lines()
-            .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        Err(format!(
-            "`{python} -c 'import torch, {}'` failed ({status}): {last}",
-            modules.join(", ")
-        ))
     }
 }
 
