@@ -3,7 +3,7 @@
 //!
 //! - `cuda/*.cu`          -> plain cubins:   `nvcc -cubin`
 //! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`,
-//!   then `nvlink ... -L$NVSHMEM_DIR/lib -lnvshmem_device`
+//!   then `nvlink ... -L. -lnvshmem_device` run in `$NVSHMEM_DIR/lib`
 //!
 //! Toolkit: `CUDA_HOME` (env), else `<workspace>/.toolchain/nvidia/cu13` (installed by
 //! `scripts/install-toolchain.sh`), else `/usr/local/cuda`.
@@ -285,12 +285,15 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
             &format!("nvcc -rdc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
+        // nvlink records its options (with the -L directory) in the cubin: it runs in the
+        // library's directory with `-L.`, so the cubin bytes do not depend on where NVSHMEM or
+        // the checkout is (reproducible wheels, python/scripts/check-reproducible.sh).
         let link_log = run(
-            Command::new(cuda_home.join("bin/nvlink"))
+            Command::new(std::path::absolute(cuda_home.join("bin/nvlink")).map_err(|e| format!("nvlink: {e}"))?)
+                .current_dir(nvs.join("lib"))
                 .args(["-v", &format!("-arch={ARCH}")])
                 .arg(&rdc)
-                .arg(format!("-L{}", nvs.join("lib").display()))
-                .args(["-lnvshmem_device", "-o"])
+                .args(["-L.", "-lnvshmem_device", "-o"])
                 .arg(&cubin),
             &format!("nvlink {}", rdc.display()),
         )?;
