@@ -263,11 +263,20 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
     let kernels = parse_kernels(&source);
     let cubin = out.join(format!("{name}.cubin"));
     let nvcc = cuda_home.join("bin/nvcc");
+    // The front end (cicc) names internal-linkage device symbols `_INTERNAL_<hash of the source's
+    // absolute path>_...`, so the cubins would differ between checkouts; give it the path
+    // relative to the workspace instead (reproducible wheels, python/scripts/check-reproducible.sh).
+    let stable_name = format!(
+        "kernels/cuda/{}{}",
+        if is_nvs { "nvshmem/" } else { "" },
+        src.file_name().unwrap().to_string_lossy()
+    );
+    let stable = ["-Xcicc", "--orig_src_path_name", "-Xcicc", stable_name.as_str()];
     let mut log;
     let mut res;
     if !is_nvs {
         log = run(
-            Command::new(&nvcc).args(common).arg("-cubin").arg("-o").arg(&cubin).arg(src),
+            Command::new(&nvcc).args(common).args(stable).arg("-cubin").arg("-o").arg(&cubin).arg(src),
             &format!("nvcc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
@@ -279,6 +288,7 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
                 .args(common)
                 .arg(format!("-I{}", src.parent().unwrap().display()))
                 .arg(format!("-I{}", nvs.join("include").display()))
+                .args(stable)
                 .args(["-rdc=true", "-cubin", "-o"])
                 .arg(&rdc)
                 .arg(src),
