@@ -85,9 +85,11 @@ if [ "$release" = 1 ]; then
     flags=$CARGO_ENCODED_RUSTFLAGS
   else
     # RUSTFLAGS is whitespace-separated; CARGO_ENCODED_RUSTFLAGS (0x1f-separated) takes
-    # precedence over it, so the caller's flags are carried over.
+    # precedence over it (and over build.rustflags in cargo config files), so the caller's
+    # RUSTFLAGS are carried over.
     flags=""
-    for f in ${RUSTFLAGS:-}; do flags+="${flags:+$'\x1f'}$f"; done
+    read -r -a user_flags <<< "${RUSTFLAGS:-}"
+    for f in "${user_flags[@]}"; do flags+="${flags:+$'\x1f'}$f"; done
   fi
   for f in "${remaps[@]}"; do flags+="${flags:+$'\x1f'}$f"; done
   export CARGO_ENCODED_RUSTFLAGS="$flags"
