@@ -3,7 +3,7 @@
 //!
 //! - `cuda/*.cu`          -> plain cubins:   `nvcc -cubin`
 //! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`,
-//!   then `nvlink ... -L$NVSHMEM_DIR/lib -lnvshmem_device`
+//!   then `nvlink ... -L. -lnvshmem_device` run in `$NVSHMEM_DIR/lib`
 //!
 //! Toolkit: `CUDA_HOME` (env), else `<workspace>/.toolchain/nvidia/cu13` (installed by
 //! `scripts/install-toolchain.sh`), else `/usr/local/cuda`.
@@ -263,11 +263,20 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
     let kernels = parse_kernels(&source);
     let cubin = out.join(format!("{name}.cubin"));
     let nvcc = cuda_home.join("bin/nvcc");
+    // The front end (cicc) names internal-linkage device symbols `_INTERNAL_<hash of the source's
+    // absolute path>_...`, so the cubins would differ between checkouts; give it the path
+    // relative to the workspace instead (reproducible wheels, python/scripts/check-reproducible.sh).
+    let stable_name = format!(
+        "kernels/cuda/{}{}",
+        if is_nvs { "nvshmem/" } else { "" },
+        src.file_name().unwrap().to_string_lossy()
+    );
+    let stable = ["-Xcicc", "--orig_src_path_name", "-Xcicc", stable_name.as_str()];
     let mut log;
     let mut res;
     if !is_nvs {
         log = run(
-            Command::new(&nvcc).args(common).arg("-cubin").arg("-o").arg(&cubin).arg(src),
+            Command::new(&nvcc).args(common).args(stable).arg("-cubin").arg("-o").arg(&cubin).arg(src),
             &format!("nvcc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
@@ -279,18 +288,22 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
                 .args(common)
                 .arg(format!("-I{}", src.parent().unwrap().display()))
                 .arg(format!("-I{}", nvs.join("include").display()))
+                .args(stable)
                 .args(["-rdc=true", "-cubin", "-o"])
                 .arg(&rdc)
                 .arg(src),
             &format!("nvcc -rdc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
+        // nvlink records its options (with the -L directory) in the cubin: it runs in the
+        // library's directory with `-L.`, so the cubin bytes do not depend on where NVSHMEM or
+        // the checkout is (reproducible wheels, python/scripts/check-reproducible.sh).
         let link_log = run(
-            Command::new(cuda_home.join("bin/nvlink"))
+            Command::new(std::path::absolute(cuda_home.join("bin/nvlink")).map_err(|e| format!("nvlink: {e}"))?)
+                .current_dir(nvs.join("lib"))
                 .args(["-v", &format!("-arch={ARCH}")])
                 .arg(&rdc)
-                .arg(format!("-L{}", nvs.join("lib").display()))
-                .args(["-lnvshmem_device", "-o"])
+                .args(["-L.", "-lnvshmem_device", "-o"])
                 .arg(&cubin),
             &format!("nvlink {}", rdc.display()),
         )?;

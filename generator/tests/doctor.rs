@@ -2280,3 +2280,335 @@ fn several_python_sites_from_the_binary_in_json() {
         serde_json::json!(["low-latency", "internode-ibgda", "internode-cpu-ibgda"])
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// This project's wheel `deepep_kernels` (python/, docs/python.md) in a `--python-site`.
+//
+// `deepep_kernels/_native.abi3.so` is a real ELF shared object built here with the C compiler; its
+// data holds CUDA ELF images (cubins) laid out as nvlink writes them: ELF ABI version 8, e_flags
+// with the SM in bits 8-15, a symbol table whose `nvshmemi_device_lib_version_d` points at
+// {major, minor, patch} in `.nv.constant3`. The real extension embeds its cubins the same way
+// (`include_bytes!`); python/tests/test_wheel.py runs the doctor on the real installed wheel.
+
+/// A minimal cubin: sections null, .shstrtab, .strtab, .symtab, .nv.constant3; the NVSHMEM
+/// device version variable when `nvshmem` is given (an NVSHMEM cubin), sm_`sm`.
+fn cuda_elf(sm: u32, nvshmem: Option<(u32, u32, u32)>) -> Vec<u8> {
+    let shstr = b"\0.shstrtab\0.strtab\0.symtab\0.nv.constant3\0".to_vec();
+    let mut strtab = b"\0kernel_param\0".to_vec();
+    let var = strtab.len() as u32;
+    strtab.extend_from_slice(b"nvshmemi_device_lib_version_d\0");
+    let mut constant = vec![0x55u8; 16];
+    let (a, b, c) = nvshmem.unwrap_or((0, 0, 0));
+    for w in [a, b, c] {
+        constant.extend_from_slice(&w.to_le_bytes());
+    }
+    let sym = |name: u32, value: u64| {
+        let mut e = name.to_le_bytes().to_vec();
+        e.extend_from_slice(&[0x11, 0]);
+        e.extend_from_slice(&4u16.to_le_bytes()); // .nv.constant3
+        e.extend_from_slice(&value.to_le_bytes());
+        e.extend_from_slice(&12u64.to_le_bytes());
+        e
+    };
+    let mut symtab = vec![0u8; 24];
+    symtab.extend(sym(1, 0));
+    if nvshmem.is_some() {
+        symtab.extend(sym(var, 16));
+    }
+    let mut body = Vec::new();
+    let mut offsets = Vec::new();
+    for part in [&shstr, &strtab, &symtab, &constant] {
+        offsets.push(64 + body.len() as u64);
+        body.extend_from_slice(part);
+        body.resize(body.len().next_multiple_of(8), 0);
+    }
+    let mut out = vec![0u8; 64];
+    out[..9].copy_from_slice(b"\x7fELF\x02\x01\x01\x41\x08");
+    out[16..18].copy_from_slice(&2u16.to_le_bytes());
+    out[18..20].copy_from_slice(&190u16.to_le_bytes()); // EM_CUDA
+    out[40..48].copy_from_slice(&(64 + body.len() as u64).to_le_bytes());
+    out[48..52].copy_from_slice(&(0x0600_0004u32 | (sm << 8)).to_le_bytes());
+    out[52..54].copy_from_slice(&64u16.to_le_bytes());
+    out[58..60].copy_from_slice(&64u16.to_le_bytes());
+    out[60..62].copy_from_slice(&5u16.to_le_bytes());
+    out.extend(body);
+    out.extend([0u8; 64]);
+    let lens = [shstr.len(), strtab.len(), symtab.len(), constant.len()];
+    for (i, (name, ty, link, entsize)) in [
+        (1u32, 3u32, 0u32, 0u64),
+        (11, 3, 0, 0),
+        (19, 2, 2, 24),
+        (27, 1, 0, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = [0u8; 64];
+        s[0..4].copy_from_slice(&name.to_le_bytes());
+        s[4..8].copy_from_slice(&ty.to_le_bytes());
+        s[24..32].copy_from_slice(&offsets[i].to_le_bytes());
+        s[32..40].copy_from_slice(&(lens[i] as u64).to_le_bytes());
+        s[40..44].copy_from_slice(&link.to_le_bytes());
+        s[56..64].copy_from_slice(&entsize.to_le_bytes());
+        out.extend(s);
+    }
+    out
+}
+
+const KSITE: &str = "/opt/venv/lib/python3.12/site-packages";
+const NATIVE: &str = "/opt/venv/lib/python3.12/site-packages/deepep_kernels/_native.abi3.so";
+
+impl TestHost {
+    /// Installs the deepep_kernels wheel into `KSITE`: the package's Python files, the
+    /// extension with three plain sm_`sm` cubins and, with `nvshmem`, two NVSHMEM cubins linked
+    /// against that version, and `deepep_kernels-<version>.dist-info/METADATA`.
+    fn install_deepep_kernels(&self, version: &str, nvshmem: Option<&str>, sm: u32) {
+        let dir = format!("{KSITE}/deepep_kernels");
+        self.write(&format!("{dir}/__init__.py"), "from . import _native\n");
+        self.write(&format!("{dir}/shim/deep_ep/__init__.py"), "");
+        let mut blob = b"unaligned".to_vec();
+        for _ in 0..3 {
+            blob.extend(cuda_elf(sm, None));
+        }
+        if let Some(v) = nvshmem {
+            let p: Vec<u32> = v.split('.').map(|x| x.parse().unwrap()).collect();
+            for _ in 0..2 {
+                blob.extend(cuda_elf(sm, Some((p[0], p[1], p[2]))));
+            }
+        }
+        let bytes: Vec<String> = blob.iter().map(|b| b.to_string()).collect();
+        let src = format!(
+            "int PyInit__native;\n__attribute__((used)) static const unsigned char cubins[] = {{{}}};\n",
+            bytes.join(",")
+        );
+        shared_with_path(
+            &self.path(NATIVE),
+            "_native.abi3.so",
+            &src,
+            &[artifacts().stub("libc.so.6")],
+            "-Wl,--enable-new-dtags",
+            "",
+        );
+        self.write(
+            &format!("{KSITE}/deepep_kernels-{version}.dist-info/METADATA"),
+            format!("Metadata-Version: 2.4\nName: deepep-kernels\nVersion: {version}\n"),
+        );
+    }
+}
+
+fn kernels_statuses(r: &Report) -> Vec<(String, Status)> {
+    statuses(r)
+        .into_iter()
+        .filter(|(id, _)| id.starts_with("deepep"))
+        .collect()
+}
+
+#[test]
+fn deepep_kernels_wheel_is_recognised_instead_of_asking_for_a_deepep_build() {
+    // The wheel next to torch 3.4.5, NVSHMEM_DIR=/opt/nvshmem (3.4.5): ready, and nothing asks
+    // for an upstream DeepEP build (before: "no deep_ep_cpp*.so ... build DeepEP", a failure
+    // blocking every capability).
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    h.install_torch_in(KSITE, "3.4.5", true);
+    let r = h.run();
+    let text = r.render_text();
+    use Status::{Ok as O, Skip as S};
+    assert_eq!(
+        kernels_statuses(&r),
+        ids(&[
+            ("deepep.extension", S),
+            ("deepep-kernels.package", O),
+            ("deepep-kernels.nvshmem", O),
+            ("deepep-kernels.torch-nvshmem", O),
+            ("deepep-kernels.ibgda-plugin", O),
+            ("deepep-kernels.arch", O),
+        ]),
+        "{text}"
+    );
+    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert!(!text.contains("pip install --no-build-isolation"), "{text}");
+    assert_eq!(
+        found(&r, "deepep.extension"),
+        format!(
+            "no upstream DeepEP build (deep_ep_cpp*.so) in {KSITE}; {KSITE}/deepep_kernels is there: \
+             see the deepep-kernels.* checks"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.package"),
+        format!(
+            "{NATIVE}: deepep_kernels 0.1.0 ({KSITE}/deepep_kernels-0.1.0.dist-info/METADATA), this project's \
+             deep_ep-compatible package; built for NVSHMEM 3.4.5 (the device library linked into its cubins); \
+             GPU code sm_90 (5 cubins)"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.nvshmem"),
+        "loads NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3, from NVSHMEM_DIR) = the NVSHMEM its \
+         cubins were linked against"
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.torch-nvshmem"),
+        format!(
+            "torch loads NVSHMEM 3.4.5 ({KSITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3) \
+             = deepep_kernels' build 3.4.5"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.arch"),
+        "GPU 0 NVIDIA H200 (compute capability 9.0), GPU 1 NVIDIA H200 (compute capability 9.0) run sm_90 \
+         (deepep_kernels' embedded cubins)"
+    );
+    // NVSHMEM_DIR unset: the package takes torch's nvidia-nvshmem wheel, as Buffer does.
+    let r = h.env("NVSHMEM_DIR", "").run();
+    assert_eq!(
+        found(&r, "deepep-kernels.nvshmem"),
+        format!(
+            "loads NVSHMEM 3.4.5 ({KSITE}/nvidia/nvshmem/lib/libnvshmem_host.so.3, from the nvidia-nvshmem wheel \
+             in {KSITE}, which deepep_kernels uses when NVSHMEM_DIR is unset) = the NVSHMEM its cubins were \
+             linked against"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.ibgda-plugin"),
+        format!("{KSITE}/nvidia/nvshmem/lib/nvshmem_transport_ibgda.so.3")
+    );
+}
+
+#[test]
+fn deepep_kernels_built_for_another_nvshmem_than_torch_loads() {
+    // torch 2.x with NVSHMEM 3.8.0 (its libtorch_nvshmem.so and wheel), the wheel built for
+    // 3.4.5, NVSHMEM_DIR unset: the package would take the 3.8.0 wheel and refuse it.
+    let h = TestHost::ibgda().with_site().env("NVSHMEM_DIR", "");
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    h.install_torch_in(KSITE, "3.8.0", true);
+    let r = h.run();
+    let wheel = format!("{KSITE}/nvidia/nvshmem");
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.nvshmem",
+        &format!(
+            "built for NVSHMEM 3.4.5, but would load host library 3.8.0 ({wheel}/lib/libnvshmem_host.so.3, from \
+             the nvidia-nvshmem wheel in {KSITE}, which deepep_kernels uses when NVSHMEM_DIR is unset): creating a \
+             low-latency or internode Buffer raises RuntimeError (the versions must be equal)"
+        ),
+        &format!(
+            "deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix <dir> and export NVSHMEM_DIR=<dir> \
+             (or pip install nvidia-nvshmem-cu13==3.4.5 into this environment); or rebuild the wheel against NVSHMEM \
+             3.8.0: NVSHMEM_DIR={wheel} python/scripts/build-wheel.sh"
+        ),
+    );
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.torch-nvshmem",
+        &format!(
+            "{KSITE}/torch/lib/libtorch_nvshmem.so loads NVSHMEM 3.8.0 ({KSITE}/torch/lib/../../nvidia/nvshmem/lib/\
+             libnvshmem_host.so.3); deepep_kernels' build is NVSHMEM 3.4.5: once torch has loaded its copy, a second \
+             NVSHMEM host library of another version in the same process is not supported"
+        ),
+        &format!(
+            "use one NVSHMEM: rebuild the wheel against torch's copy (NVSHMEM_DIR={wheel} \
+             python/scripts/build-wheel.sh) and leave NVSHMEM_DIR unset at run time, or install the \
+             nvidia-nvshmem-cu13 wheel of NVSHMEM 3.4.5 into torch's environment if that torch works with it"
+        ),
+    );
+    let both = ["deepep-kernels.nvshmem", "deepep-kernels.torch-nvshmem"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    // A wheel rebuilt against torch's 3.8.0: everything agrees.
+    h.install_deepep_kernels("0.1.0", Some("3.8.0"), 90);
+    let r = h.run();
+    assert_eq!(
+        status(&r, "deepep-kernels.nvshmem"),
+        Status::Ok,
+        "{}",
+        r.render_text()
+    );
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Ok);
+    assert!(found(&r, "deepep-kernels.package").contains("built for NVSHMEM 3.8.0"));
+}
+
+#[test]
+fn deepep_kernels_without_nvshmem_anywhere_or_built_without_it() {
+    // No NVSHMEM_DIR, no wheel in the site, nothing on the loader's path.
+    let h = TestHost::ibgda()
+        .with_site()
+        .env("NVSHMEM_DIR", "")
+        .env("LD_LIBRARY_PATH", "");
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.nvshmem",
+        &format!(
+            "libnvshmem_host.so.3 not found for deepep_kernels in the loader's search path, as NVSHMEM_DIR is unset \
+             and no nvidia-nvshmem wheel is in {KSITE}: a low-latency or internode Buffer cannot start"
+        ),
+        "deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix <dir> and export NVSHMEM_DIR=<dir> \
+         (or pip install nvidia-nvshmem-cu13==3.4.5 into this environment)",
+    );
+    assert_eq!(status(&r, "deepep-kernels.ibgda-plugin"), Status::Skip);
+    // torch is not in the given site: a warning naming it, not an ok.
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Warn);
+    // NVSHMEM_DIR without the library: the loader is tried, and says why.
+    let r = h.env("NVSHMEM_DIR", "/opt/empty").run();
+    assert!(found(&r, "deepep-kernels.nvshmem").contains(
+        "in the loader's search path, as NVSHMEM_DIR=/opt/empty has no lib/libnvshmem_host.so.3"
+    ));
+
+    // A wheel built with NVSHMEM_DIR= (no NVSHMEM cubins): intranode only.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels("0.1.0", None, 90);
+    let r = h.run();
+    assert!(found(&r, "deepep-kernels.package")
+        .contains("built without NVSHMEM kernels (intranode only); GPU code sm_90 (3 cubins)"));
+    assert_eq!(status(&r, "deepep-kernels.package"), Status::Ok);
+    let n = ["deepep-kernels.nvshmem"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &n, &n, &n));
+}
+
+#[test]
+fn deepep_kernels_on_non_hopper_gpus_and_next_to_upstream_deepep() {
+    let h = TestHost::ibgda().with_site();
+    for bus in ["0000:18:00.0", "0000:2a:00.0"] {
+        let p = format!("/proc/driver/nvidia/gpus/{bus}/information");
+        let text = std::fs::read_to_string(h.path(&p)).unwrap();
+        h.write(&p, text.replace("NVIDIA H200", "NVIDIA B200"));
+    }
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.arch",
+        "GPU 0 NVIDIA B200 (compute capability 10.0), GPU 1 NVIDIA B200 (compute capability 10.0) cannot run \
+         the build's GPU code sm_90 (deepep_kernels' embedded cubins)",
+        "deepep_kernels runs on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20) only; use upstream \
+         DeepEP built for these GPUs (docs/deepep.md)",
+    );
+
+    // Upstream DeepEP in the same site: both are checked, each under its own ids.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.extension"), Status::Ok);
+    assert_eq!(status(&r, "deepep.pairing"), Status::Ok);
+    assert_eq!(status(&r, "deepep-kernels.package"), Status::Ok);
+    assert_eq!(verdicts(&r), all_ready(), "{}", r.render_text());
+
+    // Neither: the failure names the way to our wheel too.
+    let h = TestHost::ibgda().with_site();
+    let r = h.run();
+    assert!(fix(&r, "deepep.extension")
+        .ends_with("or use this project's deep_ep-compatible wheel deepep_kernels (docs/python.md), which needs no DeepEP build"));
+    assert!(r
+        .checks
+        .iter()
+        .all(|c| !c.id.starts_with("deepep-kernels.")));
+}

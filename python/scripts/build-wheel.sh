@@ -3,43 +3,112 @@
 # optionally, install it into a test venv and run the CPU tests.
 #
 # Usage: python/scripts/build-wheel.sh [--release|--dev] [--test] [--help]
-#   --release  optimized build (the default; what the GPU machine should run)
+#   --release  optimized build (the default; what the GPU machine should run); reproducible:
+#              the same bytes from any checkout path of one commit (check-reproducible.sh)
 #   --dev      debug profile (reuses the `cargo test` build of deepep-kernels; CI uses it)
 #   --test     also install the wheel into target/pyvenv and run python/tests (no GPU, no torch)
 #
-# Needs: the pinned CUDA/NVSHMEM pip toolchain (scripts/install-toolchain.sh; the cubins are
-# built into the extension), python3 with venv, network to PyPI the first time (maturin and
-# pytest at pinned versions go into target/pyvenv, which git ignores). No torch, no libtorch.
-# Output: target/wheels/deepep_kernels-<version>-cp39-abi3-manylinux_*_x86_64.whl
+# Needs: python3 with venv, a C compiler, network to PyPI the first time. The pinned CUDA 13.0 /
+# NVSHMEM 3.4.5 pip toolchain is installed into .toolchain/ first when missing
+# (scripts/install-toolchain.sh; CUDA_HOME / NVSHMEM_DIR, when set, are used instead); maturin and
+# pytest at pinned versions go into target/pyvenv. No torch, no libtorch, no GPU.
+# Output: target/wheels/deepep_kernels-<version>-cp39-abi3-manylinux_*_x86_64.whl (stripped)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 profile=(--release)
+release=1
 run_tests=0
 for a in "$@"; do
   case "$a" in
-    --release) profile=(--release) ;;
-    --dev) profile=(--profile dev) ;;
+    --release) profile=(--release); release=1 ;;
+    --dev) profile=(--profile dev); release=0 ;;
     --test) run_tests=1 ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-wheel: unknown argument '$a' (use --release, --dev, --test or --help)" >&2; exit 2 ;;
   esac
 done
+die() { echo "build-wheel: error: $*" >&2; exit 1; }
 cd "$repo"
+
+# 1. The CUDA toolchain, before anything is compiled: a missing nvcc is found (and installed) in
+#    the first second, not after minutes of compiling Rust crates.
+if [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_DIR+set}" ]; then
+  if ! tc_env=$(bash scripts/install-toolchain.sh --print-env 2>/dev/null); then
+    echo "build-wheel: the pinned CUDA 13.0 / NVSHMEM 3.4.5 toolchain is not in .toolchain/;" \
+      "installing it: scripts/install-toolchain.sh (pip wheels, about 350 MB, once)" >&2
+    tc_env=$(bash scripts/install-toolchain.sh) \
+      || die "scripts/install-toolchain.sh failed (above). Fix that, or export CUDA_HOME=<CUDA 13.0 toolkit> NVSHMEM_DIR=<NVSHMEM 3.4.5 prefix> and run this again"
+  fi
+  # Only what the caller left unset comes from .toolchain/ (NVSHMEM_DIR= builds without NVSHMEM).
+  user_cuda=${CUDA_HOME:-}
+  user_nvshmem_set=${NVSHMEM_DIR+set}
+  user_nvshmem=${NVSHMEM_DIR:-}
+  eval "$(printf '%s\n' "$tc_env" | grep '^export ')"
+  if [ -n "$user_cuda" ]; then CUDA_HOME=$user_cuda; fi
+  if [ -n "$user_nvshmem_set" ]; then NVSHMEM_DIR=$user_nvshmem; fi
+fi
+export CUDA_HOME NVSHMEM_DIR
+[ -x "$CUDA_HOME/bin/nvcc" ] \
+  || die "no nvcc at $CUDA_HOME/bin/nvcc (CUDA_HOME=$CUDA_HOME). Fix: unset CUDA_HOME to use the pinned toolchain (this script installs it into .toolchain/), or point CUDA_HOME at a CUDA 13.0 toolkit"
+if [ -n "$NVSHMEM_DIR" ] && [ ! -f "$NVSHMEM_DIR/lib/libnvshmem_device.a" ]; then
+  die "no lib/libnvshmem_device.a in NVSHMEM_DIR=$NVSHMEM_DIR. Fix: unset NVSHMEM_DIR to use the pinned NVSHMEM 3.4.5 (.toolchain/), point it at an NVSHMEM prefix, or set NVSHMEM_DIR= to build without the NVSHMEM kernels"
+fi
+echo "build-wheel: CUDA_HOME=$CUDA_HOME NVSHMEM_DIR=${NVSHMEM_DIR:-(empty: no NVSHMEM kernels)}" >&2
+
+# 2. maturin + pytest (pinned) in target/pyvenv.
 venv="$repo/target/pyvenv"
 if [ ! -x "$venv/bin/maturin" ] || [ ! -x "$venv/bin/pytest" ]; then
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" || die "python3 -m venv failed; install venv support (apt-get install python3-venv)"
   "$venv/bin/pip" install --quiet maturin==1.16.0 pytest==9.2.0
 fi
-if [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_DIR:-}" ]; then
-  eval "$(bash scripts/install-toolchain.sh --print-env)"
-  export CUDA_HOME NVSHMEM_DIR
+
+# 3. Reproducibility: the wheel's bytes depend on the commit, not on where the checkout is.
+#    - Paths rustc embeds (panic locations of crates.io code, files included from OUT_DIR) are
+#      remapped: the checkout -> /deepep-nix, $CARGO_HOME -> /cargo. Release: for every crate
+#      (CARGO_ENCODED_RUSTFLAGS); dev: for the extension crate only (maturin's rustc arguments),
+#      so that CI reuses the `cargo test` build of deepep-kernels (its cubins) instead of
+#      compiling everything again; its registry paths then stay, the checkout's do not.
+#    - The extension is stripped (pyproject.toml: strip = true; no debug info with paths) and
+#      maturin's Rust SBOM (random serial number, build time, checkout path) is off.
+#    - Zip entry times: SOURCE_DATE_EPOCH, the commit's time (maturin reads it).
+#    - The cubins: kernels/build.rs runs nvlink with -L. (nvlink records its options).
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+remaps=()
+prefixes=("$repo=/deepep-nix" "$cargo_home=/cargo")
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then prefixes+=("$(cd "$CARGO_TARGET_DIR" 2>/dev/null && pwd || echo "$CARGO_TARGET_DIR")=/target"); fi
+# rustc applies the last matching --remap-path-prefix: longest (most specific) prefix last.
+while IFS= read -r p; do remaps+=("--remap-path-prefix=$p"); done \
+  < <(for p in "${prefixes[@]}"; do f=${p%=*}; printf '%d\t%s\n' "${#f}" "$p"; done | sort -n | cut -f2-)
+extra_rustc=()
+if [ "$release" = 1 ]; then
+  if [ -n "${CARGO_ENCODED_RUSTFLAGS:-}" ]; then
+    flags=$CARGO_ENCODED_RUSTFLAGS
+  else
+    # RUSTFLAGS is whitespace-separated; CARGO_ENCODED_RUSTFLAGS (0x1f-separated) takes
+    # precedence over it (and over build.rustflags in cargo config files), so the caller's
+    # RUSTFLAGS are carried over.
+    flags=""
+    read -r -a user_flags <<< "${RUSTFLAGS:-}"
+    for f in "${user_flags[@]}"; do flags+="${flags:+$'\x1f'}$f"; done
+  fi
+  for f in "${remaps[@]}"; do flags+="${flags:+$'\x1f'}$f"; done
+  export CARGO_ENCODED_RUSTFLAGS="$flags"
+else
+  extra_rustc=(-- "${remaps[@]}")
 fi
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+  SOURCE_DATE_EPOCH=$(git -C "$repo" log -1 --format=%ct 2>/dev/null || true)
+  if [ -n "$SOURCE_DATE_EPOCH" ]; then export SOURCE_DATE_EPOCH; else unset SOURCE_DATE_EPOCH; fi
+fi
+
+# 4. Build.
 rm -f "$repo"/target/wheels/deepep_kernels-*.whl
-(cd python && "$venv/bin/maturin" build "${profile[@]}" --locked -o "$repo/target/wheels")
+(cd python && "$venv/bin/maturin" build "${profile[@]}" --locked -o "$repo/target/wheels" "${extra_rustc[@]}")
 wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp39-abi3-*.whl)
-echo "wheel: $wheel"
+echo "wheel: $wheel ($(stat -c %s "$wheel") bytes, sha256 $(sha256sum "$wheel" | cut -d' ' -f1))"
 if [ "$run_tests" = 1 ]; then
   "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
-  # from python/ so that pytest finds its config; conftest.py keeps the source tree off sys.path
-  (cd python && "$venv/bin/python" -m pytest -q -rs tests --ignore=tests/gpu)
+  # from python/ so that pytest finds its config; conftest.py keeps the source tree off sys.path.
+  # test_wheel.py inspects the wheel file itself (no checkout path, no debug sections).
+  (cd python && DEEPEP_KERNELS_WHEEL="$wheel" "$venv/bin/python" -m pytest -q -rs tests --ignore=tests/gpu)
 fi

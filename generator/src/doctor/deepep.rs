@@ -13,6 +13,8 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+mod kernels;
+
 /// `pkgs/deep-ep/pairings.json`: the DeepEP x NVSHMEM pairings known to break. The same file is
 /// the Nix package's data (`pkgs/deep-ep/lib.nix` reads it with `builtins.fromJSON`), so the
 /// doctor and the evaluation-time refusal apply the same rules.
@@ -419,11 +421,12 @@ fn find_extension(host: &Host, site: &Path) -> Option<PathBuf> {
         })
 }
 
-/// DeepEP's version from its package metadata (`Version:` of a dist-info `METADATA`, an
-/// egg-info `PKG-INFO` or an egg's `EGG-INFO/PKG-INFO`), with the file it came from.
-fn find_version(host: &Host, site: &Path) -> Option<(String, PathBuf)> {
+/// A distribution's version from its package metadata (`Version:` of a dist-info `METADATA`, an
+/// egg-info `PKG-INFO` or an egg's `EGG-INFO/PKG-INFO`) in `site`, with the file it came from;
+/// `prefix` is the distribution's directory prefix (`deep_ep-`, `deepep_kernels-`).
+fn find_version(host: &Host, site: &Path, prefix: &str) -> Option<(String, PathBuf)> {
     let names = host.list_dir(site).unwrap_or_default();
-    for n in names.iter().filter(|n| n.starts_with("deep_ep-")) {
+    for n in names.iter().filter(|n| n.starts_with(prefix)) {
         let candidates = [
             site.join(n).join("METADATA"),
             site.join(n).join("PKG-INFO"),
@@ -541,25 +544,49 @@ fn torch_nvshmem(host: &Host, sites: &[PathBuf]) -> TorchNvshmem {
     }
 }
 
-/// `deepep.torch-nvshmem`: torch's own NVSHMEM vs the one DeepEP's build recorded, or, when that
-/// is unknown (no extension, stripped), the NVSHMEM checked above (`NVSHMEM_DIR`). Only what was
-/// seen is claimed: torch in none of `sites` is a warning naming them, never an ok.
+/// The package whose NVSHMEM `torch_check` compares with torch's: the check id and the texts
+/// that differ between upstream DeepEP and our `deepep_kernels`.
+struct TorchSubject<'a> {
+    id: &'a str,
+    /// The reference's name, e.g. "DeepEP's build".
+    build: &'a str,
+    /// Why torch's libtorch_nvshmem.so loading another version is a failure (after ": ").
+    clash: &'a str,
+    /// What the nvidia-nvshmem wheel alone of another version means (after ": ").
+    wheel_only: &'a str,
+    /// The fix, given the nvidia-nvshmem wheel's `nvidia/nvshmem` prefix.
+    fix: &'a dyn Fn(&Path) -> String,
+}
+
+/// Upstream DeepEP's subject for [`torch_check`].
+fn deepep_torch_fix(wheel_prefix: &Path) -> String {
+    format!(
+        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
+        wheel_prefix.display()
+    )
+}
+
+/// `deepep.torch-nvshmem` (or the subject's id): torch's own NVSHMEM vs the one the build
+/// recorded, or, when that is unknown (no extension, stripped), the NVSHMEM checked above
+/// (`NVSHMEM_DIR`). Only what was seen is claimed: torch in none of `sites` is a warning naming
+/// them, never an ok.
 fn torch_check(
     sites: &[PathBuf],
     torch: &TorchNvshmem,
     recorded: Option<Version>,
     checked: &NvshmemInfo,
+    subject: &TorchSubject,
     out: &mut Vec<Check>,
 ) {
     let (reference, ref_name) = match (recorded, checked.version) {
-        (Some(v), _) => (Some(v), "DeepEP's build".to_string()),
+        (Some(v), _) => (Some(v), subject.build.to_string()),
         (None, Some(v)) => (
             Some(v),
             "the NVSHMEM checked above (NVSHMEM_DIR)".to_string(),
         ),
         (None, None) => (None, String::new()),
     };
-    let torch_id = "deepep.torch-nvshmem";
+    let torch_id = subject.id;
     let Some(torch_site) = &torch.site else {
         out.push(Check::warn(
             torch_id,
@@ -577,10 +604,7 @@ fn torch_check(
         .wheel_prefix
         .clone()
         .unwrap_or_else(|| torch_site.join("nvidia/nvshmem"));
-    let torch_fix = format!(
-        "use one NVSHMEM: build DeepEP against torch's copy (unset NVSHMEM_DIR, or NVSHMEM_DIR={}; DeepEP's setup.py also needs lib/libnvshmem_host.so there: ln -s libnvshmem_host.so.3 $NVSHMEM_DIR/lib/libnvshmem_host.so), or install the nvidia-nvshmem-cu13 (cu12 for a CUDA 12 torch) wheel of the version DeepEP was built against",
-        wheel_prefix.display()
-    );
+    let torch_fix = (subject.fix)(&wheel_prefix);
     // Without libtorch_nvshmem.so, what is said about the wheel starts with what torch lacks.
     let no_lib = format!(
         "torch at {} has no lib/libtorch_nvshmem.so; ",
@@ -613,14 +637,14 @@ fn torch_check(
                 out.push(Check::fail(
                     torch_id,
                     caps::NVSHMEM,
-                    format!("{msg}: once torch has loaded its copy, deep_ep_cpp's {HOST_LIB} is that copy (same SONAME)"),
+                    format!("{msg}: {}", subject.clash),
                     torch_fix,
                 ));
             } else {
                 out.push(Check::warn(
                     torch_id,
                     caps::NVSHMEM,
-                    format!("{msg}: harmless unless that directory comes first on LD_LIBRARY_PATH"),
+                    format!("{msg}: {}", subject.wheel_only),
                     torch_fix,
                 ));
             }
@@ -644,8 +668,10 @@ fn torch_check(
 }
 
 /// Runs the DeepEP checks for the Python site directories `sites` (host paths, not empty), in
-/// the order given: DeepEP's extension and its metadata, torch and the nvidia-nvshmem wheel are
-/// each taken from the first site that has them.
+/// the order given: DeepEP's extension and its metadata, our `deepep_kernels` package, torch and
+/// the nvidia-nvshmem wheel are each taken from the first site that has them. Upstream DeepEP
+/// gets the `deepep.*` checks, `deepep_kernels` the `deepep-kernels.*` checks (module
+/// [`kernels`]); a site with only `deepep_kernels` is not told to build upstream DeepEP.
 pub fn check(
     host: &Host,
     sites: &[PathBuf],
@@ -653,22 +679,57 @@ pub fn check(
     checked: &NvshmemInfo,
     out: &mut Vec<Check>,
 ) {
-    let version = sites.iter().find_map(|s| find_version(host, s));
+    let torch = torch_nvshmem(host, sites);
+    let ext_path = sites.iter().find_map(|s| find_extension(host, s));
+    let ours = sites.iter().find_map(|s| kernels::find(host, s));
+    match (&ext_path, &ours) {
+        (None, Some(pkg)) => out.push(Check::skip(
+            "deepep.extension",
+            caps::ALL,
+            format!(
+                "no upstream DeepEP build (deep_ep_cpp*.so) in {}; {} is there: see the deepep-kernels.* checks",
+                list_sites(sites),
+                pkg.dir.display()
+            ),
+        )),
+        _ => check_upstream(host, sites, ext_path.as_deref(), &torch, driver, checked, out),
+    }
+    if let Some(pkg) = &ours {
+        kernels::check(host, sites, pkg, &torch, driver, checked, out);
+    }
+}
+
+/// The `deepep.*` checks of upstream DeepEP's extension at `ext_path` (`None`: not found).
+fn check_upstream(
+    host: &Host,
+    sites: &[PathBuf],
+    ext_path: Option<&Path>,
+    torch: &TorchNvshmem,
+    driver: &DriverInfo,
+    checked: &NvshmemInfo,
+    out: &mut Vec<Check>,
+) {
+    let version = sites.iter().find_map(|s| find_version(host, s, "deep_ep-"));
     let parsed = version
         .as_ref()
         .and_then(|(raw, _)| parse_deepep_version(raw));
-    let torch = torch_nvshmem(host, sites);
     let build_fix = "build DeepEP against one NVSHMEM (docs/deepep.md): eval \"$(deepep-nix env --prefix <prefix>)\" && CPATH=\"$CUDA_HOME/include/cccl\" pip install --no-build-isolation . (in the DeepEP checkout)";
+    let subject = TorchSubject {
+        id: "deepep.torch-nvshmem",
+        build: "DeepEP's build",
+        clash: "once torch has loaded its copy, deep_ep_cpp's libnvshmem_host.so.3 is that copy (same SONAME)",
+        wheel_only: "harmless unless that directory comes first on LD_LIBRARY_PATH",
+        fix: &deepep_torch_fix,
+    };
 
     // deepep.extension
-    let ext_path = sites.iter().find_map(|s| find_extension(host, s));
-    let ext = match ext_path.as_deref().map(|p| read_extension(host, p)) {
+    let ext = match ext_path.map(|p| read_extension(host, p)) {
         None => {
             out.push(Check::fail(
                 "deepep.extension",
                 caps::ALL,
                 format!("no deep_ep_cpp*.so in {} (nor in a deep_ep-*.egg there)", list_sites(sites)),
-                format!("pass --python-site the directory holding deep_ep_cpp*.so (python3 -c 'import deep_ep_cpp; print(deep_ep_cpp.__file__)'), or {build_fix}"),
+                format!("pass --python-site the directory holding deep_ep_cpp*.so (python3 -c 'import deep_ep_cpp; print(deep_ep_cpp.__file__)'), or {build_fix}; or use this project's deep_ep-compatible wheel deepep_kernels (docs/python.md), which needs no DeepEP build"),
             ));
             None
         }
@@ -698,7 +759,7 @@ pub fn check(
             caps::NVSHMEM,
             "no DeepEP extension to inspect",
         ));
-        torch_check(sites, &torch, None, checked, out);
+        torch_check(sites, torch, None, checked, &subject, out);
         for id in ["deepep.pairing", "deepep.ibgda-plugin", "deepep.arch"] {
             out.push(Check::skip(id, caps::ALL, "no DeepEP extension to inspect"));
         }
@@ -815,7 +876,7 @@ pub fn check(
         },
     }
 
-    torch_check(sites, &torch, recorded, checked, out);
+    torch_check(sites, torch, recorded, checked, &subject, out);
 
     // deepep.pairing: the known-broken pairings of pkgs/deep-ep/pairings.json.
     let pairing_id = "deepep.pairing";
@@ -858,38 +919,15 @@ pub fn check(
     }
 
     // deepep.ibgda-plugin: next to the host library DeepEP loads.
-    let plugin_id = "deepep.ibgda-plugin";
-    match &loads {
-        None => out.push(Check::skip(
-            plugin_id,
-            caps::INTERNODE,
-            "no NVSHMEM host library found for DeepEP",
-        )),
-        Some((p, _)) => {
-            let dir = p.parent().unwrap_or(Path::new("/"));
-            let plugin = host
-                .list_dir(dir)
-                .unwrap_or_default()
-                .into_iter()
-                .find(|n| n.starts_with("nvshmem_transport_ibgda.so"));
-            match plugin {
-                Some(f) => out.push(Check::ok(
-                    plugin_id,
-                    caps::INTERNODE,
-                    dir.join(f).display().to_string(),
-                )),
-                None => out.push(Check::fail(
-                    plugin_id,
-                    caps::INTERNODE,
-                    format!("no nvshmem_transport_ibgda.so.* in {} next to the host library DeepEP loads: that NVSHMEM was built without IBGDA", dir.display()),
-                    "use an NVSHMEM with IBGDA (NVIDIA's tarball and the nvidia-nvshmem wheels ship it: deepep-nix install), or rebuild NVSHMEM from source with NVSHMEM_IBGDA_SUPPORT=1; then rebuild DeepEP against it",
-                )),
-            }
-        }
-    }
+    ibgda_plugin_check(
+        host,
+        "deepep.ibgda-plugin",
+        "DeepEP",
+        loads.as_ref().map(|(p, _)| p.as_path()),
+        out,
+    );
 
     // deepep.arch: GPU compute capabilities vs the build's GPU code.
-    let arch_id = "deepep.arch";
     let (images, source) = if !ext.images.is_empty() {
         (ext.images.clone(), "deep_ep_cpp's .nv_fatbin".to_string())
     } else if let Some(list) = host.env("TORCH_CUDA_ARCH_LIST") {
@@ -903,6 +941,68 @@ pub fn check(
     } else {
         (Vec::new(), String::new())
     };
+    arch_check(
+        "deepep.arch",
+        &images,
+        &source,
+        "the build's GPU architectures are unknown (no .nv_fatbin in the extension, TORCH_CUDA_ARCH_LIST unset)",
+        driver,
+        &|ccs| format!("rebuild DeepEP for these GPUs: TORCH_CUDA_ARCH_LIST=\"{ccs}\" pip install --no-build-isolation . (DeepEP's setup.py defaults to 9.0)"),
+        out,
+    );
+}
+
+/// `<id>` (an ibgda-plugin check): the IBGDA transport plugin next to the NVSHMEM host library
+/// `loads` that `who` would load (`None`: none found).
+fn ibgda_plugin_check(
+    host: &Host,
+    id: &str,
+    who: &str,
+    loads: Option<&Path>,
+    out: &mut Vec<Check>,
+) {
+    match loads {
+        None => out.push(Check::skip(
+            id,
+            caps::INTERNODE,
+            format!("no NVSHMEM host library found for {who}"),
+        )),
+        Some(p) => {
+            let dir = p.parent().unwrap_or(Path::new("/"));
+            let plugin = host
+                .list_dir(dir)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|n| n.starts_with("nvshmem_transport_ibgda.so"));
+            match plugin {
+                Some(f) => out.push(Check::ok(
+                    id,
+                    caps::INTERNODE,
+                    dir.join(f).display().to_string(),
+                )),
+                None => out.push(Check::fail(
+                    id,
+                    caps::INTERNODE,
+                    format!("no nvshmem_transport_ibgda.so.* in {} next to the host library {who} loads: that NVSHMEM was built without IBGDA", dir.display()),
+                    format!("use an NVSHMEM with IBGDA (NVIDIA's tarball and the nvidia-nvshmem wheels ship it: deepep-nix install), or rebuild NVSHMEM from source with NVSHMEM_IBGDA_SUPPORT=1; then rebuild {who} against it"),
+                )),
+            }
+        }
+    }
+}
+
+/// `<id>` (an arch check): the GPUs' compute capabilities vs the build's GPU code `images`
+/// (read from `source`); `unknown` is the skip text when `images` is empty, `fix` gets the
+/// GPUs' capabilities as `9.0;10.0`.
+fn arch_check(
+    id: &str,
+    images: &[Image],
+    source: &str,
+    unknown: &str,
+    driver: &DriverInfo,
+    fix: &dyn Fn(&str) -> String,
+    out: &mut Vec<Check>,
+) {
     let gpus: Vec<GpuCc> = driver
         .gpus
         .iter()
@@ -911,10 +1011,10 @@ pub fn check(
         .collect();
     let known: Vec<&GpuCc> = gpus.iter().filter(|g| g.2.is_some()).collect();
     if images.is_empty() {
-        out.push(Check::skip(arch_id, caps::ALL, "the build's GPU architectures are unknown (no .nv_fatbin in the extension, TORCH_CUDA_ARCH_LIST unset)"));
+        out.push(Check::skip(id, caps::ALL, unknown));
     } else if known.is_empty() {
         out.push(Check::skip(
-            arch_id,
+            id,
             caps::ALL,
             if gpus.is_empty() {
                 "no GPU to compare with".to_string()
@@ -942,7 +1042,7 @@ pub fn check(
             .collect();
         if bad.is_empty() {
             out.push(Check::ok(
-                arch_id,
+                id,
                 caps::ALL,
                 format!(
                     "{} run {names} ({source})",
@@ -964,10 +1064,13 @@ pub fn check(
             ccs.sort();
             ccs.dedup();
             out.push(Check::fail(
-                arch_id,
+                id,
                 caps::ALL,
-                format!("{} cannot run the build's GPU code {names} ({source})", bad.join(", ")),
-                format!("rebuild DeepEP for these GPUs: TORCH_CUDA_ARCH_LIST=\"{}\" pip install --no-build-isolation . (DeepEP's setup.py defaults to 9.0)", ccs.join(";")),
+                format!(
+                    "{} cannot run the build's GPU code {names} ({source})",
+                    bad.join(", ")
+                ),
+                fix(&ccs.join(";")),
             ));
         }
     }
