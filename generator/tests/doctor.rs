@@ -327,6 +327,9 @@ impl TestHost {
                 capabilities: vec![],
                 kernels_nvshmem_version: None,
                 python_site: vec![],
+                maps: None,
+                maps_python: None,
+                maps_modules: None,
             },
             root,
             env: BTreeMap::new(),
@@ -2611,4 +2614,58 @@ fn deepep_kernels_on_non_hopper_gpus_and_next_to_upstream_deepep() {
         .checks
         .iter()
         .all(|c| !c.id.starts_with("deepep-kernels.")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One NVSHMEM per process, through the --maps flag (the parser's cases are maps.rs's unit tests).
+
+#[test]
+fn maps_flag_names_every_nvshmem_host_library_a_process_mapped() {
+    let h = TestHost::ibgda();
+    let maps = tempfile::NamedTempFile::new().unwrap();
+    let torchs = "/site/nvidia/nvshmem/lib/libnvshmem_host.so.3";
+    let ours = "/opt/nvshmem-3.4.5/lib/libnvshmem_host.so.3";
+    std::fs::write(
+        maps.path(),
+        format!(
+            "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n\
+             7f0000200000-7f0000300000 r-xp 00000000 08:01 12 {ours}\n\
+             7f0000400000-7f0000500000 r-xp 00000000 08:01 13 /usr/lib/libc.so.6\n"
+        ),
+    )
+    .unwrap();
+    let mut h = h;
+    h.args.maps = Some(maps.path().to_path_buf());
+    let r = h.run();
+    assert_eq!(
+        status(&r, "process.nvshmem-maps"),
+        Status::Fail,
+        "{}",
+        r.render_text()
+    );
+    let c = r
+        .checks
+        .iter()
+        .find(|c| c.id == "process.nvshmem-maps")
+        .unwrap();
+    let text = format!("{c:?}");
+    assert!(
+        text.contains(torchs) && text.contains(ours),
+        "both libraries named: {text}"
+    );
+
+    // one library: ok
+    std::fs::write(
+        maps.path(),
+        format!("7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n"),
+    )
+    .unwrap();
+    assert_eq!(status(&h.run(), "process.nvshmem-maps"), Status::Ok);
+    // without the flag the check is not run
+    h.args.maps = None;
+    assert!(h
+        .run()
+        .checks
+        .iter()
+        .all(|c| c.id != "process.nvshmem-maps"));
 }

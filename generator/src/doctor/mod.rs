@@ -38,9 +38,10 @@ capability. A fail blocks the capabilities that need the check; warn and skip do
 Exit status: 0 every requested capability is ready, 1 one is not, 2 usage error.\n\
 Environment: NVSHMEM_DIR, LD_LIBRARY_PATH, DEEPEP_KERNELS_NVSHMEM_VERSION, the NVSHMEM_* knobs and, for the \
 deepep.* checks, TORCH_CUDA_ARCH_LIST are read from the environment doctor runs in; the locked-memory limit \
-(memlock) is doctor's own. One NVSHMEM per process (process.nvshmem-maps): DEEPEP_DOCTOR_MAPS=FILE (a saved \
-/proc/<pid>/maps) or DEEPEP_DOCTOR_MAPS_PYTHON=PYTHON (with DEEPEP_DOCTOR_MAPS_MODULES, default deep_ep), \
-expected NVSHMEM from DEEPEP_DOCTOR_MAPS_EXPECT or --nvshmem-dir."
+(memlock) is doctor's own. One NVSHMEM per process (process.nvshmem-maps): --maps FILE (a saved \
+/proc/<pid>/maps) or --maps-python PYTHON (with --maps-modules, default deep_ep), or their variables \
+DEEPEP_DOCTOR_MAPS / DEEPEP_DOCTOR_MAPS_PYTHON / DEEPEP_DOCTOR_MAPS_MODULES; the expected NVSHMEM comes from \
+DEEPEP_DOCTOR_MAPS_EXPECT or --nvshmem-dir."
 )]
 pub struct DoctorArgs {
     /// Print the report as JSON (checks, verdicts, exit_code) instead of the table.
@@ -81,6 +82,26 @@ pub struct DoctorArgs {
     /// first DIR that has them.
     #[arg(long, value_name = "DIR")]
     pub python_site: Vec<PathBuf>,
+
+    /// One NVSHMEM per process (check process.nvshmem-maps): a saved /proc/<pid>/maps of a process
+    /// that imported torch and the EP extension (cat /proc/<pid>/maps > FILE). Every distinct
+    /// libnvshmem_host.so.3 mapped is named; more than one, or another than --nvshmem-dir's, fails.
+    #[arg(long, value_name = "FILE", env = "DEEPEP_DOCTOR_MAPS")]
+    pub maps: Option<PathBuf>,
+
+    /// The same check on a live process: run PYTHON, import torch and --maps-modules, and read its
+    /// own /proc/self/maps (this host only, not with --root).
+    #[arg(long, value_name = "PYTHON", env = "DEEPEP_DOCTOR_MAPS_PYTHON")]
+    pub maps_python: Option<String>,
+
+    /// Modules --maps-python imports after torch (space- or comma-separated; default deep_ep).
+    #[arg(
+        long,
+        value_name = "MODULES",
+        env = "DEEPEP_DOCTOR_MAPS_MODULES",
+        requires = "maps_python"
+    )]
+    pub maps_modules: Option<String>,
 }
 
 fn existing_dir(s: &str) -> Result<PathBuf, String> {
@@ -214,7 +235,27 @@ pub fn run_with(
     knobs::check(&host, &ctx, &mut checks);
     container::check(&host, &kind, &mut checks);
     let real_host = std::fs::canonicalize(&args.root).is_ok_and(|p| p == Path::new("/"));
-    maps::check(env, args.nvshmem_dir.as_deref(), real_host, &mut checks);
+    // the flags (or their environment variables, which clap reads) reach the check through the
+    // same names as the environment it is tested with
+    let mut maps_env = env.clone();
+    for (key, value) in [
+        (
+            maps::ENV_MAPS,
+            args.maps.as_ref().map(|p| p.display().to_string()),
+        ),
+        (maps::ENV_PYTHON, args.maps_python.clone()),
+        (maps::ENV_MODULES, args.maps_modules.clone()),
+    ] {
+        if let Some(v) = value {
+            maps_env.insert(key.to_string(), v);
+        }
+    }
+    maps::check(
+        &maps_env,
+        args.nvshmem_dir.as_deref(),
+        real_host,
+        &mut checks,
+    );
     if !args.python_site.is_empty() {
         deepep::check(
             &host,
