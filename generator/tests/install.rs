@@ -691,21 +691,14 @@ fn install_file_takes_release_cuda_and_source_from_its_name() {
     // Issue 20: --version and --cuda without --source compared the wheel with the
     // tarball's hash ("sha256 mismatch"); the wheel's name says it is the PyPI artifact.
     let p1 = files.path().join("p1");
-    let out = run_bare(
-        repo.path(),
-        &[
-            "--version",
-            "3.4.5",
-            "--cuda",
-            "13",
-            "--system",
-            "x86_64-linux",
-            "--file",
-            w.to_str().unwrap(),
-            "--prefix",
-            p1.to_str().unwrap(),
-        ],
-    );
+    let mut args = common::SELECT_3_4_5.to_vec();
+    args.extend_from_slice(&[
+        "--file",
+        w.to_str().unwrap(),
+        "--prefix",
+        p1.to_str().unwrap(),
+    ]);
+    let out = run_bare(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(
         common::stderr(&out).contains("3.4.5 x86_64-linux cuda13 pypi"),
@@ -848,15 +841,7 @@ fn a_file_name_the_lock_lacks_is_refused_with_the_nearest_entries() {
         "{err}"
     );
     // Its extension says it is a wheel: --source nvidia contradicts it.
-    let sel = [
-        "--version",
-        "3.4.5",
-        "--cuda",
-        "13",
-        "--system",
-        "x86_64-linux",
-    ];
-    let mut args = sel.to_vec();
+    let mut args = common::SELECT_3_4_5.to_vec();
     args.extend_from_slice(&["--source", "nvidia", "--file", c, "--prefix", p]);
     let out = run_bare(repo.path(), &args);
     assert_eq!(out.status.code(), Some(2));
@@ -867,7 +852,7 @@ fn a_file_name_the_lock_lacks_is_refused_with_the_nearest_entries() {
     );
     assert!(!prefix.exists());
     // Without --source it is checked against the wheel's pin (it used to be the tarball's).
-    let mut args = sel.to_vec();
+    let mut args = common::SELECT_3_4_5.to_vec();
     args.extend_from_slice(&["--file", c, "--prefix", p]);
     let out = run_bare(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -966,23 +951,16 @@ fn an_unreachable_nvidia_host_gets_the_pypi_command_which_works() {
     let files = tempfile::tempdir().unwrap();
     let prefix = files.path().join("p");
     let cache = files.path().join("cache");
-    let out = run_bare(
-        repo.path(),
-        &[
-            "--version",
-            "3.4.5",
-            "--cuda",
-            "13",
-            "--system",
-            "x86_64-linux",
-            "--retries",
-            "0",
-            "--cache",
-            cache.to_str().unwrap(),
-            "--prefix",
-            prefix.to_str().unwrap(),
-        ],
-    );
+    let mut args = common::SELECT_3_4_5.to_vec();
+    args.extend_from_slice(&[
+        "--retries",
+        "0",
+        "--cache",
+        cache.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ]);
+    let out = run_bare(repo.path(), &args);
     assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
     let err = common::stderr(&out);
     let expected = format!(
