@@ -474,8 +474,9 @@ class Buffer:
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
         self._next_combine_last = None
-        # Views of the low-latency buffer halves, by (address, dtype, shape): made once (outside any
-        # CUDA-graph capture when warmed up) and reused; they hold no reference to the Rust
+        # Views of a low-latency dispatch's outputs, by (receive address, FP8, scale dtype), i.e. per
+        # buffer half and output format: made once (outside any CUDA-graph capture when warmed up)
+        # and reused; they hold no reference to the Rust
         # buffer, so no view can delay the collective free of the symmetric memory.
         self._ll_views: dict = {}
         # Low-latency handles handed out (weakly): destroy() releases their hold on the
@@ -1109,8 +1110,7 @@ class Buffer:
         join_back = cur if not async_finish else None
         r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0,
                            return_recv_hook, cur, join_back)
-        shape = r.recv_x_shape
-        recv_x, recv_scales, recv_count = self._ll_outputs(r, shape, use_fp8)
+        recv_x, recv_scales, recv_count = self._ll_outputs(r, use_fp8)
         handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
                                   num_tokens=n)
         self._ll_handles.add(handle)
@@ -1131,14 +1131,16 @@ class Buffer:
             ev = EventOverlap(None)
         return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
 
-    def _ll_outputs(self, r, shape, use_fp8: bool):
-        """Views of one low-latency dispatch's outputs (made once per buffer half and cached)."""
+    def _ll_outputs(self, r, use_fp8: bool):
+        """Views of one low-latency dispatch's outputs (made once per buffer half and cached). They
+        have no owner: the memory lives as long as the low-latency buffer (until destroy() or its
+        re-creation, which drop the cached views)."""
         sc = r.recv_scales
         key = (r.recv_x_ptr, use_fp8, sc[1] if sc is not None else None)
         views = self._ll_views.get(key)
         if views is None:
             torch = _torch()
-            shape = tuple(shape)
+            shape = tuple(r.recv_x_shape)
             recv_x = _view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, None, self._device)
             recv_scales = None
             if sc is not None:
@@ -1151,9 +1153,10 @@ class Buffer:
         return views
 
     def _make_hook(self, native_hook, stats=None, recv_count=None) -> Callable[[], None]:
-        # The views have no owner: the memory lives as long as the low-latency buffer (until
-        # destroy() or its re-creation, which drop the cached views).
+        """The receive half of a hooked call: joins the current stream both ways around the launch,
+        then adds the dispatch's counts to ``stats`` (when given) on the current stream."""
         def hook() -> None:
+            check_device_error()  # a hook is called like a Buffer method: report a recorded error first
             cur = self._cur()
             self._rt().ll_recv(native_hook, cur, cur)
             if stats is not None:
