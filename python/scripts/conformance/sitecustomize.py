@@ -64,28 +64,27 @@ def _install() -> None:
 
     dist.init_process_group = init_process_group
 
+    fp8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None)
+
     def to_host(t):
-        """(host tensor to exchange, function writing a host result back into ``t``)."""
-        is_fp8 = t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
+        """A host copy of ``t`` to exchange (float8 as its bytes)."""
         host = t.detach().contiguous().cpu()
-        if is_fp8:
-            host = host.view(torch.uint8)
+        return host.view(torch.uint8) if t.dtype in fp8 else host
 
-        def back(h):
-            if is_fp8:
-                h = h.view(t.dtype)
-            t.copy_(h.to(t.device))
-
-        return host, back
+    def write_back(t, h):
+        """Copy the exchanged host tensor ``h`` (bytes for float8) into ``t`` on its device."""
+        if t.dtype in fp8:
+            h = h.view(t.dtype)
+        t.copy_(h.reshape(t.shape).to(t.device))
 
     orig_all_reduce = dist.all_reduce
 
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
         if not tensor.is_cuda:
             return orig_all_reduce(tensor, op=op, group=group, async_op=async_op)
-        host, back = to_host(tensor)
+        host = to_host(tensor)
         orig_all_reduce(host, op=op, group=group)
-        back(host)
+        write_back(tensor, host)
         return _done(async_op)
 
     orig_all_gather = dist.all_gather
@@ -93,20 +92,19 @@ def _install() -> None:
     def all_gather(tensor_list, tensor, group=None, async_op=False):
         if not tensor.is_cuda:
             return orig_all_gather(tensor_list, tensor, group=group, async_op=async_op)
-        host, _ = to_host(tensor)
+        host = to_host(tensor)
         outs = [torch.empty_like(host) for _ in tensor_list]
         orig_all_gather(outs, host, group=group)
         for t, h in zip(tensor_list, outs):
-            to_host(t)[1](h)
+            write_back(t, h)
         return _done(async_op)
 
     def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-        host, _ = to_host(input_tensor)
+        host = to_host(input_tensor)
         n = dist.get_world_size(group)
         outs = [torch.empty_like(host) for _ in range(n)]
         orig_all_gather(outs, host, group=group)
-        out_host, back = to_host(output_tensor)
-        back(torch.cat([o.reshape(-1) for o in outs]).view(out_host.shape))
+        write_back(output_tensor, torch.cat([o.reshape(-1) for o in outs]))
         return _done(async_op)
 
     orig_broadcast = dist.broadcast
@@ -114,9 +112,9 @@ def _install() -> None:
     def broadcast(tensor, src=None, group=None, async_op=False, **kw):
         if not tensor.is_cuda:
             return orig_broadcast(tensor, src=src, group=group, async_op=async_op, **kw)
-        host, back = to_host(tensor)
+        host = to_host(tensor)
         orig_broadcast(host, src=src, group=group, **kw)
-        back(host)
+        write_back(tensor, host)
         return _done(async_op)
 
     class _Done:
