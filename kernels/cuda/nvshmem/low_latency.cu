@@ -499,10 +499,10 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
     if (a.phases & LL_PHASE_SEND) {
         // Owner side: send every row received from another rank back to its origin's
         // comb_recv[token][topk slot]. Rows of our own tokens stay where they are.
-        const int* recv_count = reinterpret_cast<const int*>(a.buf + a.off_recv_count);
-        const int64_t* layout_range = reinterpret_cast<const int64_t*>(a.buf + a.off_layout_range);
-        const int* src_info = reinterpret_cast<const int*>(a.buf + a.off_src_info);
-        const int* src_k = reinterpret_cast<const int*>(a.buf + a.off_src_k);
+        const int* recv_count = reinterpret_cast<const int*>(a.hbuf + a.off_recv_count);
+        const int64_t* layout_range = reinterpret_cast<const int64_t*>(a.hbuf + a.off_layout_range);
+        const int* src_info = reinterpret_cast<const int*>(a.hbuf + a.off_src_info);
+        const int* src_k = reinterpret_cast<const int*>(a.hbuf + a.off_src_k);
         const int row_bytes = 2 * H;
         const int nseg = (row_bytes + LL_COMBINE_SEG_BYTES - 1) / LL_COMBINE_SEG_BYTES;
         uint8_t* stage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
@@ -621,7 +621,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
         // while the remote rows are still arriving), then waits once for every block of every
         // other rank, then adds the remote terms. Any summation order is within the reference's
         // bound; the result is rounded to bf16 once.
-        const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
+        const int* send_slot = reinterpret_cast<const int*>(a.hbuf + a.off_send_slot);
         const uint8_t* comb_recv = a.buf + a.off_comb_recv;
         const int nseg = (H + LL_REDUCE_SEG - 1) / LL_REDUCE_SEG;
         bool ready = false;
@@ -761,7 +761,7 @@ __device__ __forceinline__ void ll_dispatch2_copy(const LlDispatch2Args& a, cons
                 reinterpret_cast<int*>(a.buf + a.off_src_info)[idx] = t;
                 reinterpret_cast<int*>(a.buf + a.off_src_k)[idx] = k;
                 if (s == me) reinterpret_cast<int*>(a.buf + a.off_send_slot)[t * LL_MAX_TOPK + k] = slot;
-                reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = slot;
+                reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = static_cast<int>(idx);
             }
             if (a.use_fp8) {
                 if (a.use_ue8m0) {
@@ -999,11 +999,17 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
                 const int i = i0 + q * LL_THREADS;
                 const int e = ev[q];
                 const int le = e - me * L;
-                if (e >= 0 && le >= 0 && le < L && le % G == b) {
-                    const int s = i / (NM * K), t = (i / K) % NM, k = i % K;
-                    const int li = le / G;
-                    const int p = atomicAdd(&cnt[li * R + s], 1);
-                    if (p < NM) list[(li * R + s) * NM + p] = t * K + k;
+                const int s = i / (NM * K), t = (i / K) % NM, k = i % K;
+                if (e >= 0 && le >= 0 && le < L) {
+                    if (le % G == b) {
+                        const int li = le / G;
+                        const int p = atomicAdd(&cnt[li * R + s], 1);
+                        if (p < NM) list[(li * R + s) * NM + p] = t * K + k;
+                    }
+                } else if (i < nentries && t < min(ntok[s], NM) && i % G == b) {
+                    // Held elsewhere (or unused): -1 in tok_slot, so that combine needs no staged
+                    // top-k id (peers overwrite the staging in their next dispatch into this half).
+                    reinterpret_cast<int*>(a.buf + a.off_tok_slot)[(static_cast<uint64_t>(s) * NM + t) * LL_MAX_TOPK + k] = -1;
                 }
             }
         }
@@ -1077,7 +1083,6 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         if (tid < R) s_peer_buf[tid] = a.peer_base[tid];
         peers = s_peer_buf;
     }
-    const uint64_t stride = static_cast<uint64_t>(a.stage_stride);
     uint32_t* epoch = reinterpret_cast<uint32_t*>(a.buf + a.off_epoch);
     const uint32_t seq = do_send ? *reinterpret_cast<volatile uint32_t*>(&epoch[b]) + 1u
                                  : *reinterpret_cast<volatile uint32_t*>(&epoch[b]);
@@ -1108,7 +1113,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         }
         // Owner role: wait for every origin's weights (it has also started this call, so its
         // partial buffer is free).
-        const int* ntok_d = reinterpret_cast<const int*>(a.buf + a.off_ntok);
+        const int* ntok_d = reinterpret_cast<const int*>(a.hbuf + a.off_ntok);
         for (int r = tid; r < R; r += LL_THREADS) {
             uint32_t n = 0;
             if (!kLateWts && r != me &&
@@ -1120,8 +1125,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
     }
     if (owner_warp) {
         uint32_t wts_seen = 0;  // v3: origins whose weights flag this warp has acquired
-        const uint8_t* stage_base = a.buf + a.off_tok_stage;
-        const int* tok_slot = reinterpret_cast<const int*>(a.buf + a.off_tok_slot);
+        const int* tok_slot = reinterpret_cast<const int*>(a.hbuf + a.off_tok_slot);
         const float* wts = reinterpret_cast<const float*>(a.buf + a.off_wts);
         uint8_t* wstage = a.buf + a.off_stage + (static_cast<uint64_t>(b) * LL_WARPS + warp) * LL_STAGE_BYTES;
         bool did_put = false;
@@ -1129,9 +1133,9 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         if (!s_fail)
             for (int r = 0; r < R; ++r) total += s_ntok[r] * nseg;
         // Units (origin s, token t, 256 channels) in batches of LL_OWNER_BATCH per warp. Prologue:
-        // the routing of the whole batch (top-k ids from the dispatch's token staging and the
-        // packed slots), one (j, k) entry per lane, all loads in flight together, kept in shared
-        // memory as the y row of every local term (-1: expert held elsewhere, or unused slot).
+        // the routing of the whole batch (the dispatch's packed row of each (s, t, k), -1 for an
+        // expert held elsewhere or an unused slot), one (j, k) entry per lane, all loads in
+        // flight together, kept in shared memory as the y row of every local term.
         __shared__ int s_orow[LL_WARPS][LL_OWNER_BATCH][LL_MAX_TOPK];
         const int ostep = G * ow;
         for (int u0 = b * ow + warp; u0 < total; u0 += LL_OWNER_BATCH * ostep) {
@@ -1146,9 +1150,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
                     rest -= n;
                 }
                 const uint64_t tok = static_cast<uint64_t>(s) * NM + rest / nseg;
-                const int e = __ldcg(reinterpret_cast<const int*>(stage_base + tok * stride + a.tk_off) + k);
-                const int sl = tok_slot[tok * LL_MAX_TOPK + k];  // never written (nor used) for experts held elsewhere
-                s_orow[warp][j][k] = (e >= 0 && e / L == me) ? (e % L) * RNM + sl : -1;
+                s_orow[warp][j][k] = tok_slot[tok * LL_MAX_TOPK + k];
             }
             __syncwarp();
             for (int j = 0; j < nb; ++j) {
@@ -1264,7 +1266,7 @@ __device__ __forceinline__ void ll_combine2_impl(const LlCombine2Args& a, const 
         __shared__ int s_rrow[LL_WARPS][LL_ORIGIN_BATCH][LL_MAX_TOPK];
         __shared__ float s_rw[LL_WARPS][LL_ORIGIN_BATCH][LL_MAX_TOPK];
         float* my_acc = s_acc + static_cast<uint64_t>(rwarp) * LL_ORIGIN_BATCH * 256;
-        const int* send_slot = reinterpret_cast<const int*>(a.buf + a.off_send_slot);
+        const int* send_slot = reinterpret_cast<const int*>(a.hbuf + a.off_send_slot);
         const float* part = reinterpret_cast<const float*>(a.buf + a.off_part);
         const int units = N * nseg, step = G * rw;
         bool ready = false;

@@ -82,7 +82,9 @@ struct LlCombineArgs {
     void* out;                   // bf16 [N][H]
     uint8_t* buf;
     const uint64_t* peer_base;
-    // Handle: regions of the dispatch half that produced `y`'s layout.
+    // Handle: regions of the dispatch that produced `y`'s layout, relative to `hbuf`: `buf` (its
+    // dispatch half) or the handle's own copy of them, made before a later dispatch reused the half.
+    const uint8_t* hbuf;
     uint64_t off_src_info, off_src_k, off_layout_range, off_recv_count, off_send_slot;
     // Combine half.
     uint64_t off_comb_recv;      // [NM][LL_MAX_TOPK][H] bf16
@@ -120,7 +122,8 @@ struct LlDispatch2Args {
     uint64_t off_tok_stage;    // [R][NM][stage_stride]: data @0, f32 scales @2H, i32 top-k @tk_off
     uint64_t off_tok_flags;    // [R][G] u64 tagged (source rank, source block), payload = source's N
     uint64_t off_ready;        // [R] u64 tagged: rank r has started this dispatch
-    uint64_t off_tok_slot;     // [R][NM][LL_MAX_TOPK] i32 packed slot of (source, token, k) for local experts
+    uint64_t off_tok_slot;     // [R][NM][LL_MAX_TOPK] i32 packed row (local expert * R*NM + slot) of
+                               // (source, token, k), -1 when the expert is held elsewhere (or k unused)
     uint64_t off_ntok;         // [R] i32 tokens of each source
     uint64_t off_stage;        // per-warp put staging (not per half)
     int32_t num_tokens, hidden, num_topk, num_experts;
@@ -135,8 +138,8 @@ struct LlDispatch2Args {
 // also says "this origin has started the call"). Each owner then sums, per (origin token), the
 // weighted rows of the experts it holds in f32 and writes one f32 partial row per (token, owner)
 // into the origin's `part[token][owner]`; the origin adds its own experts' terms (read in place)
-// and the partials, and rounds to bf16 once. Needs a v2 dispatch handle (token staging with the
-// top-k ids, tok_slot, ntok).
+// and the partials, and rounds to bf16 once. Needs a v2 dispatch handle (tok_slot: the packed row of
+// each (origin, token, k) held here; ntok; send_slot).
 // Combine v3 (`ll_combine3_*`, the default) takes the same arguments and buffers; its owners
 // start loading rows at once and acquire each origin's weights flag per warp just before the FMAs
 // (the retired v2, whose entry points are gone, waited for every origin's weights before any load).
@@ -152,7 +155,11 @@ struct LlCombine2Args {
     void* out;
     uint8_t* buf;
     const uint64_t* peer_base;
-    uint64_t off_send_slot, off_tok_stage, off_tok_slot, off_ntok;  // dispatch half (handle)
+    // Handle, relative to `hbuf` (`buf`, or the handle's own copy, as for LlCombineArgs): regions
+    // written only by this rank's own dispatch kernel, so a copy made in stream order before the
+    // next dispatch into the half is complete.
+    const uint8_t* hbuf;
+    uint64_t off_send_slot, off_tok_slot, off_ntok;
     uint64_t off_part;      // [NM][R][H] f32 partials by owner
     uint64_t off_comb_done; // [R][G] u64 tagged
     uint64_t off_wts;       // [R][NM][LL_MAX_TOPK] f32 weights of each origin
@@ -161,7 +168,6 @@ struct LlCombine2Args {
     uint64_t off_stage;
     int32_t num_tokens, hidden, num_topk, num_experts;
     int32_t num_ranks, rank, num_max, phases;
-    int32_t stage_stride, tk_off;
     int32_t owner_warps;    // 1..LL_WARPS-1: warps per block doing the owner work while the others
                             // do the origin work (send+recv launches only); 0: every warp does both
     int32_t pad_;

@@ -86,6 +86,8 @@ pub struct LlCombineArgs {
     pub out: u64,
     pub buf: u64,
     pub peer_base: u64,
+    /// Base of the handle's regions below: `buf`, or the handle's own copy ([`LlHandle`]).
+    pub hbuf: u64,
     pub off_src_info: u64,
     pub off_src_k: u64,
     pub off_layout_range: u64,
@@ -160,8 +162,9 @@ pub struct LlCombine2Args {
     pub out: u64,
     pub buf: u64,
     pub peer_base: u64,
+    /// Base of the handle's regions below: `buf`, or the handle's own copy ([`LlHandle`]).
+    pub hbuf: u64,
     pub off_send_slot: u64,
-    pub off_tok_stage: u64,
     pub off_tok_slot: u64,
     pub off_ntok: u64,
     pub off_part: u64,
@@ -178,8 +181,6 @@ pub struct LlCombine2Args {
     pub rank: i32,
     pub num_max: i32,
     pub phases: i32,
-    pub stage_stride: i32,
-    pub tk_off: i32,
     /// 1..15: warps per block doing the owner work while the others do the origin work (launches
     /// with both phases); 0: every warp does both, one after the other.
     pub owner_warps: i32,
@@ -189,10 +190,10 @@ pub struct LlCombine2Args {
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<LlCombine2Args>() == 184);
+    assert!(std::mem::size_of::<LlCombine2Args>() == 176);
     assert!(std::mem::size_of::<LlDispatch2Args>() == 208);
     assert!(std::mem::size_of::<LlDispatchArgs>() == 176);
-    assert!(std::mem::size_of::<LlCombineArgs>() == 176);
+    assert!(std::mem::size_of::<LlCombineArgs>() == 184);
 };
 
 // SAFETY: repr(C), integers only, no padding.
@@ -319,7 +320,8 @@ pub struct DispatchRegions {
     pub tok_flags: usize,
     /// v2: `[R]` u64 "dispatch started" flags.
     pub ready: usize,
-    /// v2: `[R][num_max][LL_MAX_TOPK]` i32 packed slot of each (source, token, k) held here.
+    /// v2: `[R][num_max][LL_MAX_TOPK]` i32 packed row (`local expert · R·num_max + slot`) of each
+    /// (source, token, k) held here, −1 for one held elsewhere.
     pub tok_slot: usize,
     /// v2: `[R]` i32 token count of each source.
     pub ntok: usize,
@@ -495,7 +497,51 @@ pub fn ll_entry(name: &str, args: &str) -> String {
     format!("_ZN2ll{}{name}E{}{args}6EpDiag", name.len(), args.len())
 }
 
-/// What combine needs from its dispatch.
+/// Where a combine reads its dispatch's routing: a base address and the regions' offsets from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HandleRegions {
+    base: u64,
+    src_info: usize,
+    src_k: usize,
+    layout_range: usize,
+    recv_count: usize,
+    send_slot: usize,
+    tok_slot: usize,
+    ntok: usize,
+}
+
+impl HandleRegions {
+    /// The regions in the dispatch half `d` of the symmetric buffer at `base`.
+    fn in_half(base: u64, d: &DispatchRegions) -> HandleRegions {
+        HandleRegions {
+            base,
+            src_info: d.src_info,
+            src_k: d.src_k,
+            layout_range: d.layout_range,
+            recv_count: d.recv_count,
+            send_slot: d.send_slot,
+            tok_slot: d.tok_slot,
+            ntok: d.ntok,
+        }
+    }
+}
+
+/// A handle's own copy of its dispatch's routing, made (stream-ordered) just before a later
+/// dispatch reuses the half: two contiguous spans of the half, `[src_info, send_slot end)` and
+/// `[tok_slot, ntok end)`. Every byte a combine or `src_info` / `layout_range` reads there is
+/// written by this rank's own dispatch kernel (v1 peers write `src_info` / `src_k` too, but only
+/// after this rank started the dispatch that uses the half), so the copy is complete.
+struct HandleCopy {
+    mem: Tensor,
+    regions: HandleRegions,
+}
+
+/// Set once, when a later dispatch reuses the handle's half while the handle is alive.
+type CopyCell = std::sync::OnceLock<Arc<HandleCopy>>;
+
+/// What combine needs from its dispatch. Self-contained as in DeepEP: while the handle is alive,
+/// the dispatch that reuses its half first copies the routing it needs (a few hundred KiB at
+/// most, only then), so combining or indexing an older handle keeps working.
 #[derive(Clone)]
 pub struct LlHandle {
     half: usize,
@@ -504,10 +550,40 @@ pub struct LlHandle {
     pub num_tokens: usize,
     pub num_topk: usize,
     pub hidden: usize,
-    /// `[L, R·num_max]` i32: source token position of each packed row.
-    pub src_info: Tensor,
-    /// `[L, R]` i64: `(begin << 32) | count` of each source's rows.
-    pub layout_range: Tensor,
+    /// Views of `src_info` / `layout_range` in the half (valid until it is reused).
+    src_info: Tensor,
+    layout_range: Tensor,
+    copy: Arc<CopyCell>,
+}
+
+impl LlHandle {
+    /// `[L, R·num_max]` i32: source token position of each packed row (in the dispatch's half,
+    /// or in the handle's own copy once the half was reused).
+    pub fn src_info(&self) -> Tensor {
+        self.own_view(&self.src_info, |r| r.src_info)
+    }
+    /// `[L, R]` i64: `(begin << 32) | count` of each source's rows (as [`LlHandle::src_info`]).
+    pub fn layout_range(&self) -> Tensor {
+        self.own_view(&self.layout_range, |r| r.layout_range)
+    }
+    /// Whether the handle reads its own copy (a later dispatch reused its half).
+    pub fn is_copied(&self) -> bool {
+        self.copy.get().is_some()
+    }
+    /// The handle's own copy, if one was made: its memory (freed stream-ordered on the stream
+    /// of [`Tensor::stream`] when the last handle clone drops).
+    pub fn copy_memory(&self) -> Option<&Tensor> {
+        self.copy.get().map(|c| &c.mem)
+    }
+    fn own_view(&self, in_half: &Tensor, off: impl Fn(&HandleRegions) -> usize) -> Tensor {
+        match self.copy.get() {
+            None => in_half.clone(),
+            Some(c) => {
+                let keep: Arc<dyn std::any::Any + Send + Sync> = c.clone();
+                Tensor::view(c.mem.stream(), keep, c.regions.base + off(&c.regions) as u64, in_half.dtype(), in_half.shape(), None)
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for LlHandle {
@@ -567,6 +643,12 @@ pub struct LowLatencyBuffer<'g> {
     /// then waits for every origin to have started it before writing into its buffer.
     combine_hooked: [bool; 2],
     generations: [Arc<AtomicU64>; 2],
+    /// The handle of the latest dispatch into each half (weakly): the next dispatch into the half
+    /// copies its routing first if it is still alive.
+    live: [std::sync::Weak<CopyCell>; 2],
+    /// Whether the latest dispatch into each half deferred its receive half and the hook has not
+    /// run yet (its routing is then incomplete and cannot be copied).
+    recv_pending: [bool; 2],
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
     /// Set when a kernel of this rank recorded a GPU-side error: the outputs of that call are
@@ -718,6 +800,8 @@ impl LowLatencyBuffer<'_> {
             combine_calls: 0,
             combine_hooked: [false; 2],
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
+            live: [std::sync::Weak::new(), std::sync::Weak::new()],
+            recv_pending: [false; 2],
             trace: None,
             poisoned: std::sync::Mutex::new(None),
         })
@@ -862,6 +946,36 @@ impl LowLatencyBuffer<'_> {
         )
     }
 
+    /// Before a dispatch into `half`: if the handle of the previous dispatch into it is still
+    /// alive, give it its own copy of the routing (stream-ordered, before the launch). Not inside a
+    /// CUDA graph capture (the copy would be replayed over it on every replay), and not while that
+    /// dispatch's receive hook is pending (its routing is incomplete); combine then refuses it.
+    fn keep_live_handle(&mut self, half: usize) -> Result<()> {
+        let Some(cell) = std::mem::take(&mut self.live[half]).upgrade() else { return Ok(()) };
+        if self.recv_pending[half] || cell.get().is_some() || self.gpu.stream_capturing()? {
+            return Ok(());
+        }
+        let d = &self.layout.dispatch[half];
+        let spans = [(d.src_info, d.send_slot + self.layout.num_max * LL_MAX_TOPK * 4), (d.tok_slot, d.ntok + self.layout.num_ranks * 4)];
+        let len0 = (spans[0].1 - spans[0].0).next_multiple_of(ALIGN);
+        let total = len0 + (spans[1].1 - spans[1].0);
+        let mem = Tensor::empty(self.gpu.stream(), DType::U8, &[total])?;
+        self.gpu.copy_dtod(mem.ptr(), self.base() + spans[0].0 as u64, spans[0].1 - spans[0].0)?;
+        self.gpu.copy_dtod(mem.ptr() + len0 as u64, self.base() + spans[1].0 as u64, spans[1].1 - spans[1].0)?;
+        let regions = HandleRegions {
+            base: mem.ptr(),
+            src_info: 0,
+            src_k: d.src_k - d.src_info,
+            layout_range: d.layout_range - d.src_info,
+            recv_count: d.recv_count - d.src_info,
+            send_slot: d.send_slot - d.src_info,
+            tok_slot: len0,
+            ntok: len0 + (d.ntok - d.tok_slot),
+        };
+        let _ = cell.set(Arc::new(HandleCopy { mem, regions }));
+        Ok(())
+    }
+
     fn launch_cfg(&self, smem: usize) -> LaunchCfg {
         LaunchCfg::new(self.layout.grid as u32, LL_THREADS).smem(smem as u32).cooperative(true)
     }
@@ -870,9 +984,8 @@ impl LowLatencyBuffer<'_> {
     /// K ≤ 11, −1 = unused, no expert twice in a row). See the module docs for the outputs.
     pub fn dispatch(&mut self, x: &Tensor, topk_idx: &Tensor, opts: LlDispatchOpts) -> Result<LlDispatchOut> {
         self.check_usable()?;
-        let lay = &self.layout;
-        let (n, k) = check_tokens(x, topk_idx, lay)?;
-        validate::low_latency_hidden(lay.hidden, opts.use_fp8, None)?;
+        let (n, k) = check_tokens(x, topk_idx, &self.layout)?;
+        validate::low_latency_hidden(self.layout.hidden, opts.use_fp8, None)?;
         if opts.use_fp8 {
             validate::fp8_flags(opts.round_scale, opts.use_ue8m0)?;
         } else if opts.round_scale || opts.use_ue8m0 {
@@ -880,6 +993,9 @@ impl LowLatencyBuffer<'_> {
                 "round_scale / use_ue8m0 only apply to FP8 dispatch; set use_fp8 or clear them".into(),
             ));
         }
+        // Every check passed: the next dispatch goes into this half.
+        self.keep_live_handle((self.dispatch_calls % 2) as usize)?;
+        let lay = &self.layout;
         let half = (self.dispatch_calls % 2) as usize;
         self.dispatch_calls += 1;
         let generation = self.generations[half].fetch_add(1, Ordering::AcqRel) + 1;
@@ -972,6 +1088,7 @@ impl LowLatencyBuffer<'_> {
             (true, false) => Some(self.view(d.scales, DType::F32, &[l, s, rnm], half, generation)),
             (true, true) => Some(self.view(d.scales, DType::I32, &[l, s / 4, rnm], half, generation)),
         };
+        let copy = Arc::new(CopyCell::new());
         let handle = LlHandle {
             half,
             generation,
@@ -981,7 +1098,10 @@ impl LowLatencyBuffer<'_> {
             hidden: h,
             src_info: self.view(d.src_info, DType::I32, &[l, rnm], half, generation),
             layout_range: self.view(d.layout_range, DType::I64, &[l, lay.num_ranks], half, generation),
+            copy: copy.clone(),
         };
+        self.live[half] = Arc::downgrade(&copy);
+        self.recv_pending[half] = opts.return_hook;
         Ok(LlDispatchOut {
             packed_recv_x,
             packed_recv_x_scales,
@@ -1019,13 +1139,18 @@ impl LowLatencyBuffer<'_> {
     ) -> Result<LlCombineOut> {
         self.check_usable()?;
         let lay = &self.layout;
-        if self.generations[handle.half].load(Ordering::Acquire) != handle.generation {
+        let hr = if self.generations[handle.half].load(Ordering::Acquire) == handle.generation {
+            HandleRegions::in_half(self.base(), &lay.dispatch[handle.half])
+        } else if let Some(c) = handle.copy.get() {
+            c.regions
+        } else {
             return Err(EpError::InvalidArgument(
-                "LL combine: the handle's dispatch was overwritten by a later dispatch on this buffer (only the two most \
-                 recent dispatches stay valid); combine before dispatching twice more"
+                "LL combine: the handle's dispatch half was reused by a later dispatch before its routing could be kept \
+                 (that dispatch ran inside a CUDA graph capture, or the handle's receive hook had not run yet); combine \
+                 before dispatching twice more, or call the hook first"
                     .into(),
             ));
-        }
+        };
         let (l, rnm, h) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden);
         expect("y", y, DType::Bf16, &[l, rnm, h], "the expert outputs in the dispatch's packed layout")?;
         let (n, k) = (handle.num_tokens, handle.num_topk);
@@ -1034,7 +1159,6 @@ impl LowLatencyBuffer<'_> {
         expect("out", out, DType::Bf16, &[n, h], "the combined tokens of this rank")?;
         let half = (self.combine_calls % 2) as usize;
         self.combine_calls += 1;
-        let d = lay.dispatch[handle.half];
         let c = lay.combine[half];
         let args = LlCombineArgs {
             y: y.ptr(),
@@ -1043,11 +1167,12 @@ impl LowLatencyBuffer<'_> {
             out: out.ptr(),
             buf: self.base(),
             peer_base: self.peer_table.ptr(),
-            off_src_info: d.src_info as u64,
-            off_src_k: d.src_k as u64,
-            off_layout_range: d.layout_range as u64,
-            off_recv_count: d.recv_count as u64,
-            off_send_slot: d.send_slot as u64,
+            hbuf: hr.base,
+            off_src_info: hr.src_info as u64,
+            off_src_k: hr.src_k as u64,
+            off_layout_range: hr.layout_range as u64,
+            off_recv_count: hr.recv_count as u64,
+            off_send_slot: hr.send_slot as u64,
             off_comb_recv: c.recv as u64,
             off_comb_done: c.done as u64,
             off_comb_ready: c.ready as u64,
@@ -1076,10 +1201,10 @@ impl LowLatencyBuffer<'_> {
                 out: args.out,
                 buf: args.buf,
                 peer_base: args.peer_base,
-                off_send_slot: d.send_slot as u64,
-                off_tok_stage: d.tok_stage as u64,
-                off_tok_slot: d.tok_slot as u64,
-                off_ntok: d.ntok as u64,
+                hbuf: hr.base,
+                off_send_slot: hr.send_slot as u64,
+                off_tok_slot: hr.tok_slot as u64,
+                off_ntok: hr.ntok as u64,
                 off_part: c.part as u64,
                 off_comb_done: c.done as u64,
                 off_wts: c.wts as u64,
@@ -1094,8 +1219,6 @@ impl LowLatencyBuffer<'_> {
                 rank: args.rank,
                 num_max: args.num_max,
                 phases: args.phases,
-                stage_stride: lay.stage_stride() as i32,
-                tk_off: lay.tk_off() as i32,
                 owner_warps: self.combine_owner_warps as i32,
                 pad_: 0,
                 trace: args.trace,
@@ -1111,8 +1234,16 @@ impl LowLatencyBuffer<'_> {
     }
 
     /// Launch the receive half of a call made with a hook (in call order per kind).
-    pub fn recv(&self, hook: LlHook) -> Result<()> {
+    pub fn recv(&mut self, hook: LlHook) -> Result<()> {
         self.check_usable()?;
+        let off_x = match &hook {
+            LlHook::Dispatch(a) => Some(a.off_x),
+            LlHook::Dispatch2(a) => Some(a.off_x),
+            _ => None,
+        };
+        if let Some(half) = off_x.and_then(|x| self.layout.dispatch.iter().position(|d| d.x as u64 == x)) {
+            self.recv_pending[half] = false;
+        }
         match hook {
             LlHook::Dispatch(a) => {
                 self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))

@@ -412,6 +412,17 @@ impl Gpu {
         })
     }
 
+    /// Whether this GPU's stream is being captured into a CUDA graph (work enqueued now is
+    /// recorded, and replayed on every launch of the graph).
+    pub fn stream_capturing(&self) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is alive; `status` is a valid out-pointer.
+        check(unsafe { sys::cuStreamIsCapturing(self.cu_stream(), &mut status) }, || {
+            format!("rank {}: querying the stream's capture status", self.rank)
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Asynchronous byte fill on this GPU's stream.
     pub fn memset_u8(&self, dst: u64, v: u8, bytes: usize) -> Result<()> {
         self.bind()?;

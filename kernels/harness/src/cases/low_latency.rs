@@ -140,8 +140,8 @@ fn download(out: &LlDispatchOut, mode: Mode) -> anyhow::Result<Downloaded> {
             _ => Vec::new(),
         },
         count: out.packed_recv_count.to_host::<i32>()?,
-        src_info: out.handle.src_info.to_host::<i32>()?,
-        layout_range: out.handle.layout_range.to_host::<i64>()?,
+        src_info: out.handle.src_info().to_host::<i32>()?,
+        layout_range: out.handle.layout_range().to_host::<i64>()?,
     })
 }
 
@@ -413,6 +413,9 @@ pub fn cases() -> Vec<Case> {
         version_case("shapes/4096x9of64", DispatchVersion::V1, Shape { num_max: 256, hidden: 4096, topk: 9, experts: 64 }, ALL_MODES, 6),
         version_case("repeat/7168x8of288x12", DispatchVersion::V1, deepep, ALL_MODES, 12),
     ];
+    v.push(old_handles_case(DispatchVersion::V2, CombineVersion::V3));
+    v.push(old_handles_case(DispatchVersion::V2, CombineVersion::V1));
+    v.push(old_handles_case(DispatchVersion::V1, CombineVersion::V1));
     v.push(zero_tokens_case(Shape { num_max: 64, hidden: 2048, topk: 8, experts: 64 }));
     v.push(duplicates_case(Shape { num_max: 128, hidden: 4096, topk: 8, experts: 64 }));
     v
@@ -560,6 +563,49 @@ fn put_case(name: &str, dispatch: DispatchVersion, combine: CombineVersion, shap
         }
         overlap_round(c, &mut buf, shape, FP8, c.seed ^ 0x0F0F)
     })
+}
+
+/// DeepEP's handle is self-contained: four dispatches with different routings, then a combine
+/// with each handle, oldest first. Dispatches C and D reuse the halves of A and B while their
+/// handles are alive, so A's and B's combines (and their `src_info` / `layout_range`) must read
+/// the handles' own copies; every output is checked against the reference, and the routing read
+/// back after the reuse must equal the routing downloaded before it.
+fn old_handles_case(dispatch: DispatchVersion, combine: CombineVersion) -> Case {
+    let v = if dispatch == DispatchVersion::V1 { "v1" } else { "v2" };
+    let name = combine_case_name(combine, &format!("old-handles-dispatch-{v}/4096x8of64"));
+    Case::new(name, move |c| {
+        let shape = Shape { num_max: 64, hidden: 4096, topk: 8, experts: 64 };
+        let mut buf = LowLatencyBuffer::new(c.gpu, c.comm, shape.num_max, shape.hidden, shape.experts, None)?;
+        buf.set_dispatch_version(dispatch)?;
+        buf.set_combine_version(combine)?;
+        for (pass, mode) in [BF16, FP8].into_iter().enumerate() {
+            let rounds: Vec<Round> =
+                (0..4).map(|i| make_round(c, shape, c.seed.wrapping_add((pass * 4 + i) as u64 * 0x7000_0011), 0.1)).collect::<anyhow::Result<_>>()?;
+            let mut outs = Vec::new();
+            let mut got = Vec::new();
+            for rd in &rounds {
+                let out = buf.dispatch(&rd.x, &rd.topk, dispatch_opts(mode))?;
+                c.gpu.sync("LL dispatch")?;
+                got.push(download(&out, mode)?); // before a later dispatch reuses the half
+                outs.push(out);
+            }
+            for (i, (rd, out)) in rounds.iter().zip(&outs).enumerate() {
+                anyhow::ensure!(out.handle.is_copied() == (i < 2), "dispatch {i}: handle copied = {}", out.handle.is_copied());
+                let src_info = out.handle.src_info().to_host::<i32>()?;
+                let layout_range = out.handle.layout_range().to_host::<i64>()?;
+                anyhow::ensure!(src_info == got[i].src_info && layout_range == got[i].layout_range,
+                                "dispatch {i}: the handle's routing after two later dispatches differs from before");
+                let y = build_y(c, shape, rd.seed, &got[i])?;
+                let dest = poisoned_out(c, rd.x.shape()[0], shape.hidden)?;
+                let comb = buf.combine_into(&y, &rd.topk, &rd.weights, &out.handle, &dest, false)?;
+                c.gpu.sync("LL combine with an older handle")?;
+                let combined = comb.combined_x.to_host::<bf16>()?;
+                check(c, shape, mode, rd, &got[i], &combined).map_err(|e| anyhow::anyhow!("handle of dispatch {i} of 4: {e}"))?;
+            }
+        }
+        Ok(())
+    })
+    .min_world(1)
 }
 
 /// Two micro-batches overlapped through hooks, interleaved with plain rounds.
