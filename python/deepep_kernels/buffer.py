@@ -345,8 +345,11 @@ class LowLatencyHandle:
     index at its source), ``[1]`` ``layout_range`` (int64 ``[L, R]``: ``begin << 32 | count`` of
     each source's rows), ``[2]`` num_max_dispatch_tokens_per_rank, ``[3]`` hidden, ``[4]``
     num_experts. ``[0]`` and ``[1]`` are torch-owned copies made when first indexed (they cost
-    nothing when never indexed); indexing, or combining, after two later dispatches on the
-    Buffer raises ValueError (the dispatch's receive half was reused; docs/python.md)."""
+    nothing when never indexed). Self-contained as in DeepEP: while the handle is alive, the
+    dispatch that reuses its receive half first copies the routing combine needs into the handle,
+    so indexing or combining an older handle works. ValueError only where that copy could not be
+    made: the reusing dispatch ran inside a CUDA graph capture, or this dispatch's receive hook had
+    not run yet (docs/python.md)."""
 
     __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "num_tokens", "_device", "_copies",
                  "__weakref__")
@@ -375,10 +378,15 @@ class LowLatencyHandle:
             torch = _torch()
             if self.native is None:
                 raise ValueError("this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone")
-            # (ptr, shape) after checking that the dispatch's half was not reused
+            # (ptr, shape) in the dispatch's half, or in the handle's own copy once a later
+            # dispatch reused the half (ValueError when that copy could not be made)
             ptr, shape = self.native.src_info() if i == 0 else self.native.layout_range()
             dtype = torch.int32 if i == 0 else torch.int64
             self._copies[i] = _view(ptr, dtype, shape, None, self._device).clone()
+            freer = self.native.copy_stream()
+            if freer is not None:
+                # the own copy is freed stream-ordered on the comm stream: order that after this read
+                _native.Event.recorded_on(_current_raw_stream(self._device.index)).wait_on(freer)
         return self._copies[i]
 
 

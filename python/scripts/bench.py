@@ -615,7 +615,7 @@ def compare_ll(ses, Buffer, gpus):
     state = {}
     try:
         def dispatch_for_combine():
-            # the handle must stay one of the two most recent low-latency results
+            # a fresh handle (the state a decode step combines in; an older one would read its own copy)
             state["handle"] = buf.low_latency_dispatch(x, idx, n, e, use_fp8=True)[2]
             torch.cuda.synchronize()
 
@@ -816,7 +816,7 @@ def worker(rank, world, gpus, init, args):
         ]
         for op, fn, nbytes in ops:
             if op == "combine BF16":
-                # the handle must stay one of the two most recent dispatches
+                # a fresh handle (the state a decode step combines in; an older one would read its own copy)
                 (q, s), cnt, handle, _, _ = buf.low_latency_dispatch(x, idx, n, e, use_fp8=True)
             us = time_op(torch, fn, args.reps, args.warmup, flush)
             report("low-latency " + op, shape, us, nbytes, kernel_us(torch, fn, not args.no_profile))

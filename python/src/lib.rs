@@ -238,7 +238,7 @@ impl NativeDispatch {
     }
 }
 
-/// The low-latency dispatch handle (valid while its dispatch is one of the two most recent).
+/// The low-latency dispatch handle (self-contained: see `LlHandle`).
 #[pyclass(module = "deepep_kernels._native")]
 struct NativeLlHandle {
     inner: LlHandle,
@@ -259,24 +259,30 @@ impl NativeLlHandle {
     fn hidden(&self) -> usize {
         self.inner.hidden
     }
-    /// (device address, shape) of DeepEP's `src_info` (i32 `[L, R·num_max]`) in the dispatch's
-    /// receive half; an error once a later dispatch reused that half.
+    /// (device address, shape) of DeepEP's `src_info` (i32 `[L, R·num_max]`): in the dispatch's
+    /// receive half, or in the handle's own copy once a later dispatch reused the half.
     fn src_info(&self) -> PyResult<(u64, Vec<usize>)> {
-        let t = &self.inner.src_info;
-        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
-        Ok((t.ptr(), t.shape().to_vec()))
+        own_region(&self.inner.src_info())
     }
     /// (device address, shape) of DeepEP's `layout_range` (i64 `[L, R]`, `begin << 32 | count`).
     fn layout_range(&self) -> PyResult<(u64, Vec<usize>)> {
-        let t = &self.inner.layout_range;
-        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
-        Ok((t.ptr(), t.shape().to_vec()))
+        own_region(&self.inner.layout_range())
+    }
+    /// The raw stream that frees the handle's own copy (None while it reads the buffer): a reader
+    /// of `src_info()` / `layout_range()` on another stream makes it wait for that read.
+    fn copy_stream(&self) -> Option<u64> {
+        self.inner.copy_memory().map(|m| m.stream().cu_stream() as u64)
     }
 }
 
-const LL_HANDLE_REUSED: &str = "this low-latency handle's dispatch is no longer one of the two most recent on the Buffer: its receive \
-     half (src_info, layout_range, packed outputs) was reused by a later dispatch. Index the handle (handle[0], handle[1]) and \
-     combine with it before dispatching twice more";
+fn own_region(t: &Tensor) -> PyResult<(u64, Vec<usize>)> {
+    t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
+    Ok((t.ptr(), t.shape().to_vec()))
+}
+
+const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reused by a later dispatch before its routing could be \
+     kept (that dispatch ran inside a CUDA graph capture, or the handle's receive hook had not run yet): index the handle \
+     (handle[0], handle[1]) and combine with it before dispatching twice more, or call the hook first";
 
 /// The receive half of a low-latency call made with `return_recv_hook` (launch once).
 #[pyclass(module = "deepep_kernels._native")]

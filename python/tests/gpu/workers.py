@@ -487,26 +487,45 @@ def deepep_semantics(rank, world, group):
     assert src_info.dtype == torch.int32 and tuple(src_info.shape) == (local, world * num_max)
     assert layout_range.dtype == torch.int64 and tuple(layout_range.shape) == (local, world)
     mask = (1 << 32) - 1
-    for le in range(local):
-        e = rank * local + le
-        c = int(cnt[le])
-        lr = layout_range[le].cpu()
-        assert int((lr & mask).sum()) == c
-        for j in range(world):
-            begin, count = int(lr[j] >> 32), int(lr[j] & mask)
-            assert count == int((all_lidx[j] == e).sum()), f"layout_range count of source {j} for expert {le}"
-            rows = rxl[le, begin:begin + count].cpu()
-            toks = src_info[le, begin:begin + count].cpu()
-            for r_, t in zip(rows, toks.tolist()):
-                assert bool((r_ == all_lx[j][t]).all()), f"src_info of a row from source {j} names token {t}"
-    # the copies made at indexing survive later dispatches; an un-indexed old handle refuses
+
+    def check_ll_routing(src_info, layout_range, cnt, rxl, all_lx, all_lidx):
+        for le in range(local):
+            e = rank * local + le
+            c = int(cnt[le])
+            lr = layout_range[le].cpu()
+            assert int((lr & mask).sum()) == c
+            for j in range(world):
+                begin, count = int(lr[j] >> 32), int(lr[j] & mask)
+                assert count == int((all_lidx[j] == e).sum()), f"layout_range count of source {j} for expert {le}"
+                rows = rxl[le, begin:begin + count].cpu()
+                toks = src_info[le, begin:begin + count].cpu()
+                for r_, t in zip(rows, toks.tolist()):
+                    assert bool((r_ == all_lx[j][t]).all()), f"src_info of a row from source {j} names token {t}"
+
+    check_ll_routing(src_info, layout_range, cnt, rxl, all_lx, all_lidx)
+    # the copies made at indexing survive later dispatches
     keep = src_info.clone()
-    _, _, lh2, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
-    ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
-    ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    # DeepEP's handle is self-contained (its bench times many dispatches, then many combines with
+    # one handle): dispatches with other routings, then combines with the older handles, which
+    # must equal the combines made right after their dispatches, bit for bit, and an older handle
+    # never indexed before must still give its routing
+    runs = []
+    for j in range(4):
+        xj, ij, wj = make_routing(rank, world, m - j, num_experts, seed=30 + j)
+        xj[:, -128:] = torch.arange(m - j).to(torch.bfloat16)[:, None]
+        if j == 0:
+            all_x0, all_i0 = zip(*gather(group, (xj, ij)))
+        xj, ij, wj = xj.to(dev), ij.to(dev), wj.to(dev)
+        rj, cj, hj, _, _ = ll.low_latency_dispatch(xj, ij, num_max, num_experts, use_fp8=False)
+        yj = rj.clone()  # the packed rows are not kept past two later dispatches (DeepEP's limit too)
+        ref = ll.low_latency_combine(yj, ij, wj, hj)[0].clone()
+        runs.append((yj, ij, wj, hj, ref, cj.clone()))
     assert lh[0] is src_info and torch.equal(lh[0], keep)
-    with pytest.raises(ValueError, match="two most recent"):
-        lh2[0]
+    for j, (yj, ij, wj, hj, ref, _) in enumerate(runs):
+        again = ll.low_latency_combine(yj, ij, wj, hj)[0]
+        check_equal(f"combine with the handle of dispatch {j} of 4", again, ref.cpu())
+    y0, _, _, h0, _, c0 = runs[0]
+    check_ll_routing(h0[0], h0[1], c0, y0, all_x0, all_i0)
     # zero-copy: the combine reads the handed-out buffer, not x's data (DeepEP's semantics)
     rz, _, hz, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
     zb = ll.get_next_low_latency_combine_buffer(hz)
