@@ -19,6 +19,15 @@
 #                        nvidia-cuda-mps-control exists; spin-waiting kernels of several ranks on one
 #                        GPU progress far faster under MPS)
 #   --test-args "..."    extra arguments for every test file (e.g. "--num-tokens 1024")
+#   --stop-at REGEX      end a run as passed once its log matches REGEX (extended grep) and no
+#                        rank failed, e.g. with --test-args --pressure-test (an endless loop over
+#                        seeds, each checked bitwise 20 times) --stop-at 'Testing with seed 2 '
+#                        passes after seeds 0 and 1
+#   --hosts H            emulate H hosts (default 1): each run launches the test file H times, as
+#                        DeepEP's init_dist expects one launch per node (WORLD_SIZE=H, RANK=h, one
+#                        MASTER_ADDR/PORT), NPROC ranks each, all on the GPUs here; our package
+#                        gets DEEPEP_KERNELS_RANKS_PER_HOST=NPROC, so the group of H*NPROC ranks is
+#                        served by its internode mode (test_internode.py needs H >= 2)
 # Environment: PYTHON (default python3), OUT (log folder, default ./conformance-logs).
 #
 # The adapter (python/scripts/conformance/sitecustomize.py) changes only the environment: set_device
@@ -28,8 +37,8 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
-ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args=""
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args="" hosts=1 stop_at=""
+usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --ours) ours=$2; shift 2 ;;
@@ -40,12 +49,15 @@ while [ $# -gt 0 ]; do
     --timeout) limit=$2; shift 2 ;;
     --no-mps) mps=0; shift ;;
     --test-args) test_args=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
+    --stop-at) stop_at=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --*) echo "deepep-conformance: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
 [ $# -ge 2 ] || { usage >&2; exit 2; }
+[[ "$hosts" =~ ^[1-9][0-9]*$ ]] || { echo "deepep-conformance: --hosts takes a number of hosts >= 1, got '$hosts'" >&2; exit 2; }
 src=$(cd "$1" 2>/dev/null && pwd) || { echo "deepep-conformance: DEEPEP_SRC '$1' is not a folder" >&2; exit 2; }
 shift
 nprocs=("$@")
@@ -103,23 +115,52 @@ for lib in "${libs[@]}"; do
   if [ "$lib" = ours ]; then libpath="$shim${ours_path:+:$ours_path}"; else libpath=$(cd "$deepep_site" && pwd); fi
   for t in $tests; do
     for n in "${nprocs[@]}"; do
-      log="$out/$lib-${t%.py}-$n.log"
+      tag="$n"
+      [ "$hosts" -gt 1 ] && tag="${hosts}x$n"
+      log="$out/$lib-${t%.py}-$tag.log"
       port=$((port + 1))
       mps_start
       start=$(date +%s)
-      # own process group, so that every rank of a run that overruns is ended by its group id
+      # One launch per emulated host (WORLD_SIZE / RANK are DeepEP's node count and node rank),
+      # all in one process group of their own, so that every rank of a run that overruns is
+      # ended by its group id. Each launch's output is prefixed with its host in the log.
+      per_host=""
+      [ "$lib" = ours ] && [ "$hosts" -gt 1 ] && per_host="DEEPEP_KERNELS_RANKS_PER_HOST=$n"
       (cd "$src/tests" && exec env PYTHONPATH="$here/conformance:$libpath${PYTHONPATH:+:$PYTHONPATH}" DEEPEP_CONFORMANCE_ADAPTER=1 \
         DEEPEP_CONFORMANCE_GPUS="$gpus" MASTER_ADDR=127.0.0.1 MASTER_PORT=$port PYTHONUNBUFFERED=1 \
-        NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 \
-        setsid "$py" "$t" --num-processes "$n" $test_args) >"$log" 2>&1 &
+        NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 $per_host \
+        setsid bash -c '
+          set -o pipefail
+          hosts=$1 py=$2 t=$3 n=$4; shift 4
+          [ "$hosts" -eq 1 ] && exec "$py" "$t" --num-processes "$n" "$@"
+          pids=()
+          for h in $(seq 0 $((hosts - 1))); do
+            # a subshell per host: waiting on a background pipeline can see only the status of
+            # its last command once it was reaped, whatever pipefail says
+            (WORLD_SIZE=$hosts RANK=$h "$py" "$t" --num-processes "$n" "$@" 2>&1 | sed -u "s/^/[host $h] /") &
+            pids+=($!)
+          done
+          rc=0
+          for p in "${pids[@]}"; do wait "$p" || rc=1; done
+          exit $rc' conformance "$hosts" "$py" "$t" "$n" $test_args) >"$log" 2>&1 &
       pid=$!
       result=""
+      stop_run() {
+        local pgid
+        pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
+        [ -n "$pgid" ] && kill -TERM -- "-$pgid" 2>/dev/null
+        sleep 5
+        [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null
+      }
       while kill -0 "$pid" 2>/dev/null; do
+        if [ -n "$stop_at" ] && grep -Eq -- "$stop_at" "$log" 2>/dev/null; then
+          # reached: passed unless a rank already failed
+          if grep -Eq "Traceback \(most recent call last\)|AssertionError" "$log"; then result="FAIL(stop)"; else result="PASS(stop)"; fi
+          stop_run
+          break
+        fi
         if [ $(( $(date +%s) - start )) -ge "$limit" ]; then
-          pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
-          [ -n "$pgid" ] && kill -TERM -- "-$pgid" 2>/dev/null
-          sleep 5
-          [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null
+          stop_run
           result=TIMEOUT
           break
         fi
@@ -129,8 +170,8 @@ for lib in "${libs[@]}"; do
       secs=$(( $(date +%s) - start ))
       [ -z "$result" ] && { [ "$code" -eq 0 ] && result=PASS || result="FAIL($code)"; }
       mps_stop
-      printf '%-7s %-22s %5s  %-8s %7s  %s\n' "$lib" "$t" "$n" "$result" "$secs" "$(basename "$log")" | tee -a "$out/summary.txt"
-      if [ "$result" != PASS ]; then
+      printf '%-7s %-22s %5s  %-8s %7s  %s\n' "$lib" "$t" "$tag" "$result" "$secs" "$(basename "$log")" | tee -a "$out/summary.txt"
+      if [ "${result%(stop)}" != PASS ]; then
         grep -E "Error|error|assert|Traceback" "$log" | grep -v "^\[conformance adapter\]" | tail -n 4 | sed 's/^/    /' | tee -a "$out/summary.txt"
         [ "$lib" = ours ] && fail=1
       fi

@@ -533,6 +533,66 @@ def test_conformance_runner_help_and_bad_option():
     assert r.returncode == 2 and "unknown option '--nope'" in r.stderr
 
 
+def test_conformance_runner_launches_one_process_per_emulated_host(tmp_path):
+    # --hosts H: DeepEP's init_dist wants one launch per node (WORLD_SIZE = nodes, RANK = node);
+    # a stand-in test file (the real ones need GPUs) records what each launch saw
+    tests = tmp_path / "src" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_fake.py").write_text(textwrap.dedent("""
+        import os, sys
+        print("launch", os.environ.get("WORLD_SIZE"), os.environ.get("RANK"), os.environ.get("MASTER_PORT"),
+              os.environ.get("DEEPEP_KERNELS_RANKS_PER_HOST"), " ".join(sys.argv[1:]))
+        sys.exit(int(os.environ.get("FAKE_FAIL_RANK", "-1") == os.environ.get("RANK")))
+    """))
+    out = tmp_path / "logs"
+    env = dict(os.environ, OUT=str(out))
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(deepep_kernels.__file__)))  # the installed package
+    cmd = ["bash", CONFORMANCE, "--ours", ours, "--only", "ours", "--no-mps", "--tests", "test_fake.py", "--hosts", "2",
+           "--timeout", "60", "--test-args", "--num-tokens 64", str(tmp_path / "src"), "3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (out / "ours-test_fake-2x3.log").read_text()
+    lines = sorted(l for l in log.splitlines() if "launch" in l)
+    assert len(lines) == 2, log
+    ports = set()
+    for h, line in enumerate(lines):
+        assert line.startswith(f"[host {h}] launch "), line
+        world, rank, port, per_host, *args = line.split()[3:]
+        assert (world, rank, per_host) == ("2", str(h), "3"), line
+        assert args == ["--num-processes", "3", "--num-tokens", "64"], line
+        ports.add(port)
+    assert len(ports) == 1, lines
+    assert "PASS" in (out / "summary.txt").read_text()
+    # one failing host fails the run
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, FAKE_FAIL_RANK="1"), cwd=tmp_path)
+    assert r.returncode == 1 and "FAIL(1)" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["bash", CONFORMANCE, "--hosts", "0", str(tmp_path / "src"), "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--hosts takes a number of hosts >= 1" in r.stderr
+
+
+def test_conformance_runner_stops_an_endless_test_at_a_pattern(tmp_path):
+    # DeepEP's pressure test loops over seeds forever: --stop-at ends it once a seed is reached,
+    # as passed only when nothing failed before
+    tests = tmp_path / "src" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_endless.py").write_text(textwrap.dedent("""
+        import os, sys, time
+        for seed in range(3):
+            if seed == 2 and os.environ.get("FAKE_FAIL"):
+                print("Traceback (most recent call last):", flush=True)
+            print(f"Testing with seed {seed} ...", flush=True)
+        time.sleep(120)
+    """))
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(deepep_kernels.__file__)))
+    cmd = ["bash", CONFORMANCE, "--ours", ours, "--only", "ours", "--no-mps", "--tests", "test_endless.py", "--timeout", "100",
+           "--stop-at", "Testing with seed 2 ", str(tmp_path / "src"), "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path / "a")), cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "PASS(stop)" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path / "b"), FAKE_FAIL="1"),
+                       cwd=tmp_path, timeout=60)
+    assert r.returncode == 1 and "FAIL(stop)" in r.stdout, r.stdout + r.stderr
+
+
 def test_conformance_adapter_is_inert_unless_enabled(tmp_path):
     # the adapter runs in every Python process of a conformance run; elsewhere it must do nothing
     adapter = os.path.join(os.path.dirname(CONFORMANCE), "conformance")
