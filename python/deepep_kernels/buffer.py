@@ -102,12 +102,25 @@ def _current_raw_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
+_TORCH = None
+
+
 def _torch():
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH
     try:
         import torch
     except ImportError as e:  # pragma: no cover - exercised only where torch is missing
         raise ImportError("deepep_kernels.Buffer needs PyTorch (torch with CUDA) at run time; install torch first") from e
+    _TORCH = torch
     return torch
+
+
+def _ok(t, dtype, ndim: int) -> bool:
+    """The common case of :func:`_need` in one expression (a plain CUDA tensor of ``dtype`` and
+    ``ndim`` dims, contiguous); anything else goes through ``_need``, which names what is wrong."""
+    return t.__class__ is _TORCH.Tensor and t.dtype is dtype and t.is_cuda and t.dim() == ndim and t.is_contiguous()
 
 
 class _Raw:
@@ -487,6 +500,8 @@ class Buffer:
         # and reused; they hold no reference to the Rust
         # buffer, so no view can delay the collective free of the symmetric memory.
         self._ll_views: dict = {}
+        # (num_max, hidden, num_experts) of the low-latency buffer as created (None: none yet)
+        self._ll_key = None
         # Low-latency handles handed out (weakly): destroy() releases their hold on the
         # symmetric memory before freeing it collectively.
         import weakref
@@ -602,7 +617,11 @@ class Buffer:
         if not self.low_latency_mode:
             raise ValueError("low-latency calls need Buffer(..., low_latency_mode=True)")
         rt = self._rt()
-        if rt.ll_dims() == (num_max, hidden, num_experts):
+        key = (num_max, hidden, num_experts)
+        if self._ll_key == key:
+            return
+        if rt.ll_dims() == key:
+            self._ll_key = key
             return
         need = _native.ll_buffer_bytes(self.group_size, num_experts, num_max, hidden, rt.sm_count)
         if need > self.num_rdma_bytes:
@@ -611,6 +630,7 @@ class Buffer:
                              "Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)")
         self._release_ll_refs()
         rt.ll_create(num_max, hidden, num_experts)
+        self._ll_key = key
 
     # --- static API --------------------------------------------------------------------------
     @staticmethod
@@ -657,6 +677,7 @@ class Buffer:
         for h in list(self._ll_handles):
             h.native = None
         self._ll_views.clear()
+        self._ll_key = None
 
     def destroy(self) -> None:
         if not self.explicitly_destroy:
@@ -1093,9 +1114,12 @@ class Buffer:
         if dispatch_wait_recv_cost_stats is not None:
             raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
         torch = _torch()
-        _need(x, "x", torch.bfloat16, 2)
-        _need(topk_idx, "topk_idx", torch.int64, 2)
+        if not _ok(x, torch.bfloat16, 2):
+            _need(x, "x", torch.bfloat16, 2)
+        if not _ok(topk_idx, torch.int64, 2):
+            _need(topk_idx, "topk_idx", torch.int64, 2)
         n, hidden = x.shape
+        num_topk = topk_idx.shape[1]
         if topk_idx.shape[0] != n:
             raise ValueError(f"topk_idx has {topk_idx.shape[0]} rows but x has {n}")
         if n > num_max_dispatch_tokens_per_rank:
@@ -1116,14 +1140,14 @@ class Buffer:
         # current stream after that join (DeepEP adds them in its kernel), after the receive half
         # with a hook; with async_finish on the comm stream before the event.
         join_back = cur if not async_finish else None
-        r = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), topk_idx.shape[1], use_fp8, round_scale, use_ue8m0,
-                           return_recv_hook, cur, join_back)
-        recv_x, recv_scales, recv_count = self._ll_outputs(r, use_fp8)
-        handle = LowLatencyHandle(r.take_handle(), num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
+        recv_ptr, native_handle, native_hook = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), num_topk, use_fp8,
+                                                              round_scale, use_ue8m0, return_recv_hook, cur, join_back)
+        recv_x, recv_scales, recv_count = self._ll_outputs(recv_ptr, use_fp8, use_ue8m0)
+        handle = LowLatencyHandle(native_handle, num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
                                   num_tokens=n)
         self._ll_handles.add(handle)
         if return_recv_hook:
-            hook = self._make_hook(r.take_hook(), stats, recv_count)
+            hook = self._make_hook(native_hook, stats, recv_count)
             if async_finish:
                 return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
                     self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
@@ -1139,23 +1163,23 @@ class Buffer:
             ev = EventOverlap(None)
         return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
 
-    def _ll_outputs(self, r, use_fp8: bool):
-        """Views of one low-latency dispatch's outputs (made once per buffer half and cached). They
-        have no owner: the memory lives as long as the low-latency buffer (until destroy() or its
-        re-creation, which drop the cached views)."""
-        sc = r.recv_scales
-        key = (r.recv_x_ptr, use_fp8, sc[1] if sc is not None else None)
+    def _ll_outputs(self, recv_ptr: int, use_fp8: bool, use_ue8m0: bool):
+        """Views of one low-latency dispatch's outputs (made once per buffer half and format, then
+        cached). They have no owner: the memory lives as long as the low-latency buffer (until
+        destroy() or its re-creation, which drop the cached views)."""
+        key = (recv_ptr, use_fp8, use_ue8m0 and use_fp8)
         views = self._ll_views.get(key)
         if views is None:
             torch = _torch()
-            shape = tuple(r.recv_x_shape)
-            recv_x = _view(r.recv_x_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, None, self._device)
+            shape, sc, count_ptr = self._rt().ll_output_views(recv_ptr, use_fp8, use_ue8m0)
+            shape = tuple(shape)
+            recv_x = _view(recv_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, None, self._device)
             recv_scales = None
             if sc is not None:
                 sp, sd, sshape = sc
                 phys = _view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape), None, self._device)
                 recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
-            recv_count = _view(r.recv_count_ptr, torch.int32, (shape[0],), None, self._device)
+            recv_count = _view(count_ptr, torch.int32, (shape[0],), None, self._device)
             views = (recv_x, recv_scales, recv_count)
             self._ll_views[key] = views
         return views
@@ -1184,7 +1208,8 @@ class Buffer:
             raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
         if handle.native is None:
             raise ValueError("this low-latency handle's buffer was destroyed or re-created; dispatch again")
-        _need(x, "x", torch.bfloat16, 3)
+        if not _ok(x, torch.bfloat16, 3):
+            _need(x, "x", torch.bfloat16, 3)
         if zero_copy:
             # DeepEP's zero-copy combine reads the expert outputs from the buffer that
             # get_next_low_latency_combine_buffer handed out (x only has to have its shape)
@@ -1195,12 +1220,14 @@ class Buffer:
                 raise ValueError(f"zero_copy=True: x has shape {tuple(x.shape)} but the combine buffer handed out has "
                                  f"{tuple(self._next_combine_last.shape)}; pass expert outputs of the handle's layout")
             x = self._next_combine_last
-        _need(topk_idx, "topk_idx", torch.int64, 2)
-        _need(topk_weights, "topk_weights", torch.float32, 2)
+        if not _ok(topk_idx, torch.int64, 2):
+            _need(topk_idx, "topk_idx", torch.int64, 2)
+        if not _ok(topk_weights, torch.float32, 2):
+            _need(topk_weights, "topk_weights", torch.float32, 2)
         n = handle.num_tokens
         if out is None:
             out = torch.empty((n, handle.hidden), dtype=torch.bfloat16, device=self._device)
-        else:
+        elif not _ok(out, torch.bfloat16, 2):
             _need(out, "out", torch.bfloat16, 2)
         cur = self._cur()
         native_hook = self._rt().ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(),

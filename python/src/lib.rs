@@ -291,34 +291,6 @@ struct NativeHook {
     runtime_id: u64,
 }
 
-/// Views of one low-latency dispatch's outputs in the symmetric buffer.
-#[pyclass(module = "deepep_kernels._native")]
-struct NativeLlDispatch {
-    #[pyo3(get)]
-    recv_x_ptr: u64,
-    /// (ptr, dtype name, physical shape) of the scales (FP8 only).
-    #[pyo3(get)]
-    recv_scales: Option<(u64, String, Vec<usize>)>,
-    #[pyo3(get)]
-    recv_count_ptr: u64,
-    #[pyo3(get)]
-    recv_x_shape: Vec<usize>,
-    handle: Option<NativeLlHandle>,
-    hook: Option<NativeHook>,
-    // Keep the views' owner alive as long as the Python side holds this object.
-    _keep: Vec<Tensor>,
-}
-
-#[pymethods]
-impl NativeLlDispatch {
-    fn take_handle(&mut self) -> PyResult<NativeLlHandle> {
-        self.handle.take().ok_or_else(|| PyRuntimeError::new_err("handle already taken"))
-    }
-    fn take_hook(&mut self) -> Option<NativeHook> {
-        self.hook.take()
-    }
-}
-
 /// What an internode dispatch hands to combine / the next cached dispatch.
 #[pyclass(module = "deepep_kernels._native", frozen)]
 struct InterHandle {
@@ -429,7 +401,7 @@ impl NativeInterCombine {
 macro_rules! thread_safe {
     ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
 }
-thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, NativeLlDispatch, InterHandle, NativeInterDispatch, NativeInterCombine, Runtime);
+thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, InterHandle, NativeInterDispatch, NativeInterCombine, Runtime);
 
 static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -902,10 +874,12 @@ impl Runtime {
     /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`), on the comm
     /// stream. No host wait. In the same call (one crossing from Python): the comm stream first
     /// waits for `wait_for` and afterwards `join_back` waits for the comm stream (raw streams; None
-    /// = no join), the joins DeepEP makes around the launch.
+    /// = no join), the joins DeepEP makes around the launch. Returns `(recv_x address, handle,
+    /// hook)`: the outputs live at fixed places of the dispatch's buffer half, which
+    /// `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, n, hidden, topk, k, use_fp8, round_scale, use_ue8m0, return_hook, wait_for = None, join_back = None))]
-    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<NativeLlDispatch> {
+    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>)> {
         self.bind()?;
         self.join_from(wait_for)?;
         let gpu = self.gpu_static();
@@ -915,18 +889,33 @@ impl Runtime {
         let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
         let out = self.ll()?.dispatch(&xt, &it, opts).map_err(py_err)?;
         self.join_to(join_back)?;
-        let recv_scales = out.packed_recv_x_scales.as_ref().map(|t| (t.ptr(), if t.dtype() == DType::I32 { "int32" } else { "float32" }.to_string(), t.shape().to_vec()));
-        let mut keep = vec![out.packed_recv_x.clone(), out.packed_recv_count.clone()];
-        keep.extend(out.packed_recv_x_scales.clone());
-        Ok(NativeLlDispatch {
-            recv_x_ptr: out.packed_recv_x.ptr(),
-            recv_x_shape: out.packed_recv_x.shape().to_vec(),
-            recv_scales,
-            recv_count_ptr: out.packed_recv_count.ptr(),
-            handle: Some(NativeLlHandle { inner: out.handle, runtime_id: id }),
-            hook: out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }),
-            _keep: keep,
-        })
+        Ok((
+            out.packed_recv_x.ptr(),
+            NativeLlHandle { inner: out.handle, runtime_id: id },
+            out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }),
+        ))
+    }
+
+    /// Where the outputs of a low-latency dispatch whose `packed_recv_x` is at `recv_x` live:
+    /// `(recv_x shape, scales, recv_count address)`, scales being None (BF16) or `(address, "float32"
+    /// or "int32", physical shape)` (`[L, H/128, R*num_max]` f32, `[L, H/512, R*num_max]` i32 UE8M0).
+    /// The memory belongs to the low-latency buffer (valid until it is destroyed or re-created).
+    fn ll_output_views(&mut self, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<(Vec<usize>, Option<(u64, String, Vec<usize>)>, u64)> {
+        let ll = self.ll()?;
+        let (base, _) = ll.local_buffer();
+        let lay = ll.layout();
+        let d = lay
+            .dispatch
+            .iter()
+            .find(|d| base + d.x as u64 == recv_x)
+            .ok_or_else(|| PyValueError::new_err(format!("{recv_x:#x} is not the packed_recv_x of a low-latency dispatch on this Buffer")))?;
+        let (l, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
+        let scales = match (use_fp8, use_ue8m0) {
+            (false, _) => None,
+            (true, false) => Some((base + d.scales as u64, "float32".to_string(), vec![l, s, rnm])),
+            (true, true) => Some((base + d.scales as u64, "int32".to_string(), vec![l, s / 4, rnm])),
+        };
+        Ok((vec![l, rnm, h], scales, base + d.recv_count as u64))
     }
 
     /// Low-latency combine of bf16 `y` (`[L, R·num_max, hidden]`) into the caller's bf16 `out`
@@ -1005,6 +994,15 @@ impl Runtime {
         })
         .map_err(py_err)
     }
+}
+
+/// `(launches, nanoseconds)` this process spent inside `cuLaunchKernelEx` since the last reset
+/// (`reset` zeroes them after reading); counted only with `DEEPEP_HOST_TIMING=1` in the environment
+/// before the first launch (python/scripts/host_profile.py).
+#[pyfunction]
+#[pyo3(signature = (reset = false))]
+fn launch_timing(reset: bool) -> (u64, u64) {
+    rt::gpu::launch_timing(reset)
 }
 
 /// Bytes of one rank's NVLink buffer for `max_tokens` tokens of `hidden` channels.
@@ -1131,8 +1129,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Event>()?;
     m.add_class::<Handle>()?;
     m.add_class::<NativeDispatch>()?;
-    m.add_class::<NativeLlDispatch>()?;
     m.add_class::<NativeLlHandle>()?;
+    m.add_function(wrap_pyfunction!(launch_timing, m)?)?;
     m.add_class::<NativeHook>()?;
     m.add_class::<InterHandle>()?;
     m.add_class::<NativeInterDispatch>()?;

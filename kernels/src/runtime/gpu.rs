@@ -301,8 +301,14 @@ impl Gpu {
             numAttrs: attrs.len() as u32,
         };
         let mut ptrs = args.pointers();
+        let timed = launch_timing_on();
+        let t0 = timed.then(std::time::Instant::now);
         // SAFETY: parameter pointers stay alive (owned by `args`) for the call; sizes checked above.
         let res = unsafe { sys::cuLaunchKernelEx(&lc, k.func, ptrs.as_mut_ptr(), std::ptr::null_mut()) };
+        if let Some(t0) = t0 {
+            LAUNCH_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            LAUNCH_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
         check(res, || format!("rank {}: launching {} with {cfg:?}", self.rank, k.name))
     }
 
@@ -795,6 +801,27 @@ fn register_record(r: &Arc<HostMapped<ErrorRecord>>) {
     let mut live = LIVE_RECORDS.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|w| w.strong_count() > 0);
     live.push(Arc::downgrade(r));
+}
+
+static LAUNCH_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LAUNCH_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `DEEPEP_HOST_TIMING=1` (read once): every launch then adds the host time spent inside
+/// `cuLaunchKernelEx` to process-wide counters ([`launch_timing`]; a diagnostic of the host path,
+/// off by default).
+fn launch_timing_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DEEPEP_HOST_TIMING").is_ok_and(|v| v == "1"))
+}
+
+/// `(launches, nanoseconds)` spent inside `cuLaunchKernelEx` by this process since the last
+/// reset (`reset` zeroes them after reading); both 0 unless `DEEPEP_HOST_TIMING=1`.
+pub fn launch_timing(reset: bool) -> (u64, u64) {
+    if reset {
+        (LAUNCH_CALLS.swap(0, Ordering::Relaxed), LAUNCH_NS.swap(0, Ordering::Relaxed))
+    } else {
+        (LAUNCH_CALLS.load(Ordering::Relaxed), LAUNCH_NS.load(Ordering::Relaxed))
+    }
 }
 
 /// The first error recorded by a kernel of any live [`Gpu`] of this process and not yet taken by

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Where the host time of one low-latency call goes: the ``deep_ep`` API call of our package,
+and each step of it alone, timed the way ``bench.py`` times host cost (``perf_counter_ns``
+around back-to-back calls, no synchronisation inside the loop, divided by the calls).
+
+    python3 python/scripts/host_profile.py [--tokens 128] [--hidden 7168] [--topk 8] [--experts 288]
+                                            [--calls 300] [--repeats 5] [--json FILE]
+
+One rank on GPU 0 (a gloo group of one). Steps:
+
+- ``api dispatch FP8`` / ``api dispatch BF16`` / ``api combine BF16``: ``Buffer.low_latency_*``
+  as a user calls it (all steps below together);
+- ``python checks``: the argument checks of the dispatch (``_need`` x2, shapes, ``_ensure_ll``);
+- ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
+- ``current stream``: reading torch's current raw stream;
+- ``native dispatch, joins`` / ``native dispatch, no joins``: the one crossing into Rust with
+  and without the two stream joins (event record + stream wait each way);
+- ``output views``: the cached torch views of the outputs;
+- ``handle object``: the Python handle and its weak registration;
+- ``native combine, joins`` / ``native combine, no joins``: as for dispatch;
+- ``cupy launch`` / ``cupy cooperative launch``: an empty kernel of the same grid (the SM count)
+  and block (512 threads) launched through cupy, plain and cooperative: the driver's floor.
+
+With ``DEEPEP_HOST_TIMING=1`` (set by this script) our runtime also counts the host time spent
+inside ``cuLaunchKernelEx``; the ``launch`` column is that time per call.
+
+Each figure is the median over ``--repeats`` loops of ``--calls`` calls (after a warm-up); the
+``no joins`` rows launch on the comm stream only (the outputs are then not ordered for the
+current stream: a measurement, not a usage). Not a benchmark against anything: it says which
+part of our host path costs what, on this machine.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def timed(torch, native, fn, calls, repeats, warmup=30):
+    """(median, min, max) host us per call over ``repeats`` loops, and the median us per call
+    spent inside cuLaunchKernelEx (our launches only)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per, launch = [], []
+    for _ in range(repeats):
+        native.launch_timing(True)
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter_ns()
+        _, ns = native.launch_timing(True)
+        torch.cuda.synchronize()
+        per.append((t1 - t0) / calls / 1e3)
+        launch.append(ns / calls / 1e3)
+    return statistics.median(per), min(per), max(per), statistics.median(launch)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--experts", type=int, default=288)
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+
+    os.environ["DEEPEP_HOST_TIMING"] = "1"  # read at the first launch
+    import torch
+    import torch.distributed as dist
+
+    import deepep_kernels
+    from deepep_kernels import _native
+    from deepep_kernels import buffer as B
+
+    torch.cuda.set_device(0)
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'pg')}", rank=0, world_size=1)
+        group = dist.group.WORLD
+        n, h, k, e = a.tokens, a.hidden, a.topk, a.experts
+        dev = torch.device("cuda", 0)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        x = torch.randn(n, h, generator=g).to(torch.bfloat16).to(dev)
+        idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(dev)
+        w = torch.rand(n, k, generator=g).to(dev)
+        rdma = deepep_kernels.Buffer.get_low_latency_rdma_size_hint(n, h, 1, e)
+        buf = deepep_kernels.Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=e, explicitly_destroy=True)
+        recv, _, handle, _, _ = buf.low_latency_dispatch(x, idx, n, e, use_fp8=False)
+        y = recv.clone()
+        out = torch.empty(n, h, dtype=torch.bfloat16, device=dev)
+        rt = buf._rt()
+        cur = buf._cur()
+        comm = rt.comm_stream()
+
+        def checks():
+            B._need(x, "x", torch.bfloat16, 2)
+            B._need(idx, "topk_idx", torch.int64, 2)
+            nn, hh = x.shape
+            if idx.shape[0] != nn or nn > n:
+                raise AssertionError
+            buf._ensure_ll(n, hh, e)
+
+        def native_dispatch(joins):
+            def f():
+                return rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False,
+                                      cur if joins else None, cur if joins else None)
+            return f
+
+        r = native_dispatch(True)()
+
+        def views():
+            buf._ll_outputs(r[0], True, False)
+
+        def handle_obj():
+            hd = B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
+            buf._ll_handles.add(hd)
+
+        def native_combine(joins):
+            def f():
+                rt.ll_combine(y.data_ptr(), idx.data_ptr(), w.data_ptr(), handle.native, out.data_ptr(), False,
+                              cur if joins else None, cur if joins else None)
+            return f
+
+        floor = []
+        try:
+            import cupy
+
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            src = 'extern "C" __global__ void empty_kernel(int* p) { if (p && threadIdx.x == 1024) *p = 0; }'
+            plain = cupy.RawKernel(src, "empty_kernel")
+            coop = cupy.RawKernel(src, "empty_kernel", enable_cooperative_groups=True)
+            nullp = cupy.uint64(0)
+            floor = [("cupy launch", lambda: plain((sms,), (512,), (nullp,))),
+                     ("cupy cooperative launch", lambda: coop((sms,), (512,), (nullp,)))]
+        except Exception as e:  # cupy missing: the rows of our path still say where the time goes
+            print(f"(no cupy floor: {type(e).__name__}: {e})", flush=True)
+
+        rows = [
+            ("api dispatch FP8", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=True)),
+            ("api dispatch BF16", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=False)),
+            ("api combine BF16", lambda: buf.low_latency_combine(y, idx, w, handle, out=out)),
+            ("python checks", checks),
+            ("device error check", B.check_device_error),
+            ("current stream", buf._cur),
+            ("native dispatch FP8, joins", native_dispatch(True)),
+            ("native dispatch FP8, no joins", native_dispatch(False)),
+            ("output views", views),
+            ("handle object", handle_obj),
+            ("native combine, joins", native_combine(True)),
+            ("native combine, no joins", native_combine(False)),
+        ] + floor
+        results = []
+        print(f"{'step':32s} {'host/call':>10s}  [min-max]       launch/call", flush=True)
+        for name, fn in rows:
+            med, lo, hi, launch = timed(torch, _native, fn, a.calls, a.repeats)
+            results.append({"step": name, "median_us": med, "min_us": lo, "max_us": hi, "launch_us": launch})
+            print(f"{name:32s} {med:7.2f} us  [{lo:.2f}-{hi:.2f}]  {launch:6.2f} us", flush=True)
+        del r
+        torch.cuda.synchronize()
+        meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "module": deepep_kernels.__file__,
+                "shape": f"{n} x {h}, top-{k} of {e}", "calls": a.calls, "repeats": a.repeats, "comm_stream": comm}
+        print(json.dumps(meta), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"meta": meta, "rows": results}, f, indent=1)
+        buf.destroy()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
