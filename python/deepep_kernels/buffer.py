@@ -8,7 +8,10 @@ use. Differences are listed in docs/python.md; anything not supported raises
 Streams: kernels run on the Buffer's comm stream (``get_comm_stream()``). Before each call the
 comm stream waits for ``previous_event`` or, without one, for the current stream; after it, the
 current stream waits for the comm stream unless ``async_finish`` (then the returned
-``EventOverlap`` carries the event). Outputs DeepEP returns as fresh tensors are allocated with
+``EventOverlap`` carries the event). A low-latency call without ``async_finish`` (and every
+receive hook) launches directly on the current stream instead: the same order without the two
+event joins (host time per call; ``get_comm_stream()`` first makes the comm stream wait for such
+calls). Outputs DeepEP returns as fresh tensors are allocated with
 ``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``).
 The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
 at most two low-latency results are alive at once applies literally). When the group spans hosts
@@ -691,6 +694,10 @@ class Buffer:
         self._next_combine_last = None
 
     def get_comm_stream(self):
+        # Low-latency calls without async_finish run on the caller's stream (the same order as
+        # DeepEP's comm-stream launch between two joins, without the joins): the comm stream
+        # handed out first waits for them, so work ordered after it sees them as in DeepEP.
+        self._rt().comm_after_ll()
         return self._comm_torch_stream()
 
     @_checked
@@ -930,7 +937,9 @@ class Buffer:
     def _ensure_internode(self, hidden: int, topk: int, local_experts: int, num_sms: int) -> None:
         """Create (collectively) the internode buffer, or re-create it when this fresh dispatch
         needs a larger hidden / top-k / experts per rank or another SM count. Its token capacity is
-        the most that num_rdma_bytes holds."""
+        the most that the Buffer's memory holds: num_rdma_bytes + num_nvl_bytes (DeepEP keeps a
+        ring buffer of num_nvl_bytes for the NVLink hop; ours runs that hop inside the symmetric
+        buffer, so the memory granted for it goes there too)."""
         rt = self._rt()
         max_topk = _native.internode_limits()[1]
         if topk > max_topk:
@@ -943,12 +952,12 @@ class Buffer:
                 return
             hidden, topk, local_experts = max(hidden, h), max(topk, k), max(local_experts, le)
         rph = self._ranks_per_host
-        cap = _native.internode_max_tokens(self.group_size, rph, hidden, sms, topk, local_experts, self.num_rdma_bytes)
+        cap = _native.internode_max_tokens(self.group_size, rph, hidden, sms, topk, local_experts, self._internode_bytes())
         if cap == 0:
             need = _native.internode_buffer_bytes(self.group_size, rph, 1, hidden, sms, topk, local_experts)
-            raise ValueError(f"num_rdma_bytes={self.num_rdma_bytes} cannot hold one token of hidden {hidden} (top-k {topk}, "
-                             f"{local_experts} experts per rank) for {self.group_size} ranks in hosts of {rph} (needs >= {need}); "
-                             "size it with Config.get_rdma_buffer_size_hint")
+            raise ValueError(f"num_rdma_bytes + num_nvl_bytes = {self._internode_bytes()} cannot hold one token of hidden {hidden} "
+                             f"(top-k {topk}, {local_experts} experts per rank) for {self.group_size} ranks in hosts of {rph} "
+                             f"(needs >= {need}); size num_rdma_bytes with Config.get_rdma_buffer_size_hint")
         rt.internode_create((rph, cap, hidden, sms, topk, local_experts))
         self._generation += 1
 
@@ -956,9 +965,14 @@ class Buffer:
         rph, cap, h, sms, k, le = self._rt().internode_dims()
         if n > cap:
             need = _native.internode_buffer_bytes(self.group_size, rph, n, h, sms, k, le)
-            raise ValueError(f"dispatch of {n} tokens: num_rdma_bytes={self.num_rdma_bytes} holds {cap} tokens of hidden {h} per rank "
-                             f"on {self.group_size} ranks in hosts of {rph}; create the Buffer with num_rdma_bytes >= {need} "
-                             f"(or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing it with Config.get_rdma_buffer_size_hint)")
+            raise ValueError(f"dispatch of {n} tokens: num_rdma_bytes + num_nvl_bytes = {self._internode_bytes()} holds {cap} tokens "
+                             f"of hidden {h} per rank on {self.group_size} ranks in hosts of {rph}; create the Buffer with "
+                             f"num_rdma_bytes + num_nvl_bytes >= {need} (or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing "
+                             "num_rdma_bytes with Config.get_rdma_buffer_size_hint)")
+
+    def _internode_bytes(self) -> int:
+        # the internode symmetric buffer's budget: all the memory the caller granted the Buffer
+        return self.num_rdma_bytes + self.num_nvl_bytes
 
     def _internode_dispatch(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish,

@@ -13,11 +13,15 @@ One rank on GPU 0 (a gloo group of one). Steps:
 - ``python checks``: the argument checks of the dispatch (``_need`` x2, shapes, ``_ensure_ll``);
 - ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
 - ``current stream``: reading torch's current raw stream;
-- ``native dispatch, joins`` / ``native dispatch, no joins``: the one crossing into Rust with
-  and without the two stream joins (event record + stream wait each way);
+- ``native dispatch FP8, current stream``: the one crossing into Rust as the API makes it
+  (the kernel launched directly on the current stream);
+- ``native dispatch FP8, comm stream, no joins``: launched on the comm stream, no stream join;
+- ``native dispatch FP8, comm stream + 2 joins``: DeepEP's pattern, the comm stream waits for the
+  current one and the current one for the comm stream (event record + stream wait each way; the
+  second join is one more crossing);
 - ``output views``: the cached torch views of the outputs;
 - ``handle object``: the Python handle and its weak registration;
-- ``native combine, joins`` / ``native combine, no joins``: as for dispatch;
+- ``native combine, ...``: as for dispatch;
 - ``cupy launch`` / ``cupy cooperative launch``: an empty kernel of the same grid (the SM count)
   and block (512 threads) launched through cupy, plain and cooperative: the driver's floor.
 
@@ -25,8 +29,8 @@ With ``DEEPEP_HOST_TIMING=1`` (set by this script) our runtime also counts the h
 inside ``cuLaunchKernelEx``; the ``launch`` column is that time per call.
 
 Each figure is the median over ``--repeats`` loops of ``--calls`` calls (after a warm-up); the
-``no joins`` rows launch on the comm stream only (the outputs are then not ordered for the
-current stream: a measurement, not a usage). Not a benchmark against anything: it says which
+``no joins`` rows leave the outputs unordered for the current stream (a measurement, not a
+usage). Not a benchmark against anything: it says which
 part of our host path costs what, on this machine.
 """
 
@@ -105,13 +109,18 @@ def main(argv=None):
                 raise AssertionError
             buf._ensure_ll(n, hh, e)
 
-        def native_dispatch(joins):
+        def native_dispatch(mode):
+            # mode: "current" (as the API calls it), "comm" (no joins), "joins" (comm + both joins)
             def f():
-                return rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False,
-                                      cur if joins else None, cur if joins else None)
+                wf = cur if mode != "comm" else None
+                r = rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False,
+                                   wf, cur if mode == "current" else None)
+                if mode == "joins":
+                    rt.stream_wait_comm(cur)
+                return r
             return f
 
-        r = native_dispatch(True)()
+        r = native_dispatch("current")()
 
         def views():
             buf._ll_outputs(r[0], True, False)
@@ -120,10 +129,13 @@ def main(argv=None):
             hd = B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
             buf._ll_handles.add(hd)
 
-        def native_combine(joins):
+        def native_combine(mode):
             def f():
+                wf = cur if mode != "comm" else None
                 rt.ll_combine(y.data_ptr(), idx.data_ptr(), w.data_ptr(), handle.native, out.data_ptr(), False,
-                              cur if joins else None, cur if joins else None)
+                              wf, cur if mode == "current" else None)
+                if mode == "joins":
+                    rt.stream_wait_comm(cur)
             return f
 
         floor = []
@@ -147,19 +159,21 @@ def main(argv=None):
             ("python checks", checks),
             ("device error check", B.check_device_error),
             ("current stream", buf._cur),
-            ("native dispatch FP8, joins", native_dispatch(True)),
-            ("native dispatch FP8, no joins", native_dispatch(False)),
+            ("native dispatch FP8, current stream", native_dispatch("current")),
+            ("native dispatch FP8, comm, no joins", native_dispatch("comm")),
+            ("native dispatch FP8, comm + 2 joins", native_dispatch("joins")),
             ("output views", views),
             ("handle object", handle_obj),
-            ("native combine, joins", native_combine(True)),
-            ("native combine, no joins", native_combine(False)),
+            ("native combine, current stream", native_combine("current")),
+            ("native combine, comm, no joins", native_combine("comm")),
+            ("native combine, comm + 2 joins", native_combine("joins")),
         ] + floor
         results = []
-        print(f"{'step':32s} {'host/call':>10s}  [min-max]       launch/call", flush=True)
+        print(f"{'step':38s} {'host/call':>10s}  [min-max]       launch/call", flush=True)
         for name, fn in rows:
             med, lo, hi, launch = timed(torch, _native, fn, a.calls, a.repeats)
             results.append({"step": name, "median_us": med, "min_us": lo, "max_us": hi, "launch_us": launch})
-            print(f"{name:32s} {med:7.2f} us  [{lo:.2f}-{hi:.2f}]  {launch:6.2f} us", flush=True)
+            print(f"{name:38s} {med:7.2f} us  [{lo:.2f}-{hi:.2f}]  {launch:6.2f} us", flush=True)
         del r
         torch.cuda.synchronize()
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "module": deepep_kernels.__file__,

@@ -575,7 +575,8 @@ impl Nvshmem {
         let nv = Arc::new(Nvshmem { lib, my_pe, n_pes, bootstrap });
         if status < STATUS_IS_INITIALIZED {
             return Err(EpError::Nvshmem(format!(
-                "rank {rank}: nvshmemx_hostlib_init_attr returned 0 but nvshmemx_init_status() = {status}; rerun with NVSHMEM_DEBUG=INFO"
+                "rank {rank}: nvshmemx_hostlib_init_attr returned 0 but nvshmemx_init_status() = {status}. {}Rerun with NVSHMEM_DEBUG=INFO",
+                p2p_off_hint(std::env::var("NVSHMEM_DISABLE_P2P").ok().as_deref())
             )));
         }
         if my_pe != rank || n_pes != world {
@@ -711,13 +712,29 @@ impl Nvshmem {
 
 fn init_failed(rank: usize, rc: c_int, path: &Path, how: &str) -> EpError {
     EpError::Nvshmem(format!(
-        "rank {rank}: nvshmemx_hostlib_init_attr ({how} bootstrap) failed with {rc} using {}. Check in order: \
+        "rank {rank}: nvshmemx_hostlib_init_attr ({how} bootstrap) failed with {rc} using {}. {}Check in order: \
          the bootstrap plugin nvshmem_bootstrap_*.so.3 sits next to the host library; every rank runs with the \
          same NVSHMEM and its own GPU current; NVSHMEM_DISABLE_NVLS=1 in every process; for unique-id bootstrap \
          NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME names a reachable interface (lo on one host); then rerun with \
          NVSHMEM_DEBUG=INFO",
-        path.display()
+        path.display(),
+        p2p_off_hint(std::env::var("NVSHMEM_DISABLE_P2P").ok().as_deref())
     ))
+}
+
+/// With `NVSHMEM_DISABLE_P2P=1` (what DeepEP's `allow_nvlink_for_low_latency_mode=False` sets),
+/// NVSHMEM may reach peers only through a remote transport (IBGDA, IBRC, UCX: RDMA NICs); on a
+/// machine without one, init fails ("Unable to initialize any transports"). Names that cause and
+/// the fix first; empty otherwise.
+fn p2p_off_hint(disable_p2p: Option<&str>) -> &'static str {
+    if matches!(disable_p2p, Some("1") | Some("true") | Some("y") | Some("yes")) {
+        "NVSHMEM_DISABLE_P2P=1 is set (DeepEP's allow_nvlink_for_low_latency_mode=False, e.g. test_low_latency.py \
+         --disable-nvlink): NVSHMEM may then reach other GPUs only through an RDMA transport (IBGDA, IBRC, UCX), which needs \
+         InfiniBand/RoCE NICs; without one no transport initialises. Fix: allow NVLink (allow_nvlink_for_low_latency_mode=True, \
+         NVSHMEM_DISABLE_P2P unset) or run where RDMA NICs are. Otherwise: "
+    } else {
+        ""
+    }
 }
 
 impl Drop for Nvshmem {
@@ -805,6 +822,20 @@ mod tests {
         assert_eq!(a.args.uid_args.version, (1 << 16) + 24);
         assert_eq!((a.args.uid_args.myrank, a.args.uid_args.nranks), (-1, -1));
         assert_eq!(UniqueId::new().version, (1 << 16) + 128);
+    }
+
+    #[test]
+    fn init_errors_name_disabled_p2p_as_the_cause() {
+        for on in ["1", "true"] {
+            let h = p2p_off_hint(Some(on));
+            assert!(h.contains("NVSHMEM_DISABLE_P2P=1") && h.contains("allow_nvlink_for_low_latency_mode=True") && h.contains("NICs"), "{h}");
+        }
+        for off in [None, Some("0"), Some("")] {
+            assert_eq!(p2p_off_hint(off), "");
+        }
+        // the hint leads the bootstrap checklist only when P2P is off
+        let e = init_failed(3, 7, Path::new("/x/libnvshmem_host.so.3"), "unique-id").to_string();
+        assert!(e.contains("rank 3") && e.contains("failed with 7") && e.contains("NVSHMEM_DEBUG=INFO"), "{e}");
     }
 
     #[test]
