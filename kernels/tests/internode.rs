@@ -221,6 +221,14 @@ fn symmetric_layout_is_aligned_and_disjoint() {
             h.total,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]), "{h:?}");
+        // recv_offsets() hands out exactly [world][C+1] entries, not the padding up to rdma_off
+        // (DeepEP's recv_gbl_rank_prefix_sum, handle[-4], is read from them per source rank).
+        assert_eq!(h.recv_off_end - h.recv_off, 4 * sym.world * (sym.num_channels + 1), "{h:?}");
+        assert!(h.recv_off_end <= h.rdma_off);
+        if (world, sms) == (16, 20) {
+            // 16 ranks x 11 entries x 4 B = 704 B: padded to 768 before rdma_off (the old end)
+            assert!(h.recv_off_end < h.rdma_off, "{h:?}");
+        }
         assert!(h.send_lmask - h.send_slot >= 4 * tokens * sym.num_hosts);
         assert!(h.total - h.fwd_mask >= sym.num_hosts * tokens);
     }

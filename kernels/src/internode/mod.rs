@@ -81,10 +81,11 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Download `recv_off` (`[R][C+1]` output row offsets per source rank and channel).
+    /// Download `recv_off` (`[R][C+1]` output row offsets per source rank and channel; exactly
+    /// `R·(C+1)` values, without the alignment padding that follows them in the handle's storage).
     pub fn recv_offsets(&self) -> Result<Vec<i32>> {
         let all: Vec<u8> = self.storage.to_host()?;
-        Ok(all[self.layout.recv_off..self.layout.rdma_off]
+        Ok(all[self.layout.recv_off..self.layout.recv_off_end]
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
             .collect())

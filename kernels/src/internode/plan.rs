@@ -355,6 +355,9 @@ pub struct HandleLayout {
     pub send_lmask: usize,
     pub send_off: usize,
     pub recv_off: usize,
+    /// End of `recv_off`'s `[world][C+1]` i32 entries (the next array starts 128-byte aligned
+    /// after it, so `rdma_off` is not the end).
+    pub recv_off_end: usize,
     pub rdma_off: usize,
     pub fwd_base: usize,
     pub fwd_mask: usize,
@@ -379,6 +382,7 @@ impl HandleLayout {
         let send_lmask = take(num_tokens * nh);
         let send_off = take(4 * nh * (c + 1));
         let recv_off = take(4 * w * (c + 1));
+        let recv_off_end = recv_off + 4 * w * (c + 1);
         let rdma_off = take(4 * w * (c + 1));
         let fwd_base = take(4 * nh * c * p);
         let fwd_mask = take(nh * sym.max_tokens);
@@ -388,6 +392,7 @@ impl HandleLayout {
             send_lmask,
             send_off,
             recv_off,
+            recv_off_end,
             rdma_off,
             fwd_base,
             fwd_mask,

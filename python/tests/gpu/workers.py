@@ -640,6 +640,16 @@ def internode(rank, world, group, ranks_per_host=None):
     assert counts == ecounts, (counts, ecounts)
     assert isinstance(counts, list) and ev.event is None
     assert handle.num_recv_tokens == ex.shape[0]
+    # handle[-4]: DeepEP's recv_gbl_rank_prefix_sum, rows grouped by source rank (what
+    # test_internode.py's check_data reads; its padding bug showed at 16 ranks in hosts of 8)
+    per_source = torch.tensor([sum(1 for s_, _ in src if s_ == i) for i in range(world)], dtype=torch.int32)
+    check_equal("handle[-4] recv_gbl_rank_prefix_sum", handle[-4], per_source.cumsum(0).to(torch.int32))
+    # dispatch without top-k: the same rows (every rank a token goes to, in source order)
+    nx, ni, nw, ncounts, nh, _ = buf.dispatch(xd, **layout)
+    ecounts1 = expected_recv(all_x, all_idx, all_w, rank, world, num_experts)[4]
+    assert ni is None and nw is None and ncounts == ecounts1, (ncounts, ecounts1)
+    check_equal("recv_x without top-k", nx, ex)
+    check_equal("handle[-4] without top-k", nh[-4], per_source.cumsum(0).to(torch.int32))
 
     # cached dispatch of other data along the same routes
     x2 = (x.float() * 2 + 1).to(torch.bfloat16)
