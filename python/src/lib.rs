@@ -427,6 +427,10 @@ fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
     Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
 }
 
+/// `(recv_x shape, scales, recv_count address)` of a low-latency dispatch's outputs, scales being
+/// None (BF16) or `(address, dtype name, physical shape)` (`Runtime::ll_output_views`).
+type LlOutputViews = (Vec<usize>, Option<(u64, String, Vec<usize>)>, u64);
+
 /// The internode configuration the Python layer asks for: `(ranks_per_host, max_tokens, hidden,
 /// num_sms, max_topk, max_local_experts)`.
 type InterDims = (usize, usize, usize, usize, usize, usize);
@@ -900,22 +904,21 @@ impl Runtime {
     /// `(recv_x shape, scales, recv_count address)`, scales being None (BF16) or `(address, "float32"
     /// or "int32", physical shape)` (`[L, H/128, R*num_max]` f32, `[L, H/512, R*num_max]` i32 UE8M0).
     /// The memory belongs to the low-latency buffer (valid until it is destroyed or re-created).
-    fn ll_output_views(&mut self, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<(Vec<usize>, Option<(u64, String, Vec<usize>)>, u64)> {
+    fn ll_output_views(&mut self, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<LlOutputViews> {
         let ll = self.ll()?;
         let (base, _) = ll.local_buffer();
         let lay = ll.layout();
-        let d = lay
-            .dispatch
-            .iter()
-            .find(|d| base + d.x as u64 == recv_x)
+        let half = recv_x
+            .checked_sub(base)
+            .and_then(|off| lay.dispatch_half_at(off))
             .ok_or_else(|| PyValueError::new_err(format!("{recv_x:#x} is not the packed_recv_x of a low-latency dispatch on this Buffer")))?;
-        let (l, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
-        let scales = match (use_fp8, use_ue8m0) {
-            (false, _) => None,
-            (true, false) => Some((base + d.scales as u64, "float32".to_string(), vec![l, s, rnm])),
-            (true, true) => Some((base + d.scales as u64, "int32".to_string(), vec![l, s / 4, rnm])),
-        };
-        Ok((vec![l, rnm, h], scales, base + d.recv_count as u64))
+        let d = &lay.dispatch[half];
+        let scales = use_fp8.then(|| {
+            let (dtype, shape) = lay.recv_scales_layout(use_ue8m0);
+            let name = if dtype == DType::I32 { "int32" } else { "float32" };
+            (base + d.scales as u64, name.to_string(), shape.to_vec())
+        });
+        Ok((lay.recv_x_shape().to_vec(), scales, base + d.recv_count as u64))
     }
 
     /// Low-latency combine of bf16 `y` (`[L, R·num_max, hidden]`) into the caller's bf16 `out`

@@ -438,6 +438,24 @@ impl LlLayout {
     pub fn num_local_experts(&self) -> usize {
         self.num_experts / self.num_ranks
     }
+    /// Shape of a dispatch's `packed_recv_x`: `[L, R·num_max, H]`.
+    pub fn recv_x_shape(&self) -> [usize; 3] {
+        [self.num_local_experts(), self.num_ranks * self.num_max, self.hidden]
+    }
+    /// Dtype and physical shape of an FP8 dispatch's scales: f32 `[L, H/128, R·num_max]`, or with
+    /// UE8M0 i32 `[L, H/512, R·num_max]` (four exponent bytes per word).
+    pub fn recv_scales_layout(&self, use_ue8m0: bool) -> (DType, [usize; 3]) {
+        let (l, rnm, s) = (self.num_local_experts(), self.num_ranks * self.num_max, self.hidden / 128);
+        if use_ue8m0 {
+            (DType::I32, [l, s / 4, rnm])
+        } else {
+            (DType::F32, [l, s, rnm])
+        }
+    }
+    /// The dispatch half whose `packed_recv_x` starts at byte offset `off_x` of the buffer.
+    pub fn dispatch_half_at(&self, off_x: u64) -> Option<usize> {
+        self.dispatch.iter().position(|d| d.x as u64 == off_x)
+    }
     /// Experts handled by one block in dispatch (`e % grid == block`).
     pub fn experts_per_block(&self) -> usize {
         self.num_experts.div_ceil(self.grid)
@@ -994,9 +1012,9 @@ impl LowLatencyBuffer<'_> {
             ));
         }
         // Every check passed: the next dispatch goes into this half.
-        self.keep_live_handle((self.dispatch_calls % 2) as usize)?;
-        let lay = &self.layout;
         let half = (self.dispatch_calls % 2) as usize;
+        self.keep_live_handle(half)?;
+        let lay = &self.layout;
         self.dispatch_calls += 1;
         let generation = self.generations[half].fetch_add(1, Ordering::AcqRel) + 1;
         let d = lay.dispatch[half];
@@ -1077,17 +1095,13 @@ impl LowLatencyBuffer<'_> {
             }
         };
         self.dispatch_hooked = [self.dispatch_hooked[1], opts.return_hook];
-        let (l, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
-        let packed_recv_x = if opts.use_fp8 {
-            self.view(d.x, DType::Fp8E4m3, &[l, rnm, h], half, generation)
-        } else {
-            self.view(d.x, DType::Bf16, &[l, rnm, h], half, generation)
-        };
-        let packed_recv_x_scales = match (opts.use_fp8, opts.use_ue8m0) {
-            (false, _) => None,
-            (true, false) => Some(self.view(d.scales, DType::F32, &[l, s, rnm], half, generation)),
-            (true, true) => Some(self.view(d.scales, DType::I32, &[l, s / 4, rnm], half, generation)),
-        };
+        let (l, rnm, h) = (lay.num_local_experts(), lay.num_ranks * lay.num_max, lay.hidden);
+        let x_dtype = if opts.use_fp8 { DType::Fp8E4m3 } else { DType::Bf16 };
+        let packed_recv_x = self.view(d.x, x_dtype, &lay.recv_x_shape(), half, generation);
+        let packed_recv_x_scales = opts.use_fp8.then(|| {
+            let (dtype, shape) = lay.recv_scales_layout(opts.use_ue8m0);
+            self.view(d.scales, dtype, &shape, half, generation)
+        });
         let copy = Arc::new(CopyCell::new());
         let handle = LlHandle {
             half,
@@ -1241,7 +1255,7 @@ impl LowLatencyBuffer<'_> {
             LlHook::Dispatch2(a) => Some(a.off_x),
             _ => None,
         };
-        if let Some(half) = off_x.and_then(|x| self.layout.dispatch.iter().position(|d| d.x as u64 == x)) {
+        if let Some(half) = off_x.and_then(|x| self.layout.dispatch_half_at(x)) {
             self.recv_pending[half] = false;
         }
         match hook {
@@ -1383,6 +1397,19 @@ mod tests {
         // A hook's receive half uses every warp; its send half needs none.
         assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_RECV, ..both }), 16 * LL_ORIGIN_BATCH * 1024);
         assert_eq!(combine2_smem(&LlCombine2Args { phases: PHASE_SEND, ..both }), 0);
+    }
+
+    #[test]
+    fn output_shapes_and_halves_at_deepeps_shape() {
+        // 2 ranks, 288 experts (144 local), 128 tokens, hidden 7168 (56 scale groups)
+        let lay = LlLayout::new(2, 288, 128, 7168, 132).unwrap();
+        assert_eq!(lay.recv_x_shape(), [144, 256, 7168]);
+        assert_eq!(lay.recv_scales_layout(false), (DType::F32, [144, 56, 256]));
+        assert_eq!(lay.recv_scales_layout(true), (DType::I32, [144, 14, 256]));
+        for (half, d) in lay.dispatch.iter().enumerate() {
+            assert_eq!(lay.dispatch_half_at(d.x as u64), Some(half));
+            assert_eq!(lay.dispatch_half_at(d.scales as u64), None);
+        }
     }
 
     #[test]

@@ -587,8 +587,11 @@ pub struct Kernel {
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` results by (block threads, dynamic smem):
     /// a cooperative launch checks the grid against it every call, and the driver query costs
     /// microseconds of host time per launch while the answer never changes for a kernel.
-    occupancy: Arc<std::sync::Mutex<Vec<((u32, u32), u32)>>>,
+    occupancy: Arc<std::sync::Mutex<Vec<OccupancyEntry>>>,
 }
+
+/// ((block threads, dynamic smem bytes), blocks per SM) of one occupancy query.
+type OccupancyEntry = ((u32, u32), u32);
 
 // SAFETY: CUfunction handles are usable from any thread with the context bound.
 unsafe impl Send for Kernel {}
