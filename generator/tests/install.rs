@@ -1286,20 +1286,92 @@ fn send(name: &str, pid: u32) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// An NVSHMEM archive holding `mib` MiB of zeros (a small `.tar.xz` that takes a while to
+/// unpack): the repository pinning it, the folder holding it, and its path.
+fn slow_archive(mib: usize) -> (tempfile::TempDir, tempfile::TempDir, std::path::PathBuf) {
+    let big = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
+        E::File(&format!("{TOP}/lib/zeros"), &vec![0u8; mib << 20], 0o644),
+    ]);
+    let repo = repo_pinning(&big, &good_wheel());
+    let files = tempfile::tempdir().unwrap();
+    let archive = write(files.path(), &format!("{TOP}.tar.xz"), &big);
+    (repo, files, archive)
+}
+
+/// `deepep-nix install --file archive --prefix prefix --max-unpacked-size 1G` in `repo`, started
+/// through `launcher` (e.g. `nohup`) when given; stdout discarded, stderr piped.
+fn spawn_install(
+    launcher: Option<&str>,
+    repo: &Path,
+    archive: &Path,
+    prefix: &Path,
+) -> std::process::Child {
+    let bin = env!("CARGO_BIN_EXE_deepep-nix");
+    let mut cmd = match launcher {
+        Some(l) => {
+            let mut c = std::process::Command::new(l);
+            c.arg(bin);
+            c
+        }
+        None => std::process::Command::new(bin),
+    };
+    cmd.args(["install", "--file", archive.to_str().unwrap()])
+        .args([
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--max-unpacked-size",
+            "1G",
+        ])
+        .args(x86_unless_host())
+        .current_dir(repo)
+        .env_remove("DEEPEP_NIX_REPO")
+        .env("DEEPEP_NIX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (at most 60 s) until one of `dirs` holds an install staging directory: None then, or
+/// the child's exit status if it ended first.
+fn wait_for_staging(
+    child: &mut std::process::Child,
+    dirs: &[&Path],
+) -> Option<std::process::ExitStatus> {
+    let start = std::time::Instant::now();
+    loop {
+        let staged = dirs.iter().any(|d| {
+            std::fs::read_dir(d).ok().is_some_and(|rd| {
+                rd.filter_map(|e| e.ok()).any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".deepep-nix-install-")
+                })
+            })
+        });
+        if staged {
+            return None;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "no staging directory after 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Ctrl-C (SIGINT), SIGTERM and SIGHUP during the unpacking: the process dies of the signal
 /// (as a shell expects) after removing its staging directory, inside an existing prefix
 /// and beside a new one, and the parent directories it created for the new one.
 #[test]
 fn a_signal_during_install_removes_staging_and_created_parents() {
     // 128 MiB of zeros: a 20 KiB archive that takes about a second to unpack.
-    let big = tar_xz(&[
-        E::Dir(&format!("{TOP}/")),
-        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
-        E::File(&format!("{TOP}/lib/zeros"), &vec![0u8; 128 << 20], 0o644),
-    ]);
-    let repo = repo_pinning(&big, &good_wheel());
-    let files = tempfile::tempdir().unwrap();
-    let archive = write(files.path(), &format!("{TOP}.tar.xz"), &big);
+    let (repo, files, archive) = slow_archive(128);
     for (sig, name) in [(2, "INT"), (15, "TERM"), (1, "HUP")] {
         let work = files.path().join(format!("work-{name}"));
         let existing = work.join("existing");
@@ -1307,54 +1379,16 @@ fn a_signal_during_install_removes_staging_and_created_parents() {
         let new = work.join("new1/new2/pfx");
         for prefix in [&existing, &new] {
             let before = common::snapshot(&work);
-            let mut args = vec![
-                "install",
-                "--file",
-                archive.to_str().unwrap(),
-                "--prefix",
-                prefix.to_str().unwrap(),
-                "--max-unpacked-size",
-                "1G",
-            ];
-            args.extend(x86_unless_host());
-            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
-                .args(&args)
-                .current_dir(repo.path())
-                .env_remove("DEEPEP_NIX_REPO")
-                .env("DEEPEP_NIX_LOG", "warn")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            let start = std::time::Instant::now();
-            loop {
-                // Inside the prefix or beside it (where the old code staged).
-                let staged = [prefix.as_path(), prefix.parent().unwrap()]
-                    .iter()
-                    .any(|d| {
-                        std::fs::read_dir(d).ok().is_some_and(|rd| {
-                            rd.filter_map(|e| e.ok()).any(|e| {
-                                e.file_name()
-                                    .to_string_lossy()
-                                    .starts_with(".deepep-nix-install-")
-                            })
-                        })
-                    });
-                if staged {
-                    break;
-                }
-                if let Some(status) = child.try_wait().unwrap() {
-                    let out = child.wait_with_output().unwrap();
-                    panic!(
-                        "install ended ({status}) before its staging directory was seen: {}",
-                        common::stderr(&out)
-                    );
-                }
-                assert!(
-                    start.elapsed().as_secs() < 60,
-                    "no staging directory after 60 s"
+            let mut child = spawn_install(None, repo.path(), &archive, prefix);
+            // Inside the prefix or beside it (where the old code staged).
+            if let Some(status) =
+                wait_for_staging(&mut child, &[prefix.as_path(), prefix.parent().unwrap()])
+            {
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "install ended ({status}) before its staging directory was seen: {}",
+                    common::stderr(&out)
                 );
-                std::thread::sleep(std::time::Duration::from_millis(1));
             }
             assert!(send(name, child.id()));
             let out = child.wait_with_output().unwrap();
@@ -1381,48 +1415,11 @@ fn a_signal_during_install_removes_staging_and_created_parents() {
 /// goes on to the end.
 #[test]
 fn nohup_keeps_sighup_ignored() {
-    let big = tar_xz(&[
-        E::Dir(&format!("{TOP}/")),
-        E::File(&format!("{TOP}/lib/libnvshmem_host.so.3"), b"ELF", 0o644),
-        E::File(&format!("{TOP}/lib/zeros"), &vec![0u8; 64 << 20], 0o644),
-    ]);
-    let repo = repo_pinning(&big, &good_wheel());
-    let files = tempfile::tempdir().unwrap();
-    let archive = write(files.path(), &format!("{TOP}.tar.xz"), &big);
+    let (repo, files, archive) = slow_archive(64);
     let prefix = files.path().join("p");
-    let mut child = std::process::Command::new("nohup")
-        .arg(env!("CARGO_BIN_EXE_deepep-nix"))
-        .args(["install", "--file", archive.to_str().unwrap()])
-        .args([
-            "--prefix",
-            prefix.to_str().unwrap(),
-            "--max-unpacked-size",
-            "1G",
-        ])
-        .args(x86_unless_host())
-        .current_dir(repo.path())
-        .env_remove("DEEPEP_NIX_REPO")
-        .env("DEEPEP_NIX_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while !std::fs::read_dir(files.path()).unwrap().any(|e| {
-        e.unwrap()
-            .file_name()
-            .to_string_lossy()
-            .starts_with(".deepep-nix-install-")
-    }) {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            start.elapsed().as_secs() < 60,
-            "no staging directory after 60 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    let mut child = spawn_install(Some("nohup"), repo.path(), &archive, &prefix);
+    // Ending first is fine here: the install must succeed either way.
+    let _ = wait_for_staging(&mut child, &[files.path()]);
     send("HUP", child.id());
     let out = child.wait_with_output().unwrap();
     assert!(
