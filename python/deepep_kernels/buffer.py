@@ -8,7 +8,10 @@ use. Differences are listed in docs/python.md; anything not supported raises
 Streams: kernels run on the Buffer's comm stream (``get_comm_stream()``). Before each call the
 comm stream waits for ``previous_event`` or, without one, for the current stream; after it, the
 current stream waits for the comm stream unless ``async_finish`` (then the returned
-``EventOverlap`` carries the event). Outputs DeepEP returns as fresh tensors are allocated with
+``EventOverlap`` carries the event). A low-latency call without ``async_finish`` (and every
+receive hook) launches directly on the current stream instead: the same order without the two
+event joins (host time per call; ``get_comm_stream()`` first makes the comm stream wait for such
+calls). Outputs DeepEP returns as fresh tensors are allocated with
 ``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``).
 The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
 at most two low-latency results are alive at once applies literally). When the group spans hosts
@@ -693,6 +696,10 @@ class Buffer:
         self._next_combine_last = None
 
     def get_comm_stream(self):
+        # Low-latency calls without async_finish run on the caller's stream (the same order as
+        # DeepEP's comm-stream launch between two joins, without the joins): the comm stream
+        # handed out first waits for them, so work ordered after it sees them as in DeepEP.
+        self._rt().comm_after_ll()
         return self._comm_torch_stream()
 
     @_checked

@@ -13,12 +13,12 @@ One rank on GPU 0 (a gloo group of one). Steps:
 - ``python checks``: the argument checks of the dispatch (``_need`` x2, shapes, ``_ensure_ll``);
 - ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
 - ``current stream``: reading torch's current raw stream;
-- ``native dispatch FP8, 2 joins``: the one crossing into Rust as the API makes it: the comm
-  stream waits for the current one, the kernel launches on the comm stream, the current stream
-  waits for it (event record + stream wait each way), DeepEP's pattern;
-- ``native dispatch FP8, no joins``: the same launch without the two joins, i.e. what launching
-  on the current stream directly would cost (the outputs are then not ordered for the current
-  stream here: a measurement, not a usage);
+- ``native dispatch FP8, current stream``: the one crossing into Rust as the API makes it
+  (the kernel launched directly on the current stream);
+- ``native dispatch FP8, comm stream, no joins``: launched on the comm stream, no stream join;
+- ``native dispatch FP8, comm stream + 2 joins``: DeepEP's pattern, the comm stream waits for the
+  current one and the current one for the comm stream (event record + stream wait each way; the
+  second join is one more crossing);
 - ``output views``: the cached torch views of the outputs;
 - ``handle object``: the Python handle and its weak registration;
 - ``native combine, ...``: as for dispatch;
@@ -28,7 +28,9 @@ One rank on GPU 0 (a gloo group of one). Steps:
 With ``DEEPEP_HOST_TIMING=1`` (set by this script) our runtime also counts the host time spent
 inside ``cuLaunchKernelEx``; the ``launch`` column is that time per call.
 
-Each figure is the median over ``--repeats`` loops of ``--calls`` calls (after a warm-up). Not a benchmark against anything: it says which
+Each figure is the median over ``--repeats`` loops of ``--calls`` calls (after a warm-up); the
+``no joins`` rows leave the outputs unordered for the current stream (a measurement, not a
+usage). Not a benchmark against anything: it says which
 part of our host path costs what, on this machine.
 """
 
@@ -107,13 +109,18 @@ def main(argv=None):
                 raise AssertionError
             buf._ensure_ll(n, hh, e)
 
-        def native_dispatch(joins):
+        def native_dispatch(mode):
+            # mode: "current" (as the API calls it), "comm" (no joins), "joins" (comm + both joins)
             def f():
-                s = cur if joins else None
-                return rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False, s, s)
+                wf = cur if mode != "comm" else None
+                r = rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False,
+                                   wf, cur if mode == "current" else None)
+                if mode == "joins":
+                    rt.stream_wait_comm(cur)
+                return r
             return f
 
-        r = native_dispatch(True)()
+        r = native_dispatch("current")()
 
         def views():
             buf._ll_outputs(r[0], True, False)
@@ -122,10 +129,13 @@ def main(argv=None):
             hd = B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
             buf._ll_handles.add(hd)
 
-        def native_combine(joins):
+        def native_combine(mode):
             def f():
-                s = cur if joins else None
-                rt.ll_combine(y.data_ptr(), idx.data_ptr(), w.data_ptr(), handle.native, out.data_ptr(), False, s, s)
+                wf = cur if mode != "comm" else None
+                rt.ll_combine(y.data_ptr(), idx.data_ptr(), w.data_ptr(), handle.native, out.data_ptr(), False,
+                              wf, cur if mode == "current" else None)
+                if mode == "joins":
+                    rt.stream_wait_comm(cur)
             return f
 
         floor = []
@@ -149,12 +159,14 @@ def main(argv=None):
             ("python checks", checks),
             ("device error check", B.check_device_error),
             ("current stream", buf._cur),
-            ("native dispatch FP8, 2 joins", native_dispatch(True)),
-            ("native dispatch FP8, no joins", native_dispatch(False)),
+            ("native dispatch FP8, current stream", native_dispatch("current")),
+            ("native dispatch FP8, comm, no joins", native_dispatch("comm")),
+            ("native dispatch FP8, comm + 2 joins", native_dispatch("joins")),
             ("output views", views),
             ("handle object", handle_obj),
-            ("native combine, 2 joins", native_combine(True)),
-            ("native combine, no joins", native_combine(False)),
+            ("native combine, current stream", native_combine("current")),
+            ("native combine, comm, no joins", native_combine("comm")),
+            ("native combine, comm + 2 joins", native_combine("joins")),
         ] + floor
         results = []
         print(f"{'step':38s} {'host/call':>10s}  [min-max]       launch/call", flush=True)

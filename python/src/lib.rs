@@ -525,6 +525,18 @@ impl Runtime {
         e.record_raw(comm)?;
         e.wait_raw(as_stream(stream))
     }
+    /// Where the next low-latency call launches: on `wait_for` itself when the caller joins both
+    /// ways with that one stream (returns true: no event joins needed), else on the comm stream
+    /// after it waited for `wait_for` (returns false: the caller joins `join_back` afterwards).
+    fn ll_stream(&mut self, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<bool> {
+        let direct = wait_for.is_some() && wait_for == join_back;
+        if !direct {
+            self.join_from(wait_for)?;
+        }
+        let ll = self.ll()?;
+        ll.set_stream(if direct { wait_for.map(as_stream) } else { None });
+        Ok(direct)
+    }
     fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
         if id != self.id {
             return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
@@ -875,24 +887,29 @@ impl Runtime {
         self.ll_dims
     }
 
-    /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`), on the comm
-    /// stream. No host wait. In the same call (one crossing from Python): the comm stream first
-    /// waits for `wait_for` and afterwards `join_back` waits for the comm stream (raw streams; None
-    /// = no join), the joins DeepEP makes around the launch. Returns `(recv_x address, handle,
+    /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`). No host
+    /// wait. In the same call (one crossing from Python), the joins DeepEP makes around its launch
+    /// on the comm stream: the kernel runs after the work queued on `wait_for` and `join_back`
+    /// waits for it (raw streams; None = no join). When both are the same stream the kernel is
+    /// simply launched on that stream (the same order, no event joins); otherwise on the comm
+    /// stream between the two joins. Low-latency calls stay ordered among themselves whichever
+    /// stream each ran on (`LowLatencyBuffer::set_stream`). Returns `(recv_x address, handle,
     /// hook)`: the outputs live at fixed places of the dispatch's buffer half, which
     /// `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, n, hidden, topk, k, use_fp8, round_scale, use_ue8m0, return_hook, wait_for = None, join_back = None))]
     fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>)> {
         self.bind()?;
-        self.join_from(wait_for)?;
+        let direct = self.ll_stream(wait_for, join_back)?;
         let gpu = self.gpu_static();
         let id = self.id;
         let xt = tensor_of(gpu, x, DType::Bf16, &[n, hidden]);
         let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
         let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
         let out = self.ll()?.dispatch(&xt, &it, opts).map_err(py_err)?;
-        self.join_to(join_back)?;
+        if !direct {
+            self.join_to(join_back)?;
+        }
         Ok((
             out.packed_recv_x.ptr(),
             NativeLlHandle { inner: out.handle, runtime_id: id },
@@ -928,8 +945,8 @@ impl Runtime {
     #[pyo3(signature = (y, topk, weights, handle, out, return_hook, wait_for = None, join_back = None))]
     fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<Option<NativeHook>> {
         self.bind()?;
-        self.join_from(wait_for)?;
         self.check_owner(handle.runtime_id, "low-latency handle")?;
+        let direct = self.ll_stream(wait_for, join_back)?;
         let gpu = self.gpu_static();
         let id = self.id;
         let (n, k, h) = (handle.inner.num_tokens, handle.inner.num_topk, handle.inner.hidden);
@@ -939,7 +956,9 @@ impl Runtime {
         let wt = tensor_of(gpu, weights, DType::F32, &[n, k]);
         let ot = tensor_of(gpu, out, DType::Bf16, &[n, h]);
         let r = self.ll()?.combine_into(&yt, &it, &wt, &handle.inner, &ot, return_hook).map_err(py_err)?;
-        self.join_to(join_back)?;
+        if !direct {
+            self.join_to(join_back)?;
+        }
         Ok(r.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }))
     }
 
@@ -950,9 +969,24 @@ impl Runtime {
         self.bind()?;
         self.check_owner(hook.runtime_id, "hook")?;
         let h = hook.hook.take().ok_or_else(|| PyRuntimeError::new_err("this receive hook was already called; each hook runs once"))?;
-        self.join_from(wait_for)?;
+        let direct = self.ll_stream(wait_for, join_back)?;
         self.ll()?.recv(h).map_err(py_err)?;
-        self.join_to(join_back)
+        if direct {
+            Ok(())
+        } else {
+            self.join_to(join_back)
+        }
+    }
+
+    /// The comm stream waits for every low-latency call so far (which may have run on the
+    /// callers' streams: see `ll_dispatch`), e.g. before the caller records or waits on it.
+    fn comm_after_ll(&mut self) -> PyResult<()> {
+        self.bind()?;
+        let comm = self.gpu.cu_stream();
+        match self.ll.as_ref() {
+            Some(ll) => ll.order_after_calls(comm).map_err(py_err),
+            None => Ok(()),
+        }
     }
 
     /// (device address, bytes) of the local NVLink buffer (`rdma=False`) or symmetric buffer.
@@ -965,8 +999,8 @@ impl Runtime {
     }
 
     /// Wait for the comm stream (GIL released).
-    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        self.bind()?;
+    fn synchronize(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.comm_after_ll()?;
         let gpu = self.gpu_static();
         without_gil(py, || gpu.sync("deepep_kernels Runtime.synchronize")).map_err(py_err)
     }

@@ -26,6 +26,7 @@ use crate::nvshmem::{NvshmemRuntime, SymmetricBuffer};
 use crate::error::{EpError, Result};
 use crate::runtime::memory::Pod;
 use crate::runtime::{Args, Comm, DeviceBuffer, Gpu, Kernel, LaunchCfg};
+use cudarc::driver::sys;
 use crate::tensor::{DType, Generation, Tensor};
 use crate::trace::{PhaseTrace, TracePhase};
 use crate::validate;
@@ -667,6 +668,10 @@ pub struct LowLatencyBuffer<'g> {
     /// Whether the latest dispatch into each half deferred its receive half and the hook has not
     /// run yet (its routing is then incomplete and cannot be copied).
     recv_pending: [bool; 2],
+    /// Raw stream the calls launch on ([`LowLatencyBuffer::set_stream`]; 0: the Gpu's stream), and
+    /// the stream of the last launch (calls stay ordered across streams through it).
+    stream: u64,
+    last: u64,
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
     /// Set when a kernel of this rank recorded a GPU-side error: the outputs of that call are
@@ -820,6 +825,8 @@ impl LowLatencyBuffer<'_> {
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
             live: [std::sync::Weak::new(), std::sync::Weak::new()],
             recv_pending: [false; 2],
+            stream: 0,
+            last: gpu.cu_stream() as u64,
             trace: None,
             poisoned: std::sync::Mutex::new(None),
         })
@@ -885,11 +892,11 @@ impl LowLatencyBuffer<'_> {
     }
 
     /// Preset the trace slots before a traced kernel (start and first-wait: minimum, others: maximum).
-    fn reset_trace(&self) -> Result<()> {
+    fn reset_trace(&self, s: sys::CUstream) -> Result<()> {
         if let Some(t) = &self.trace {
-            self.gpu.memset_u8(t.ptr(), 0xff, 8)?;
-            self.gpu.memset_u8(t.ptr() + 8, 0, (LL_TRACE_SLOTS - 1) * 8)?;
-            self.gpu.memset_u8(t.ptr() + 3 * 8, 0xff, 8)?;
+            self.gpu.memset_u8_in(t.ptr(), 0xff, 8, s)?;
+            self.gpu.memset_u8_in(t.ptr() + 8, 0, (LL_TRACE_SLOTS - 1) * 8, s)?;
+            self.gpu.memset_u8_in(t.ptr() + 3 * 8, 0xff, 8, s)?;
         }
         Ok(())
     }
@@ -899,6 +906,7 @@ impl LowLatencyBuffer<'_> {
     /// is off.
     pub fn last_trace(&self) -> Result<Option<PhaseTrace>> {
         let Some(t) = &self.trace else { return Ok(None) };
+        self.order_after_calls(self.gpu.cu_stream())?;
         self.gpu.sync("reading the low-latency trace")?;
         let v = t.download::<u64>(self.gpu, LL_TRACE_SLOTS)?;
         Ok(Some(PhaseTrace::decode(&v, &LL_TRACE_PHASES)))
@@ -968,18 +976,23 @@ impl LowLatencyBuffer<'_> {
     /// alive, give it its own copy of the routing (stream-ordered, before the launch). Not inside a
     /// CUDA graph capture (the copy would be replayed over it on every replay), and not while that
     /// dispatch's receive hook is pending (its routing is incomplete); combine then refuses it.
-    fn keep_live_handle(&mut self, half: usize) -> Result<()> {
+    fn keep_live_handle(&mut self, half: usize, s: sys::CUstream) -> Result<()> {
         let Some(cell) = std::mem::take(&mut self.live[half]).upgrade() else { return Ok(()) };
-        if self.recv_pending[half] || cell.get().is_some() || self.gpu.stream_capturing()? {
+        if self.recv_pending[half] || cell.get().is_some() || self.gpu.capturing(s)? {
             return Ok(());
         }
         let d = &self.layout.dispatch[half];
         let spans = [(d.src_info, d.send_slot + self.layout.num_max * LL_MAX_TOPK * 4), (d.tok_slot, d.ntok + self.layout.num_ranks * 4)];
         let len0 = (spans[0].1 - spans[0].0).next_multiple_of(ALIGN);
         let total = len0 + (spans[1].1 - spans[1].0);
+        // The copy lives on the Gpu's stream (its stream-ordered free too): that stream waits for
+        // the calls so far, copies, and the launch stream waits for the copy.
+        let own = self.gpu.cu_stream();
+        self.gpu.stream_wait(own, s)?;
         let mem = Tensor::empty(self.gpu.stream(), DType::U8, &[total])?;
         self.gpu.copy_dtod(mem.ptr(), self.base() + spans[0].0 as u64, spans[0].1 - spans[0].0)?;
         self.gpu.copy_dtod(mem.ptr() + len0 as u64, self.base() + spans[1].0 as u64, spans[1].1 - spans[1].0)?;
+        self.gpu.stream_wait(s, own)?;
         let regions = HandleRegions {
             base: mem.ptr(),
             src_info: 0,
@@ -992,6 +1005,35 @@ impl LowLatencyBuffer<'_> {
         };
         let _ = cell.set(Arc::new(HandleCopy { mem, regions }));
         Ok(())
+    }
+
+    /// Launch the following calls on the raw stream `stream` of this GPU's context (None: the
+    /// Gpu's own stream, the default). Calls stay ordered among themselves whichever stream each
+    /// uses: a call on another stream than the previous call's first makes its stream wait for
+    /// that one (not across the boundary of a CUDA graph capture, where such a wait is invalid).
+    pub fn set_stream(&mut self, stream: Option<sys::CUstream>) {
+        self.stream = stream.map_or(0, |s| s as u64);
+    }
+
+    /// `waiter` (a raw stream of this GPU's context) waits for every call made so far, whichever
+    /// stream it ran on (e.g. the Gpu's stream before a host sync of it).
+    pub fn order_after_calls(&self, waiter: sys::CUstream) -> Result<()> {
+        self.gpu.stream_wait(waiter, self.last as sys::CUstream)
+    }
+
+    /// The stream of this call, after ordering it behind the previous call.
+    fn enter(&mut self) -> Result<sys::CUstream> {
+        let s = if self.stream == 0 { self.gpu.cu_stream() } else { self.stream as sys::CUstream };
+        if s as u64 != self.last {
+            let last = self.last as sys::CUstream;
+            // A capturing stream may not wait for work outside its capture (nor the reverse):
+            // across that boundary the caller orders the calls (torch synchronises before a capture).
+            if self.gpu.capturing(s)? == self.gpu.capturing(last)? {
+                self.gpu.stream_wait(s, last)?;
+            }
+            self.last = s as u64;
+        }
+        Ok(s)
     }
 
     fn launch_cfg(&self, smem: usize) -> LaunchCfg {
@@ -1012,8 +1054,9 @@ impl LowLatencyBuffer<'_> {
             ));
         }
         // Every check passed: the next dispatch goes into this half.
+        let stream = self.enter()?;
         let half = (self.dispatch_calls % 2) as usize;
-        self.keep_live_handle(half)?;
+        self.keep_live_handle(half, stream)?;
         let lay = &self.layout;
         self.dispatch_calls += 1;
         let generation = self.generations[half].fetch_add(1, Ordering::AcqRel) + 1;
@@ -1050,7 +1093,7 @@ impl LowLatencyBuffer<'_> {
         };
         let hook = match self.version {
             DispatchVersion::V1 => {
-                self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args))?;
+                self.gpu.launch_in(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args), stream)?;
                 LlHook::Dispatch(LlDispatchArgs { phases: PHASE_RECV, ..args })
             }
             DispatchVersion::V2 => {
@@ -1089,8 +1132,8 @@ impl LowLatencyBuffer<'_> {
                     tk_off: lay.tk_off() as i32,
                     trace: self.trace.as_ref().map_or(0, |t| t.ptr()),
                 };
-                self.reset_trace()?;
-                self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(lay.dispatch2_smem()), Args::new().arg(a2))?;
+                self.reset_trace(stream)?;
+                self.gpu.launch_in(&self.dispatch2_kernel, &self.launch_cfg(lay.dispatch2_smem()), Args::new().arg(a2), stream)?;
                 LlHook::Dispatch2(LlDispatch2Args { phases: PHASE_RECV, ..a2 })
             }
         };
@@ -1152,6 +1195,7 @@ impl LowLatencyBuffer<'_> {
         return_hook: bool,
     ) -> Result<LlCombineOut> {
         self.check_usable()?;
+        let stream = self.enter()?;
         let lay = &self.layout;
         let hr = if self.generations[handle.half].load(Ordering::Acquire) == handle.generation {
             HandleRegions::in_half(self.base(), &lay.dispatch[handle.half])
@@ -1204,7 +1248,7 @@ impl LowLatencyBuffer<'_> {
             wait_ready: self.combine_hooked.iter().any(|&h| h) as i32,
             trace: self.trace.as_ref().map_or(0, |t| t.ptr()),
         };
-        self.reset_trace()?;
+        self.reset_trace(stream)?;
         self.combine_hooked = [self.combine_hooked[1], return_hook];
         let use_v3 = self.combine_version == CombineVersion::V3 && handle.version == DispatchVersion::V2;
         let hook = if use_v3 {
@@ -1238,12 +1282,16 @@ impl LowLatencyBuffer<'_> {
                 trace: args.trace,
             };
             let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
-            self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2))?;
+            self.gpu.launch_in(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2), stream)?;
             LlHook::Combine3(recv_half)
         } else {
-            self.gpu.launch(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args))?;
+            self.gpu.launch_in(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args), stream)?;
             LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
         };
+        if handle.copy.get().is_some() {
+            // The handle's copy is freed stream-ordered on the Gpu's stream: after this read.
+            self.gpu.stream_wait(self.gpu.cu_stream(), stream)?;
+        }
         Ok(LlCombineOut { combined_x: out.clone(), hook: return_hook.then_some(hook) })
     }
 
@@ -1258,15 +1306,16 @@ impl LowLatencyBuffer<'_> {
         if let Some(half) = off_x.and_then(|x| self.layout.dispatch_half_at(x)) {
             self.recv_pending[half] = false;
         }
+        let s = self.enter()?;
         match hook {
             LlHook::Dispatch(a) => {
-                self.gpu.launch(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a))
+                self.gpu.launch_in(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a), s)
             }
             LlHook::Dispatch2(a) => {
-                self.gpu.launch(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a))
+                self.gpu.launch_in(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a), s)
             }
-            LlHook::Combine3(a) => self.gpu.launch(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a)),
-            LlHook::Combine(a) => self.gpu.launch(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a)),
+            LlHook::Combine3(a) => self.gpu.launch_in(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a), s),
+            LlHook::Combine(a) => self.gpu.launch_in(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a), s),
         }
     }
 }
@@ -1275,7 +1324,7 @@ impl Drop for LowLatencyBuffer<'_> {
     fn drop(&mut self) {
         // Collective: our kernels must be done and every peer past its last call before the
         // symmetric memory is freed (nvshmem_free is collective too).
-        if let Err(e) = self.gpu.sync("dropping the low-latency buffer") {
+        if let Err(e) = self.order_after_calls(self.gpu.cu_stream()).and_then(|_| self.gpu.sync("dropping the low-latency buffer")) {
             tracing::warn!("low-latency buffer drop: {e}");
         }
         self.shared.sym.nvshmem().barrier_all();

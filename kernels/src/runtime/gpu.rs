@@ -35,6 +35,8 @@ pub struct Gpu {
     l2_bytes: usize,
     name: String,
     done: sys::CUevent,
+    /// Recorded and waited on at once by [`Gpu::stream_wait`].
+    join: sys::CUevent,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
 }
 
@@ -100,6 +102,9 @@ impl Gpu {
         let mut done = std::ptr::null_mut();
         // SAFETY: context is current.
         check(unsafe { sys::cuEventCreate(&mut done, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || "cuEventCreate".into())?;
+        let mut join = std::ptr::null_mut();
+        // SAFETY: as above.
+        check(unsafe { sys::cuEventCreate(&mut join, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || "cuEventCreate".into())?;
         let dev_ms = super::env_num::<u64>("DEEPEP_GPU_TIMEOUT_MS")?;
         let device_timeout = dev_ms.map(Duration::from_millis).unwrap_or(DEFAULT_DEVICE_TIMEOUT);
         let host_timeout = match super::env_num::<f64>("DEEPEP_HOST_TIMEOUT_S")? {
@@ -121,6 +126,7 @@ impl Gpu {
             l2_bytes,
             name,
             done,
+            join,
             modules: Mutex::new(HashMap::new()),
         })
     }
@@ -257,6 +263,49 @@ impl Gpu {
     pub fn launch(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args) -> Result<()> {
         args.push(self.diag());
         self.launch_raw(k, cfg, args, self.cu_stream())
+    }
+
+    /// [`Gpu::launch`] (diag appended) on `stream`, a raw stream of this GPU's context.
+    pub fn launch_in(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args, stream: sys::CUstream) -> Result<()> {
+        args.push(self.diag());
+        self.launch_raw(k, cfg, args, stream)
+    }
+
+    /// `waiter` waits for the work queued so far on `waited` (raw streams of this GPU's context;
+    /// no host wait; nothing when they are the same stream).
+    pub fn stream_wait(&self, waiter: sys::CUstream, waited: sys::CUstream) -> Result<()> {
+        if waiter == waited {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: our event; both streams belong to this context (caller's contract).
+        check(unsafe { sys::cuEventRecord(self.join, waited) }, || format!("rank {}: cuEventRecord for a stream join", self.rank))?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuStreamWaitEvent(waiter, self.join, 0) }, || format!("rank {}: cuStreamWaitEvent for a stream join", self.rank))
+    }
+
+    /// Whether the raw stream `stream` of this GPU's context is being captured into a CUDA graph.
+    pub fn capturing(&self, stream: sys::CUstream) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream of this context (caller's contract); `status` is a valid out-pointer.
+        check(unsafe { sys::cuStreamIsCapturing(stream, &mut status) }, || {
+            format!("rank {}: querying a stream's capture status", self.rank)
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Asynchronous device-to-device copy on the raw stream `stream` of this GPU's context.
+    pub fn copy_dtod_in(&self, dst: u64, src: u64, bytes: usize, stream: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller guarantees both ranges are valid.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) }, || format!("rank {}: device copy of {bytes} bytes", self.rank))
+    }
+
+    /// Asynchronous byte fill on the raw stream `stream` of this GPU's context.
+    pub fn memset_u8_in(&self, dst: u64, v: u8, bytes: usize, stream: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller guarantees the range.
+        check(unsafe { sys::cuMemsetD8Async(dst, v, bytes, stream) }, || format!("rank {}: memset of {bytes} bytes", self.rank))
     }
 
     /// [`Gpu::launch`] on another stream of this GPU, with `args` used as given (no diag appended).
@@ -421,12 +470,7 @@ impl Gpu {
     /// Whether this GPU's stream is being captured into a CUDA graph (work enqueued now is
     /// recorded, and replayed on every launch of the graph).
     pub fn stream_capturing(&self) -> Result<bool> {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the stream is alive; `status` is a valid out-pointer.
-        check(unsafe { sys::cuStreamIsCapturing(self.cu_stream(), &mut status) }, || {
-            format!("rank {}: querying the stream's capture status", self.rank)
-        })?;
-        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        self.capturing(self.cu_stream())
     }
 
     /// Asynchronous byte fill on this GPU's stream.
@@ -480,7 +524,10 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: our event.
-            unsafe { sys::cuEventDestroy_v2(self.done) };
+            unsafe {
+                sys::cuEventDestroy_v2(self.done);
+                sys::cuEventDestroy_v2(self.join);
+            }
         }
     }
 }
