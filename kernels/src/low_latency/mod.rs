@@ -668,9 +668,10 @@ pub struct LowLatencyBuffer<'g> {
     /// Whether the latest dispatch into each half deferred its receive half and the hook has not
     /// run yet (its routing is then incomplete and cannot be copied).
     recv_pending: [bool; 2],
-    /// Raw stream the calls launch on ([`LowLatencyBuffer::set_stream`]; 0: the Gpu's stream), and
-    /// the stream of the last launch (calls stay ordered across streams through it).
-    stream: u64,
+    /// Raw stream the calls launch on ([`LowLatencyBuffer::set_stream`]; None: the Gpu's stream;
+    /// Some(0) is the legacy default stream, torch's default), and the stream of the last launch
+    /// (calls stay ordered across streams through it).
+    stream: Option<u64>,
     last: u64,
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
@@ -825,7 +826,7 @@ impl LowLatencyBuffer<'_> {
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
             live: [std::sync::Weak::new(), std::sync::Weak::new()],
             recv_pending: [false; 2],
-            stream: 0,
+            stream: None,
             last: gpu.cu_stream() as u64,
             trace: None,
             poisoned: std::sync::Mutex::new(None),
@@ -1012,7 +1013,7 @@ impl LowLatencyBuffer<'_> {
     /// uses: a call on another stream than the previous call's first makes its stream wait for
     /// that one (not across the boundary of a CUDA graph capture, where such a wait is invalid).
     pub fn set_stream(&mut self, stream: Option<sys::CUstream>) {
-        self.stream = stream.map_or(0, |s| s as u64);
+        self.stream = stream.map(|s| s as u64);
     }
 
     /// `waiter` (a raw stream of this GPU's context) waits for every call made so far, whichever
@@ -1023,7 +1024,10 @@ impl LowLatencyBuffer<'_> {
 
     /// The stream of this call, after ordering it behind the previous call.
     fn enter(&mut self) -> Result<sys::CUstream> {
-        let s = if self.stream == 0 { self.gpu.cu_stream() } else { self.stream as sys::CUstream };
+        let s = match self.stream {
+            None => self.gpu.cu_stream(),
+            Some(raw) => raw as sys::CUstream,
+        };
         if s as u64 != self.last {
             let last = self.last as sys::CUstream;
             // A capturing stream may not wait for work outside its capture (nor the reverse):
