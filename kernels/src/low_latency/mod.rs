@@ -1024,10 +1024,7 @@ impl LowLatencyBuffer<'_> {
 
     /// The stream of this call, after ordering it behind the previous call.
     fn enter(&mut self) -> Result<sys::CUstream> {
-        let s = match self.stream {
-            None => self.gpu.cu_stream(),
-            Some(raw) => raw as sys::CUstream,
-        };
+        let s = launch_stream(self.stream, self.gpu.cu_stream() as u64) as sys::CUstream;
         if s as u64 != self.last {
             let last = self.last as sys::CUstream;
             // A capturing stream may not wait for work outside its capture (nor the reverse):
@@ -1335,6 +1332,13 @@ impl Drop for LowLatencyBuffer<'_> {
     }
 }
 
+/// The raw stream a call launches on: the one [`LowLatencyBuffer::set_stream`] chose, else the
+/// Gpu's own (`own`). `Some(0)` is the legacy default stream (torch's default stream), a real
+/// choice, not "none".
+fn launch_stream(chosen: Option<u64>, own: u64) -> u64 {
+    chosen.unwrap_or(own)
+}
+
 /// `LL_ORIGIN_BATCH` of `low_latency.cuh`.
 pub const LL_ORIGIN_BATCH: usize = 8;
 // The largest launch (every warp an origin warp) fits H200's 227 KiB of shared memory per block.
@@ -1395,6 +1399,15 @@ fn check_tokens(x: &Tensor, topk_idx: &Tensor, lay: &LlLayout) -> Result<(usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_legacy_default_stream_is_a_stream_choice() {
+        // torch's default stream is the raw handle 0: choosing it must not fall back to the Gpu's
+        // stream (514f131 did, and those calls ran unordered on the comm stream: call D)
+        assert_eq!(launch_stream(Some(0), 0x7f00), 0);
+        assert_eq!(launch_stream(Some(0x1234), 0x7f00), 0x1234);
+        assert_eq!(launch_stream(None, 0x7f00), 0x7f00);
+    }
 
     #[test]
     fn dispatch_version_defaults_to_v2() {

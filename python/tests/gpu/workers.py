@@ -526,6 +526,20 @@ def deepep_semantics(rank, world, group):
         check_equal(f"combine with the handle of dispatch {j} of 4", again, ref.cpu())
     y0, _, _, h0, _, c0 = runs[0]
     check_ll_routing(h0[0], h0[1], c0, y0, all_x0, all_i0)
+    # calls on different streams stay ordered (calls without async_finish launch on the caller's
+    # stream): dispatch on a side stream, combine on the default stream (raw handle 0), against the
+    # same pair made on the default stream alone, bit for bit
+    rd, _, hd, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    yd = rd.clone()
+    want_d = ll.low_latency_combine(yd, lidxd, lwd, hd)[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        rs, _, hs, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+        ys = rs.clone()
+    torch.cuda.current_stream().wait_stream(side)  # the caller orders its own use of ys
+    check_equal("combine on the default stream of a dispatch on a side stream", ll.low_latency_combine(ys, lidxd, lwd, hs)[0],
+                want_d.cpu())
     # zero-copy: the combine reads the handed-out buffer, not x's data (DeepEP's semantics)
     rz, _, hz, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
     zb = ll.get_next_low_latency_combine_buffer(hz)
