@@ -669,10 +669,14 @@ pub struct LowLatencyBuffer<'g> {
     /// run yet (its routing is then incomplete and cannot be copied).
     recv_pending: [bool; 2],
     /// Raw stream the calls launch on ([`LowLatencyBuffer::set_stream`]; None: the Gpu's stream;
-    /// Some(0) is the legacy default stream, torch's default), and the stream of the last launch
-    /// (calls stay ordered across streams through it).
+    /// Some(0) is the legacy default stream, torch's default), the stream of the last launch, and
+    /// an event recorded after each launch (calls stay ordered across streams through the event,
+    /// never through the old stream's handle, which its owner may have destroyed since), and
+    /// whether that launch was captured into a CUDA graph.
     stream: Option<u64>,
     last: u64,
+    last_mark: sys::CUevent,
+    last_captured: bool,
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
     /// Set when a kernel of this rank recorded a GPU-side error: the outputs of that call are
@@ -828,6 +832,8 @@ impl LowLatencyBuffer<'_> {
             recv_pending: [false; 2],
             stream: None,
             last: gpu.cu_stream() as u64,
+            last_mark: gpu.new_mark()?,
+            last_captured: false,
             trace: None,
             poisoned: std::sync::Mutex::new(None),
         })
@@ -947,6 +953,7 @@ impl LowLatencyBuffer<'_> {
     /// rank's stream. Peers write into them during their next dispatch: every rank must call this,
     /// synchronize, and meet the others (a barrier) before any rank dispatches again.
     pub fn fill_outputs(&self, word: u32) -> Result<()> {
+        self.order_after_calls(self.gpu.cu_stream())?;
         let lay = &self.layout;
         let (l, r, rnm, h, s) = (lay.num_local_experts(), lay.num_ranks, lay.num_ranks * lay.num_max, lay.hidden, lay.hidden / 128);
         for d in &lay.dispatch {
@@ -1019,22 +1026,36 @@ impl LowLatencyBuffer<'_> {
     /// `waiter` (a raw stream of this GPU's context) waits for every call made so far, whichever
     /// stream it ran on (e.g. the Gpu's stream before a host sync of it).
     pub fn order_after_calls(&self, waiter: sys::CUstream) -> Result<()> {
-        self.gpu.stream_wait(waiter, self.last as sys::CUstream)
+        if waiter as u64 == self.last || self.gpu.capturing(waiter)? != self.last_captured {
+            return Ok(());
+        }
+        self.gpu.wait_mark(waiter, self.last_mark)
     }
 
-    /// The stream of this call, after ordering it behind the previous call.
+    /// The stream of this call, after ordering it behind the previous call. A capturing stream
+    /// may not wait for work outside its capture (nor the reverse): across that boundary the
+    /// caller orders the calls (torch synchronises before a capture).
     fn enter(&mut self) -> Result<sys::CUstream> {
         let s = launch_stream(self.stream, self.gpu.cu_stream() as u64) as sys::CUstream;
-        if s as u64 != self.last {
-            let last = self.last as sys::CUstream;
-            // A capturing stream may not wait for work outside its capture (nor the reverse):
-            // across that boundary the caller orders the calls (torch synchronises before a capture).
-            if self.gpu.capturing(s)? == self.gpu.capturing(last)? {
-                self.gpu.stream_wait(s, last)?;
-            }
-            self.last = s as u64;
+        let captured = self.gpu.capturing(s)?;
+        if s as u64 != self.last && captured == self.last_captured {
+            self.gpu.wait_mark(s, self.last_mark)?;
         }
+        self.last = s as u64;
+        self.last_captured = captured;
         Ok(s)
+    }
+
+    /// Launch one of our kernels on `s` (from [`LowLatencyBuffer::enter`]) and mark it.
+    fn go(&self, k: &Kernel, smem: usize, args: Args, s: sys::CUstream) -> Result<()> {
+        self.gpu.launch_in(k, &self.launch_cfg(smem), args, s)?;
+        self.leave(s)
+    }
+
+    /// After a launch on `s` (from [`LowLatencyBuffer::enter`]): the next call on another stream
+    /// waits for this mark.
+    fn leave(&self, s: sys::CUstream) -> Result<()> {
+        self.gpu.mark(self.last_mark, s)
     }
 
     fn launch_cfg(&self, smem: usize) -> LaunchCfg {
@@ -1094,7 +1115,7 @@ impl LowLatencyBuffer<'_> {
         };
         let hook = match self.version {
             DispatchVersion::V1 => {
-                self.gpu.launch_in(&self.dispatch_kernel, &self.launch_cfg(lay.dispatch_smem()), Args::new().arg(args), stream)?;
+                self.go(&self.dispatch_kernel, lay.dispatch_smem(), Args::new().arg(args), stream)?;
                 LlHook::Dispatch(LlDispatchArgs { phases: PHASE_RECV, ..args })
             }
             DispatchVersion::V2 => {
@@ -1134,7 +1155,7 @@ impl LowLatencyBuffer<'_> {
                     trace: self.trace.as_ref().map_or(0, |t| t.ptr()),
                 };
                 self.reset_trace(stream)?;
-                self.gpu.launch_in(&self.dispatch2_kernel, &self.launch_cfg(lay.dispatch2_smem()), Args::new().arg(a2), stream)?;
+                self.go(&self.dispatch2_kernel, lay.dispatch2_smem(), Args::new().arg(a2), stream)?;
                 LlHook::Dispatch2(LlDispatch2Args { phases: PHASE_RECV, ..a2 })
             }
         };
@@ -1283,10 +1304,10 @@ impl LowLatencyBuffer<'_> {
                 trace: args.trace,
             };
             let recv_half = LlCombine2Args { phases: PHASE_RECV, ..a2 };
-            self.gpu.launch_in(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a2)), Args::new().arg(a2), stream)?;
+            self.go(&self.combine3_kernel, combine2_smem(&a2), Args::new().arg(a2), stream)?;
             LlHook::Combine3(recv_half)
         } else {
-            self.gpu.launch_in(&self.combine_kernel, &self.launch_cfg(lay.combine_smem()), Args::new().arg(args), stream)?;
+            self.go(&self.combine_kernel, lay.combine_smem(), Args::new().arg(args), stream)?;
             LlHook::Combine(LlCombineArgs { phases: PHASE_RECV, ..args })
         };
         if handle.copy.get().is_some() {
@@ -1310,13 +1331,13 @@ impl LowLatencyBuffer<'_> {
         let s = self.enter()?;
         match hook {
             LlHook::Dispatch(a) => {
-                self.gpu.launch_in(&self.dispatch_kernel, &self.launch_cfg(self.layout.dispatch_smem()), Args::new().arg(a), s)
+                self.go(&self.dispatch_kernel, self.layout.dispatch_smem(), Args::new().arg(a), s)
             }
             LlHook::Dispatch2(a) => {
-                self.gpu.launch_in(&self.dispatch2_kernel, &self.launch_cfg(self.layout.dispatch2_smem()), Args::new().arg(a), s)
+                self.go(&self.dispatch2_kernel, self.layout.dispatch2_smem(), Args::new().arg(a), s)
             }
-            LlHook::Combine3(a) => self.gpu.launch_in(&self.combine3_kernel, &self.launch_cfg(combine2_smem(&a)), Args::new().arg(a), s),
-            LlHook::Combine(a) => self.gpu.launch_in(&self.combine_kernel, &self.launch_cfg(self.layout.combine_smem()), Args::new().arg(a), s),
+            LlHook::Combine3(a) => self.go(&self.combine3_kernel, combine2_smem(&a), Args::new().arg(a), s),
+            LlHook::Combine(a) => self.go(&self.combine_kernel, self.layout.combine_smem(), Args::new().arg(a), s),
         }
     }
 }
@@ -1329,6 +1350,7 @@ impl Drop for LowLatencyBuffer<'_> {
             tracing::warn!("low-latency buffer drop: {e}");
         }
         self.shared.sym.nvshmem().barrier_all();
+        self.gpu.drop_mark(self.last_mark);
     }
 }
 

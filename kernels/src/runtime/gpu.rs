@@ -284,6 +284,39 @@ impl Gpu {
         check(unsafe { sys::cuStreamWaitEvent(waiter, self.join, 0) }, || format!("rank {}: cuStreamWaitEvent for a stream join", self.rank))
     }
 
+    /// A fresh event without timing, for [`Gpu::mark`] / [`Gpu::wait_mark`] (destroyed with
+    /// [`Gpu::drop_mark`]).
+    pub fn new_mark(&self) -> Result<sys::CUevent> {
+        self.bind()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: context bound; `ev` is a valid out-pointer.
+        check(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || format!("rank {}: cuEventCreate", self.rank))?;
+        Ok(ev)
+    }
+
+    /// Record `mark` (from [`Gpu::new_mark`]) on the raw stream `stream` of this context: later
+    /// waits on it order after the work queued on `stream` so far, even if `stream` is destroyed
+    /// in between (the reason to keep an event rather than the stream handle).
+    pub fn mark(&self, mark: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: our event and a live stream of this context (caller's contract).
+        check(unsafe { sys::cuEventRecord(mark, stream) }, || format!("rank {}: cuEventRecord", self.rank))
+    }
+
+    /// `waiter` waits for the last [`Gpu::mark`] of `mark`.
+    pub fn wait_mark(&self, waiter: sys::CUstream, mark: sys::CUevent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuStreamWaitEvent(waiter, mark, 0) }, || format!("rank {}: cuStreamWaitEvent", self.rank))
+    }
+
+    /// Destroy an event of [`Gpu::new_mark`].
+    pub fn drop_mark(&self, mark: sys::CUevent) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: our event, not used afterwards (caller's contract).
+            unsafe { sys::cuEventDestroy_v2(mark) };
+        }
+    }
+
     /// Whether the raw stream `stream` of this GPU's context is being captured into a CUDA graph.
     pub fn capturing(&self, stream: sys::CUstream) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

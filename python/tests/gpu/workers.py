@@ -540,6 +540,26 @@ def deepep_semantics(rank, world, group):
     torch.cuda.current_stream().wait_stream(side)  # the caller orders its own use of ys
     check_equal("combine on the default stream of a dispatch on a side stream", ll.low_latency_combine(ys, lidxd, lwd, hs)[0],
                 want_d.cpu())
+    # the stream of the previous call may be gone by the next call (an ExternalStream its owner
+    # destroyed): the next call orders itself through an event, never through the old handle
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+        print(f"[rank {rank}] cupy not importable: the destroyed-stream case is skipped", flush=True)
+    if cupy is not None:
+        with cupy.cuda.Device(torch.cuda.current_device()):
+            cs = cupy.cuda.Stream(non_blocking=True)
+        ext = torch.cuda.ExternalStream(cs.ptr)
+        ext.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(ext):
+            re_, _, he, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+            ye = re_.clone()
+        ext.synchronize()
+        del ext
+        del cs  # cupy destroys the stream here
+        check_equal("combine after the previous call's stream was destroyed", ll.low_latency_combine(ye, lidxd, lwd, he)[0],
+                    want_d.cpu())
     # zero-copy: the combine reads the handed-out buffer, not x's data (DeepEP's semantics)
     rz, _, hz, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
     zb = ll.get_next_low_latency_combine_buffer(hz)
