@@ -953,6 +953,10 @@ class Buffer:
             if hidden <= h and topk <= k and local_experts <= le and sms == s:
                 return
             hidden, topk, local_experts = max(hidden, h), max(topk, k), max(local_experts, le)
+        # A dispatch without top-k routes one slot per rank: size for that from the start, so that
+        # it never re-creates the buffer under the handles of earlier dispatches (which DeepEP's
+        # fixed buffer keeps valid; a few bytes per token)
+        topk = max(topk, min(self.group_size, max_topk))
         rph = self._ranks_per_host
         cap = _native.internode_max_tokens(self.group_size, rph, hidden, sms, topk, local_experts, self._internode_bytes())
         if cap == 0:

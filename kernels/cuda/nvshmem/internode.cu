@@ -14,7 +14,8 @@
 //                                 its per-channel counts to every rank), prefix sums, host-mapped
 //                                 counters, then inside the host (stage 2: output offsets to the
 //                                 local forwarders).
-//   internode_barrier  (1 block)  seq-tagged all-rank barrier (cached dispatch, combine).
+//   internode_cached_notify (1 block) seq-tagged all-rank barrier (cached dispatch, combine); named
+//                       like DeepEP's cached_notify, the kernel in that place (profiler-based tools find it).
 //   internode_dispatch (2C blocks) blocks [0,C): senders of channel c; [C,2C): pullers of channel c.
 //   internode_combine  (2C blocks) blocks [0,C): forwarders (reduce + put back); [C,2C): receivers.
 //
@@ -441,7 +442,7 @@ internode_notify(InternodeArgs a, EpDiag diag) {
 // barrier: one block (>= world threads preferred).
 // =================================================================================================
 extern "C" __global__ void __launch_bounds__(256, 1)
-internode_barrier(InternodeArgs a, EpDiag diag) {
+internode_cached_notify(InternodeArgs a, EpDiag diag) {
     __shared__ int s_fail;
     all_rank_barrier(a, diag, &s_fail);
 }

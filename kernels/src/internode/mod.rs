@@ -340,7 +340,7 @@ impl<'g> InternodeBuffer<'g> {
         let counters = HostMapped::new(gpu.ctx(), 2 + cfg.max_local_experts)?;
         let kernels = Kernels {
             notify: gpu.kernel("internode", "internode_notify")?,
-            barrier: gpu.kernel("internode", "internode_barrier")?,
+            barrier: gpu.kernel("internode", "internode_cached_notify")?,
             dispatch: gpu.kernel("internode", "internode_dispatch")?,
             combine: gpu.kernel("internode", "internode_combine")?,
         };
