@@ -136,30 +136,55 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                                               const EpDiag& diag) {
     __shared__ int s_abort;
     __shared__ int s_rows[kR];
+    // Per warp: the receive region of destination d for this call (byte offset in d's buffer;
+    // 0: the fixed regions). This rank's at kernel start; a peer's once its ready is seen.
+    __shared__ uint64_t s_reg[kMaxThreads / 32][kR];
+    __shared__ int s_mrows[kR];  // rows destination d receives in this call (its region's size)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const int me = a.rank;
+    const int64_t row_bytes = p.row_bytes;
+    const int K = p.num_topk, S = p.num_scales;
     if (tid < kR) s_rows[tid] = 0;
     if (tid == 0) {
         s_abort = 0;
         ep_trace(a, EP_TRACE_START);
     }
+    if (tid < kR) {
+        int m = 0;
+        for (int s = 0; s < kR; ++s) m += p.count_matrix[s * kR + tid];
+        s_mrows[tid] = m;
+    }
+    if (lane == me) s_reg[warp][me] = p.recv_region;
+    // Where part `part` (0 rows, 1 scales, 2 top-k ids, 3 weights) of destination d's outputs
+    // starts: in its region for this call (laid out by ep_recv_sublayout), or the fixed regions.
+    auto dst_at = [&](int d, int part) -> uint64_t {
+        const uint64_t rg = s_reg[warp][d];
+        const uint64_t b = a.peer_base[d];
+        if (rg == 0)
+            return b + (part == 0 ? a.off_recv_x : part == 1 ? a.off_recv_scales : part == 2 ? a.off_recv_topk_idx : a.off_recv_topk_w);
+        if (part == 0) return b + rg;
+        const EpRecvSub r = ep_recv_sublayout(static_cast<uint64_t>(s_mrows[d]), static_cast<uint64_t>(row_bytes), S, K);
+        return b + rg + (part == 1 ? r.scales : part == 2 ? r.topk_idx : r.topk_w);
+    };
+    // Lane d: first row of this rank's block inside destination d's recv region.
+    int base = 0;
+    if (lane < kR)
+        for (int s = 0; s < me; ++s) base += p.count_matrix[s * kR + lane];
+    // (the same for every warp: kept in shared memory, not in kR registers per thread)
+    __shared__ int s_dst_base[kR];
+    if (warp == 0 && lane < kR) s_dst_base[lane] = base;
+    // Tell every peer where this call's rows go here, before announcing the epoch (the release of
+    // ready[me] by the same thread covers it; a sender reads it after acquiring that ready).
+    if (blockIdx.x == 0 && tid < kR && tid != me)
+        st_relaxed_sys_u64(ep_at<uint64_t>(a, tid, a.off_recv_target) + me,
+                           (static_cast<uint64_t>(a.epoch) << 32) | (p.recv_region >> 9));
     ep_announce_ready(a);
     __syncthreads();
     // Each warp waits for the peers' ready announcements lazily, right before its first store into
     // a peer: the loads and the own-rank stores of its first unit overlap the handshake.
     bool peers_ready = false;
 
-    // Lane d: first row of this rank's block inside destination d's recv region.
-    int base = 0;
-    if (lane < kR)
-        for (int s = 0; s < me; ++s) base += p.count_matrix[s * kR + lane];
-    int dst_base[kR];
-#pragma unroll
-    for (int d = 0; d < kR; ++d) dst_base[d] = __shfl_sync(kFullMask, base, d);
-
-    const int64_t row_bytes = p.row_bytes;
     const int n16 = static_cast<int>(row_bytes / 16);
-    const int K = p.num_topk, S = p.num_scales;
     const int64_t L = p.num_local_experts;
     // Work unit = (token, chunk of 32*kUnroll 16-byte words of its row): small, equal units keep
     // the tail short (the last units finish at about the same time on every warp).
@@ -213,7 +238,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
             for (int d = 0; d < kR; ++d) {
                 const int pd = __shfl_sync(kFullMask, posk[d], k);
-                row[d] = pd >= 0 ? dst_base[d] + pd : -1;
+                row[d] = pd >= 0 ? s_dst_base[d] + pd : -1;
                 if (lane == d) pos = pd;
             }
             sent += pos >= 0 && do_peers ? 1 : 0;
@@ -227,8 +252,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
             for (int d = 0; d < kR; ++d) {
                 if (d != me || row[d] < 0) continue;
-                int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                                    static_cast<uint64_t>(row[d]) * row_bytes);
+                int4* dst = reinterpret_cast<int4*>(dst_at(d, 0) + static_cast<uint64_t>(row[d]) * row_bytes);
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u)
                     if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
@@ -239,6 +263,26 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                     aborted = true;
                     break;
                 }
+                // Lane d: peer d's region for this call (published before its ready, so visible
+                // after this lane's acquire of it). A peer this rank sends nothing to may have
+                // moved on to a later call; its slot is not used then.
+                bool tag_ok = true;
+                if (lane < kR && lane != me) {
+                    const uint64_t v = ld_volatile_u64(ep_at<uint64_t>(a, me, a.off_recv_target) + lane);
+                    if (static_cast<uint32_t>(v >> 32) == a.epoch) {
+                        s_reg[warp][lane] = (v & 0xffffffffull) << 9;
+                    } else if (p.count_matrix[me * kR + lane] > 0) {
+                        ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_DISPATCH_SEND, blockIdx.x, lane,
+                                        static_cast<int>(v >> 32), 0);
+                        tag_ok = false;
+                    }
+                }
+                if (!__all_sync(kFullMask, tag_ok)) {
+                    if (lane == 0) s_abort = 1;
+                    aborted = true;
+                    break;
+                }
+                __syncwarp();
                 peers_ready = true;
                 if (lane == 0) ep_trace(a, EP_TRACE_READY);
             }
@@ -258,8 +302,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
                     for (int d = 0; d < kR; ++d) {
                         if (d == me || row[d] < 0) continue;
-                        int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                                            static_cast<uint64_t>(row[d]) * row_bytes);
+                        int4* dst = reinterpret_cast<int4*>(dst_at(d, 0) + static_cast<uint64_t>(row[d]) * row_bytes);
                         ep_bulk_store(dst + c * chunk16, sbuf, bytes);
                     }
                     ep_bulk_commit();
@@ -269,8 +312,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
                 for (int d = 0; d < kR; ++d) {
                     if (d == me || row[d] < 0) continue;
-                    int4* dst = reinterpret_cast<int4*>(a.peer_base[d] + a.off_recv_x +
-                                                        static_cast<uint64_t>(row[d]) * row_bytes);
+                    int4* dst = reinterpret_cast<int4*>(dst_at(d, 0) + static_cast<uint64_t>(row[d]) * row_bytes);
 #pragma unroll
                     for (int u = 0; u < kUnroll; ++u)
                         if (i0 + 32 * u < n16) st_na_v4(dst + i0 + 32 * u, v[u]);
@@ -284,7 +326,7 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
 #pragma unroll
                 for (int d = 0; d < kR; ++d)
                     if (row[d] >= 0)
-                        st_na_f32(ep_at<float>(a, d, a.off_recv_scales) + static_cast<int64_t>(row[d]) * S + g, sc);
+                        st_na_f32(reinterpret_cast<float*>(dst_at(d, 1)) + static_cast<int64_t>(row[d]) * S + g, sc);
             }
 
             // Routing metadata (fresh dispatch only): local expert ids, weights, source index.
@@ -297,8 +339,8 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
                     const int64_t lo = d * L;
                     const bool local = e >= lo && e < lo + L;
                     const int64_t idx = static_cast<int64_t>(row[d]) * K + lane;
-                    st_na_s64(ep_at<int64_t>(a, d, a.off_recv_topk_idx) + idx, local ? e - lo : -1);
-                    st_na_f32(ep_at<float>(a, d, a.off_recv_topk_w) + idx, local ? wv : 0.f);
+                    st_na_s64(reinterpret_cast<int64_t*>(dst_at(d, 2)) + idx, local ? e - lo : -1);
+                    st_na_f32(reinterpret_cast<float*>(dst_at(d, 3)) + idx, local ? wv : 0.f);
                 }
                 if (lane < kR && pos >= 0)
                     st_na_s32(ep_at<int>(a, lane, a.off_recv_src_idx) + base + pos, t);

@@ -29,7 +29,7 @@
 #define EP_INTRANODE_MAX_TOPK 32
 #define EP_INTRANODE_MAX_LOCAL_EXPERTS 1024
 
-// Mirrored by `IntranodeArgs` in kernels/src/intranode/ffi.rs (size 208 bytes).
+// Mirrored by `IntranodeArgs` in kernels/src/intranode/ffi.rs (size 216 bytes).
 struct IntranodeArgs {
     uint64_t peer_base[EP_INTRANODE_MAX_RANKS];  // every rank's buffer, as mapped in this process
     uint64_t off_ready;          // i32[R]: ready[s] = last epoch announced by rank s
@@ -47,6 +47,8 @@ struct IntranodeArgs {
     uint64_t stage_x_slot_bytes;
     uint64_t stage_w_slot_bytes;
     uint64_t trace;              // 0, or u64[EP_TRACE_SLOTS] of phase timestamps (bench diagnostics)
+    uint64_t off_recv_target;    // u64[R]: from rank s, (epoch << 32) | (region >> 9): where s's dispatch
+                                 // `epoch` wants its received rows (0: the fixed off_recv_* regions)
     int32_t rank;
     int32_t num_ranks;
     int32_t max_tokens;          // per rank (capacity the buffer was sized for)
@@ -69,7 +71,7 @@ struct NotifyParams {
     int32_t pad_;
 };
 
-// Mirrored by `DispatchParams` (size 96 bytes).
+// Mirrored by `DispatchParams` (size 104 bytes).
 struct DispatchParams {
     const void* x;                      // [N][row_bytes] (bf16 or e4m3 bytes)
     const float* scales;                // FP8 only: element (t, g) at scales[t*scale_row_stride + g*scale_col_stride]; null for BF16
@@ -86,6 +88,9 @@ struct DispatchParams {
     int32_t num_local_experts;          // L
     int32_t local_warps;                // 0: every warp copies everywhere; k: k warps per block copy to this rank only
     int32_t use_tma;                    // 1: peer copies via smem + cp.async.bulk (dynamic smem: 2 chunks per warp)
+    uint64_t recv_region;               // this rank's receive region for this call: byte offset in its buffer
+                                        // (a multiple of 512, laid out by ep_recv_sublayout), or 0: the fixed
+                                        // off_recv_x / scales / topk regions
 };
 
 // Mirrored by `CombineParams` (size 88 bytes).
@@ -106,12 +111,28 @@ struct CombineParams {
     int32_t use_tma;                    // 1: pushers copy via smem + cp.async.bulk (dynamic smem: 2 chunks per push warp)
 };
 
-static_assert(sizeof(IntranodeArgs) == 208, "IntranodeArgs layout");
+static_assert(sizeof(IntranodeArgs) == 216, "IntranodeArgs layout");
 static_assert(sizeof(NotifyParams) == 64, "NotifyParams layout");
-static_assert(sizeof(DispatchParams) == 96, "DispatchParams layout");
+static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
 static_assert(sizeof(CombineParams) == 88, "CombineParams layout");
 
 // ---- address helpers ---------------------------------------------------------------------
+// Where the parts of one dispatch's outputs sit inside a receive region of `rows` rows (byte
+// offsets from the region's start, each part 512-byte aligned). Mirrored by `recv_sublayout` in
+// kernels/src/intranode/arena.rs (keep in sync).
+struct EpRecvSub {
+    uint64_t x, scales, topk_idx, topk_w;
+};
+__device__ __forceinline__ uint64_t ep_align512(uint64_t v) { return (v + 511) & ~uint64_t(511); }
+__device__ __forceinline__ EpRecvSub ep_recv_sublayout(uint64_t rows, uint64_t row_bytes, int num_scales, int num_topk) {
+    EpRecvSub r;
+    r.x = 0;
+    r.scales = ep_align512(rows * row_bytes);
+    r.topk_idx = r.scales + ep_align512(rows * static_cast<uint64_t>(num_scales) * 4);
+    r.topk_w = r.topk_idx + ep_align512(rows * static_cast<uint64_t>(num_topk) * 8);
+    return r;
+}
+
 template <typename T>
 __device__ __forceinline__ T* ep_at(const IntranodeArgs& a, int rank, uint64_t off) {
     return reinterpret_cast<T*>(a.peer_base[rank] + off);

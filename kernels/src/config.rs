@@ -150,6 +150,11 @@ pub struct BufferLayout {
     pub off_stage_w: usize,
     pub stage_x_slot_bytes: usize,
     pub stage_w_slot_bytes: usize,
+    /// u64 `[R]`: per source rank, the receive region its running dispatch asked for.
+    pub off_recv_target: usize,
+    /// The receive arena (512-aligned; `arena_bytes` may be 0).
+    pub off_arena: usize,
+    pub arena_bytes: usize,
     pub total_bytes: usize,
 }
 
@@ -157,6 +162,13 @@ impl BufferLayout {
     /// Layout for `num_ranks` ranks, up to `max_tokens` tokens per rank per call and rows of up
     /// to `hidden` bf16 channels (FP8 rows up to the same `hidden`).
     pub fn new(num_ranks: usize, max_tokens: usize, hidden: usize) -> Result<Self> {
+        Self::with_arena(num_ranks, max_tokens, hidden, 0)
+    }
+
+    /// [`BufferLayout::new`] plus a receive arena of `arena_bytes` (rounded down to 512) at the
+    /// end: regions a dispatch may write its received rows into instead of the fixed receive
+    /// region, so that they can outlive later dispatches (`intranode::arena`).
+    pub fn with_arena(num_ranks: usize, max_tokens: usize, hidden: usize, arena_bytes: usize) -> Result<Self> {
         validate::intranode_ranks(num_ranks)?;
         validate::hidden(hidden, 2)?;
         if max_tokens == 0 {
@@ -177,6 +189,7 @@ impl BufferLayout {
         let off_notify_rank = region(r * r * 8);
         let off_notify_expert = region(r * MAX_LOCAL_EXPERTS * 8);
         let off_stage_flag = region((r - 1) * n * 4);
+        let off_recv_target = region(r * 8);
         let off_recv_x = region(rows * h * 2);
         let off_recv_scales = region(rows * h.div_ceil(FP8_GROUP) * 4);
         let off_recv_topk_idx = region(rows * MAX_TOPK * 8);
@@ -186,7 +199,9 @@ impl BufferLayout {
         let stage_w_slot_bytes = align(n * MAX_TOPK * 4, 128);
         let off_stage_x = region((r - 1) * stage_x_slot_bytes);
         let off_stage_w = region((r - 1) * stage_w_slot_bytes);
-        let total_bytes = off;
+        let off_arena = align(off, 512);
+        let arena_bytes = arena_bytes / 512 * 512;
+        let total_bytes = off_arena.checked_add(arena_bytes).ok_or_else(|| overflow(r, n, h))?;
         if total_bytes > (1usize << 40) {
             return Err(overflow(r, n, h));
         }
@@ -199,6 +214,7 @@ impl BufferLayout {
             off_notify_rank,
             off_notify_expert,
             off_stage_flag,
+            off_recv_target,
             off_recv_x,
             off_recv_scales,
             off_recv_topk_idx,
@@ -208,6 +224,8 @@ impl BufferLayout {
             off_stage_w,
             stage_x_slot_bytes,
             stage_w_slot_bytes,
+            off_arena,
+            arena_bytes,
             total_bytes,
         })
     }
@@ -215,6 +233,12 @@ impl BufferLayout {
     /// Rows the receive region holds (every rank may send all its tokens to one rank).
     pub fn recv_capacity(&self) -> usize {
         self.num_ranks * self.max_tokens
+    }
+
+    /// Bytes of the fixed receive region (rows, scales, top-k ids and weights at the largest
+    /// top-k): the default receive arena is twice this (two worst-case dispatches kept alive).
+    pub fn recv_region_bytes(&self) -> usize {
+        self.off_recv_src_idx - self.off_recv_x
     }
 }
 
@@ -258,6 +282,23 @@ mod tests {
         assert!(l.off_stage_w - l.off_stage_x >= 4096 * 7168 * 2);
         // ~ (2R-1) * N * H * 2 = 176 MiB plus metadata.
         assert!(l.total_bytes > 3 * 4096 * 7168 * 2 && l.total_bytes < 3 * 4096 * 7168 * 2 + (8 << 20), "{}", l.total_bytes);
+    }
+
+    #[test]
+    fn receive_arena_follows_the_fixed_layout() {
+        let plain = BufferLayout::new(2, 4096, 7168).unwrap();
+        assert_eq!((plain.arena_bytes, plain.total_bytes), (0, plain.off_arena));
+        let l = BufferLayout::with_arena(2, 4096, 7168, 2 * plain.recv_region_bytes() + 100).unwrap();
+        // the same fixed regions, the arena after them, 512-aligned, its size rounded down to 512
+        assert_eq!((l.off_recv_x, l.off_stage_w, l.off_arena), (plain.off_recv_x, plain.off_stage_w, plain.off_arena));
+        assert!(l.off_arena >= l.off_stage_w + (l.num_ranks - 1) * l.stage_w_slot_bytes && l.off_arena % 512 == 0);
+        assert_eq!(l.arena_bytes, (2 * plain.recv_region_bytes() + 100) / 512 * 512);
+        assert_eq!(l.total_bytes, l.off_arena + l.arena_bytes);
+        // the per-source target slots are a control region before the receive region
+        assert!(l.off_recv_target >= l.off_stage_flag && l.off_recv_target + 2 * 8 <= l.off_recv_x);
+        // twice the fixed receive region holds two worst-case BF16 dispatches (2 x 4096 rows, top-8)
+        let worst = crate::intranode::arena::recv_sublayout(2 * 4096, 7168 * 2, 0, 8).bytes;
+        assert!(l.arena_bytes >= 2 * worst, "{} < 2 x {worst}", l.arena_bytes);
     }
 
     #[test]

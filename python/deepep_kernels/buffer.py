@@ -36,6 +36,9 @@ from .utils import EventHandle, EventOverlap
 DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
 # Opt-in: intranode dispatch returns views of the NVLink buffer instead of torch-owned copies.
 DISPATCH_VIEWS_ENV = "DEEPEP_KERNELS_DISPATCH_VIEWS"
+# Bytes of the intranode receive arena that owned dispatch outputs are written into directly (no
+# second pass); default: twice the fixed receive region; 0: none (outputs are copied out).
+RECV_ARENA_ENV = "DEEPEP_KERNELS_RECV_ARENA_BYTES"
 # Testing on one machine: treat every K consecutive ranks as one host (internode mode on one host).
 RANKS_PER_HOST_ENV = "DEEPEP_KERNELS_RANKS_PER_HOST"
 # DeepEP's NUM_MAX_NVL_PEERS: GPUs per host assumed by Config.get_rdma_buffer_size_hint.
@@ -73,6 +76,20 @@ def host_topology(hosts: List[str], environ=None) -> Tuple[int, int]:
     regular = world % num_hosts == 0 and all(hosts[r] == hosts[r - r % per] for r in range(world)) and \
         len({hosts[h * per] for h in range(num_hosts)}) == num_hosts
     return num_hosts, per if regular else 0
+
+
+def _recv_arena_from_env(environ=None) -> Optional[int]:
+    v = (os.environ if environ is None else environ).get(RECV_ARENA_ENV)
+    if v is None or v == "":
+        return None
+    try:
+        b = int(v)
+    except ValueError:
+        b = -1
+    if b < 0:
+        raise ValueError(f"{RECV_ARENA_ENV}={v!r}: use a byte count >= 0 (0: no arena, dispatch outputs are copied out of the "
+                         "NVLink buffer; unset: twice the fixed receive region)")
+    return b
 
 
 def _dispatch_views_from_env(environ=None) -> bool:
@@ -429,6 +446,9 @@ class Buffer:
         if group is None and comm is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
         self._dispatch_views = _dispatch_views_from_env()
+        # owned intranode outputs go into the receive arena when it has room (off: copied out, the
+        # path before the arena; bench.py measures both)
+        self._use_arena = True
         self._runtime = None
         self._comm_stream_obj = None
         self.explicitly_destroy = explicitly_destroy
@@ -607,7 +627,7 @@ class Buffer:
                              f"(needs >= {need}); size it with Config.get_nvl_buffer_size_hint")
         if dims != want:
             # Collective: every rank dispatches the same hidden, so every rank re-creates here.
-            rt.intranode_create(want[0], want[1])
+            rt.intranode_create(want[0], want[1], _recv_arena_from_env())
             self._generation += 1
 
     def _check_capacity(self, n: int, hidden: int) -> None:
@@ -792,8 +812,9 @@ class Buffer:
             if handle.buffer_generation != self._generation:
                 raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
             self._begin(previous_event, async_finish, allocate_on_comm_stream)
-            nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, None, handle.native, 1, config.num_sms)
             padded = handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0
+            nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, None, handle.native, 1, config.num_sms,
+                             self._owned_outputs(padded))
             recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, padded, allocate_on_comm_stream)
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
@@ -819,7 +840,7 @@ class Buffer:
         nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
                          (topk_idx.data_ptr(), topk_weights.data_ptr(), k) if k is not None else None,
                          (num_tokens_per_rank.data_ptr(), num_tokens_per_expert.data_ptr(), is_token_in_rank.data_ptr(), num_experts),
-                         None, expert_alignment, config.num_sms)
+                         None, expert_alignment, config.num_sms, self._owned_outputs(num_worst_tokens))
         if num_worst_tokens and nd.num_recv_tokens > num_worst_tokens:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} but this rank received {nd.num_recv_tokens} tokens; raise num_worst_tokens "
                              "(at most num_ranks * num_tokens)")
@@ -830,15 +851,25 @@ class Buffer:
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
 
+    def _owned_outputs(self, num_worst_tokens: int) -> bool:
+        """Whether this intranode dispatch should write its rows into a region of the receive
+        arena, which its outputs then own (no second pass). Not with num_worst_tokens (padded
+        outputs), not in the views mode, and not under CUDA-graph capture (a replay would write
+        the captured region again while the tensors of an earlier replay may still use it)."""
+        return self._use_arena and not num_worst_tokens and not self._dispatch_views and \
+            not _torch().cuda.is_current_stream_capturing()
+
     def _copy_out(self, nd, x, hidden: int, k: Optional[int], num_worst_tokens: int, allocate_on_comm_stream: bool, views: bool = True):
-        """torch-owned copies of a dispatch's outputs (views of the NVLink buffer, or the internode
-        family's own tensors), queued on the comm stream right after the dispatch kernel."""
+        """The outputs of a dispatch as torch tensors: views of its arena region (which they keep
+        leased), views of the fixed receive region (views mode), or torch-owned copies of those
+        views or of the internode family's own tensors, queued on the comm stream right after the
+        dispatch kernel."""
         torch = _torch()
         m = nd.num_recv_tokens
         rows = num_worst_tokens if num_worst_tokens else m
         dev = self._device
         scales = nd.recv_scales
-        if self._dispatch_views and views:
+        if views and (self._dispatch_views or nd.in_arena):
             if rows != m:
                 raise _unsupported(f"num_worst_tokens with {DISPATCH_VIEWS_ENV}=1",
                                    "views of the NVLink buffer cannot be padded to the worst-case row count; unset it for this call's Buffer")

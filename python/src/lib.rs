@@ -16,7 +16,7 @@
 //! `cuDevicePrimaryCtxRetain`), the same context PyTorch uses, so pointers and events are
 //! shared with torch without copies.
 
-use deepep_kernels::config::{buffer_size_hint, Config};
+use deepep_kernels::config::{buffer_size_hint, BufferLayout, Config};
 use deepep_kernels::error::EpError;
 use deepep_kernels::internode::{self as inter, InternodeBuffer, InternodeConfig, SymLayout};
 use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Handle as IntraHandle, Layout};
@@ -198,8 +198,8 @@ impl Handle {
     }
 }
 
-/// Views of one intranode dispatch's outputs in the NVLink buffer (valid until the next dispatch
-/// on the same buffer).
+/// Views of one intranode dispatch's outputs in the NVLink buffer: in an arena region while this
+/// object lives (`in_arena`), else in the fixed receive region until the next dispatch.
 #[pyclass(module = "deepep_kernels._native")]
 struct NativeDispatch {
     out: DispatchOutput,
@@ -211,6 +211,12 @@ impl NativeDispatch {
     #[getter]
     fn num_recv_tokens(&self) -> usize {
         self.out.recv_x.shape()[0]
+    }
+    /// Whether the outputs live in a region of the receive arena (valid while this object
+    /// lives), rather than the fixed receive region (valid until the next dispatch).
+    #[getter]
+    fn in_arena(&self) -> bool {
+        self.out.lease.is_some()
     }
     #[getter]
     fn recv_x_ptr(&self) -> u64 {
@@ -605,14 +611,20 @@ impl Runtime {
     }
 
     /// Create (collectively) the NVLink buffer for up to `max_tokens` tokens per rank and rows of
-    /// up to `hidden` channels; replaces an earlier one.
-    fn intranode_create(&mut self, py: Python<'_>, max_tokens: usize, hidden: usize) -> PyResult<()> {
+    /// up to `hidden` channels, plus a receive arena of `arena_bytes` for owned dispatch outputs
+    /// (None: twice the fixed receive region, two worst-case dispatches); replaces an earlier one.
+    #[pyo3(signature = (max_tokens, hidden, arena_bytes=None))]
+    fn intranode_create(&mut self, py: Python<'_>, max_tokens: usize, hidden: usize, arena_bytes: Option<usize>) -> PyResult<()> {
         self.bind()?;
         self.intra = None;
         self.intra_dims = None;
         let gpu = self.gpu_static();
         let comm = &self.comm;
-        let b = without_gil(py, || intranode::Buffer::new(gpu, comm, max_tokens, hidden)).map_err(py_err)?;
+        let arena = match arena_bytes {
+            Some(b) => b,
+            None => 2 * BufferLayout::new(comm.world(), max_tokens, hidden).map_err(py_err)?.recv_region_bytes(),
+        };
+        let b = without_gil(py, || intranode::Buffer::with_arena(gpu, comm, max_tokens, hidden, arena)).map_err(py_err)?;
         self.intra = Some(b);
         self.intra_dims = Some((max_tokens, hidden));
         Ok(())
@@ -620,6 +632,10 @@ impl Runtime {
     /// (max_tokens, hidden) of the NVLink buffer, if created.
     fn intranode_dims(&self) -> Option<(usize, usize)> {
         self.intra_dims
+    }
+    /// The receive arena's (capacity, free bytes, live leases), if the NVLink buffer has one.
+    fn arena_usage(&self) -> Option<(usize, usize, usize)> {
+        self.intra.as_ref().and_then(|b| b.arena_usage())
     }
 
     /// Layout counts of `topk_idx` (i64 `[n, k]` at `topk_ptr`), launched on the comm stream.
@@ -645,7 +661,7 @@ impl Runtime {
     /// num_experts); or a cached `handle`. A fresh dispatch blocks the host (GIL released) until
     /// the received counts are known, like DeepEP without `num_worst_tokens`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, scales, topk, layout, handle, expert_alignment, num_sms))]
+    #[pyo3(signature = (x, scales, topk, layout, handle, expert_alignment, num_sms, owned=false))]
     fn dispatch(
         &mut self,
         py: Python<'_>,
@@ -656,6 +672,7 @@ impl Runtime {
         handle: Option<PyRef<'_, Handle>>,
         expert_alignment: usize,
         num_sms: usize,
+        owned: bool,
     ) -> PyResult<NativeDispatch> {
         self.bind()?;
         let gpu = self.gpu_static();
@@ -682,7 +699,7 @@ impl Runtime {
                 let lay = layout_of(l);
                 let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
                 let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
-                let mut a = DispatchArgs::fresh(&xt, &lay, &idx, &w).expert_alignment(expert_alignment).config(config);
+                let mut a = DispatchArgs::fresh(&xt, &lay, &idx, &w).expert_alignment(expert_alignment).config(config).owned(owned);
                 if let Some(s) = st.as_ref() {
                     a = a.scales(s);
                 }
@@ -692,7 +709,7 @@ impl Runtime {
             (None, Some(l), None) => {
                 // DeepEP's dispatch without top-k: rows go by is_token_in_rank alone
                 let lay = layout_of(l);
-                let mut a = DispatchArgs::fresh_without_topk(&xt, &lay).expert_alignment(expert_alignment).config(config);
+                let mut a = DispatchArgs::fresh_without_topk(&xt, &lay).expert_alignment(expert_alignment).config(config).owned(owned);
                 if let Some(s) = st.as_ref() {
                     a = a.scales(s);
                 }
@@ -701,7 +718,7 @@ impl Runtime {
             }
             (None, None, Some(hd)) => {
                 self.check_owner(hd.runtime_id, "handle")?;
-                let mut a = DispatchArgs::cached(&xt, &hd.inner).config(config);
+                let mut a = DispatchArgs::cached(&xt, &hd.inner).config(config).owned(owned);
                 if let Some(s) = st.as_ref() {
                     a = a.scales(s);
                 }

@@ -484,6 +484,17 @@ def test_dispatch_views_setting_is_checked():
         _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "yes"})
 
 
+def test_recv_arena_setting_is_checked():
+    from deepep_kernels.buffer import RECV_ARENA_ENV, _recv_arena_from_env
+
+    assert _recv_arena_from_env({}) is None and _recv_arena_from_env({RECV_ARENA_ENV: ""}) is None
+    assert _recv_arena_from_env({RECV_ARENA_ENV: "0"}) == 0
+    assert _recv_arena_from_env({RECV_ARENA_ENV: "268435456"}) == 268435456
+    for bad in ("-1", "1GB", "1e9"):
+        with pytest.raises(ValueError, match=r"DEEPEP_KERNELS_RECV_ARENA_BYTES='.*': use a byte count >= 0 \(0: no arena"):
+            _recv_arena_from_env({RECV_ARENA_ENV: bad})
+
+
 # --- DeepEP handle tuples (deep_ep/buffer.py v1.2.1): element order and index rules ---------------
 
 def test_handles_follow_deepeps_tuple_lengths_and_order():

@@ -627,6 +627,7 @@ impl<'g> InternodeBuffer<'g> {
                 recv_src_idx,
             },
             event,
+            lease: None,
         })
     }
 
@@ -657,6 +658,7 @@ impl<'g> InternodeBuffer<'g> {
             num_recv_tokens_per_expert: Vec::new(),
             handle: h.clone(),
             event,
+            lease: None,
         })
     }
 

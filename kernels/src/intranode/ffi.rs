@@ -4,7 +4,7 @@
 
 use crate::config::BufferLayout;
 
-/// Mirror of `IntranodeArgs` (208 bytes).
+/// Mirror of `IntranodeArgs` (216 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntranodeArgs {
@@ -25,6 +25,9 @@ pub struct IntranodeArgs {
     pub stage_w_slot_bytes: u64,
     /// 0, or the device address of `u64[TRACE_SLOTS]` phase timestamps.
     pub trace: u64,
+    /// u64 `[R]`: from rank s, `(epoch << 32) | (region >> 9)`, where s's dispatch of that epoch
+    /// wants its rows (0: the fixed receive regions).
+    pub off_recv_target: u64,
     pub rank: i32,
     pub num_ranks: i32,
     pub max_tokens: i32,
@@ -49,7 +52,7 @@ pub struct NotifyParams {
     pub pad_: i32,
 }
 
-/// Mirror of `DispatchParams` (96 bytes).
+/// Mirror of `DispatchParams` (104 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DispatchParams {
@@ -68,6 +71,10 @@ pub struct DispatchParams {
     pub num_local_experts: i32,
     pub local_warps: i32,
     pub use_tma: i32,
+    /// This rank's receive region for the call: byte offset in its buffer (a multiple of
+    /// [`super::arena::RECV_ALIGN`], laid out by [`super::arena::recv_sublayout`]), or 0: the
+    /// fixed `off_recv_*` regions.
+    pub recv_region: u64,
 }
 
 /// Mirror of `CombineParams` (88 bytes).
@@ -90,7 +97,7 @@ pub struct CombineParams {
     pub use_tma: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 208);
+const _: () = assert!(std::mem::size_of::<IntranodeArgs>() == 216);
 
 /// 16-byte words per lane in one dispatch unit, per rank count: the `kUnroll` template argument of
 /// `ep_intranode_dispatch_r{2,4,8}` in `intranode.cu` (keep in sync). A unit (chunk) is
@@ -119,7 +126,7 @@ pub fn combine_tma_smem(push_warps: usize) -> usize {
 /// `EP_TRACE_SLOTS` of `intranode.cuh`.
 pub const TRACE_SLOTS: usize = 8;
 const _: () = assert!(std::mem::size_of::<NotifyParams>() == 64);
-const _: () = assert!(std::mem::size_of::<DispatchParams>() == 96);
+const _: () = assert!(std::mem::size_of::<DispatchParams>() == 104);
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 88);
 
 impl IntranodeArgs {
@@ -144,6 +151,7 @@ impl IntranodeArgs {
             stage_x_slot_bytes: layout.stage_x_slot_bytes as u64,
             stage_w_slot_bytes: layout.stage_w_slot_bytes as u64,
             trace,
+            off_recv_target: layout.off_recv_target as u64,
             rank: rank as i32,
             num_ranks: layout.num_ranks as i32,
             max_tokens: layout.max_tokens as i32,

@@ -22,11 +22,13 @@
 //! - After any error the `Buffer` is poisoned (peers may be mid-call): create a new one.
 //! - Every rank must issue the same sequence of calls with the same `Config`.
 
+pub mod arena;
 pub mod checks;
 pub mod ffi;
 pub mod raw;
 
 use crate::config::{BufferLayout, Config, MAX_LOCAL_EXPERTS};
+use arena::{recv_sublayout, ArenaLease, RecvArena};
 use crate::error::EpError;
 use crate::runtime::{Comm, DeviceBuffer, Gpu, HostMapped, IpcBuffer, Kernel, LaunchCfg};
 use crate::tensor::{DType, Generation, Tensor, TensorInfo};
@@ -126,23 +128,32 @@ pub struct DispatchArgs<'a> {
     pub config: Config,
     /// Event the stream waits for before the first kernel.
     pub wait: Option<&'a CudaEvent>,
+    /// Write the received rows into a region leased from the buffer's receive arena, so that the
+    /// outputs stay valid until they are dropped (not only until the next dispatch); falls back
+    /// to the fixed receive region when the arena is absent or full ([`DispatchOutput::lease`]).
+    pub owned: bool,
 }
 
 impl<'a> DispatchArgs<'a> {
     /// Fresh dispatch of bf16 `x` with `expert_alignment` 1 and the default config.
     pub fn fresh(x: &'a Tensor, layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None }
+        DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false }
     }
     /// Fresh dispatch of bf16 `x` routed by `layout` alone (no top-k travels).
     pub fn fresh_without_topk(x: &'a Tensor, layout: &'a Layout) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::FreshNoTopk { layout, expert_alignment: 1 }, config: Config::default(), wait: None }
+        DispatchArgs { x, scales: None, routing: Routing::FreshNoTopk { layout, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false }
     }
     /// Cached dispatch with `handle`.
     pub fn cached(x: &'a Tensor, handle: &'a Handle) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None }
+        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None, owned: false }
     }
     pub fn scales(mut self, scales: &'a Tensor) -> Self {
         self.scales = Some(scales);
+        self
+    }
+    /// See [`DispatchArgs::owned`].
+    pub fn owned(mut self, owned: bool) -> Self {
+        self.owned = owned;
         self
     }
     pub fn expert_alignment(mut self, a: usize) -> Self {
@@ -180,6 +191,9 @@ pub struct DispatchOutput<H = Handle> {
     pub handle: H,
     /// Recorded after the dispatch kernel.
     pub event: CudaEvent,
+    /// The arena region the outputs live in (kept alive by every output tensor too), or None:
+    /// they are views of the fixed receive region, valid until the next dispatch.
+    pub lease: Option<Arc<ArenaLease>>,
 }
 
 /// Arguments of [`Buffer::combine`] / [`Buffer::combine_into`].
@@ -249,6 +263,8 @@ pub struct Buffer<'g> {
     kernels: Kernels,
     /// Phase timestamps of the last dispatch/combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
+    /// Regions of the buffer that owned dispatch outputs are leased from (None: no arena).
+    arena: Option<RecvArena>,
 }
 
 /// The intranode phases of a [`PhaseTrace`] and their slots (`EP_TRACE_*` of `intranode.cuh`).
@@ -273,8 +289,14 @@ impl<'g> Buffer<'g> {
     /// Allocate and exchange the NVLink buffer for up to `max_tokens_per_rank` tokens per call
     /// and rows of up to `hidden` channels (bf16 or FP8). Size: [`crate::config::buffer_size_hint`].
     pub fn new(gpu: &'g Gpu, comm: &Comm, max_tokens_per_rank: usize, hidden: usize) -> Result<Buffer<'g>> {
+        Self::with_arena(gpu, comm, max_tokens_per_rank, hidden, 0)
+    }
+
+    /// [`Buffer::new`] plus a receive arena of `arena_bytes` at the end of the buffer, which
+    /// dispatches with [`DispatchArgs::owned`] lease their output regions from.
+    pub fn with_arena(gpu: &'g Gpu, comm: &Comm, max_tokens_per_rank: usize, hidden: usize, arena_bytes: usize) -> Result<Buffer<'g>> {
         let num_ranks = comm.world();
-        let layout = BufferLayout::new(num_ranks, max_tokens_per_rank, hidden)?;
+        let layout = BufferLayout::with_arena(num_ranks, max_tokens_per_rank, hidden, arena_bytes)?;
         // Fail early (before the collective allocation) if the cubins are missing.
         crate::cubins::require("intranode")?;
         crate::cubins::require("layout")?;
@@ -293,7 +315,6 @@ impl<'g> Buffer<'g> {
             gpu,
             rank: comm.rank(),
             num_ranks,
-            layout,
             ipc: Arc::new(ipc),
             host_out,
             epoch: 0,
@@ -303,6 +324,8 @@ impl<'g> Buffer<'g> {
             device_sms,
             kernels,
             trace: None,
+            arena: (layout.arena_bytes > 0).then(|| RecvArena::new(layout.off_arena, layout.arena_bytes)),
+            layout,
         })
     }
 
@@ -345,8 +368,9 @@ impl<'g> Buffer<'g> {
     /// (stream-ordered, so before the next call's kernels; peers write these regions only after
     /// that call's handshake). Lets tests poison the received views before a dispatch.
     pub fn fill_data_regions(&self, word: u32) -> Result<()> {
+        // Not the arena: regions leased there belong to live outputs.
         let start = self.layout.off_recv_x;
-        let words = (self.layout.total_bytes - start) / 4;
+        let words = (self.layout.off_arena.min(self.layout.total_bytes) - start) / 4;
         self.gpu.memset_u32(self.ipc.ptr(self.rank) + start as u64, word, words)
     }
 
@@ -537,12 +561,22 @@ impl<'g> Buffer<'g> {
         }
 
         // 2. dispatch.
-        self.launch_dispatch(plan, a, topk.map(|(i, w)| (i, w, l)), &send_pos, &count_matrix)?;
-        let (recv_x, recv_scales) = self.recv_payload_views(plan, m);
         let k = plan.num_topk;
+        let kk = if topk.is_some() { k } else { 0 };
+        let lease = self.lease(a, plan, m, kk);
+        self.launch_dispatch(plan, a, topk.map(|(i, w)| (i, w, l)), &send_pos, &count_matrix, lease.as_ref())?;
+        let (recv_x, recv_scales) = self.recv_payload_views(plan, m, lease.as_ref());
         let gen = self.generation();
-        let recv_topk_idx = topk.map(|_| self.view(self.layout.off_recv_topk_idx, DType::I64, &[m, k], gen.clone()));
-        let recv_topk_weights = topk.map(|_| self.view(self.layout.off_recv_topk_w, DType::F32, &[m, k], gen.clone()));
+        let (off_idx, off_w, vgen) = match &lease {
+            Some(ls) => {
+                let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, kk);
+                (ls.offset() + sub.topk_idx, ls.offset() + sub.topk_w, None)
+            }
+            None => (self.layout.off_recv_topk_idx, self.layout.off_recv_topk_w, gen.clone()),
+        };
+        let keep = self.keep(lease.as_ref());
+        let recv_topk_idx = topk.map(|_| self.view_in(keep.clone(), off_idx, DType::I64, &[m, k], vgen.clone()));
+        let recv_topk_weights = topk.map(|_| self.view_in(keep.clone(), off_w, DType::F32, &[m, k], vgen.clone()));
         let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], gen);
         let recv_src_idx = recv_src_view.to_owned()?;
         let event = self.record_event()?;
@@ -566,20 +600,56 @@ impl<'g> Buffer<'g> {
                 recv_src_idx,
             },
             event,
+            lease,
         })
     }
 
     fn dispatch_cached(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, h: &Handle) -> Result<DispatchOutput> {
-        self.launch_dispatch(plan, a, None, &h.send_pos, &h.count_matrix_dev)?;
-        let (recv_x, recv_scales) = self.recv_payload_views(plan, h.num_recv_tokens);
+        let lease = self.lease(a, plan, h.num_recv_tokens, 0);
+        self.launch_dispatch(plan, a, None, &h.send_pos, &h.count_matrix_dev, lease.as_ref())?;
+        let (recv_x, recv_scales) = self.recv_payload_views(plan, h.num_recv_tokens, lease.as_ref());
         let event = self.record_event()?;
-        Ok(DispatchOutput { recv_x, recv_scales, recv_topk_idx: None, recv_topk_weights: None, num_recv_tokens_per_expert: Vec::new(), handle: h.clone(), event })
+        Ok(DispatchOutput {
+            recv_x,
+            recv_scales,
+            recv_topk_idx: None,
+            recv_topk_weights: None,
+            num_recv_tokens_per_expert: Vec::new(),
+            handle: h.clone(),
+            event,
+            lease,
+        })
     }
 
-    fn launch_dispatch(&mut self, plan: &DispatchPlan, a: &DispatchArgs<'_>, topk: Option<(&Tensor, &Tensor, usize)>, send_pos: &Tensor, count_matrix: &Tensor) -> Result<()> {
+    /// A region of the arena for `m` received rows with `k` top-k columns, when the call asks for
+    /// owned outputs and the arena has room (None: the fixed receive region).
+    fn lease(&self, a: &DispatchArgs<'_>, plan: &DispatchPlan, m: usize, k: usize) -> Option<Arc<ArenaLease>> {
+        if !a.owned || m == 0 {
+            return None;
+        }
+        let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, k);
+        self.arena.as_ref()?.lease(sub.bytes).map(Arc::new)
+    }
+
+    /// The receive arena's (capacity, free bytes, live leases), if the buffer has one.
+    pub fn arena_usage(&self) -> Option<(usize, usize, usize)> {
+        self.arena.as_ref().map(|a| (a.capacity(), a.free_bytes(), a.outstanding()))
+    }
+
+    fn launch_dispatch(
+        &mut self,
+        plan: &DispatchPlan,
+        a: &DispatchArgs<'_>,
+        topk: Option<(&Tensor, &Tensor, usize)>,
+        send_pos: &Tensor,
+        count_matrix: &Tensor,
+        lease: Option<&Arc<ArenaLease>>,
+    ) -> Result<()> {
         self.next_epoch();
-        // The receive region is about to be overwritten: invalidate every earlier view.
-        self.recv_generation.fetch_add(1, Ordering::AcqRel);
+        if lease.is_none() {
+            // The fixed receive region is about to be overwritten: invalidate every earlier view.
+            self.recv_generation.fetch_add(1, Ordering::AcqRel);
+        }
         let p = ffi::DispatchParams {
             x: a.x.ptr(),
             scales: a.scales.map_or(0, |s| s.ptr()),
@@ -596,6 +666,7 @@ impl<'g> Buffer<'g> {
             num_local_experts: topk.map_or(0, |t| t.2 as i32),
             local_warps: a.config.dispatch_local_warps as i32,
             use_tma: a.config.dispatch_tma as i32,
+            recv_region: lease.map_or(0, |l| l.offset() as u64),
         };
         self.reset_trace()?;
         let args = self.args();
@@ -615,14 +686,34 @@ impl<'g> Buffer<'g> {
     }
 
     fn view(&self, off: usize, dtype: DType, shape: &[usize], generation: Option<Generation>) -> Tensor {
-        let keep: Arc<dyn std::any::Any + Send + Sync> = self.ipc.clone();
+        self.view_in(self.keep(None), off, dtype, shape, generation)
+    }
+
+    /// What a view keeps alive: the buffer, and the arena region it lies in.
+    fn keep(&self, lease: Option<&Arc<ArenaLease>>) -> Arc<dyn std::any::Any + Send + Sync> {
+        match lease {
+            Some(l) => Arc::new((self.ipc.clone(), l.clone())),
+            None => self.ipc.clone(),
+        }
+    }
+
+    fn view_in(&self, keep: Arc<dyn std::any::Any + Send + Sync>, off: usize, dtype: DType, shape: &[usize], generation: Option<Generation>) -> Tensor {
         Tensor::view(self.gpu.stream(), keep, self.ipc.ptr(self.rank) + off as u64, dtype, shape, generation)
     }
 
-    fn recv_payload_views(&self, plan: &DispatchPlan, m: usize) -> (Tensor, Option<Tensor>) {
-        let gen = self.generation();
-        let x = self.view(self.layout.off_recv_x, plan.dtype, &[m, plan.hidden], gen.clone());
-        let scales = (plan.num_scales > 0).then(|| self.view(self.layout.off_recv_scales, DType::F32, &[m, plan.num_scales], gen));
+    /// Views of the received rows (and FP8 scales): in the call's arena region (valid while any
+    /// output lives), or in the fixed region (valid until the next dispatch).
+    fn recv_payload_views(&self, plan: &DispatchPlan, m: usize, lease: Option<&Arc<ArenaLease>>) -> (Tensor, Option<Tensor>) {
+        let (off_x, off_s, gen) = match lease {
+            Some(l) => {
+                let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, 0);
+                (l.offset() + sub.x, l.offset() + sub.scales, None)
+            }
+            None => (self.layout.off_recv_x, self.layout.off_recv_scales, self.generation()),
+        };
+        let keep = self.keep(lease);
+        let x = self.view_in(keep.clone(), off_x, plan.dtype, &[m, plan.hidden], gen.clone());
+        let scales = (plan.num_scales > 0).then(|| self.view_in(keep, off_s, DType::F32, &[m, plan.num_scales], gen));
         (x, scales)
     }
 

@@ -6,6 +6,7 @@ impl Buffer<'_> {
     /// Device address and size in bytes of this rank's own NVLink buffer (the memory its peers
     /// map). Writing into it while a dispatch or combine runs corrupts that call.
     pub fn local_buffer(&self) -> (u64, usize) {
-        (self.ipc.local().ptr(), self.ipc.bytes())
+        // Not the receive arena: its regions belong to live dispatch outputs.
+        (self.ipc.local().ptr(), self.ipc.bytes().min(self.layout.off_arena))
     }
 }

@@ -249,6 +249,30 @@ def intranode(rank, world, group):
         want = combined_copies(xx, sends)
         check_equal(f"micro-batch {name} combine", c, want)
 
+    # owned outputs are written by the dispatch kernel into a region of the receive arena (after
+    # the part get_local_buffer_tensor exposes), which they keep leased: they stay valid across
+    # later dispatches; when the arena is full a dispatch falls back to copying out of the fixed
+    # region; dropping the outputs returns their regions
+    rt_ = buf._rt()
+    cap, free0, live0 = rt_.arena_usage()
+    arena_lo = buf.get_local_buffer_tensor(torch.uint8).data_ptr() + buf.get_local_buffer_tensor(torch.uint8).numel()
+    ex2 = torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16)
+    held = []
+    for i in range(32):  # the same count on every rank (dispatch is collective); enough to fill the arena here
+        xi, want = (xd, ex) if i % 2 == 0 else (x2.to(dev), ex2)
+        held.append((buf.dispatch(xi, handle=handle)[0], want, i))
+    in_arena = [t.data_ptr() >= arena_lo for t, _, _ in held]
+    for t, want, i in held:
+        check_equal(f"held cached recv_x {i} after {len(held) - 1 - i} later dispatches", t, want)
+    if ex.shape[0] > 0:
+        assert in_arena[0] and in_arena[1], "the first owned outputs are not in the receive arena"
+        assert not all(in_arena), f"the arena ({cap} bytes) never filled in 32 dispatches of {ex.shape[0]} rows"
+        _, free1, live1 = rt_.arena_usage()
+        assert live1 == live0 + sum(in_arena) and free1 < free0, (live0, live1, free0, free1)
+    del held, t, want
+    _, free2, live2 = rt_.arena_usage()
+    assert (free2, live2) == (free0, live0), f"regions not returned: {(free0, live0)} -> {(free2, live2)}"
+
     # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1, read at construction; switched
     # on this Buffer directly here): the same rows, as a view inside this rank's NVLink buffer
     buf._dispatch_views = True
