@@ -794,7 +794,8 @@ def worker(rank, world, gpus, init, args):
         # the owned rows below must come from the arena, or they would time the copy again
         exposed = buf.get_local_buffer_tensor(torch.uint8)
         probe = cached_bf16()[0]
-        if m > 0 and probe.data_ptr() < exposed.data_ptr() + exposed.numel():
+        arena_lo, arena_cap = exposed.data_ptr() + exposed.numel(), (buf._rt().arena_usage() or (0,))[0]
+        if m > 0 and not arena_lo <= probe.data_ptr() < arena_lo + arena_cap:
             raise SystemExit(f"rank {rank}: owned dispatch outputs are not in the receive arena (arena {buf._rt().arena_usage()}); "
                              "unset DEEPEP_KERNELS_RECV_ARENA_BYTES or raise it")
         del probe, exposed
