@@ -3,6 +3,8 @@ computation (on the CPU, from every rank's inputs gathered through the gloo grou
 contract in the project's docs (ep-contract.md section 7): the expected values are computed
 here, never by the package under test."""
 
+import os
+
 import torch
 
 from deepep_kernels import Buffer, DeviceError, EventOverlap, _native, check_device_error
@@ -114,6 +116,7 @@ def intranode(rank, world, group):
     allocate_on_comm_stream, and two micro-batches alive at once."""
     num_experts = LOCAL_EXPERTS * world
     nvl_bytes = _native.intranode_buffer_bytes(world, 512, 7168)
+    os.environ["DEEPEP_KERNELS_RECV_ARENA_BYTES"] = "auto"  # the opt-in receive arena: owned outputs written in place
     buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
     assert buf.group_size == world and buf.rank == rank
     cs = buf.get_comm_stream()
@@ -255,23 +258,33 @@ def intranode(rank, world, group):
     # region; dropping the outputs returns their regions
     rt_ = buf._rt()
     cap, free0, live0 = rt_.arena_usage()
-    arena_lo = buf.get_local_buffer_tensor(torch.uint8).data_ptr() + buf.get_local_buffer_tensor(torch.uint8).numel()
-    ex2 = torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16)
-    held = []
+    exposed = buf.get_local_buffer_tensor(torch.uint8)
+    arena_lo = exposed.data_ptr() + exposed.numel()
+    del exposed
+    # distinct data per dispatch (the same routes): two outputs sharing a region cannot both match
+    held, trail = [], []
     for i in range(32):  # the same count on every rank (dispatch is collective); enough to fill the arena here
-        xi, want = (xd, ex) if i % 2 == 0 else (x2.to(dev), ex2)
-        held.append((buf.dispatch(xi, handle=handle)[0], want, i))
+        xi = (x.float() + (i + 1)).to(torch.bfloat16)
+        want = torch.stack([(all_x[s][t].float() + (i + 1)).to(torch.bfloat16) for s, t in src]) if src else \
+            torch.empty(0, HIDDEN, dtype=torch.bfloat16)
+        out = buf.dispatch(xi.to(dev), handle=handle)[0]
+        held.append((out, want, i))
+        trail.append((i, out.data_ptr() - arena_lo, rt_.arena_usage()))
     # the arena is [end of the exposed part, + capacity); torch's own allocations (the copies of a
     # fallback) may lie at any address, above it too
     in_arena = [arena_lo <= t.data_ptr() < arena_lo + cap for t, _, _ in held]
+    why = f"arena capacity {cap}, before: free {free0} live {live0}; (dispatch, offset in arena, (cap, free, live)): {trail}"
     for t, want, i in held:
-        check_equal(f"held cached recv_x {i} after {len(held) - 1 - i} later dispatches", t, want)
+        try:
+            check_equal(f"held cached recv_x {i} after {len(held) - 1 - i} later dispatches", t, want)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {why}") from None
     if ex.shape[0] > 0:
-        assert in_arena[0] and in_arena[1], "the first owned outputs are not in the receive arena"
-        assert not all(in_arena), f"the arena ({cap} bytes) never filled in 32 dispatches of {ex.shape[0]} rows"
+        assert in_arena[0] and in_arena[1], f"the first owned outputs are not in the receive arena; {why}"
+        assert not all(in_arena), f"the arena never filled in 32 dispatches of {ex.shape[0]} rows; {why}"
         _, free1, live1 = rt_.arena_usage()
-        assert live1 == live0 + sum(in_arena) and free1 < free0, (live0, live1, free0, free1)
-    del held, t, want
+        assert live1 == live0 + sum(in_arena) and free1 < free0, why
+    del held, t, want, out
     _, free2, live2 = rt_.arena_usage()
     assert (free2, live2) == (free0, live0), f"regions not returned: {(free0, live0)} -> {(free2, live2)}"
 
