@@ -36,10 +36,9 @@ from .utils import EventHandle, EventOverlap
 DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
 # Opt-in: intranode dispatch returns views of the NVLink buffer instead of torch-owned copies.
 DISPATCH_VIEWS_ENV = "DEEPEP_KERNELS_DISPATCH_VIEWS"
-# Opt-in: bytes of the intranode receive arena that owned dispatch outputs are written into
-# directly (no second pass), or "auto" (twice the fixed receive region); unset or 0: no arena, the
-# outputs are copied out of the NVLink buffer (the default until the arena's lifetime test has
-# passed on a GPU: docs/python.md).
+# Bytes of the intranode receive arena that owned dispatch outputs are written into directly (no
+# second pass): "auto" (the default: twice the fixed receive region), a byte count, or 0 (no
+# arena: the outputs are copied out of the NVLink buffer, the path before the arena).
 RECV_ARENA_ENV = "DEEPEP_KERNELS_RECV_ARENA_BYTES"
 # Testing on one machine: treat every K consecutive ranks as one host (internode mode on one host).
 RANKS_PER_HOST_ENV = "DEEPEP_KERNELS_RANKS_PER_HOST"
@@ -81,12 +80,10 @@ def host_topology(hosts: List[str], environ=None) -> Tuple[int, int]:
 
 
 def _recv_arena_from_env(environ=None) -> Optional[int]:
-    """Bytes of the receive arena from the environment: 0 (unset, empty or 0: none), a byte
-    count, or None for "auto" (the binding then takes twice the fixed receive region)."""
+    """Bytes of the receive arena from the environment: None for "auto" (unset or empty too; the
+    binding then takes twice the fixed receive region), a byte count, or 0 (no arena)."""
     v = (os.environ if environ is None else environ).get(RECV_ARENA_ENV)
-    if v is None or v == "":
-        return 0
-    if v == "auto":
+    if v is None or v == "" or v == "auto":
         return None
     try:
         b = int(v)

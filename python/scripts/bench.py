@@ -563,8 +563,6 @@ def compare_normal(ses, Buffer, Config, gpus):
     if ses.library == LIB_OURS:
         # ours sizes its NVLink buffer for a token capacity and a hidden size (docs/python.md)
         os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(h))
-        # the receive arena (opt-in) for the owned rows; the 'copied' row switches it off per call
-        os.environ.setdefault("DEEPEP_KERNELS_RECV_ARENA_BYTES", "auto")
         if n > 4096:
             os.environ.setdefault("DEEPEP_KERNELS_MAX_TOKENS", str(n))
     dcfg, ccfg = normal_configs(Buffer, Config, world, a.num_sms)
@@ -750,8 +748,6 @@ def worker(rank, world, gpus, init, args):
         n, h, k, e = args.tokens, args.hidden, args.topk, args.experts
         nvl = Config(args.num_sms, 6, 256, 6, 128).get_nvl_buffer_size_hint(h * 2, world)
         os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(h))
-        # the receive arena (opt-in) for the owned rows; the 'copied' row switches it off per call
-        os.environ.setdefault("DEEPEP_KERNELS_RECV_ARENA_BYTES", "auto")
         buf = Buffer(group, nvl, 0, explicitly_destroy=True)
         x = torch.randn(n, h, device=dev).to(torch.bfloat16)
         scores = torch.randn(n, e, device=dev).abs()

@@ -487,8 +487,8 @@ def test_dispatch_views_setting_is_checked():
 def test_recv_arena_setting_is_checked():
     from deepep_kernels.buffer import RECV_ARENA_ENV, _recv_arena_from_env
 
-    # opt-in: unset, empty or 0 is no arena; auto is the binding's default size (None)
-    assert _recv_arena_from_env({}) == 0 and _recv_arena_from_env({RECV_ARENA_ENV: ""}) == 0
+    # unset, empty or auto: the binding's default size (None); 0: no arena
+    assert _recv_arena_from_env({}) is None and _recv_arena_from_env({RECV_ARENA_ENV: ""}) is None
     assert _recv_arena_from_env({RECV_ARENA_ENV: "0"}) == 0
     assert _recv_arena_from_env({RECV_ARENA_ENV: "auto"}) is None
     assert _recv_arena_from_env({RECV_ARENA_ENV: "268435456"}) == 268435456

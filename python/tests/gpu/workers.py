@@ -116,7 +116,7 @@ def intranode(rank, world, group):
     allocate_on_comm_stream, and two micro-batches alive at once."""
     num_experts = LOCAL_EXPERTS * world
     nvl_bytes = _native.intranode_buffer_bytes(world, 512, 7168)
-    os.environ["DEEPEP_KERNELS_RECV_ARENA_BYTES"] = "auto"  # the opt-in receive arena: owned outputs written in place
+    os.environ.pop("DEEPEP_KERNELS_RECV_ARENA_BYTES", None)  # the default receive arena (twice the fixed receive region)
     buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
     assert buf.group_size == world and buf.rank == rank
     cs = buf.get_comm_stream()
@@ -263,7 +263,12 @@ def intranode(rank, world, group):
     del exposed
     # distinct data per dispatch (the same routes): two outputs sharing a region cannot both match
     held, trail = [], []
-    for i in range(32):  # the same count on every rank (dispatch is collective); enough to fill the arena here
+    # enough cached dispatches to fill every rank's arena, the same count on every rank (dispatch
+    # is collective): the arena was sized for the buffer's hidden, these rows are HIDDEN wide
+    region = -(-ex.shape[0] * HIDDEN * 2 // 512) * 512
+    fills = gather(group, cap // region + 3 if region else 0)
+    rounds = max(fills)
+    for i in range(rounds):
         xi = (x.float() + (i + 1)).to(torch.bfloat16)
         want = torch.stack([(all_x[s][t].float() + (i + 1)).to(torch.bfloat16) for s, t in src]) if src else \
             torch.empty(0, HIDDEN, dtype=torch.bfloat16)
@@ -281,7 +286,7 @@ def intranode(rank, world, group):
             raise AssertionError(f"{e}; {why}") from None
     if ex.shape[0] > 0:
         assert in_arena[0] and in_arena[1], f"the first owned outputs are not in the receive arena; {why}"
-        assert not all(in_arena), f"the arena never filled in 32 dispatches of {ex.shape[0]} rows; {why}"
+        assert not all(in_arena), f"the arena never filled in {rounds} dispatches of {ex.shape[0]} rows; {why}"
         _, free1, live1 = rt_.arena_usage()
         assert live1 == live0 + sum(in_arena) and free1 < free0, why
     del held, t, want, out
