@@ -216,7 +216,7 @@ pub use crate::intranode::CombineOutput;
 
 struct Kernels {
     notify: Kernel,
-    barrier: Kernel,
+    cached_notify: Kernel,
     dispatch: Kernel,
     combine: Kernel,
 }
@@ -340,7 +340,7 @@ impl<'g> InternodeBuffer<'g> {
         let counters = HostMapped::new(gpu.ctx(), 2 + cfg.max_local_experts)?;
         let kernels = Kernels {
             notify: gpu.kernel("internode", "internode_notify")?,
-            barrier: gpu.kernel("internode", "internode_cached_notify")?,
+            cached_notify: gpu.kernel("internode", "internode_cached_notify")?,
             dispatch: gpu.kernel("internode", "internode_dispatch")?,
             combine: gpu.kernel("internode", "internode_combine")?,
         };
@@ -414,9 +414,9 @@ impl<'g> InternodeBuffer<'g> {
         LaunchCfg::new(self.cfg.num_sms as u32, THREADS).cooperative(true)
     }
 
-    fn launch_barrier(&mut self, args: &InternodeArgs) -> Result<()> {
+    fn launch_cached_notify(&mut self, args: &InternodeArgs) -> Result<()> {
         self.gpu.launch(
-            &self.kernels.barrier,
+            &self.kernels.cached_notify,
             &LaunchCfg::new(1, BARRIER_THREADS),
             crate::args![*args],
         )
@@ -646,7 +646,7 @@ impl<'g> InternodeBuffer<'g> {
         args.num_experts = h.num_experts as i32;
         // Buffer reuse: everyone must have finished the previous call (notify does this for a
         // fresh dispatch).
-        self.launch_barrier(&args)?;
+        self.launch_cached_notify(&args)?;
         let (recv_x, recv_scales, _, _) =
             self.launch_dispatch(args, a, n, hidden, h.num_recv_tokens, None)?;
         let event = record_event(self.gpu)?;
@@ -857,7 +857,7 @@ impl<'g> InternodeBuffer<'g> {
         args.comb_bias1 = a.bias1.map_or(0, |t| t.ptr());
         args.combined_x = out.ptr();
         args.combined_w = out_w.as_ref().map_or(0, |t| t.ptr());
-        self.launch_barrier(&args)?;
+        self.launch_cached_notify(&args)?;
         self.gpu
             .launch(&self.kernels.combine, &self.grid(), crate::args![args])?;
         let event = record_event(self.gpu)?;
