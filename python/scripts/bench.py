@@ -767,27 +767,26 @@ def worker(rank, world, gpus, init, args):
             buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
                          topk_idx=idx, topk_weights=w, config=cfg)
 
-        def views(fn):
-            # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1), switched on this Buffer
-            # for the call: outputs are views of the NVLink buffer, no copy after the kernel
+        def switched(attr, value, fn):
+            # fn with one setting of this Buffer switched for the call only
             def run():
-                buf._dispatch_views = True
+                old = getattr(buf, attr)
+                setattr(buf, attr, value)
                 try:
                     return fn()
                 finally:
-                    buf._dispatch_views = False
+                    setattr(buf, attr, old)
             return run
+
+        def views(fn):
+            # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1): outputs are views of
+            # the fixed receive region, no copy after the kernel
+            return switched("_dispatch_views", True, fn)
 
         def copied(fn):
             # owned outputs the way they were made before the receive arena: the kernel writes
             # the fixed receive region and a second pass copies the rows into torch tensors
-            def run():
-                buf._use_arena = False
-                try:
-                    return fn()
-                finally:
-                    buf._use_arena = True
-            return run
+            return switched("_use_arena", False, fn)
 
         cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=cfg)  # noqa: E731
         cached_fp8 = lambda: buf.dispatch((xq, sc), handle=handle, config=cfg)  # noqa: E731
