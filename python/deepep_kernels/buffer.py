@@ -12,7 +12,9 @@ current stream waits for the comm stream unless ``async_finish`` (then the retur
 receive hook) launches directly on the current stream instead: the same order without the two
 event joins (host time per call; ``get_comm_stream()`` first makes the comm stream wait for such
 calls). Outputs DeepEP returns as fresh tensors are allocated with
-``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``).
+``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``),
+except an intranode dispatch's: the kernel writes them into a region of the receive arena that
+the returned tensors keep leased (no copy; the copy path when the arena is full or absent).
 The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
 at most two low-latency results are alive at once applies literally). When the group spans hosts
 the normal mode runs the internode family (outputs copied out of its own tensors on the comm
@@ -90,8 +92,8 @@ def _recv_arena_from_env(environ=None) -> Optional[int]:
     except ValueError:
         b = -1
     if b < 0:
-        raise ValueError(f"{RECV_ARENA_ENV}={v!r}: use a byte count >= 0 or auto (twice the fixed receive region); 0 or unset: "
-                         "no arena, dispatch outputs are copied out of the NVLink buffer")
+        raise ValueError(f"{RECV_ARENA_ENV}={v!r}: use a byte count >= 0 or auto (twice the fixed receive region, also when "
+                         "unset); 0: no arena, dispatch outputs are copied out of the NVLink buffer")
     return b
 
 

@@ -12,9 +12,13 @@
 //! Semantics follow the contract (ordered by source rank, then token; `-1` handling; aligned
 //! per-expert counts; unweighted f32 combine with up to two biases). Differences from DeepEP:
 //! - **Received tensors are views into the NVLink buffer** (the dispatch kernels write rows at
-//!   their final position on the destination, no second copy). They stay valid until the next
-//!   dispatch on the same `Buffer`; using one afterwards is an error ([`Tensor::check_valid`]).
-//!   Copy out with [`Tensor::to_owned`] to keep them longer.
+//!   their final position on the destination, no second copy). By default they lie in the fixed
+//!   receive region and stay valid until the next dispatch on the same `Buffer`; using one
+//!   afterwards is an error ([`Tensor::check_valid`]). With [`DispatchArgs::owned`] on a buffer
+//!   made by [`Buffer::with_arena`], they lie in a region leased from the receive arena
+//!   ([`arena`]) and stay valid until the last of them is dropped (the fixed region when the
+//!   arena has no room; [`DispatchOutput::lease`] says which). Or copy out with
+//!   [`Tensor::to_owned`].
 //! - Stream/event: all work runs on the GPU's stream ([`Gpu`]); pass `wait` (a CUDA event the
 //!   stream waits for before the first kernel) and get `event` (recorded after the last kernel).
 //!   A fresh dispatch blocks the host until notify finished (it must learn the received count,
