@@ -1046,15 +1046,10 @@ impl LowLatencyBuffer<'_> {
         Ok(s)
     }
 
-    /// Launch one of our kernels on `s` (from [`LowLatencyBuffer::enter`]) and mark it.
+    /// Launch one of our kernels on `s` (from [`LowLatencyBuffer::enter`]) and mark it: the next
+    /// call on another stream waits for that mark.
     fn go(&self, k: &Kernel, smem: usize, args: Args, s: sys::CUstream) -> Result<()> {
         self.gpu.launch_in(k, &self.launch_cfg(smem), args, s)?;
-        self.leave(s)
-    }
-
-    /// After a launch on `s` (from [`LowLatencyBuffer::enter`]): the next call on another stream
-    /// waits for this mark.
-    fn leave(&self, s: sys::CUstream) -> Result<()> {
         self.gpu.mark(self.last_mark, s)
     }
 

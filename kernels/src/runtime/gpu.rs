@@ -260,9 +260,8 @@ impl Gpu {
 
     /// Launch `k` on this GPU's stream with `args` followed by [`Gpu::diag`] (every kernel takes
     /// `EpDiag` last). Argument count and sizes are checked against the kernel's parameters.
-    pub fn launch(&self, k: &Kernel, cfg: &LaunchCfg, mut args: Args) -> Result<()> {
-        args.push(self.diag());
-        self.launch_raw(k, cfg, args, self.cu_stream())
+    pub fn launch(&self, k: &Kernel, cfg: &LaunchCfg, args: Args) -> Result<()> {
+        self.launch_in(k, cfg, args, self.cu_stream())
     }
 
     /// [`Gpu::launch`] (diag appended) on `stream`, a raw stream of this GPU's context.
@@ -278,10 +277,8 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: our event; both streams belong to this context (caller's contract).
-        check(unsafe { sys::cuEventRecord(self.join, waited) }, || format!("rank {}: cuEventRecord for a stream join", self.rank))?;
-        // SAFETY: as above.
-        check(unsafe { sys::cuStreamWaitEvent(waiter, self.join, 0) }, || format!("rank {}: cuStreamWaitEvent for a stream join", self.rank))
+        self.mark(self.join, waited)?;
+        self.wait_mark(waiter, self.join)
     }
 
     /// A fresh event without timing, for [`Gpu::mark`] / [`Gpu::wait_mark`] (destroyed with
@@ -294,7 +291,8 @@ impl Gpu {
         Ok(ev)
     }
 
-    /// Record `mark` (from [`Gpu::new_mark`]) on the raw stream `stream` of this context: later
+    /// Record `mark` (from [`Gpu::new_mark`], or the Gpu's own join event) on the raw stream
+    /// `stream` of this context: later
     /// waits on it order after the work queued on `stream` so far, even if `stream` is destroyed
     /// in between (the reason to keep an event rather than the stream handle).
     pub fn mark(&self, mark: sys::CUevent, stream: sys::CUstream) -> Result<()> {
@@ -325,13 +323,6 @@ impl Gpu {
             format!("rank {}: querying a stream's capture status", self.rank)
         })?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    }
-
-    /// Asynchronous device-to-device copy on the raw stream `stream` of this GPU's context.
-    pub fn copy_dtod_in(&self, dst: u64, src: u64, bytes: usize, stream: sys::CUstream) -> Result<()> {
-        self.bind()?;
-        // SAFETY: caller guarantees both ranges are valid.
-        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) }, || format!("rank {}: device copy of {bytes} bytes", self.rank))
     }
 
     /// Asynchronous byte fill on the raw stream `stream` of this GPU's context.
@@ -508,9 +499,7 @@ impl Gpu {
 
     /// Asynchronous byte fill on this GPU's stream.
     pub fn memset_u8(&self, dst: u64, v: u8, bytes: usize) -> Result<()> {
-        self.bind()?;
-        // SAFETY: caller guarantees the range.
-        check(unsafe { sys::cuMemsetD8Async(dst, v, bytes, self.cu_stream()) }, || format!("rank {}: memset of {bytes} bytes", self.rank))
+        self.memset_u8_in(dst, v, bytes, self.cu_stream())
     }
 
     /// Asynchronous 32-bit fill of `words` words (`dst` 4-byte aligned) on this GPU's stream.
