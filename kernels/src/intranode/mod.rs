@@ -569,19 +569,9 @@ impl<'g> Buffer<'g> {
         let kk = if topk.is_some() { k } else { 0 };
         let lease = self.lease(a, plan, m, kk);
         self.launch_dispatch(plan, a, topk.map(|(i, w)| (i, w, l)), &send_pos, &count_matrix, lease.as_ref())?;
-        let (recv_x, recv_scales) = self.recv_payload_views(plan, m, lease.as_ref());
-        let gen = self.generation();
-        let (off_idx, off_w, vgen) = match &lease {
-            Some(ls) => {
-                let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, kk);
-                (ls.offset() + sub.topk_idx, ls.offset() + sub.topk_w, None)
-            }
-            None => (self.layout.off_recv_topk_idx, self.layout.off_recv_topk_w, gen.clone()),
-        };
-        let keep = self.keep(lease.as_ref());
-        let recv_topk_idx = topk.map(|_| self.view_in(keep.clone(), off_idx, DType::I64, &[m, k], vgen.clone()));
-        let recv_topk_weights = topk.map(|_| self.view_in(keep.clone(), off_w, DType::F32, &[m, k], vgen.clone()));
-        let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], gen);
+        let (recv_x, recv_scales, recv_topk) = self.recv_views(plan, m, kk, lease.as_ref());
+        let (recv_topk_idx, recv_topk_weights) = recv_topk.unzip();
+        let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], self.generation());
         let recv_src_idx = recv_src_view.to_owned()?;
         let event = self.record_event()?;
         Ok(DispatchOutput {
@@ -611,7 +601,7 @@ impl<'g> Buffer<'g> {
     fn dispatch_cached(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, h: &Handle) -> Result<DispatchOutput> {
         let lease = self.lease(a, plan, h.num_recv_tokens, 0);
         self.launch_dispatch(plan, a, None, &h.send_pos, &h.count_matrix_dev, lease.as_ref())?;
-        let (recv_x, recv_scales) = self.recv_payload_views(plan, h.num_recv_tokens, lease.as_ref());
+        let (recv_x, recv_scales, _) = self.recv_views(plan, h.num_recv_tokens, 0, lease.as_ref());
         let event = self.record_event()?;
         Ok(DispatchOutput {
             recv_x,
@@ -705,20 +695,26 @@ impl<'g> Buffer<'g> {
         Tensor::view(self.gpu.stream(), keep, self.ipc.ptr(self.rank) + off as u64, dtype, shape, generation)
     }
 
-    /// Views of the received rows (and FP8 scales): in the call's arena region (valid while any
-    /// output lives), or in the fixed region (valid until the next dispatch).
-    fn recv_payload_views(&self, plan: &DispatchPlan, m: usize, lease: Option<&Arc<ArenaLease>>) -> (Tensor, Option<Tensor>) {
-        let (off_x, off_s, gen) = match lease {
+    /// Views of a dispatch's outputs: the received rows, the FP8 scales, and with `k > 0` the
+    /// top-k ids and weights (`[m, k]`); in the call's arena region (valid while any output
+    /// lives, laid out by [`recv_sublayout`]), or in the fixed region (valid until the next
+    /// dispatch).
+    #[allow(clippy::type_complexity)]
+    fn recv_views(&self, plan: &DispatchPlan, m: usize, k: usize, lease: Option<&Arc<ArenaLease>>) -> (Tensor, Option<Tensor>, Option<(Tensor, Tensor)>) {
+        let lay = &self.layout;
+        let (offs, gen) = match lease {
             Some(l) => {
-                let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, 0);
-                (l.offset() + sub.x, l.offset() + sub.scales, None)
+                let sub = recv_sublayout(m, plan.row_bytes, plan.num_scales, k);
+                ([sub.x, sub.scales, sub.topk_idx, sub.topk_w].map(|o| l.offset() + o), None)
             }
-            None => (self.layout.off_recv_x, self.layout.off_recv_scales, self.generation()),
+            None => ([lay.off_recv_x, lay.off_recv_scales, lay.off_recv_topk_idx, lay.off_recv_topk_w], self.generation()),
         };
         let keep = self.keep(lease);
-        let x = self.view_in(keep.clone(), off_x, plan.dtype, &[m, plan.hidden], gen.clone());
-        let scales = (plan.num_scales > 0).then(|| self.view_in(keep, off_s, DType::F32, &[m, plan.num_scales], gen));
-        (x, scales)
+        let view = |i: usize, dtype: DType, shape: &[usize]| self.view_in(keep.clone(), offs[i], dtype, shape, gen.clone());
+        let x = view(0, plan.dtype, &[m, plan.hidden]);
+        let scales = (plan.num_scales > 0).then(|| view(1, DType::F32, &[m, plan.num_scales]));
+        let topk = (k > 0).then(|| (view(2, DType::I64, &[m, k]), view(3, DType::F32, &[m, k])));
+        (x, scales, topk)
     }
 
     /// Combine into new output tensors (see [`Buffer::combine_into`]).
