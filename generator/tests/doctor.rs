@@ -97,6 +97,11 @@ fn shared_with_path(
 /// Prebuilt artifacts shared by all tests.
 struct Artifacts {
     dir: TempDir,
+    /// Held while an NVSHMEM prefix is looked up or built: tests run in parallel, and a prefix
+    /// not built up front is built by the first test that asks for it. Without the lock a
+    /// second test saw the half-built prefix (`exists()`), copied it and met a temporary `.c`
+    /// file that the builder had just removed (CI, NotFound in `copy_tree`).
+    build: std::sync::Mutex<()>,
 }
 
 impl Artifacts {
@@ -107,6 +112,7 @@ impl Artifacts {
     /// An NVSHMEM prefix: host library of `host`, device library and header of `device`,
     /// transport plugins with SONAME suffix `.so.<transport_major>`.
     fn nvshmem(&self, host: &str, device: &str, transport_major: u32) -> PathBuf {
+        let _building = self.build.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let prefix = self
             .dir
             .path()
@@ -114,6 +120,21 @@ impl Artifacts {
         if prefix.exists() {
             return prefix;
         }
+        // Built in a staging directory and renamed into place, so that the prefix exists only
+        // complete (also if a build panics half-way under the lock).
+        let staging = self
+            .dir
+            .path()
+            .join(format!(".staging-nvshmem-{host}-{device}-{transport_major}"));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).unwrap();
+        }
+        self.build_nvshmem(&staging, host, device, transport_major);
+        std::fs::rename(&staging, &prefix).unwrap();
+        prefix
+    }
+
+    fn build_nvshmem(&self, prefix: &Path, host: &str, device: &str, transport_major: u32) {
         let lib = prefix.join("lib");
         std::fs::create_dir_all(&lib).unwrap();
         let libc = self.stub("libc.so.6");
@@ -190,7 +211,6 @@ impl Artifacts {
             ),
         )
         .unwrap();
-        prefix
     }
 }
 
@@ -199,6 +219,7 @@ fn artifacts() -> &'static Artifacts {
     A.get_or_init(|| {
         let a = Artifacts {
             dir: tempfile::tempdir().unwrap(),
+            build: std::sync::Mutex::new(()),
         };
         let stubs = a.dir.path().join("stubs");
         std::fs::create_dir_all(&stubs).unwrap();
