@@ -532,6 +532,10 @@ class Buffer:
         self._ll_views: dict = {}
         # (num_max, hidden, num_experts) of the low-latency buffer as created (None: none yet)
         self._ll_key = None
+        # Counts the low-latency buffers dropped (destroy() or a re-creation for other sizes): a
+        # receive hook of an older buffer refuses to run (its kernel arguments point into freed
+        # symmetric memory).
+        self._ll_generation = 0
         # Low-latency handles handed out (weakly): destroy() releases their hold on the
         # symmetric memory before freeing it collectively.
         import weakref
@@ -708,6 +712,7 @@ class Buffer:
             h.native = None
         self._ll_views.clear()
         self._ll_key = None
+        self._ll_generation += 1
 
     def destroy(self) -> None:
         if not self.explicitly_destroy:
@@ -1242,9 +1247,15 @@ class Buffer:
 
     def _make_hook(self, native_hook, stats=None, recv_count=None) -> Callable[[], None]:
         """The receive half of a hooked call: joins the current stream both ways around the launch,
-        then adds the dispatch's counts to ``stats`` (when given) on the current stream."""
+        then adds the dispatch's counts to ``stats`` (when given) on the current stream. Refuses
+        (ValueError) once the low-latency buffer of its call was destroyed or re-created."""
+        generation = self._ll_generation
+
         def hook() -> None:
             check_device_error()  # a hook is called like a Buffer method: report a recorded error first
+            if self._ll_generation != generation:
+                raise ValueError("this receive hook's low-latency buffer was destroyed or re-created since its call "
+                                 "(clean_low_latency_buffer or a low-latency call with other sizes, or destroy()); dispatch again")
             cur = self._cur()
             self._rt().ll_recv(native_hook, cur, cur)
             if stats is not None:

@@ -474,6 +474,30 @@ def test_buffer_calls_raise_the_recorded_device_error_first(monkeypatch):
             getattr(buf, name)(*([None] * len(DEEPEP_V121[name])))
 
 
+def test_receive_hook_refuses_after_its_buffer_was_dropped():
+    # A hook keeps its call's kernel arguments, which point into the low-latency buffer of that
+    # call: after destroy() or a re-creation for other sizes (both go through _release_ll_refs)
+    # it must refuse instead of launching into freed memory. A Buffer made without __init__ (no
+    # GPU here) with the low-latency bookkeeping __init__ sets up; the hook is the real one.
+    import weakref
+
+    buf = object.__new__(Buffer)
+    buf._ll_handles, buf._ll_views, buf._ll_key, buf._ll_generation = weakref.WeakSet(), {}, None, 0
+    stale = buf._make_hook(None)
+    buf._release_ll_refs()
+    with pytest.raises(ValueError, match=r"this receive hook's low-latency buffer was destroyed or re-created since its call"):
+        stale()
+    # a hook of the current buffer passes the check and goes on to the launch (which needs torch
+    # and a GPU, absent here: any error but that ValueError)
+    fresh = buf._make_hook(None)
+    try:
+        fresh()
+    except ValueError as e:
+        pytest.fail(f"a hook of the current buffer was refused: {e}")
+    except Exception:
+        pass
+
+
 def test_dispatch_views_setting_is_checked():
     from deepep_kernels.buffer import DISPATCH_VIEWS_ENV, _dispatch_views_from_env
 
