@@ -148,6 +148,27 @@ def _ok(t, dtype, ndim: int) -> bool:
     return t.__class__ is _TORCH.Tensor and t.dtype is dtype and t.is_cuda and t.dim() == ndim and t.is_contiguous()
 
 
+def _check_ll_combine_shapes(x_shape, topk_shape, weights_shape, out_shape, num_tokens: int, num_topk: int, hidden: int,
+                             local_experts: int, rows: int) -> None:
+    """The shapes low_latency_combine needs, from its handle's dispatch: x (the expert outputs)
+    ``[local_experts, rows = ranks * num_max_dispatch_tokens_per_rank, hidden]`` as recv_x,
+    topk_idx and topk_weights ``[num_tokens, num_topk]`` as given to the dispatch, out (None:
+    allocated) ``[num_tokens, hidden]``. The kernel reads and writes by these sizes, so anything
+    else would read or write past a tensor: ValueError naming the tensor and the shape it needs
+    (DeepEP asserts the same in its C++)."""
+    packed = (local_experts, rows, hidden)
+    if x_shape != packed:
+        raise ValueError(f"low_latency_combine: x is {list(x_shape)}, but the handle's dispatch packed {list(packed)} "
+                         "([local experts, ranks * num_max_dispatch_tokens_per_rank, hidden]): pass the expert outputs in the "
+                         "layout of that dispatch's recv_x")
+    for name, shape in (("topk_idx", topk_shape), ("topk_weights", weights_shape)):
+        if shape != (num_tokens, num_topk):
+            raise ValueError(f"low_latency_combine: {name} is {list(shape)}, but the handle's dispatch had {num_tokens} tokens "
+                             f"with top-{num_topk}: pass that dispatch's topk_idx and one weight per top-k slot ([{num_tokens}, {num_topk}])")
+    if out_shape is not None and out_shape != (num_tokens, hidden):
+        raise ValueError(f"low_latency_combine: out is {list(out_shape)}, must be [{num_tokens}, {hidden}] (the dispatch's tokens x hidden)")
+
+
 class _Raw:
     """A device range exposed through ``__cuda_array_interface__`` (wrapped zero-copy by
     ``torch.as_tensor``); keeps ``owner`` alive as long as the tensor lives."""
@@ -1292,10 +1313,13 @@ class Buffer:
         if not _ok(topk_weights, torch.float32, 2):
             _need(topk_weights, "topk_weights", torch.float32, 2)
         n = handle.num_tokens
+        if out is not None and not _ok(out, torch.bfloat16, 2):
+            _need(out, "out", torch.bfloat16, 2)
+        _check_ll_combine_shapes(x.shape, topk_idx.shape, topk_weights.shape, None if out is None else out.shape, n,
+                                 handle.native.num_topk, handle.hidden, handle.num_experts // self.group_size,
+                                 self.group_size * handle.num_max_dispatch_tokens_per_rank)
         if out is None:
             out = torch.empty((n, handle.hidden), dtype=torch.bfloat16, device=self._device)
-        elif not _ok(out, torch.bfloat16, 2):
-            _need(out, "out", torch.bfloat16, 2)
         cur = self._cur()
         native_hook = self._rt().ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(),
                                             return_recv_hook, cur, cur if not async_finish else None)

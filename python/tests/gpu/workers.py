@@ -365,6 +365,25 @@ def low_latency(rank, world, group):
     assert stats.cpu().tolist() == [len(r) for r in want]
     out, ev, hook = buf.low_latency_combine(rx, idxd, wd, h)
     torch.testing.assert_close(out.cpu().float(), expected_combine().float(), rtol=1e-2, atol=1e-2)
+    # shapes other than the dispatch's are refused before any launch (the kernel reads and writes
+    # by the handle's sizes): x, topk_idx, topk_weights and out, each named
+    local = num_experts // world
+    bad_inputs = (
+        ("x", dict(x=torch.zeros(local, world * num_max // 2, HIDDEN, dtype=torch.bfloat16, device=dev)), "x is"),
+        ("topk_idx", dict(topk_idx=idxd[:-1].contiguous()), "topk_idx is"),
+        ("topk_weights", dict(topk_weights=wd[:, :-1].contiguous()), "topk_weights is"),
+        ("out", dict(out=torch.empty(n, HIDDEN // 2, dtype=torch.bfloat16, device=dev)), "out is"),
+    )
+    for what, change, words in bad_inputs:
+        args = {**dict(x=rx, topk_idx=idxd, topk_weights=wd, handle=h), **change}
+        try:
+            buf.low_latency_combine(**args)
+        except ValueError as e:
+            assert words in str(e), (what, str(e))
+        else:
+            raise AssertionError(f"low_latency_combine with a {what} of another shape did not raise")
+    out_again, _, _ = buf.low_latency_combine(rx, idxd, wd, h)  # the buffer is still usable
+    torch.testing.assert_close(out_again.cpu().float(), expected_combine().float(), rtol=1e-2, atol=1e-2)
 
     # FP8 dispatch: dequantized rows match x within e4m3 precision
     for round_scale, ue8m0 in ((False, False), (True, False), (True, True)):
