@@ -148,6 +148,28 @@ def _ok(t, dtype, ndim: int) -> bool:
     return t.__class__ is _TORCH.Tensor and t.dtype is dtype and t.is_cuda and t.dim() == ndim and t.is_contiguous()
 
 
+def _check_layout_shapes(n: int, ranks: int, hosts: Optional[int], topk_shape, weights_shape, per_rank_shape, per_rdma_rank_shape,
+                         in_rank_shape, per_expert_shape) -> None:
+    """The shapes of a fresh dispatch's routing tensors for ``n`` tokens on ``ranks`` ranks
+    (``hosts``: the internode mode's host count, None within one host; ``topk_shape`` None: a
+    dispatch without top-k): topk_idx / topk_weights ``[n, k]``, num_tokens_per_rank ``[ranks]``,
+    num_tokens_per_rdma_rank ``[hosts]``, is_token_in_rank ``[n, ranks]``, num_tokens_per_expert
+    a multiple of ``ranks``. The kernels read them by these sizes, so a tensor of another batch or
+    group would be read past its end: ValueError naming it (DeepEP asserts the same)."""
+    want = []
+    if topk_shape is not None:
+        k = topk_shape[1] if len(topk_shape) == 2 else -1
+        want += [("topk_idx", topk_shape, (n, k)), ("topk_weights", weights_shape, (n, k))]
+    want += [("num_tokens_per_rank", per_rank_shape, (ranks,)), ("is_token_in_rank", in_rank_shape, (n, ranks))]
+    if hosts is not None:
+        want.append(("num_tokens_per_rdma_rank", per_rdma_rank_shape, (hosts,)))
+    for name, got, shape in want:
+        if tuple(got) != shape:
+            raise ValueError(f"{name} must be {list(shape)} (from get_dispatch_layout for these {n} tokens), got {list(got)}")
+    if per_expert_shape[0] % ranks != 0:
+        raise ValueError(f"num_tokens_per_expert has {per_expert_shape[0]} experts, not a multiple of the {ranks} ranks")
+
+
 def _check_ll_combine_shapes(x_shape, topk_shape, weights_shape, out_shape, num_tokens: int, num_topk: int, hidden: int,
                              local_experts: int, rows: int) -> None:
     """The shapes low_latency_combine needs, from its handle's dispatch: x (the expert outputs)
@@ -862,6 +884,9 @@ class Buffer:
         _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
         _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
         _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
+        _check_layout_shapes(n, self.group_size, None, None if topk_idx is None else topk_idx.shape,
+                             None if topk_weights is None else topk_weights.shape, num_tokens_per_rank.shape, None,
+                             is_token_in_rank.shape, num_tokens_per_expert.shape)
         num_experts = num_tokens_per_expert.shape[0]
         if num_worst_tokens < 0:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
@@ -1105,16 +1130,10 @@ class Buffer:
         _need(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank", torch.int32, 1)
         _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
         _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
+        _check_layout_shapes(n, self.group_size, self._num_hosts, topk_idx.shape, topk_weights.shape, num_tokens_per_rank.shape,
+                             num_tokens_per_rdma_rank.shape, is_token_in_rank.shape, num_tokens_per_expert.shape)
         k = topk_idx.shape[1]
         num_experts = num_tokens_per_expert.shape[0]
-        for t, name, shape in ((topk_idx, "topk_idx", (n, k)), (topk_weights, "topk_weights", (n, k)),
-                               (num_tokens_per_rank, "num_tokens_per_rank", (self.group_size,)),
-                               (num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank", (self._num_hosts,)),
-                               (is_token_in_rank, "is_token_in_rank", (n, self.group_size))):
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name} must be {list(shape)} (from get_dispatch_layout for these {n} tokens), got {list(t.shape)}")
-        if num_experts % self.group_size != 0:
-            raise ValueError(f"num_tokens_per_expert has {num_experts} experts, not a multiple of the {self.group_size} ranks")
         self._ensure_internode(hidden, k, num_experts // self.group_size, config.num_sms)
         self._check_internode_capacity(n, hidden)
         self._begin(previous_event, async_finish, allocate_on_comm_stream)

@@ -135,6 +135,18 @@ def intranode(rank, world, group):
     check_equal("num_tokens_per_expert", per_expert, want_expert)
     check_equal("is_token_in_rank", in_rank, want_in)
 
+    # routing tensors of another batch are refused before anything runs (on every rank alike:
+    # the checks precede the collective launch), each named
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
+    for name, wrong in (("topk_idx", idxd[:-1].contiguous()), ("topk_weights", wd[:, :-1].contiguous()),
+                        ("is_token_in_rank", in_rank[:-1].contiguous())):
+        try:
+            buf.dispatch(xd, **{**layout, name: wrong})
+        except ValueError as e:
+            assert f"{name} must be" in str(e), (name, str(e))
+        else:
+            raise AssertionError(f"a dispatch with a {name} of another batch did not raise")
+
     # fresh BF16 dispatch with alignment 4
     rx, ri, rw, counts, handle, ev = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                                                   num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, expert_alignment=4,
