@@ -463,7 +463,16 @@ def low_latency(rank, world, group):
     gather(group, "replayed")
     del graph
     torch.cuda.synchronize()
+    # a receive hook whose buffer is destroyed before it is called refuses instead of launching
+    # into the freed memory
+    _, _, _, _, pending = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False, return_recv_hook=True)
     buf.destroy()
+    try:
+        pending()
+    except ValueError as e:
+        assert "destroyed or re-created" in str(e), str(e)
+    else:
+        raise AssertionError("a receive hook of a destroyed buffer ran")
 
 
 def deepep_semantics(rank, world, group):
