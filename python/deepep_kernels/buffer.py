@@ -158,7 +158,7 @@ def _check_layout_shapes(n: int, ranks: int, hosts: Optional[int], topk_shape, w
     group would be read past its end: ValueError naming it (DeepEP asserts the same)."""
     want = []
     if topk_shape is not None:
-        k = topk_shape[1] if len(topk_shape) == 2 else -1
+        k = topk_shape[1]  # topk_idx is 2-D (checked by _need before)
         want += [("topk_idx", topk_shape, (n, k)), ("topk_weights", weights_shape, (n, k))]
     want += [("num_tokens_per_rank", per_rank_shape, (ranks,)), ("is_token_in_rank", in_rank_shape, (n, ranks))]
     if hosts is not None:
