@@ -14,6 +14,14 @@ log_dir=$(mktemp -d)
 trap 'rm -rf "$log_dir"' EXIT
 step() { printf '\n==> %s\n' "$*"; }
 
+# Disk: CI machines have had little free space (one run stopped with "No space left on device"
+# while compiling). Tests need no incremental cache and only line tables for backtraces, which
+# roughly halves target/ (measured in README "Requirements"). The build-wheel step's dev build
+# inherits both, so it reuses this build's crates.
+export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+step "free disk space here (df -h .)"
+df -h . | tail -n1
+
 step "toolchain (pip wheels -> .toolchain/)"
 bash scripts/install-toolchain.sh >/dev/null
 eval "$(bash scripts/install-toolchain.sh --print-env)"
