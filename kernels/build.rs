@@ -9,6 +9,9 @@
 //! `scripts/install-toolchain.sh`), else `/usr/local/cuda`.
 //! NVSHMEM: `NVSHMEM_DIR` (env); unset -> `<workspace>/.toolchain/nvidia/nvshmem` if present;
 //! set to the empty string or not found -> a cargo warning and the NVSHMEM cubins are left out.
+//! `DEEPEP_NVSHMEM_RELEASES`: more NVSHMEM prefixes (colon separated, each with `include/` and
+//! `lib/libnvshmem_device.a`); the NVSHMEM cubins are compiled and linked once per release, and at
+//! run time the set matching the process's `libnvshmem_host.so.3` is used (`src/cubins.rs`).
 //! `DEEPEP_NVCC_FLAGS`: extra nvcc flags (whitespace separated), e.g. `-lineinfo` or `-G`.
 //!
 //! ptxas `-v` output is parsed; any register spill in a kernel (or in one of our own device
@@ -46,6 +49,8 @@ struct Built {
     name: String,
     cubin: PathBuf,
     nvshmem: bool,
+    /// The NVSHMEM release whose headers and device library went into an NVSHMEM cubin.
+    release: Option<(u32, u32, u32)>,
     kernels: Vec<String>,
     res: BTreeMap<String, Res>,
 }
@@ -59,7 +64,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/cubins/elf.rs");
     println!("cargo:rerun-if-changed=cuda");
-    for v in ["CUDA_HOME", "NVSHMEM_DIR", "DEEPEP_NVCC_FLAGS"] {
+    for v in ["CUDA_HOME", "NVSHMEM_DIR", "DEEPEP_NVSHMEM_RELEASES", "DEEPEP_NVCC_FLAGS"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
@@ -75,6 +80,17 @@ fn main() {
     }
     let nvshmem = find_nvshmem(&workspace);
     let nvshmem_version = nvshmem.as_ref().map(|d| nvshmem_version(d));
+    // Every release the NVSHMEM cubins are built for: NVSHMEM_DIR's first (the default), then
+    // DEEPEP_NVSHMEM_RELEASES in ascending version order; one prefix per release.
+    let releases: Vec<((u32, u32, u32), PathBuf)> = match (&nvshmem, nvshmem_version) {
+        (Some(dir), Some(v)) => extra_releases(dir, v),
+        _ => {
+            if env("DEEPEP_NVSHMEM_RELEASES").is_some() {
+                println!("cargo:warning=DEEPEP_NVSHMEM_RELEASES is ignored: the build has no NVSHMEM (NVSHMEM_DIR empty or not found)");
+            }
+            Vec::new()
+        }
+    };
 
     let plain = list_cu(&cuda_dir);
     let nvs_sources = list_cu(&cuda_dir.join("nvshmem"));
@@ -103,20 +119,34 @@ fn main() {
         common.extend(extra.split_whitespace().map(String::from));
     }
 
-    let mut jobs: Vec<(PathBuf, bool)> = plain.iter().map(|p| (p.clone(), false)).collect();
-    if nvshmem.is_some() {
-        jobs.extend(nvs_sources.iter().map(|p| (p.clone(), true)));
+    let mut jobs: Vec<(PathBuf, Option<((u32, u32, u32), PathBuf)>)> = plain.iter().map(|p| (p.clone(), None)).collect();
+    for r in &releases {
+        jobs.extend(nvs_sources.iter().map(|p| (p.clone(), Some(r.clone()))));
     }
 
-    // Compile in parallel: a shared queue drained by up to `available_parallelism` workers.
+    // Compile in parallel: a shared queue drained by up to `available_parallelism` workers. A job
+    // whose inputs are unchanged since the last run (its `.key` file) reuses its cubin: a rerun
+    // for another release list then compiles only the releases that are new.
+    let source_hash = hash_tree(&cuda_dir);
+    let cache_key = |src: &Path, release: Option<&((u32, u32, u32), PathBuf)>| -> String {
+        let mut k = format!("{source_hash} {} {nvcc_version} {:?}", src.display(), common);
+        if let Some((v, dir)) = release {
+            let lib = dir.join("lib/libnvshmem_device.a");
+            let meta = std::fs::metadata(&lib).ok();
+            let stamp = meta.map(|m| (m.len(), m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())));
+            k.push_str(&format!(" {v:?} {} {stamp:?}", std::fs::canonicalize(dir).unwrap_or(dir.clone()).display()));
+        }
+        k
+    };
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let results = Mutex::new(Vec::<(usize, Result<Built, String>)>::new());
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(1);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                let Some((i, (src, is_nvs))) = queue.lock().unwrap().pop() else { break };
-                let r = compile(&src, is_nvs, &cuda_home, nvshmem.as_deref(), &common, &out);
+                let Some((i, (src, release))) = queue.lock().unwrap().pop() else { break };
+                let key = cache_key(&src, release.as_ref());
+                let r = compile(&src, release.as_ref(), &cuda_home, &common, &out, &key);
                 results.lock().unwrap().push((i, r));
             });
         }
@@ -136,8 +166,8 @@ fn main() {
         fail(format!("\n\n{}\n", errors.join("\n\n")));
     }
 
-    let source_hash = hash_tree(&cuda_dir);
-    write_table(&out, &built, nvshmem_version, &nvcc_version, &source_hash, nvshmem.is_some());
+    let versions: Vec<(u32, u32, u32)> = releases.iter().map(|(v, _)| *v).collect();
+    write_table(&out, &built, nvshmem_version, &versions, &nvcc_version, &source_hash, nvshmem.is_some());
 }
 
 /// Stop the build with `msg` on stderr (cargo shows it; no panic backtrace noise).
@@ -202,6 +232,49 @@ fn find_nvshmem(workspace: &Path) -> Option<PathBuf> {
     Some(dir)
 }
 
+/// The releases to build the NVSHMEM cubins for: `dir` (NVSHMEM_DIR, version `v`) first, then
+/// each prefix of `DEEPEP_NVSHMEM_RELEASES` (colon separated) in ascending version order. A prefix
+/// without headers or device library, or two prefixes of one release, stop the build.
+fn extra_releases(dir: &Path, v: (u32, u32, u32)) -> Vec<((u32, u32, u32), PathBuf)> {
+    let mut out = vec![(v, dir.to_path_buf())];
+    let Some(list) = env("DEEPEP_NVSHMEM_RELEASES") else { return out };
+    let mut extra: Vec<((u32, u32, u32), PathBuf)> = Vec::new();
+    for p in list.split(':').filter(|p| !p.is_empty()) {
+        let d = PathBuf::from(p);
+        if !d.join("lib/libnvshmem_device.a").is_file() || !d.join("include/nvshmem.h").is_file() {
+            fail(format!(
+                "\n\nDEEPEP_NVSHMEM_RELEASES names {}, which has no include/nvshmem.h or lib/libnvshmem_device.a.\nFix: list \
+                 NVSHMEM prefixes there (colon separated), e.g. the ones `deepep-nix install --version V --cuda 13 --source pypi \
+                 --prefix DIR` makes (python/scripts/nvshmem-prefixes.sh installs every pinned CUDA 13 release).\n",
+                d.display()
+            ));
+        }
+        let rv = nvshmem_version(&d);
+        if let Some((_, other)) = out.iter().chain(extra.iter()).find(|(x, _)| *x == rv) {
+            // The same release twice (e.g. NVSHMEM_DIR and a prefix of the same wheel): fine when
+            // the device libraries are the same bytes, else it is ambiguous which to link.
+            let same = std::fs::read(other.join("lib/libnvshmem_device.a")).ok() == std::fs::read(d.join("lib/libnvshmem_device.a")).ok();
+            if !same {
+                fail(format!(
+                    "\n\nNVSHMEM {}.{}.{} is given twice with different device libraries: {} and {}.\nFix: list each release \
+                     once in DEEPEP_NVSHMEM_RELEASES (NVSHMEM_DIR counts as one).\n",
+                    rv.0,
+                    rv.1,
+                    rv.2,
+                    other.display(),
+                    d.display()
+                ));
+            }
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", d.join("lib/libnvshmem_device.a").display());
+        extra.push((rv, d));
+    }
+    extra.sort();
+    out.extend(extra);
+    out
+}
+
 fn nvcc_version(nvcc: &Path, cuda_home: &Path) -> String {
     let o = Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| {
         fail(format!("\n\ncannot run {}: {e}\nFix: check CUDA_HOME={} (or run scripts/install-toolchain.sh)\n", nvcc.display(), cuda_home.display()))
@@ -257,11 +330,24 @@ fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
     Ok(log)
 }
 
-fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, common: &[String], out: &Path) -> Result<Built, String> {
+fn compile(
+    src: &Path,
+    release: Option<&((u32, u32, u32), PathBuf)>,
+    cuda_home: &Path,
+    common: &[String],
+    out: &Path,
+    key: &str,
+) -> Result<Built, String> {
+    let is_nvs = release.is_some();
     let name = stem(src);
     let source = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let kernels = parse_kernels(&source);
-    let cubin = out.join(format!("{name}.cubin"));
+    // One file per (source, release): `low_latency.nvshmem-3.8.0.cubin`.
+    let file = match release {
+        Some(((a, b, c), _)) => format!("{name}.nvshmem-{a}.{b}.{c}"),
+        None => name.clone(),
+    };
+    let cubin = out.join(format!("{file}.cubin"));
     let nvcc = cuda_home.join("bin/nvcc");
     // The front end (cicc) names internal-linkage device symbols `_INTERNAL_<hash of the source's
     // absolute path>_...`, so the cubins would differ between checkouts; give it the path
@@ -272,17 +358,28 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
         src.file_name().unwrap().to_string_lossy()
     );
     let stable = ["-Xcicc", "--orig_src_path_name", "-Xcicc", stable_name.as_str()];
-    let mut log;
+    let key_file = out.join(format!("{file}.key"));
+    let (ptxas_log, nvlink_log) = (out.join(format!("{file}.ptxas.log")), out.join(format!("{file}.nvlink.log")));
+    let cached = std::fs::read_to_string(&key_file).is_ok_and(|k| k == key) && cubin.is_file();
+    let _ = std::fs::remove_file(&key_file);
+    let log;
     let mut res;
-    if !is_nvs {
+    if cached {
+        log = std::fs::read_to_string(&ptxas_log).map_err(|e| format!("{}: {e}", ptxas_log.display()))?;
+        res = parse_ptxas(&log);
+        if is_nvs {
+            let link_log = std::fs::read_to_string(&nvlink_log).map_err(|e| format!("{}: {e}", nvlink_log.display()))?;
+            merge_nvlink(&link_log, &mut res);
+        }
+    } else if !is_nvs {
         log = run(
             Command::new(&nvcc).args(common).args(stable).arg("-cubin").arg("-o").arg(&cubin).arg(src),
             &format!("nvcc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
     } else {
-        let nvs = nvshmem.unwrap();
-        let rdc = out.join(format!("{name}.rdc.cubin"));
+        let nvs = &release.unwrap().1;
+        let rdc = out.join(format!("{file}.rdc.cubin"));
         log = run(
             Command::new(&nvcc)
                 .args(common)
@@ -308,9 +405,11 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
             &format!("nvlink {}", rdc.display()),
         )?;
         merge_nvlink(&link_log, &mut res);
-        log.push_str(&link_log);
+        let _ = std::fs::write(&nvlink_log, &link_log);
     }
-    let _ = std::fs::write(out.join(format!("{name}.ptxas.log")), &log);
+    if !cached {
+        let _ = std::fs::write(&ptxas_log, &log);
+    }
 
     // Spill check.
     let mut spills = Vec::new();
@@ -326,7 +425,7 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
     }
     if !spills.is_empty() {
         return Err(format!(
-            "register spills in {} (ptxas -v):\n{}\nFix: reduce register pressure (fewer live values, smaller unroll, \
+            "register spills in {} ({file}, ptxas -v):\n{}\nFix: reduce register pressure (fewer live values, smaller unroll, \
              __launch_bounds__ with a lower block size), or if the spill is measured harmless add the function to \
              SPILL_ALLOW in kernels/build.rs with the reason.",
             src.display(),
@@ -341,7 +440,8 @@ fn compile(src: &Path, is_nvs: bool, cuda_home: &Path, nvshmem: Option<&Path>, c
     if !missing.is_empty() {
         return Err(format!("{}: kernels {missing:?} parsed from the source are not in the cubin symbols {syms:?}", src.display()));
     }
-    Ok(Built { name, cubin, nvshmem: is_nvs, kernels, res })
+    let _ = std::fs::write(&key_file, key);
+    Ok(Built { name, cubin, nvshmem: is_nvs, release: release.map(|(v, _)| *v), kernels, res })
 }
 
 /// Parse `ptxas -v` output into per-function resources.
@@ -624,7 +724,15 @@ fn hash_tree(dir: &Path) -> String {
     format!("{h:016x}")
 }
 
-fn write_table(out: &Path, built: &[Built], nvs: Option<(u32, u32, u32)>, nvcc: &str, hash: &str, nvs_enabled: bool) {
+fn write_table(
+    out: &Path,
+    built: &[Built],
+    nvs: Option<(u32, u32, u32)>,
+    releases: &[(u32, u32, u32)],
+    nvcc: &str,
+    hash: &str,
+    nvs_enabled: bool,
+) {
     let mut s = String::new();
     writeln!(s, "// @generated by kernels/build.rs").unwrap();
     writeln!(s, "pub static CUBINS: &[Cubin] = &[").unwrap();
@@ -633,6 +741,7 @@ fn write_table(out: &Path, built: &[Built], nvs: Option<(u32, u32, u32)>, nvcc: 
         writeln!(s, "        name: {:?},", b.name).unwrap();
         writeln!(s, "        bytes: include_bytes!({:?}),", b.cubin.display().to_string()).unwrap();
         writeln!(s, "        nvshmem: {},", b.nvshmem).unwrap();
+        writeln!(s, "        nvshmem_release: {:?},", b.release).unwrap();
         writeln!(s, "        kernels: &{:?},", b.kernels).unwrap();
         writeln!(s, "        resources: &[").unwrap();
         for k in &b.kernels {
@@ -653,6 +762,13 @@ fn write_table(out: &Path, built: &[Built], nvs: Option<(u32, u32, u32)>, nvcc: 
     writeln!(s, "];").unwrap();
     writeln!(s, "pub const NVSHMEM_VERSION: Option<(u32, u32, u32)> = {nvs:?};").unwrap();
     writeln!(s, "pub const NVSHMEM_ENABLED: bool = {nvs_enabled};").unwrap();
+    let mut sorted = releases.to_vec();
+    sorted.sort();
+    writeln!(s, "pub const NVSHMEM_RELEASES: &[(u32, u32, u32)] = &{sorted:?};").unwrap();
+    // The served releases as one ASCII marker in the binary, for tools that read a built
+    // extension's bytes without loading it (deepep-nix doctor).
+    let list: Vec<String> = sorted.iter().map(|(a, b, c)| format!("{a}.{b}.{c}")).collect();
+    writeln!(s, "pub static RELEASES_MARKER: &str = {:?};", format!("DEEPEP_KERNELS_NVSHMEM_RELEASES={};", list.join(","))).unwrap();
     writeln!(s, "pub const NVCC_VERSION: &str = {nvcc:?};").unwrap();
     writeln!(s, "pub const ARCH: &str = {ARCH:?};").unwrap();
     writeln!(s, "pub const SOURCE_HASH: &str = {hash:?};").unwrap();

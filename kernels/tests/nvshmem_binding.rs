@@ -54,7 +54,7 @@ fn every_bound_symbol_resolves_in_the_pip_host_library() {
 fn loads_from_nvshmem_dir_and_reports_the_header_version() {
     let Some(dir) = nvshmem_dir() else { return };
     let want = header_version(&dir);
-    let lib = HostLib::load_from(&binding::candidates(Some(dir.as_os_str())), Some(want)).expect("load");
+    let lib = HostLib::load_from(&binding::candidates(Some(dir.as_os_str())), &[want]).expect("load");
     assert_eq!(lib.version(), want);
     assert_eq!(lib.path(), dir.join("lib").join(HOST_LIB_NAME));
     assert_eq!(lib.init_status(), 0, "freshly loaded library must report NOT_INITIALIZED");
@@ -65,7 +65,7 @@ fn version_mismatch_is_refused_naming_both_versions() {
     let Some(dir) = nvshmem_dir() else { return };
     let have = header_version(&dir);
     let other = Version::new(have.major, have.minor + 1, 0);
-    let err = HostLib::load_from(&binding::candidates(Some(dir.as_os_str())), Some(other)).unwrap_err().to_string();
+    let err = HostLib::load_from(&binding::candidates(Some(dir.as_os_str())), &[other]).unwrap_err().to_string();
     assert!(err.contains("version mismatch"), "{err}");
     assert!(err.contains(&have.to_string()) && err.contains(&other.to_string()), "{err}");
     assert!(err.contains("NVSHMEM_DIR"), "{err}");
@@ -74,7 +74,7 @@ fn version_mismatch_is_refused_naming_both_versions() {
 #[test]
 fn missing_library_gives_the_documented_message() {
     let cands = vec![PathBuf::from("/nonexistent-nvshmem/lib").join(HOST_LIB_NAME), PathBuf::from("libnvshmem_host_does_not_exist.so.3")];
-    let err = HostLib::load_from(&cands, None).unwrap_err().to_string();
+    let err = HostLib::load_from(&cands, &[]).unwrap_err().to_string();
     assert!(err.contains("cannot load the NVSHMEM host library"), "{err}");
     assert!(err.contains("/nonexistent-nvshmem/lib") && err.contains("no such file"), "{err}");
     assert!(err.contains("NVSHMEM_DIR") && err.contains("LD_LIBRARY_PATH"), "{err}");
@@ -83,7 +83,7 @@ fn missing_library_gives_the_documented_message() {
 #[test]
 fn a_library_without_nvshmem_symbols_is_rejected() {
     // libc exists everywhere and lacks the NVSHMEM entry points.
-    let err = HostLib::load_from(&[PathBuf::from("libc.so.6")], None).unwrap_err().to_string();
+    let err = HostLib::load_from(&[PathBuf::from("libc.so.6")], &[]).unwrap_err().to_string();
     assert!(err.contains("lacks symbol nvshmemx_get_uniqueid"), "{err}");
 }
 
@@ -127,7 +127,7 @@ fn a_missing_bootstrap_plugin_is_reported_before_nvshmem_starts() {
     }
     let e = check_bootstrap_plugin(&lone, plugin).unwrap_err().to_string();
     assert!(e.contains(plugin) && e.contains(&lone.display().to_string()) && e.contains("LD_LIBRARY_PATH"), "{e}");
-    let lib = HostLib::load_from(std::slice::from_ref(&lone), None).expect("the copied host library loads");
+    let lib = HostLib::load_from(std::slice::from_ref(&lone), &[]).expect("the copied host library loads");
     let e = Nvshmem::init(lib, &OneRank, Bootstrap::UniqueId).unwrap_err().to_string();
     assert!(e.starts_with("NVSHMEM") || e.contains("rank 0:"), "{e}");
     assert!(e.contains(plugin) && e.contains("would abort"), "{e}");

@@ -8,8 +8,9 @@
 //!
 //! Lifecycle (see `docs/nvshmem.md`):
 //! 1. make the rank's CUDA context current (`runtime::Gpu`),
-//! 2. [`HostLib::load`] — finds the library (`$NVSHMEM_DIR/lib` first, then the loader path) and
-//!    refuses a version that differs from the device library our cubins were linked against,
+//! 2. [`HostLib::load`] — takes the library already in the process (torch's), else finds one
+//!    (`$NVSHMEM_DIR/lib` first, then the loader path), and refuses a release the build has no
+//!    cubins for (`crate::cubins::NVSHMEM_RELEASES`),
 //! 3. [`Nvshmem::init`] — unique-id bootstrap through our rendezvous (default), or NVSHMEM's own
 //!    PMI / PMI-2 / PMIx bootstrap under Slurm ([`Bootstrap`]),
 //! 4. [`Nvshmem::register_module`] on every NVSHMEM cubin, [`Nvshmem::alloc`] (collective),
@@ -184,15 +185,50 @@ impl fmt::Display for Version {
 /// silently (776 B in 3.4.x, 848 B in 3.8.x).
 pub fn check_version(host: Version, host_path: &Path, device: Option<Version>) -> Result<()> {
     match device {
-        Some(dev) if dev != host => Err(EpError::Nvshmem(format!(
-            "version mismatch: the NVSHMEM host library {} is version {host}, but the cubins were linked \
-             against the NVSHMEM {dev} device library; the two must be the same release. Fix: point \
-             NVSHMEM_DIR (or LD_LIBRARY_PATH) at the lib/ directory of NVSHMEM {dev}, or rebuild \
-             deepep-kernels with NVSHMEM_DIR set to the NVSHMEM {host} installation",
-            host_path.display()
-        ))),
-        _ => Ok(()),
+        Some(dev) => check_served(host, host_path, &[dev]),
+        None => Ok(()),
     }
+}
+
+/// [`check_version`] for a build with NVSHMEM cubins for several releases (`served`, ascending;
+/// empty skips the check): the host library must be one of them.
+pub fn check_served(host: Version, host_path: &Path, served: &[Version]) -> Result<()> {
+    served_mismatch(host, host_path, served, false)
+}
+
+fn served_mismatch(host: Version, host_path: &Path, served: &[Version], preloaded: bool) -> Result<()> {
+    if served.is_empty() || served.contains(&host) {
+        return Ok(());
+    }
+    let list = served.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+    let (what, dev) = if served.len() == 1 {
+        (format!("the cubins were linked against the NVSHMEM {} device library", served[0]), format!("NVSHMEM {}", served[0]))
+    } else {
+        (format!("this build has NVSHMEM cubins for {list} only"), format!("one of the NVSHMEM releases {list}"))
+    };
+    let origin = if preloaded {
+        " It was already loaded in the process (by torch or another extension) before deepep_kernels asked for \
+         it, so it is the one NVSHMEM the process can use."
+    } else {
+        ""
+    };
+    Err(EpError::Nvshmem(format!(
+        "version mismatch: the NVSHMEM host library {} is version {host}, but {what}; the two must be the same \
+         release.{origin} Fix: point NVSHMEM_DIR (or LD_LIBRARY_PATH) at the lib/ directory of {dev} (and make \
+         sure nothing loads another libnvshmem_host.so.3 into the process first, e.g. torch's \
+         nvidia-nvshmem-cu13 wheel), or rebuild deepep-kernels for NVSHMEM {host} (NVSHMEM_DIR or \
+         DEEPEP_NVSHMEM_RELEASES naming the NVSHMEM {host} installation)",
+        host_path.display()
+    )))
+}
+
+/// The path of a `libnvshmem_host.so.3` mapped into this process, from `/proc/self/maps`.
+pub fn mapped_host_library() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| Path::new(p).file_name().is_some_and(|n| n == HOST_LIB_NAME))
+        .map(PathBuf::from)
 }
 
 // ---- library loading -------------------------------------------------------------------------
@@ -285,18 +321,45 @@ pub fn candidates(nvshmem_dir: Option<&OsStr>) -> Vec<PathBuf> {
     v
 }
 
+/// `RTLD_NOLOAD` of glibc (`<dlfcn.h>`, the same value on x86_64 and aarch64): only return a
+/// library that is already loaded.
+const RTLD_NOLOAD: c_int = 0x0004;
+
 impl HostLib {
-    /// Load from the default [`candidates`] and check the version against the device library
-    /// the cubins were linked with (`crate::cubins::NVSHMEM_VERSION`; `None` skips the check,
-    /// used only by the symbol-resolution tests).
-    pub fn load(expected_device: Option<Version>) -> Result<HostLib> {
+    /// The host library for this process, checked against the releases the cubins serve
+    /// (`served`, e.g. `crate::cubins::NVSHMEM_RELEASES`; empty skips the check, used only by
+    /// the symbol-resolution tests). One NVSHMEM per process: a `libnvshmem_host.so.3` already
+    /// loaded (by torch, or any library that needs it by SONAME) is the one every later
+    /// `dlopen` of the SONAME gets, so it is used as is; loading another copy by path would give
+    /// the process two NVSHMEMs with state of their own. Otherwise the default [`candidates`].
+    pub fn load(served: &[Version]) -> Result<HostLib> {
+        if let Some(lib) = Self::already_loaded()? {
+            served_mismatch(lib.version, &lib.path, served, true)?;
+            return Ok(lib);
+        }
         let dir = std::env::var_os("NVSHMEM_DIR");
-        Self::load_from(&candidates(dir.as_deref()), expected_device)
+        Self::load_from(&candidates(dir.as_deref()), served)
+    }
+
+    /// The `libnvshmem_host.so.3` already loaded in this process, if any (`dlopen` of the SONAME
+    /// with `RTLD_NOLOAD`: the loader matches the SONAME of loaded objects, whatever path they
+    /// came from). Its path comes from `/proc/self/maps`.
+    pub fn already_loaded() -> Result<Option<HostLib>> {
+        let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL | RTLD_NOLOAD;
+        // SAFETY: RTLD_NOLOAD loads nothing new; it returns another reference to a library that
+        // is already loaded and initialized.
+        match unsafe { libloading::os::unix::Library::open(Some(HOST_LIB_NAME), flags) } {
+            Ok(lib) => {
+                let path = mapped_host_library().unwrap_or_else(|| PathBuf::from(HOST_LIB_NAME));
+                Self::from_library(lib.into(), path).map(Some)
+            }
+            Err(_) => Ok(None),
+        }
     }
 
     /// Try each candidate in order; the first that loads is used (later ones are not tried,
     /// so a wrong library found first is reported, never silently skipped).
-    pub fn load_from(cands: &[PathBuf], expected_device: Option<Version>) -> Result<HostLib> {
+    pub fn load_from(cands: &[PathBuf], served: &[Version]) -> Result<HostLib> {
         let mut tried = Vec::new();
         for cand in cands {
             // A path with a directory that does not exist is a plain miss; try the next one.
@@ -312,7 +375,7 @@ impl HostLib {
                 Ok(lib) => {
                     let lib: libloading::Library = lib.into();
                     let host = Self::from_library(lib, cand.clone())?;
-                    check_version(host.version, &host.path, expected_device)?;
+                    check_served(host.version, &host.path, served)?;
                     return Ok(host);
                 }
                 Err(e) => tried.push(format!("{}: {e}", cand.display())),

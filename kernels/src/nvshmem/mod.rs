@@ -54,18 +54,35 @@ pub fn runtime(gpu: &Gpu, comm: &Comm, req: &knobs::KnobRequest) -> Result<Arc<N
     }
     gpu.bind()?;
     let plan = knobs::apply(req)?;
-    let expected = crate::cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
-        EpError::Unsupported(
-            "this binary was built without NVSHMEM (NVSHMEM_DIR unset at build time), so it has no NVSHMEM kernels; \
-             rebuild with NVSHMEM_DIR=<nvshmem prefix> (scripts/install-toolchain.sh prints it)"
-                .into(),
-        )
-    })?;
-    let lib = HostLib::load(Some(expected))?;
+    let lib = load_host_library()?;
     let nv = Nvshmem::init(lib, comm, plan.bootstrap)?;
     let rt = Arc::new(NvshmemRuntime { modules: Mutex::new(Vec::new()), nv });
     *g = Some(rt.clone());
     Ok(rt)
+}
+
+/// The releases this build has NVSHMEM cubins for, as [`Version`]s (an error when it has none).
+pub fn served_releases() -> Result<Vec<Version>> {
+    if crate::cubins::NVSHMEM_RELEASES.is_empty() {
+        return Err(EpError::Unsupported(
+            "this binary was built without NVSHMEM (NVSHMEM_DIR unset at build time), so it has no NVSHMEM kernels; \
+             rebuild with NVSHMEM_DIR=<nvshmem prefix> (scripts/install-toolchain.sh prints it)"
+                .into(),
+        ));
+    }
+    Ok(crate::cubins::NVSHMEM_RELEASES.iter().copied().map(Version::from).collect())
+}
+
+/// The process's NVSHMEM host library ([`HostLib::load`]: the one already loaded, else
+/// `$NVSHMEM_DIR/lib`, else the loader's path), checked against the releases this build serves,
+/// and the cubins of its release selected for the process ([`crate::cubins::select_nvshmem_release`]).
+/// No GPU needed.
+pub fn load_host_library() -> Result<HostLib> {
+    let lib = HostLib::load(&served_releases()?)?;
+    let v = lib.version();
+    crate::cubins::select_nvshmem_release((v.major, v.minor, v.patch))?;
+    tracing::info!("NVSHMEM host library {} (release {v}; cubins for {})", lib.path().display(), crate::cubins::releases_text());
+    Ok(lib)
 }
 
 /// Drop the process-wide handle so that NVSHMEM finalizes once every buffer is gone. Collective:
