@@ -11,7 +11,10 @@
 # Typical use:  eval "$(scripts/install-toolchain.sh | grep '^export ')"
 #
 # The versions must match what the GPU machine runs: NVSHMEM device library linked into the cubins
-# == libnvshmem_host.so.3 at run time (3.4.5), nvcc 13.0 for the CUDA 13.0 / 580 driver.
+# == libnvshmem_host.so.3 at run time (3.4.5, torch 2.11's), nvcc 13.0 for the CUDA 13.0 / 580 driver.
+# A second NVSHMEM release (3.3.20, the oldest CUDA 13 one) goes into .toolchain/extra/nvshmem-3.3.20
+# and is printed as DEEPEP_NVSHMEM_RELEASES, so that every build and test here embeds and checks
+# cubins for two releases (kernels/tests/nvshmem_releases.rs, nvshmem_preloaded.rs).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +30,8 @@ pins=(
   nvidia-cuda-cccl==13.0.85
   nvidia-nvshmem-cu13==3.4.5
 )
+extra_release=3.3.20
+extra="$tc/extra/nvshmem-$extra_release"
 
 die() { echo "install-toolchain: error: $*" >&2; exit 1; }
 
@@ -36,7 +41,8 @@ print_env() {
   [[ -f "$nvs/lib/libnvshmem_device.a" ]] || die "no NVSHMEM device library at $nvs/lib; run scripts/install-toolchain.sh without --print-env first"
   whl="$(ls "$wheels"/nvidia_nvshmem_cu13-3.4.5-*x86_64*.whl 2>/dev/null | head -n1 || true)"
   [[ -n "$whl" ]] || die "the NVSHMEM 3.4.5 x86_64 wheel is missing from $wheels; run scripts/install-toolchain.sh without --print-env"
-  echo "export CUDA_HOME=$cu NVSHMEM_DIR=$nvs DEEPEP_NVSHMEM_WHEEL=$whl"
+  [[ -f "$extra/nvidia/nvshmem/lib/libnvshmem_device.a" ]] || die "no NVSHMEM $extra_release at $extra; run scripts/install-toolchain.sh without --print-env first"
+  echo "export CUDA_HOME=$cu NVSHMEM_DIR=$nvs DEEPEP_NVSHMEM_WHEEL=$whl DEEPEP_NVSHMEM_RELEASES=$extra/nvidia/nvshmem"
 }
 
 case "${1:-}" in
@@ -49,12 +55,12 @@ esac
 command -v python3 >/dev/null || die "python3 not found; install Python 3 with pip (e.g. apt-get install python3-pip)"
 python3 -m pip --version >/dev/null 2>&1 || die "pip not available for python3; install it (apt-get install python3-pip)"
 
-want="$(printf '%s\n' "${pins[@]}")"
+want="$(printf '%s\n' "${pins[@]}" "nvidia-nvshmem-cu13==$extra_release (extra)")"
 mkdir -p "$wheels"
 
 # 1. Download (only wheels that are not already present). Linux x86_64 wheels, whatever the host.
 missing=()
-for p in "${pins[@]}"; do
+for p in "${pins[@]}" "nvidia-nvshmem-cu13==$extra_release"; do
   name="${p%%==*}"; ver="${p##*==}"
   if ! ls "$wheels/${name//-/_}-$ver-"*x86_64*.whl >/dev/null 2>&1; then missing+=("$p"); fi
 done
@@ -81,6 +87,11 @@ else
   echo "install-toolchain: installing into $tc" >&2
   python3 -m pip install --quiet --no-deps --upgrade --target "$tc" "${files[@]}" \
     || die "pip install into $tc failed"
+  rm -rf "$extra"
+  python3 -m pip install --quiet --no-deps --target "$extra" "$(ls "$wheels"/nvidia_nvshmem_cu13-$extra_release-*x86_64*.whl | head -n1)" \
+    || die "pip install of NVSHMEM $extra_release into $extra failed"
+  # The per-architecture bitcode is not needed to link cubins (about 60 MB of disk saved).
+  rm -f "$extra"/nvidia/nvshmem/lib/*.bc
   [[ -x "$tc/nvidia/cu13/bin/nvcc" ]] || die "nvcc missing after install ($tc/nvidia/cu13/bin/nvcc)"
   printf '%s\n' "$want" > "$stamp"
 fi

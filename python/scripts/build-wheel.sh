@@ -2,10 +2,16 @@
 # Build the deepep_kernels wheel (PyO3 + maturin, abi3 for CPython >= 3.9, x86_64) and,
 # optionally, install it into a test venv and run the CPU tests.
 #
-# Usage: python/scripts/build-wheel.sh [--release|--dev] [--test] [--help]
+# Usage: python/scripts/build-wheel.sh [--release|--dev] [--nvshmem-releases LIST] [--test] [--help]
 #   --release  optimized build (the default; what the GPU machine should run); reproducible:
 #              the same bytes from any checkout path of one commit (check-reproducible.sh)
 #   --dev      debug profile (reuses the `cargo test` build of deepep-kernels; CI uses it)
+#   --nvshmem-releases LIST
+#              NVSHMEM releases to embed cubins for besides NVSHMEM_DIR's: `all` (every CUDA 13
+#              release of the lock, 3.3.20 to 3.8.0: the wheel to publish), a comma-separated
+#              list (3.3.20,3.8.0), or `none` (the default: NVSHMEM_DIR's release only, unless
+#              DEEPEP_NVSHMEM_RELEASES names prefixes). Each is installed into .toolchain/nvshmem/
+#              with python/scripts/nvshmem-prefixes.sh (deepep-nix install --source pypi) first.
 #   --test     also install the wheel into target/pyvenv and run python/tests (no GPU, no torch)
 #
 # Needs: python3 with venv, a C compiler, network to PyPI the first time. The pinned CUDA 13.0 /
@@ -18,15 +24,25 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 profile=(--release)
 release=1
 run_tests=0
-for a in "$@"; do
-  case "$a" in
+nvs_releases=none
+while [ $# -gt 0 ]; do
+  case "$1" in
     --release) profile=(--release); release=1 ;;
     --dev) profile=(--profile dev); release=0 ;;
     --test) run_tests=1 ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "build-wheel: unknown argument '$a' (use --release, --dev, --test or --help)" >&2; exit 2 ;;
+    --nvshmem-releases)
+      [ $# -ge 2 ] || { echo "build-wheel: --nvshmem-releases needs all, none or a comma-separated list like 3.3.20,3.8.0" >&2; exit 2; }
+      nvs_releases=$2; shift ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-wheel: unknown argument '$1' (use --release, --dev, --nvshmem-releases LIST, --test or --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$nvs_releases" in
+  all|none) ;;
+  *) [[ "$nvs_releases" =~ ^[0-9]+\.[0-9]+\.[0-9]+(,[0-9]+\.[0-9]+\.[0-9]+)*$ ]] \
+       || { echo "build-wheel: --nvshmem-releases takes all, none or versions like 3.3.20,3.8.0; got '$nvs_releases'" >&2; exit 2; } ;;
+esac
 die() { echo "build-wheel: error: $*" >&2; exit 1; }
 cd "$repo"
 
@@ -43,9 +59,14 @@ if [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_DIR+set}" ]; then
   user_cuda=${CUDA_HOME:-}
   user_nvshmem_set=${NVSHMEM_DIR+set}
   user_nvshmem=${NVSHMEM_DIR:-}
+  user_releases_set=${DEEPEP_NVSHMEM_RELEASES+set}
+  user_releases=${DEEPEP_NVSHMEM_RELEASES:-}
   eval "$(printf '%s\n' "$tc_env" | grep '^export ')"
   if [ -n "$user_cuda" ]; then CUDA_HOME=$user_cuda; fi
   if [ -n "$user_nvshmem_set" ]; then NVSHMEM_DIR=$user_nvshmem; fi
+  # The toolchain's second release (DEEPEP_NVSHMEM_RELEASES) goes with the toolchain's NVSHMEM_DIR only.
+  if [ -n "$user_releases_set" ]; then DEEPEP_NVSHMEM_RELEASES=$user_releases
+  elif [ -n "$user_nvshmem_set" ]; then DEEPEP_NVSHMEM_RELEASES=""; fi
 fi
 export CUDA_HOME NVSHMEM_DIR
 [ -x "$CUDA_HOME/bin/nvcc" ] \
@@ -54,6 +75,16 @@ if [ -n "$NVSHMEM_DIR" ] && [ ! -f "$NVSHMEM_DIR/lib/libnvshmem_device.a" ]; the
   die "no lib/libnvshmem_device.a in NVSHMEM_DIR=$NVSHMEM_DIR. Fix: unset NVSHMEM_DIR to use the pinned NVSHMEM 3.4.5 (.toolchain/), point it at an NVSHMEM prefix, or set NVSHMEM_DIR= to build without the NVSHMEM kernels"
 fi
 echo "build-wheel: CUDA_HOME=$CUDA_HOME NVSHMEM_DIR=${NVSHMEM_DIR:-(empty: no NVSHMEM kernels)}" >&2
+if [ "$nvs_releases" != none ]; then
+  [ -n "$NVSHMEM_DIR" ] || die "--nvshmem-releases needs NVSHMEM kernels, but NVSHMEM_DIR is empty"
+  list=()
+  [ "$nvs_releases" = all ] || IFS=, read -r -a list <<< "$nvs_releases"
+  line=$(bash "$repo/python/scripts/nvshmem-prefixes.sh" "${list[@]}" | tail -n1) \
+    || die "python/scripts/nvshmem-prefixes.sh failed (above); fix that or pass --nvshmem-releases none"
+  eval "$line"
+fi
+export DEEPEP_NVSHMEM_RELEASES=${DEEPEP_NVSHMEM_RELEASES:-}
+[ -z "$DEEPEP_NVSHMEM_RELEASES" ] || echo "build-wheel: DEEPEP_NVSHMEM_RELEASES=$DEEPEP_NVSHMEM_RELEASES" >&2
 
 # 2. maturin + pytest (pinned) in target/pyvenv.
 venv="$repo/target/pyvenv"

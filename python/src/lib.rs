@@ -1120,23 +1120,35 @@ fn is_sm90_compiled() -> bool {
     deepep_kernels::cubins::get("intranode").is_some() && deepep_kernels::cubins::get("layout").is_some()
 }
 
-/// NVSHMEM version the device code was linked against, or None without NVSHMEM kernels.
+/// NVSHMEM release whose device code the NVSHMEM kernels use in this process: the release of the
+/// host library once one was loaded (`nvshmem_host_check`, a low-latency or internode Buffer),
+/// else the build's default release; None without NVSHMEM kernels.
 #[pyfunction]
 fn nvshmem_device_version() -> Option<(u32, u32, u32)> {
-    deepep_kernels::cubins::NVSHMEM_VERSION
+    deepep_kernels::cubins::nvshmem_release()
 }
 
-/// Load the NVSHMEM host library the low-latency mode would use (`$NVSHMEM_DIR/lib`, else the
-/// loader's search path) and check its version against the device library the cubins were
-/// linked with. Returns (path, version); raises RuntimeError naming the fix on a mismatch or
-/// when it cannot be loaded. No GPU needed.
+/// The NVSHMEM releases this build has cubins for ("3.3.20", ...; ascending), read from the
+/// releases marker embedded in the extension (which tools such as `deepep-nix doctor` read from
+/// the file). Empty without NVSHMEM kernels.
+#[pyfunction]
+fn nvshmem_releases() -> Vec<String> {
+    deepep_kernels::cubins::releases_from_marker()
+}
+
+/// Load the NVSHMEM host library the low-latency mode would use (the one already loaded in the
+/// process, else `$NVSHMEM_DIR/lib`, else the loader's search path), check that this build has
+/// cubins for its release, and select them for the process. Returns (path, version); raises
+/// RuntimeError naming the releases served and the fix on a mismatch or when it cannot be loaded.
+/// No GPU needed.
 #[pyfunction]
 fn nvshmem_host_check() -> PyResult<(String, String)> {
-    use deepep_kernels::nvshmem::binding::{HostLib, Version};
-    let expected = deepep_kernels::cubins::NVSHMEM_VERSION.map(Version::from).ok_or_else(|| {
-        PyNotImplementedError::new_err("this wheel was built without NVSHMEM kernels (NVSHMEM_DIR unset at build time); rebuild it with python/scripts/build-wheel.sh")
-    })?;
-    let lib = HostLib::load(Some(expected)).map_err(py_err)?;
+    if deepep_kernels::cubins::NVSHMEM_RELEASES.is_empty() {
+        return Err(PyNotImplementedError::new_err(
+            "this wheel was built without NVSHMEM kernels (NVSHMEM_DIR unset at build time); rebuild it with python/scripts/build-wheel.sh",
+        ));
+    }
+    let lib = deepep_kernels::nvshmem::load_host_library().map_err(py_err)?;
     Ok((lib.path().display().to_string(), lib.version().to_string()))
 }
 
@@ -1197,6 +1209,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(internode_limits, m)?)?;
     m.add_function(wrap_pyfunction!(is_sm90_compiled, m)?)?;
     m.add_function(wrap_pyfunction!(nvshmem_device_version, m)?)?;
+    m.add_function(wrap_pyfunction!(nvshmem_releases, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(nvshmem_host_check, m)?)?;
     m.add_function(wrap_pyfunction!(_exchange_selftest, m)?)?;

@@ -381,6 +381,55 @@ def test_nvshmem_host_library_is_the_cubins_release():
     assert version == "3.4.5" and path.endswith("libnvshmem_host.so.3"), (path, version)
 
 
+def _release_of(prefix):
+    text = open(os.path.join(prefix, "include", "non_abi", "nvshmem_version.h")).read()
+    import re
+    return ".".join(re.search(r"#define NVSHMEM_VENDOR_%s_VERSION (\\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+
+
+def _extra_prefixes():
+    return [p for p in os.environ.get("DEEPEP_NVSHMEM_RELEASES", "").split(":") if p]
+
+
+def test_the_wheel_lists_every_release_it_was_built_for():
+    served = _native.nvshmem_releases()
+    key = lambda v: tuple(int(x) for x in v.split("."))
+    assert served == sorted(served, key=key) and len(set(served)) == len(served), served
+    assert "3.4.5" in served, served
+    for p in _extra_prefixes():
+        assert _release_of(p) in served, (p, served)
+    if os.environ.get("CI"):
+        # CI builds with the toolchain's second release (scripts/install-toolchain.sh)
+        assert len(served) >= 2, served
+
+
+def test_a_release_loaded_first_is_used_and_picks_its_cubins():
+    """What torch does: its NVSHMEM's host library is in the process before ours asks for one. The
+    wheel must use that one (not load NVSHMEM_DIR's as a second copy) and choose its cubins; a
+    release it has no cubins for is refused naming the releases it serves."""
+    others = [p for p in _extra_prefixes() if _release_of(p) != "3.4.5"]
+    if not others or not os.environ.get("NVSHMEM_DIR"):
+        if os.environ.get("CI"):
+            pytest.fail("CI must build with NVSHMEM_DIR and a second release (scripts/install-toolchain.sh)")
+        pytest.skip("needs NVSHMEM_DIR and a second release in DEEPEP_NVSHMEM_RELEASES")
+    pre = others[0]
+    want = _release_of(pre)
+    r = run_py(f"""
+        import ctypes, os
+        ctypes.CDLL({os.path.join(pre, "lib", "libnvshmem_host.so.3")!r}, mode=ctypes.RTLD_GLOBAL)
+        import deepep_kernels._native as n
+        path, version = n.nvshmem_host_check()
+        print(os.path.realpath(path)); print(version); print(n.nvshmem_device_version())
+        libs = sorted({{l.split()[5] for l in open("/proc/self/maps") if l.rstrip().endswith("libnvshmem_host.so.3")}})
+        print(len(libs))
+    """, {"NVSHMEM_DIR": os.environ["NVSHMEM_DIR"]}, cwd="/")
+    assert r.returncode == 0, r.stderr
+    path, version, dev, nlibs = r.stdout.split("\n")[:4]
+    assert path == os.path.realpath(os.path.join(pre, "lib", "libnvshmem_host.so.3")), r.stdout
+    assert version == want and dev == str(tuple(int(x) for x in want.split("."))), r.stdout
+    assert nlibs == "1", r.stdout
+
+
 def test_nvshmem_host_library_missing_names_the_fix(tmp_path):
     r = run_py("""
         import deepep_kernels._native as n
