@@ -321,6 +321,32 @@ pub fn candidates(nvshmem_dir: Option<&OsStr>) -> Vec<PathBuf> {
     v
 }
 
+/// `Dl_info` of glibc's `<dlfcn.h>`.
+#[repr(C)]
+struct DlInfo {
+    dli_fname: *const std::ffi::c_char,
+    dli_fbase: *mut c_void,
+    dli_sname: *const std::ffi::c_char,
+    dli_saddr: *mut c_void,
+}
+
+extern "C" {
+    fn dladdr(addr: *const c_void, info: *mut DlInfo) -> c_int;
+}
+
+/// The path of the loaded object that holds `addr` (`dladdr`), if the loader knows it.
+fn file_of(addr: *const c_void) -> Option<PathBuf> {
+    let mut info = DlInfo { dli_fname: std::ptr::null(), dli_fbase: std::ptr::null_mut(), dli_sname: std::ptr::null(), dli_saddr: std::ptr::null_mut() };
+    // SAFETY: dladdr only reads the loader's tables and fills `info`; dli_fname points into them.
+    if unsafe { dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    use std::os::unix::ffi::OsStrExt;
+    let p = PathBuf::from(OsStr::from_bytes(name.to_bytes()));
+    (p.components().count() > 1).then_some(p)
+}
+
 /// `RTLD_NOLOAD` of glibc (`<dlfcn.h>`, the same value on x86_64 and aarch64): only return a
 /// library that is already loaded.
 const RTLD_NOLOAD: c_int = 0x0004;
@@ -350,8 +376,13 @@ impl HostLib {
         // is already loaded and initialized.
         match unsafe { libloading::os::unix::Library::open(Some(HOST_LIB_NAME), flags) } {
             Ok(lib) => {
-                let path = mapped_host_library().unwrap_or_else(|| PathBuf::from(HOST_LIB_NAME));
-                Self::from_library(lib.into(), path).map(Some)
+                let mut host = Self::from_library(lib.into(), PathBuf::from(HOST_LIB_NAME))?;
+                // The file the handle's code lives in (two copies may be mapped; /proc/self/maps
+                // alone cannot say which one the SONAME gives).
+                host.path = file_of(host.api.vendor_get_version_info as *const c_void)
+                    .or_else(mapped_host_library)
+                    .unwrap_or_else(|| PathBuf::from(HOST_LIB_NAME));
+                Ok(Some(host))
             }
             Err(_) => Ok(None),
         }
