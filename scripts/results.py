@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""GPU results as data: validate kernels/results/*.json and render the docs' tables from them.
+
+Usage:
+  scripts/results.py                 validate every record, then rewrite the tables between the
+                                     docs' marker comments (README.md, docs/*.md, kernels/*.md)
+  scripts/results.py --check         validate, and exit 1 when a doc's table differs from what
+                                     the records give (CI runs this through python/tests)
+  scripts/results.py validate FILE.. validate the named records only
+  scripts/results.py new --kind K --commit C --machine M --command CMD [--nvshmem V]
+                     [--result SUITE:RANKS:STATUS:SECONDS[:DETAIL]]... [--notes TEXT] [--out DIR]
+                                     write a record (scripts call this after a GPU run)
+Options: --root DIR (the repository; default: this script's parent folder).
+
+A record is kernels/results/<YYYY-MM-DD>-<kind>-<slug>.json, schema 1 (kernels/TESTING.md,
+"Results as data"). A doc holds a rendered table between
+  <!-- results:table KIND [suite=PREFIX] [record=NAME] -->  and  <!-- /results -->
+KIND gpu-tests / conformance / nvshmem-matrix: the latest row per (suite, ranks) (per release,
+suite, ranks for nvshmem-matrix) over all records of the kind, with a provenance line per record;
+KIND bench with record=NAME (the file name without .json): that record's figures.
+Exit status: 0 ok, 1 a record is invalid or a table drifted, 2 usage errors.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+
+SCHEMA = 1
+KINDS = ("gpu-tests", "conformance", "bench", "nvshmem-matrix")
+STATUSES = ("pass", "fail", "skip")
+TOP_FIELDS = {
+    "schema": "int",
+    "kind": "str",
+    "date": "str",
+    "commit": "str",
+    "machine": "str",
+    "command": "str",
+    "results": "list",
+    "figures": "list",
+    "notes": "str",
+}
+OPTIONAL_TOP = {"nvshmem": "str"}
+RESULT_FIELDS = ("suite", "ranks", "status", "seconds", "first_error", "detail")
+FIGURE_FIELDS = ("name", "value", "unit", "baseline", "baseline_value", "note")
+NAME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9-]+)\.json$")
+MARKER_RE = re.compile(r"^<!-- results:table ([^>\n]*?) -->\n(.*?)^<!-- /results -->", re.S | re.M)
+OPEN_RE = re.compile(r"^<!-- results:table", re.M)
+DOC_GLOBS = ("README.md", "docs", "kernels", "python")
+
+
+class RecordError(Exception):
+    """A record that does not follow the schema; the message names file, field and fix."""
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _type_ok(v, t):
+    return {
+        "int": isinstance(v, int) and not isinstance(v, bool),
+        "str": isinstance(v, str),
+        "list": isinstance(v, list),
+    }[t]
+
+
+def validate(path, data=None):
+    """Returns the record (a dict) or raises RecordError naming the file, the field and the fix."""
+    name = os.path.basename(path)
+
+    def bad(field, problem, fix):
+        raise RecordError(f"{path}: field '{field}': {problem}; fix: {fix}")
+
+    if data is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise RecordError(f"{path}: not valid JSON ({e}); fix: write the record as one JSON object")
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: the record is a {type(data).__name__}, not a JSON object; fix: write one object with the schema's fields")
+    for field, t in TOP_FIELDS.items():
+        if field not in data:
+            bad(field, "missing", f"add \"{field}\" ({t}; see kernels/TESTING.md, 'Results as data')")
+        if not _type_ok(data[field], t):
+            bad(field, f"is {json.dumps(data[field])[:60]}, not a {t}", f"make it a {t}")
+    for field in data:
+        if field not in TOP_FIELDS and field not in OPTIONAL_TOP:
+            bad(field, "unknown field", f"remove it or rename it to one of {', '.join(list(TOP_FIELDS) + list(OPTIONAL_TOP))}")
+    if "nvshmem" in data and not (isinstance(data["nvshmem"], str) and re.fullmatch(r"\d+\.\d+\.\d+", data["nvshmem"])):
+        bad("nvshmem", f"is {json.dumps(data['nvshmem'])}, not a release like \"3.4.5\"", "write the NVSHMEM release as X.Y.Z")
+    if data["schema"] != SCHEMA:
+        bad("schema", f"is {data['schema']}, this tool reads schema {SCHEMA}", f"set \"schema\": {SCHEMA} (or update scripts/results.py)")
+    if data["kind"] not in KINDS:
+        bad("kind", f"is \"{data['kind']}\"", f"use one of {', '.join(KINDS)}")
+    try:
+        datetime.date.fromisoformat(data["date"])
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["date"]):
+            raise ValueError
+    except ValueError:
+        bad("date", f"is \"{data['date']}\", not a date YYYY-MM-DD", "write the UTC date of the run, e.g. 2026-12-03")
+    if not re.fullmatch(r"[0-9a-f]{40}", data["commit"]):
+        bad("commit", f"is \"{data['commit']}\", not a full 40-hex commit", "write `git rev-parse HEAD` of the code that ran")
+    for field in ("machine", "command"):
+        if not data[field].strip():
+            bad(field, "is empty", "say what ran where (e.g. '1x NVIDIA H200 (driver ...), CUDA 13.0') and the exact command")
+    m = NAME_RE.match(name)
+    if not m:
+        raise RecordError(f"{path}: file name '{name}' is not <YYYY-MM-DD>-<kind>-<slug>.json; fix: rename it, e.g. {data['date']}-{data['kind']}-h200.json")
+    if m.group(1) != data["date"] or not m.group(2).startswith(data["kind"] + "-"):
+        raise RecordError(f"{path}: file name '{name}' does not match the record's date and kind; fix: rename it to {data['date']}-{data['kind']}-<slug>.json")
+    if data["kind"] == "nvshmem-matrix" and "nvshmem" not in data:
+        bad("nvshmem", "missing (a nvshmem-matrix record names the release that ran)", "add \"nvshmem\": \"X.Y.Z\"")
+    for i, row in enumerate(data["results"]):
+        where = f"results[{i}]"
+        if not isinstance(row, dict):
+            bad(where, "is not an object", "write {" + ", ".join(f'"{k}": ...' for k in RESULT_FIELDS) + "}")
+        for k in RESULT_FIELDS:
+            if k not in row:
+                bad(f"{where}.{k}", "missing", f"add \"{k}\" (null where it does not apply, for seconds and first_error)")
+        for k in row:
+            if k not in RESULT_FIELDS:
+                bad(f"{where}.{k}", "unknown field", f"remove it; a result row has {', '.join(RESULT_FIELDS)}")
+        if not isinstance(row["suite"], str) or not row["suite"].strip():
+            bad(f"{where}.suite", "is not a non-empty string", "name the suite, e.g. \"deepep-gpu-tests\"")
+        if not (isinstance(row["ranks"], int) and not isinstance(row["ranks"], bool) and row["ranks"] >= 1):
+            bad(f"{where}.ranks", f"is {json.dumps(row['ranks'])}, not a whole number >= 1", "write the number of ranks")
+        if row["status"] not in STATUSES:
+            bad(f"{where}.status", f"is {json.dumps(row['status'])}", f"use one of {', '.join(STATUSES)}")
+        if row["seconds"] is not None and not (_is_number(row["seconds"]) and row["seconds"] >= 0):
+            bad(f"{where}.seconds", f"is {json.dumps(row['seconds'])}", "write the wall time in seconds, or null")
+        if row["first_error"] is not None and not isinstance(row["first_error"], str):
+            bad(f"{where}.first_error", "is not a string or null", "quote the first error line, or null")
+        if row["status"] == "fail" and not row["first_error"]:
+            bad(f"{where}.first_error", "is empty for a failed row", "quote the first error line of the failing run")
+        if not isinstance(row["detail"], str):
+            bad(f"{where}.detail", "is not a string", "write e.g. \"37 passed\" (\"\" when there is nothing to add)")
+    for i, fig in enumerate(data["figures"]):
+        where = f"figures[{i}]"
+        if not isinstance(fig, dict):
+            bad(where, "is not an object", "write {" + ", ".join(f'"{k}": ...' for k in FIGURE_FIELDS) + "}")
+        for k in FIGURE_FIELDS:
+            if k not in fig:
+                bad(f"{where}.{k}", "missing", f"add \"{k}\" (null for baseline and baseline_value when there is none)")
+        for k in fig:
+            if k not in FIGURE_FIELDS:
+                bad(f"{where}.{k}", "unknown field", f"remove it; a figure has {', '.join(FIGURE_FIELDS)}")
+        if not isinstance(fig["name"], str) or not fig["name"].strip():
+            bad(f"{where}.name", "is not a non-empty string", "say what was measured")
+        if not _is_number(fig["value"]):
+            bad(f"{where}.value", f"is {json.dumps(fig['value'])}, not a number", "write the measured number (its unit goes in \"unit\")")
+        if not isinstance(fig["unit"], str):
+            bad(f"{where}.unit", "is not a string", "write the unit, e.g. \"us\", \"GB/s\", \"x\"")
+        if fig["baseline"] is not None and not isinstance(fig["baseline"], str):
+            bad(f"{where}.baseline", "is not a string or null", "name what the figure is compared with, or null")
+        if fig["baseline_value"] is not None and not _is_number(fig["baseline_value"]):
+            bad(f"{where}.baseline_value", "is not a number or null", "write the baseline's number, or null")
+        if (fig["baseline"] is None) != (fig["baseline_value"] is None):
+            bad(f"{where}.baseline_value", "baseline and baseline_value must be given together", "set both or neither")
+        if not isinstance(fig["note"], str):
+            bad(f"{where}.note", "is not a string", "write \"\" when there is nothing to add")
+    return data
+
+
+def load_records(results_dir):
+    """Every record under results_dir, validated, sorted oldest first (date, then file name)."""
+    records = []
+    errors = []
+    if not os.path.isdir(results_dir):
+        return records, errors
+    for name in sorted(os.listdir(results_dir)):
+        path = os.path.join(results_dir, name)
+        if not name.endswith(".json"):
+            if name != "README.md":
+                errors.append(f"{path}: not a record (only <date>-<kind>-<slug>.json files belong here); fix: move it out of {results_dir}")
+            continue
+        try:
+            rec = validate(path)
+        except RecordError as e:
+            errors.append(str(e))
+            continue
+        rec = dict(rec)
+        rec["_path"] = path
+        rec["_name"] = name[:-5]
+        records.append(rec)
+    records.sort(key=lambda r: (r["date"], r["_name"]))
+    return records, errors
+
+
+def _fmt_num(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _link(rec, doc_dir):
+    rel = os.path.relpath(rec["_path"], doc_dir).replace(os.sep, "/")
+    return f"[`{rec['_name']}`]({rel})"
+
+
+def provenance(rec, doc_dir):
+    extra = f", NVSHMEM {rec['nvshmem']}" if "nvshmem" in rec else ""
+    return (f"commit `{rec['commit'][:7]}`, {rec['date']}, {rec['machine']}{extra}; "
+            f"`{rec['command']}` (record {_link(rec, doc_dir)})")
+
+
+def _version_key(v):
+    return tuple(int(x) for x in v.split("."))
+
+
+def render_rows_table(kind, records, doc_dir, suite_prefix=None):
+    """Latest row per key over the records of one kind, a numbered provenance line per record."""
+    latest = {}
+    for rec in records:  # oldest first: a later record replaces an earlier row
+        if rec["kind"] != kind:
+            continue
+        for row in rec["results"]:
+            if suite_prefix and not row["suite"].startswith(suite_prefix):
+                continue
+            key = (rec.get("nvshmem", ""), row["suite"], row["ranks"]) if kind == "nvshmem-matrix" else ("", row["suite"], row["ranks"])
+            latest[key] = (row, rec)
+    what = f"{kind} records" + (f" with a suite starting '{suite_prefix}'" if suite_prefix else "")
+    if not latest:
+        return f"No record yet ({what} under kernels/results/).\n"
+    if kind == "nvshmem-matrix":
+        keys = sorted(latest, key=lambda k: (_version_key(k[0]), k[1], k[2]))
+        head = "| NVSHMEM | suite | ranks | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|---|\n"
+    else:
+        keys = sorted(latest, key=lambda k: (k[1], k[2]))
+        head = "| suite | ranks | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|\n"
+    sources = []
+    lines = []
+    for k in keys:
+        row, rec = latest[k]
+        if rec["_name"] not in sources:
+            sources.append(rec["_name"])
+        n = sources.index(rec["_name"]) + 1
+        cells = [row["suite"], row["ranks"], row["status"].upper(), _fmt_num(row["seconds"]),
+                 row["first_error"] or "-", row["detail"] or "-", f"[{n}]"]
+        if kind == "nvshmem-matrix":
+            cells.insert(0, k[0])
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |\n")
+    by_name = {r["_name"]: r for r in records}
+    prov = "".join(f"- [{i + 1}] {provenance(by_name[s], doc_dir)}\n" for i, s in enumerate(sources))
+    return head + "".join(lines) + "\n" + prov
+
+
+def render_bench_table(record_name, records, doc_dir, doc):
+    rec = next((r for r in records if r["_name"] == record_name), None)
+    if rec is None:
+        raise RecordError(f"{doc}: table 'bench record={record_name}': no record kernels/results/{record_name}.json; fix: name an existing record (file name without .json)")
+    if not rec["figures"]:
+        return f"No figures in {_link(rec, doc_dir)}.\n"
+    out = ["| figure | value | baseline | baseline value | value / baseline | note |\n|---|---|---|---|---|---|\n"]
+    for fig in rec["figures"]:
+        ratio = "-"
+        if fig["baseline_value"]:
+            ratio = f"{fig['value'] / fig['baseline_value']:.2f}"
+        unit = f" {fig['unit']}" if fig["unit"] else ""
+        base = "-" if fig["baseline"] is None else fig["baseline"]
+        bval = "-" if fig["baseline_value"] is None else f"{_fmt_num(fig['baseline_value'])}{unit}"
+        cells = [fig["name"], f"{_fmt_num(fig['value'])}{unit}", base, bval, ratio, fig["note"] or "-"]
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |\n")
+    out.append("\nProvenance: " + provenance(rec, doc_dir) + "\n")
+    return "".join(out)
+
+
+def render_block(spec, records, doc_path):
+    """The rendered body for one marker's spec, e.g. 'gpu-tests suite=deepep-gpu-tests'."""
+    words = spec.split()
+    if not words or words[0] not in KINDS:
+        raise RecordError(f"{doc_path}: marker 'results:table {spec}': the first word must be a kind ({', '.join(KINDS)}); fix the marker")
+    kind, opts = words[0], {}
+    for w in words[1:]:
+        if "=" not in w or w.split("=", 1)[0] not in ("suite", "record"):
+            raise RecordError(f"{doc_path}: marker 'results:table {spec}': option '{w}' is not suite=PREFIX or record=NAME; fix the marker")
+        k, v = w.split("=", 1)
+        opts[k] = v
+    doc_dir = os.path.dirname(os.path.abspath(doc_path))
+    if kind == "bench":
+        if "record" not in opts:
+            raise RecordError(f"{doc_path}: marker 'results:table {spec}': a bench table needs record=NAME; fix the marker")
+        return render_bench_table(opts["record"], records, doc_dir, doc_path)
+    if "record" in opts:
+        return render_rows_table(kind, [r for r in records if r["_name"] == opts["record"]], doc_dir, opts.get("suite"))
+    return render_rows_table(kind, records, doc_dir, opts.get("suite"))
+
+
+def render_doc(text, records, doc_path):
+    """The doc's text with every marker's body re-rendered."""
+    def sub(m):
+        return f"<!-- results:table {m.group(1)} -->\n" + render_block(m.group(1), records, doc_path) + "<!-- /results -->"
+    return MARKER_RE.sub(sub, text)
+
+
+def doc_files(root):
+    out = []
+    for g in DOC_GLOBS:
+        p = os.path.join(root, g)
+        if os.path.isfile(p):
+            out.append(p)
+        elif os.path.isdir(p):
+            for dirpath, dirnames, filenames in os.walk(p):
+                dirnames[:] = [d for d in dirnames if d not in ("target", "node_modules") and not d.startswith(".")]
+                out.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".md"))
+    return sorted(out)
+
+
+def sync_docs(root, check):
+    """Renders every doc's tables; returns a list of problems (drift in check mode, errors)."""
+    records, problems = load_records(os.path.join(root, "kernels", "results"))
+    if problems:
+        return problems
+    for doc in doc_files(root):
+        with open(doc, encoding="utf-8") as f:
+            text = f.read()
+        opened = len(OPEN_RE.findall(text))
+        if not opened:
+            continue
+        if len(MARKER_RE.findall(text)) != opened:
+            problems.append(f"{doc}: a '<!-- results:table ... -->' marker has no '<!-- /results -->' after it; fix: close every table")
+            continue
+        try:
+            new = render_doc(text, records, doc)
+        except RecordError as e:
+            problems.append(str(e))
+            continue
+        if new != text:
+            rel = os.path.relpath(doc, root)
+            if check:
+                problems.append(f"{rel}: its results tables differ from kernels/results/; fix: run scripts/results.py and commit the result")
+            else:
+                with open(doc, "w", encoding="utf-8") as f:
+                    f.write(new)
+                print(f"rendered {rel}")
+    return problems
+
+
+def parse_result(spec):
+    parts = spec.split(":", 4)
+    if len(parts) < 4:
+        raise argparse.ArgumentTypeError(f"--result '{spec}' is not SUITE:RANKS:STATUS:SECONDS[:DETAIL]")
+    suite, ranks, status, seconds = parts[:4]
+    detail = parts[4] if len(parts) > 4 else ""
+    try:
+        ranks_n = int(ranks)
+        secs = None if seconds in ("", "-") else float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--result '{spec}': RANKS must be a whole number and SECONDS a number or '-'")
+    first_error = detail if status == "fail" else None
+    return {"suite": suite, "ranks": ranks_n, "status": status, "seconds": secs,
+            "first_error": first_error, "detail": "" if status == "fail" else detail}
+
+
+def main(argv=None):
+    default_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "validate":
+        if len(argv) < 2:
+            print("results.py validate: name one or more record files", file=sys.stderr)
+            return 2
+        bad = 0
+        for p in argv[1:]:
+            try:
+                validate(p)
+                print(f"ok {p}")
+            except (RecordError, OSError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                bad += 1
+        return 1 if bad else 0
+    if argv and argv[0] == "new":
+        ap = argparse.ArgumentParser(prog="results.py new", description="write a schema-1 record")
+        ap.add_argument("--kind", required=True, choices=KINDS)
+        ap.add_argument("--commit", required=True)
+        ap.add_argument("--machine", required=True)
+        ap.add_argument("--command", required=True)
+        ap.add_argument("--nvshmem")
+        ap.add_argument("--date", default=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
+        ap.add_argument("--slug", default="run")
+        ap.add_argument("--result", action="append", type=parse_result, default=[])
+        ap.add_argument("--notes", default="")
+        ap.add_argument("--out", default=os.path.join(default_root, "kernels", "results"))
+        a = ap.parse_args(argv[1:])
+        rec = {"schema": SCHEMA, "kind": a.kind, "date": a.date, "commit": a.commit, "machine": a.machine,
+               "command": a.command}
+        if a.nvshmem:
+            rec["nvshmem"] = a.nvshmem
+        rec.update({"results": a.result, "figures": [], "notes": a.notes})
+        path = os.path.join(a.out, f"{a.date}-{a.kind}-{a.slug}.json")
+        try:
+            validate(path, rec)
+        except RecordError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        os.makedirs(a.out, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(rec, f, indent=2)
+            f.write("\n")
+        print(path)
+        return 0
+    ap = argparse.ArgumentParser(prog="results.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on drift")
+    ap.add_argument("--root", default=default_root, help="repository root (default: %(default)s)")
+    a = ap.parse_args(argv)
+    problems = sync_docs(a.root, a.check)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    if a.check:
+        print("results: every record is valid and every doc's tables match the records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
