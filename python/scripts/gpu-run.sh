@@ -11,6 +11,8 @@
 #   DEEPEP_BENCH=1 (also run python/scripts/bench.py at 2 ranks into $OUT/bench.log),
 #   PYTEST_ARGS (extra pytest arguments for the GPU tests, e.g. "-k intranode"),
 #   SKIP_CPU_EXAMPLE=1 (skip the CPU tests and the example after the GPU tests),
+#   MPS=1 (each rank count under its own private MPS server, stopped after it: spin-waiting
+#   kernels of several ranks on one GPU progress far faster under MPS; default 0, time-sliced),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
@@ -46,9 +48,15 @@ for r in "${ranks[@]}"; do
   if [ "$r" -le 2 ]; then gpus=${DEEPEP_TEST_GPUS:-2}; else gpus=1; fi
   log="$out/gpu-ranks$r.log"
   echo "== $r ranks on $gpus GPU(s), limit ${timeout_s}s -> $log" | tee -a "$out/summary.txt"
+  if [ "${MPS:-0}" = 1 ]; then  # a private server: its pipe and log folders are this run's own
+    export CUDA_MPS_PIPE_DIRECTORY="$site/mps-$r" CUDA_MPS_LOG_DIRECTORY="$out/mps-ranks$r"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d \
+      || { echo "gpu-run: MPS=1 but the MPS server did not start (nvidia-cuda-mps-control)" >&2; exit 1; }
+  fi
   DEEPEP_TEST_RANKS=$r DEEPEP_TEST_GPUS=$gpus timeout -k 10 "$timeout_s" \
     "$py" -m pytest -v -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$tests/gpu" >"$log" 2>&1
   code=$?
+  if [ "${MPS:-0}" = 1 ]; then echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
   [ $code -eq 124 ] && echo "   timed out after ${timeout_s}s" | tee -a "$out/summary.txt"
   tail -n 3 "$log" | tee -a "$out/summary.txt"
   [ $code -eq 0 ] || rc=1
