@@ -113,16 +113,20 @@ def validate(path, data=None):
         raise RecordError(f"{path}: file name '{name}' does not match the record's date and kind; fix: rename it to {data['date']}-{data['kind']}-<slug>.json")
     if data["kind"] == "nvshmem-matrix" and "nvshmem" not in data:
         bad("nvshmem", "missing (a nvshmem-matrix record names the release that ran)", "add \"nvshmem\": \"X.Y.Z\"")
+    def same_fields(where, obj, fields, what, nulls):
+        """obj is an object with exactly these fields."""
+        if not isinstance(obj, dict):
+            bad(where, "is not an object", "write {" + ", ".join(f'"{k}": ...' for k in fields) + "}")
+        missing = [k for k in fields if k not in obj]
+        if missing:
+            bad(f"{where}.{missing[0]}", "missing", f"add \"{missing[0]}\" (null for {nulls} where it does not apply)")
+        unknown = [k for k in obj if k not in fields]
+        if unknown:
+            bad(f"{where}.{unknown[0]}", "unknown field", f"remove it; {what} has {', '.join(fields)}")
+
     for i, row in enumerate(data["results"]):
         where = f"results[{i}]"
-        if not isinstance(row, dict):
-            bad(where, "is not an object", "write {" + ", ".join(f'"{k}": ...' for k in RESULT_FIELDS) + "}")
-        for k in RESULT_FIELDS:
-            if k not in row:
-                bad(f"{where}.{k}", "missing", f"add \"{k}\" (null where it does not apply, for seconds and first_error)")
-        for k in row:
-            if k not in RESULT_FIELDS:
-                bad(f"{where}.{k}", "unknown field", f"remove it; a result row has {', '.join(RESULT_FIELDS)}")
+        same_fields(where, row, RESULT_FIELDS, "a result row", "seconds and first_error")
         if not isinstance(row["suite"], str) or not row["suite"].strip():
             bad(f"{where}.suite", "is not a non-empty string", "name the suite, e.g. \"deepep-gpu-tests\"")
         if not (isinstance(row["ranks"], int) and not isinstance(row["ranks"], bool) and row["ranks"] >= 1):
@@ -139,14 +143,7 @@ def validate(path, data=None):
             bad(f"{where}.detail", "is not a string", "write e.g. \"37 passed\" (\"\" when there is nothing to add)")
     for i, fig in enumerate(data["figures"]):
         where = f"figures[{i}]"
-        if not isinstance(fig, dict):
-            bad(where, "is not an object", "write {" + ", ".join(f'"{k}": ...' for k in FIGURE_FIELDS) + "}")
-        for k in FIGURE_FIELDS:
-            if k not in fig:
-                bad(f"{where}.{k}", "missing", f"add \"{k}\" (null for baseline and baseline_value when there is none)")
-        for k in fig:
-            if k not in FIGURE_FIELDS:
-                bad(f"{where}.{k}", "unknown field", f"remove it; a figure has {', '.join(FIGURE_FIELDS)}")
+        same_fields(where, fig, FIGURE_FIELDS, "a figure", "baseline and baseline_value")
         if not isinstance(fig["name"], str) or not fig["name"].strip():
             bad(f"{where}.name", "is not a non-empty string", "say what was measured")
         if not _is_number(fig["value"]):
