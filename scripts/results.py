@@ -9,7 +9,14 @@ Usage:
   scripts/results.py validate FILE.. validate the named records only
   scripts/results.py new --kind K --commit C --machine M --command CMD [--nvshmem V]
                      [--result SUITE:RANKS:STATUS:SECONDS[:DETAIL]]... [--notes TEXT] [--out DIR]
-                                     write a record (scripts call this after a GPU run)
+                                     write a record
+  scripts/results.py from-pytest LOG... --commit C --machine M --command CMD [--slug S] [--out DIR]
+                                     a gpu-tests record from the `pytest -v` logs of
+                                     python/tests/gpu, one per rank count (gpu-ranks<N>.log)
+  scripts/results.py from-conformance SUMMARY --commit C --machine M --command CMD [...]
+                                     a conformance record from deepep-conformance.sh's summary.txt
+  (python/scripts/gpu-run.sh and deepep-conformance.sh call these with RECORD=1; --machine auto
+  asks nvidia-smi and torch)
 Options: --root DIR (the repository; default: this script's parent folder).
 
 A record is kernels/results/<YYYY-MM-DD>-<kind>-<slug>.json, schema 1 (kernels/TESTING.md,
@@ -341,6 +348,86 @@ def sync_docs(root, check):
     return problems
 
 
+ERROR_LINE_RE = re.compile(r"\b\w*(Error|Exception|Timeout)\b:? ")
+PYTEST_RE = re.compile(r"^\S*::(test_\w+)(\[[^\]]*\])? (PASSED|FAILED|SKIPPED|ERROR)\b")
+SECTION_RE = re.compile(r"^_{3,} (test_\w+)(\[[^\]]*\])? _{3,}$")
+
+
+def first_error(lines):
+    """The most telling error line of a failure's output: the last 'XxxError: ...' line, else
+    the first non-empty one."""
+    text = [l.strip() for l in lines if l.strip()]
+    errs = [l for l in text if ERROR_LINE_RE.search(l)]
+    return (errs[-1] if errs else text[0] if text else "failed (no error line in the log)")[:300]
+
+
+def rows_from_pytest(log_text, ranks):
+    """Result rows from one `pytest -v -rs` log of python/tests/gpu at `ranks` ranks."""
+    rows, sections, current = [], {}, None
+    for line in log_text.splitlines():
+        m = SECTION_RE.match(line)
+        if m:
+            current = m.group(1)
+            sections[current] = []
+        elif current and line.startswith("E "):
+            sections[current].append(line[1:])
+    for line in log_text.splitlines():
+        m = PYTEST_RE.match(line)
+        if not m:
+            continue
+        name, status = m.group(1), m.group(3)
+        st = {"PASSED": "pass", "SKIPPED": "skip"}.get(status, "fail")
+        err = first_error(sections.get(name, [])) if st == "fail" else None
+        rows.append({"suite": f"python/tests/gpu::{name}", "ranks": ranks, "status": st, "seconds": None,
+                     "first_error": err, "detail": ""})
+    return rows
+
+
+def rows_from_conformance(summary_text):
+    """Result rows from deepep-conformance.sh's summary.txt."""
+    rows = []
+    for line in summary_text.splitlines():
+        f = line.split()
+        if len(f) < 6 or f[0] not in ("ours", "deepep") or not f[1].endswith(".py"):
+            if rows and rows[-1]["status"] == "fail" and line.startswith("    "):
+                rows[-1]["_lines"].append(line)
+            continue
+        lib, test, nproc, result, secs = f[:5]
+        hosts, _, per = nproc.rpartition("x")
+        ranks = int(per) * (int(hosts) if hosts else 1)
+        suite = ("ours: " if lib == "ours" else "DeepEP: ") + test + (f", {hosts} emulated hosts x {per} ranks" if hosts else "")
+        st = "pass" if result.startswith("PASS") else "fail"
+        rows.append({"suite": suite, "ranks": ranks, "status": st, "seconds": float(secs), "first_error": None,
+                     "detail": "" if result == "PASS" else result, "_lines": []})
+    for r in rows:
+        lines = r.pop("_lines")
+        if r["status"] == "fail":
+            r["first_error"] = first_error(lines) if lines else r["detail"]
+    return rows
+
+
+def machine_auto():
+    """'1x NVIDIA H200 (driver 580.159.04), CUDA 13.0, torch 2.11.0+cu130' from nvidia-smi and torch."""
+    import subprocess
+    parts = []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        gpus = [l.split(", ") for l in out.splitlines() if l.strip()]
+        if gpus:
+            parts.append(f"{len(gpus)}x {gpus[0][0]} (driver {gpus[0][1]})")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda, torch.__version__)"],
+                             capture_output=True, text=True, timeout=120).stdout.split()
+        if len(out) == 2:
+            parts.append(f"CUDA {out[0]}, torch {out[1]}")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return ", ".join(parts) or "unknown machine (nvidia-smi and torch not found)"
+
+
 def parse_result(spec):
     parts = spec.split(":", 4)
     if len(parts) < 4:
@@ -373,25 +460,52 @@ def main(argv=None):
                 print(f"error: {e}", file=sys.stderr)
                 bad += 1
         return 1 if bad else 0
-    if argv and argv[0] == "new":
-        ap = argparse.ArgumentParser(prog="results.py new", description="write a schema-1 record")
-        ap.add_argument("--kind", required=True, choices=KINDS)
+    if argv and argv[0] in ("new", "from-pytest", "from-conformance"):
+        sub = argv[0]
+        kind = {"from-pytest": "gpu-tests", "from-conformance": "conformance"}.get(sub)
+        ap = argparse.ArgumentParser(prog=f"results.py {sub}", description="write a schema-1 record")
+        if sub == "new":
+            ap.add_argument("--kind", required=True, choices=KINDS)
+            ap.add_argument("--result", action="append", type=parse_result, default=[])
+        else:
+            ap.add_argument("inputs", nargs="+", metavar="LOG",
+                            help="gpu-ranks<N>.log files" if sub == "from-pytest" else "summary.txt of deepep-conformance.sh")
         ap.add_argument("--commit", required=True)
-        ap.add_argument("--machine", required=True)
+        ap.add_argument("--machine", required=True, help="what ran where; 'auto' asks nvidia-smi and torch")
         ap.add_argument("--command", required=True)
         ap.add_argument("--nvshmem")
         ap.add_argument("--date", default=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
         ap.add_argument("--slug", default="run")
-        ap.add_argument("--result", action="append", type=parse_result, default=[])
         ap.add_argument("--notes", default="")
         ap.add_argument("--out", default=os.path.join(default_root, "kernels", "results"))
         a = ap.parse_args(argv[1:])
-        rec = {"schema": SCHEMA, "kind": a.kind, "date": a.date, "commit": a.commit, "machine": a.machine,
+        rows = a.result if sub == "new" else []
+        try:
+            for path in ([] if sub == "new" else a.inputs):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                if sub == "from-conformance":
+                    rows += rows_from_conformance(text)
+                    continue
+                m = re.search(r"(\d+)\D*$", os.path.basename(path).rsplit(".", 1)[0])
+                if not m:
+                    print(f"error: {path}: the rank count is not in the file name (gpu-ranks<N>.log)", file=sys.stderr)
+                    return 2
+                rows += rows_from_pytest(text, int(m.group(1)))
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if sub != "new" and not rows:
+            print(f"error: no test results in {', '.join(a.inputs)}; fix: pass the logs the run wrote", file=sys.stderr)
+            return 1
+        kind = a.kind if sub == "new" else kind
+        machine = machine_auto() if a.machine == "auto" else a.machine
+        rec = {"schema": SCHEMA, "kind": kind, "date": a.date, "commit": a.commit, "machine": machine,
                "command": a.command}
         if a.nvshmem:
             rec["nvshmem"] = a.nvshmem
-        rec.update({"results": a.result, "figures": [], "notes": a.notes})
-        path = os.path.join(a.out, f"{a.date}-{a.kind}-{a.slug}.json")
+        rec.update({"results": rows, "figures": [], "notes": a.notes})
+        path = os.path.join(a.out, f"{a.date}-{kind}-{a.slug}.json")
         try:
             validate(path, rec)
         except RecordError as e:

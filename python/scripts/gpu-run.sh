@@ -13,15 +13,18 @@
 #   SKIP_CPU_EXAMPLE=1 (skip the CPU tests and the example after the GPU tests),
 #   MPS=1 (each rank count under its own private MPS server, stopped after it: spin-waiting
 #   kernels of several ranks on one GPU progress far faster under MPS; default 0, time-sliced),
+#   RECORD=1 (also write a gpu-tests record of the GPU tests into $OUT, as deepep-conformance.sh
+#   does: RECORD_SLUG, RECORD_COMMIT; kernels/TESTING.md, "Results as data"),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
 # first on PYTHONPATH; the machine's torch is used as is.
 set -uo pipefail
+invocation="python/scripts/gpu-run.sh $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}
-[ $# -ge 1 ] || { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
   wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
@@ -73,6 +76,11 @@ if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
   echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
   timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1
   cat "$out/bench.log" | tail -n 12 | tee -a "$out/summary.txt"
+fi
+if [ "${RECORD:-0}" = 1 ]; then
+  "$py" "$here/../../scripts/results.py" from-pytest "$out"/gpu-ranks*.log --out "$out" --machine auto \
+    --commit "${RECORD_COMMIT:-$(git -C "$here" rev-parse HEAD 2>/dev/null)}" --command "$invocation" \
+    --slug "${RECORD_SLUG:-run}" || rc=1
 fi
 rm -rf "$site"
 exit $rc

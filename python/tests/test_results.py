@@ -206,3 +206,71 @@ def test_new_writes_a_valid_record_and_refuses_a_bad_one(tmp_path):
     p = run("new", "--kind", "gpu-tests", "--commit", "abc", "--machine", "m", "--command", "c", "--out", str(tmp_path))
     assert p.returncode == 1 and "'commit'" in p.stderr
     assert not any(f.name != "2026-12-03-gpu-tests-h200.json" for f in tmp_path.iterdir())
+
+
+PYTEST_LOG = """\
+python/tests/gpu/test_gpu.py::test_intranode_layout_dispatch_combine FAILED [ 33%]
+python/tests/gpu/test_gpu.py::test_low_latency_dispatch_combine_hooks_graphs PASSED [ 66%]
+python/tests/gpu/test_gpu.py::test_peer_that_stops_calling_is_reported_not_partial_rows SKIPPED [100%]
+
+=================================== FAILURES ===================================
+____________________ test_intranode_layout_dispatch_combine ____________________
+E       torch.multiprocessing.spawn.ProcessRaisedException:
+E       -- Process 0 terminated with the following error:
+E           assert not all(in_arena), f"the arena never filled"
+E       AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows
+=================== 1 failed, 1 passed, 1 skipped in 32.31s ====================
+"""
+
+SUMMARY = """\
+library test                   nproc  result   seconds  log
+ours    test_low_latency.py        2  PASS          24  ours-test_low_latency-2.log
+ours    test_internode.py        2x8  PASS         183  ours-test_internode-2x8.log
+deepep  test_intranode.py          8  TIMEOUT      183  deepep-test_intranode-8.log
+ours    test_low_latency.py        4  FAIL(1)       10  ours-test_low_latency-4.log
+        raise ProcessRaisedException(msg, error_index, failed_process.pid)
+    RuntimeError: NVSHMEM: rank 0: no transport. Fix: allow NVLink
+"""
+
+
+def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
+    (tmp_path / "gpu-ranks8.log").write_text(PYTEST_LOG)
+    p = run("from-pytest", str(tmp_path / "gpu-ranks8.log"), "--commit", COMMIT, "--machine", "1x H200",
+            "--command", "python/scripts/gpu-run.sh target/wheels 8", "--date", "2026-12-03", "--slug", "h200",
+            "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert [(r["suite"], r["ranks"], r["status"], r["first_error"]) for r in rec["results"]] == [
+        ("python/tests/gpu::test_intranode_layout_dispatch_combine", 8, "fail",
+         "AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows"),
+        ("python/tests/gpu::test_low_latency_dispatch_combine_hooks_graphs", 8, "pass", None),
+        ("python/tests/gpu::test_peer_that_stops_calling_is_reported_not_partial_rows", 8, "skip", None)]
+    # a log without test lines is not a record
+    (tmp_path / "gpu-ranks2.log").write_text("ImportError: no torch\n")
+    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "m", "--command", "c",
+            "--out", str(tmp_path / "none"))
+    assert p.returncode == 1 and "no test results in" in p.stderr and not (tmp_path / "none").exists()
+
+
+def test_a_record_from_the_summary_of_deepep_conformance(tmp_path):
+    (tmp_path / "summary.txt").write_text(SUMMARY)
+    p = run("from-conformance", str(tmp_path / "summary.txt"), "--commit", COMMIT, "--machine", "1x H200",
+            "--command", "python/scripts/deepep-conformance.sh ...", "--date", "2026-12-03", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert rec["kind"] == "conformance" and p.stdout.strip().endswith("2026-12-03-conformance-run.json")
+    assert [(r["suite"], r["ranks"], r["status"], r["seconds"], r["first_error"]) for r in rec["results"]] == [
+        ("ours: test_low_latency.py", 2, "pass", 24.0, None),
+        ("ours: test_internode.py, 2 emulated hosts x 8 ranks", 16, "pass", 183.0, None),
+        ("DeepEP: test_intranode.py", 8, "fail", 183.0, "TIMEOUT"),
+        ("ours: test_low_latency.py", 4, "fail", 10.0, "RuntimeError: NVSHMEM: rank 0: no transport. Fix: allow NVLink")]
+
+
+def test_the_gpu_scripts_write_records_through_this_tool():
+    # RECORD=1 in the two GPU scripts calls these subcommands with the logs they wrote
+    for script, sub, logs in (("python/scripts/gpu-run.sh", "from-pytest", '"$out"/gpu-ranks*.log'),
+                              ("python/scripts/deepep-conformance.sh", "from-conformance", '"$out/summary.txt"')):
+        with open(os.path.join(REPO, script)) as f:
+            text = f.read()
+        assert f'scripts/results.py" {sub} {logs}' in text, script
+        assert 'if [ "${RECORD:-0}" = 1 ]' in text and "RECORD=1" in text.split("set -uo pipefail")[0], script
