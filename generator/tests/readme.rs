@@ -596,6 +596,14 @@ fn flags_subcommands_scripts_and_flake_outputs_that_do_not_exist_are_caught() {
             "the flake has no output named no-such-package",
         ),
         (
+            "nix build .#nvshmem_3_4_6_cuda12",
+            "the lock has no NVSHMEM 3.4.6",
+        ),
+        (
+            "nix build .#nvshmem_3_3_9_cuda13",
+            "the lock has no CUDA 13 build of NVSHMEM 3.3.9",
+        ),
+        (
             "frobnicate --all",
             "`frobnicate` is not covered by generator/tests/readme.rs",
         ),
@@ -610,6 +618,7 @@ fn flags_subcommands_scripts_and_flake_outputs_that_do_not_exist_are_caught() {
         "deepep-nix releases --brief",
         "scripts/test-all.sh",
         "nix build .#deep-ep",
+        "nix build .#nvshmem_3_3_9_cuda12",
         "cargo run --release -p deepep-nix -- lock --offline",
     ] {
         assert_eq!(
