@@ -254,6 +254,14 @@ pub fn optional_tool(cmd: &mut Command, covered_by: &str) -> Option<Output> {
     Some(out)
 }
 
+/// The entry of `version` in the lock (`pkgs/nvshmem/releases.json`) under `repo`.
+pub fn locked_release(repo: &Path, version: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read(repo.join("pkgs/nvshmem/releases.json")).ok()?;
+    let lock: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let releases = lock["releases"].as_array()?;
+    releases.iter().find(|r| r["version"] == version).cloned()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
