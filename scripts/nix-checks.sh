@@ -244,13 +244,19 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   # the message; the default pairing is accepted and known good; a CUDA-major mismatch between
   # torch and NVSHMEM is refused; the intranode-only build leaves NVSHMEM_DIR unset.
   deepep_eval() { nix eval --raw "${stub[@]}" .#packages.x86_64-linux --apply "$1" 2>"$log"; }
-  if deepep_eval 'ps: (ps.deep-ep.override { nvshmem = ps.nvshmem_3_6_5; }).drvPath' >/dev/null; then
-    fail "deep-ep with NVSHMEM 3.6.5 evaluated, expected the known-broken pairing refused"
-  elif grep -qF 'DeepEP 1.2.1 with NVSHMEM 3.6.5 is a known-broken pairing' "$log" && grep -qF 'Fix: pin NVSHMEM <= 3.4.5 (nvshmem_3_4_5' "$log"; then
-    pass "deep-ep.override { nvshmem = nvshmem_3_6_5; } is refused, naming the fix"
-  else
-    fail "deep-ep with NVSHMEM 3.6.5: unexpected error"; cat "$log"
-  fi
+  # expect_refused EXPR WHAT TEXT1 TEXT2 NAMING: EXPR must not evaluate; its error holds both texts
+  expect_refused() {
+    if deepep_eval "$1" >/dev/null; then
+      fail "$2 evaluated, expected it refused"
+    elif grep -qF "$3" "$log" && grep -qF "$4" "$log"; then
+      pass "$2 is refused, naming $5"
+    else
+      fail "$2: unexpected error"; cat "$log"
+    fi
+  }
+  expect_refused 'ps: (ps.deep-ep.override { nvshmem = ps.nvshmem_3_6_5; }).drvPath' \
+    'deep-ep.override { nvshmem = nvshmem_3_6_5; } (a known-broken pairing)' \
+    'DeepEP 1.2.1 with NVSHMEM 3.6.5 is a known-broken pairing' 'Fix: pin NVSHMEM <= 3.4.5 (nvshmem_3_4_5' "the fix"
   if out=$(deepep_eval 'ps: "${ps.deep-ep.pairing} ${ps.deep-ep.nvshmem.version} ${ps.deep-ep.TORCH_CUDA_ARCH_LIST} ${builtins.baseNameOf ps.deep-ep.drvPath}"') \
     && [[ "$out" == "good 3.4.5 9.0;10.0;10.3;12.0;12.1 "*-deep-ep-1.2.1.drv ]]; then
     pass "deep-ep: DeepEP 1.2.1 + NVSHMEM 3.4.5 accepted ($out)"
@@ -387,13 +393,9 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   else
     fail "devShells NVSHMEM_DIR: ${out:-}"; grep -v "^warning:" "$log" | tail -5 || true
   fi
-  if deepep_eval 'ps: (ps.deep-ep.override { oneNvshmem = "torch"; }).drvPath' >/dev/null; then
-    fail "deep-ep.override { oneNvshmem = \"torch\"; } evaluated with torch's NVSHMEM 3.6.5, expected the broken pairing refused"
-  elif grep -qF 'oneNvshmem = "torch", but torch links NVSHMEM 3.6.5, a known-broken pairing' "$log" && grep -qF 'oneNvshmem = "rebuild-torch"' "$log"; then
-    pass "deep-ep.override { oneNvshmem = \"torch\"; } is refused for torch's NVSHMEM 3.6.5, naming oneNvshmem = \"rebuild-torch\""
-  else
-    fail "deep-ep oneNvshmem = torch: unexpected error"; cat "$log"
-  fi
+  expect_refused 'ps: (ps.deep-ep.override { oneNvshmem = "torch"; }).drvPath' \
+    "deep-ep.override { oneNvshmem = \"torch\"; } with torch's NVSHMEM 3.6.5" \
+    'oneNvshmem = "torch", but torch links NVSHMEM 3.6.5, a known-broken pairing' 'oneNvshmem = "rebuild-torch"' 'oneNvshmem = "rebuild-torch"'
   # A torch recipe that predates nixpkgs' CUDA 13 support (6b516b42: "Unsupported CUDA version")
   # leaves DeepEP meta.broken with that reason, not an opaque "marked as broken" about torch.
   old_torch_expr="let

@@ -19,14 +19,19 @@ pub struct Sha256(pub [u8; 32]);
 
 const SRI_PREFIX: &str = "sha256-";
 
+/// The error for `value`, not a valid `what` (e.g. "SRI hash"), for the reason given.
+fn bad_hash<'a>(what: &'static str, value: &'a str) -> impl Fn(&str) -> Error + 'a {
+    move |reason| Error::BadHash {
+        what,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
 impl Sha256 {
     /// Parses 64 hex digits (upstream manifests use lowercase; uppercase is accepted).
     pub fn from_hex(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash {
-            what: "sha256 hex",
-            value: s.to_string(),
-            reason: reason.to_string(),
-        };
+        let bad = bad_hash("sha256 hex", s);
         if s.len() != 64 {
             return Err(bad(&format!(
                 "expected 64 hex digits, got {} characters",
@@ -41,11 +46,7 @@ impl Sha256 {
 
     /// Parses an SRI string `sha256-<44 base64 chars>`.
     pub fn from_sri(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash {
-            what: "SRI hash",
-            value: s.to_string(),
-            reason: reason.to_string(),
-        };
+        let bad = bad_hash("SRI hash", s);
         let b64 = s
             .strip_prefix(SRI_PREFIX)
             .ok_or_else(|| bad("expected the prefix sha256-"))?;
@@ -60,11 +61,7 @@ impl Sha256 {
 
     /// Parses a 52-character Nix base-32 string.
     pub fn from_nix32(s: &str) -> Result<Sha256> {
-        let bad = |reason: &str| Error::BadHash {
-            what: "Nix base-32 hash",
-            value: s.to_string(),
-            reason: reason.to_string(),
-        };
+        let bad = bad_hash("Nix base-32 hash", s);
         if s.len() != 52 {
             return Err(bad(&format!("expected 52 characters, got {}", s.len())));
         }

@@ -12,9 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::hash::Sha256;
-use crate::model::{
-    Artifact, SourceKind, System, CUDA_MAJORS, MAX_ARTIFACT_SIZE, MAX_METADATA_BYTES,
-};
+use crate::model::{Artifact, SourceKind, System, CUDA_MAJORS, MAX_ARTIFACT_SIZE};
 use crate::version::Version;
 
 /// Default base of NVIDIA's NVSHMEM redist; manifests' `relative_path` is appended to it.
@@ -230,19 +228,7 @@ pub(crate) fn cuda_from_path(rel: &str) -> Option<u32> {
 /// Parses one manifest. `origin` names the file in error messages; when it has the
 /// `redistrib_<version>.json` shape, the version inside must agree with it.
 pub fn parse_manifest(origin: &str, bytes: &[u8], base_url: &str) -> Result<Manifest> {
-    if bytes.len() > MAX_METADATA_BYTES {
-        return Err(Error::upstream(
-            origin,
-            format!(
-                "{} bytes is larger than any manifest ({} bytes limit); refusing to parse",
-                bytes.len(),
-                MAX_METADATA_BYTES
-            ),
-        ));
-    }
-    let root: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
-    crate::validate::no_duplicate_keys(origin, bytes)?;
+    let root: Value = crate::validate::json_document(origin, bytes, "manifest")?;
     let top = obj(origin, "(top level)", &root)?;
     let release_date = opt_str(origin, "(top level)", top, "release_date")?.map(str::to_string);
     if let Some(d) = &release_date {

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
 use crate::hash::Sha256;
-use crate::model::{Artifact, SourceKind, System, MAX_METADATA_BYTES};
+use crate::model::{Artifact, SourceKind, System};
 use crate::nvidia::{check_date, parse_size, type_name};
 use crate::version::Version;
 
@@ -124,19 +124,7 @@ fn file_str<'a>(origin: &str, path: &str, f: &'a Map<String, Value>, key: &str) 
 }
 
 fn top_level(origin: &str, bytes: &[u8]) -> Result<Value> {
-    if bytes.len() > MAX_METADATA_BYTES {
-        return Err(Error::upstream(
-            origin,
-            format!(
-                "{} bytes is larger than any PyPI project page ({} bytes limit); refusing to parse",
-                bytes.len(),
-                MAX_METADATA_BYTES
-            ),
-        ));
-    }
-    let root: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
-    crate::validate::no_duplicate_keys(origin, bytes)?;
+    let root: Value = crate::validate::json_document(origin, bytes, "PyPI project page")?;
     if !root.is_object() {
         return Err(Error::upstream(
             origin,

@@ -174,6 +174,25 @@ fn join_path(parent: &str, child: &str) -> String {
     }
 }
 
+/// Parses an upstream JSON document (`what`: e.g. "manifest", for the size message): at most
+/// `MAX_METADATA_BYTES`, valid JSON, no object with a key twice.
+pub fn json_document(origin: &str, bytes: &[u8], what: &str) -> Result<serde_json::Value> {
+    use crate::model::MAX_METADATA_BYTES;
+    if bytes.len() > MAX_METADATA_BYTES {
+        return Err(Error::upstream(
+            origin,
+            format!(
+                "{} bytes is larger than any {what} ({MAX_METADATA_BYTES} bytes limit); refusing to parse",
+                bytes.len()
+            ),
+        ));
+    }
+    let root = serde_json::from_slice(bytes)
+        .map_err(|e| Error::upstream(origin, format!("not valid JSON: {e}")))?;
+    no_duplicate_keys(origin, bytes)?;
+    Ok(root)
+}
+
 /// Refuses a JSON document (already known to parse) in which one object holds the same key
 /// twice, naming the key's JSON path and both lines. Keys are compared after JSON decoding,
 /// so `"3.4.5"` and `"3\u002e4.5"` are the same key.

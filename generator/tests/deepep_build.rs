@@ -137,12 +137,17 @@ fn soname_of(bytes: &[u8]) -> Option<String> {
     })
 }
 
-#[test]
-fn installed_wheel_prefix_has_what_deepep_setup_py_reads() {
-    let Some(wheel) = required_file(
+/// The real NVSHMEM 3.4.5 wheel both tests install (scripts/test-all.sh sets the variable).
+fn nvshmem_wheel() -> Option<PathBuf> {
+    required_file(
         "DEEPEP_NVSHMEM_WHEEL",
         "the nvidia-nvshmem-cu13==3.4.5 wheel",
-    ) else {
+    )
+}
+
+#[test]
+fn installed_wheel_prefix_has_what_deepep_setup_py_reads() {
+    let Some(wheel) = nvshmem_wheel() else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -176,10 +181,7 @@ fn installed_wheel_prefix_has_what_deepep_setup_py_reads() {
 /// then checks what doctor reads from it.
 #[test]
 fn deepep_shaped_extension_builds_against_the_prefix_and_doctor_reads_it() {
-    let Some(wheel) = required_file(
-        "DEEPEP_NVSHMEM_WHEEL",
-        "the nvidia-nvshmem-cu13==3.4.5 wheel",
-    ) else {
+    let Some(wheel) = nvshmem_wheel() else {
         return;
     };
     let Some(cuda) = required_file("CUDA_HOME", "the CUDA 13 toolchain with nvcc") else {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{repo_root, run_in, snapshot, stderr, stdout};
+use common::{optional_tool, repo_root, run_in, snapshot, stderr, stdout};
 
 #[test]
 fn committed_files_pass_lock_offline_check() {
@@ -235,11 +235,20 @@ fn releases_without_checkout_lists_every_version_and_gap() {
         .unwrap();
     assert_eq!(gap["gap"], "none (first CUDA 13 build is 3.3.20)");
     let table = stdout(&run_in(cwd.path(), &["releases"]));
-    assert!(table.contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"), "{table}");
+    assert!(
+        table.contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"),
+        "{table}"
+    );
     let line = "3.4.5 x86_64-linux cuda13 pypi   sha256-KQ8KLulMnzaHoCUC87kpmp+f6Cbm0Ch+4YSC541JW4A= 60412546 bytes";
-    assert!(table.contains(line), "artifacts with hashes are listed by default: {table}");
+    assert!(
+        table.contains(line),
+        "artifacts with hashes are listed by default: {table}"
+    );
     let brief = stdout(&run_in(cwd.path(), &["releases", "--brief"]));
-    assert!(brief.contains("gaps:") && !brief.contains("artifacts:"), "{brief}");
+    assert!(
+        brief.contains("gaps:") && !brief.contains("artifacts:"),
+        "{brief}"
+    );
 }
 
 /// The rendered Nix evaluates (with whatever Nix is installed) to exactly the lock's data.
@@ -247,22 +256,14 @@ fn releases_without_checkout_lists_every_version_and_gap() {
 fn rendered_nix_evaluates_to_the_lock() {
     let root = repo_root();
     let nix = root.join("pkgs/nvshmem/releases.nix");
-    let out = match std::process::Command::new("nix-instantiate")
-        .args(["--eval", "--strict", "--json", "--expr"])
-        .arg(format!("import {}", nix.display()))
-        .output()
-    {
-        Ok(o) => o,
-        Err(_) => {
-            eprintln!("skipped: nix-instantiate is not installed (scripts/nix-checks.sh evaluates the file in CI)");
-            return;
-        }
+    let Some(out) = optional_tool(
+        std::process::Command::new("nix-instantiate")
+            .args(["--eval", "--strict", "--json", "--expr"])
+            .arg(format!("import {}", nix.display())),
+        "scripts/nix-checks.sh evaluates the file in CI",
+    ) else {
+        return;
     };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let evaluated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let lock: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pkgs/nvshmem/releases.json")).unwrap())

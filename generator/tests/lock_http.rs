@@ -705,16 +705,7 @@ fn lock_accepts_cuda_keyed_platforms_without_cuda_variant() {
     let repo = tempfile::tempdir().unwrap();
     let out = run_lock(&s, repo.path());
     assert!(out.status.success(), "{}", stderr(&out));
-    let lock: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(repo.path().join("pkgs/nvshmem/releases.json")).unwrap(),
-    )
-    .unwrap();
-    let r = lock["releases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["version"] == "3.4.5")
-        .unwrap();
+    let r = common::locked_release(repo.path(), "3.4.5").expect("3.4.5 locked");
     assert_eq!(
         r["systems"]["x86_64-linux"]["12"]["nvidia"]["sha256"],
         SHA_A

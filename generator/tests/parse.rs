@@ -191,24 +191,40 @@ fn manifest_unknown_platform_is_an_error_known_others_are_skipped() {
 
 #[test]
 fn manifest_bad_hex_bad_md5_bad_paths_and_variants() {
-    let mut v = manifest();
-    v["libnvshmem"]["linux-x86_64"]["cuda12"]["sha256"] = json!("abc123");
-    assert!(parse_err(&v).contains("expected 64 hex digits"));
-    let mut v = manifest();
-    v["libnvshmem"]["linux-x86_64"]["cuda12"]["sha256"] = json!("z".repeat(64));
-    assert!(parse_err(&v).contains("sha256 hex"));
-    let mut v = manifest();
-    v["libnvshmem"]["linux-x86_64"]["cuda12"]["md5"] = json!("nope");
-    assert!(parse_err(&v).contains("md5"));
-    let mut v = manifest();
-    v["libnvshmem"]["linux-x86_64"]["cuda12"]["relative_path"] = json!("../../etc/passwd");
-    assert!(parse_err(&v).contains("not a plain relative path"));
-    let mut v = manifest();
-    v["libnvshmem"]["cuda_variant"] = json!(["12"]);
-    assert!(parse_err(&v).contains("cuda13 is not listed in cuda_variant"));
-    let mut v = manifest();
-    v["libnvshmem"]["version"] = json!("3.4.6");
-    assert!(parse_err(&v).contains("file name says 3.4.5 but the manifest says 3.4.6"));
+    let cuda12 = ["libnvshmem", "linux-x86_64", "cuda12"];
+    let cases: [(&[&str], Value, &str); 6] = [
+        (
+            &cuda12,
+            json!({ "sha256": "abc123" }),
+            "expected 64 hex digits",
+        ),
+        (&cuda12, json!({ "sha256": "z".repeat(64) }), "sha256 hex"),
+        (&cuda12, json!({ "md5": "nope" }), "md5"),
+        (
+            &cuda12,
+            json!({ "relative_path": "../../etc/passwd" }),
+            "not a plain relative path",
+        ),
+        (
+            &["libnvshmem"],
+            json!({ "cuda_variant": ["12"] }),
+            "cuda13 is not listed in cuda_variant",
+        ),
+        (
+            &["libnvshmem"],
+            json!({ "version": "3.4.6" }),
+            "file name says 3.4.5 but the manifest says 3.4.6",
+        ),
+    ];
+    for (path, change, want) in cases {
+        let mut v = manifest();
+        let target = path.iter().fold(&mut v, |v, k| &mut v[*k]);
+        for (k, val) in change.as_object().unwrap() {
+            target[k] = val.clone();
+        }
+        let err = parse_err(&v);
+        assert!(err.contains(want), "{path:?} {change}: {err}");
+    }
 }
 
 #[test]

@@ -28,17 +28,21 @@
 #                        MASTER_ADDR/PORT), NPROC ranks each, all on the GPUs here; our package
 #                        gets DEEPEP_KERNELS_RANKS_PER_HOST=NPROC, so the group of H*NPROC ranks is
 #                        served by its internode mode (test_internode.py needs H >= 2)
-# Environment: PYTHON (default python3), OUT (log folder, default ./conformance-logs).
+# Environment: PYTHON (default python3), OUT (log folder, default ./conformance-logs),
+#   RECORD=1 (also write a conformance record of the run into $OUT, <date>-conformance-<slug>.json
+#   with RECORD_SLUG (default run); the commit is the checkout's HEAD or RECORD_COMMIT; copy it
+#   into kernels/results/ and run scripts/results.py: kernels/TESTING.md, "Results as data").
 #
 # The adapter (python/scripts/conformance/sitecustomize.py) changes only the environment: set_device
 # modulo the GPU count, gloo instead of NCCL, CUDA collectives staged through the CPU, float8 as
 # bytes. Each run's full output is in $OUT/<library>-<test>-<nproc>.log; $OUT/summary.txt has one
 # line per run. Exits 1 when a run of our package failed (DeepEP's results are reported only).
 set -uo pipefail
+invocation="python/scripts/deepep-conformance.sh $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
 ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args="" hosts=1 stop_at=""
-usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --ours) ours=$2; shift 2 ;;
@@ -178,4 +182,9 @@ for lib in "${libs[@]}"; do
     done
   done
 done
+if [ "${RECORD:-0}" = 1 ]; then
+  "$py" "$here/../../scripts/results.py" from-conformance "$out/summary.txt" --out "$out" --machine auto \
+    --commit "${RECORD_COMMIT:-$(git -C "$here" rev-parse HEAD 2>/dev/null)}" --command "$invocation" \
+    --slug "${RECORD_SLUG:-run}" || fail=1
+fi
 exit $fail

@@ -11,15 +11,20 @@
 #   DEEPEP_BENCH=1 (also run python/scripts/bench.py at 2 ranks into $OUT/bench.log),
 #   PYTEST_ARGS (extra pytest arguments for the GPU tests, e.g. "-k intranode"),
 #   SKIP_CPU_EXAMPLE=1 (skip the CPU tests and the example after the GPU tests),
+#   MPS=1 (each rank count under its own private MPS server, stopped after it: spin-waiting
+#   kernels of several ranks on one GPU progress far faster under MPS; default 0, time-sliced),
+#   RECORD=1 (also write a gpu-tests record of the GPU tests into $OUT, as deepep-conformance.sh
+#   does: RECORD_SLUG, RECORD_COMMIT; kernels/TESTING.md, "Results as data"),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
 # first on PYTHONPATH; the machine's torch is used as is.
 set -uo pipefail
+invocation="python/scripts/gpu-run.sh $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}
-[ $# -ge 1 ] || { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
   wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
@@ -46,9 +51,15 @@ for r in "${ranks[@]}"; do
   if [ "$r" -le 2 ]; then gpus=${DEEPEP_TEST_GPUS:-2}; else gpus=1; fi
   log="$out/gpu-ranks$r.log"
   echo "== $r ranks on $gpus GPU(s), limit ${timeout_s}s -> $log" | tee -a "$out/summary.txt"
+  if [ "${MPS:-0}" = 1 ]; then  # a private server: its pipe and log folders are this run's own
+    export CUDA_MPS_PIPE_DIRECTORY="$site/mps-$r" CUDA_MPS_LOG_DIRECTORY="$out/mps-ranks$r"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d \
+      || { echo "gpu-run: MPS=1 but the MPS server did not start (nvidia-cuda-mps-control)" >&2; exit 1; }
+  fi
   DEEPEP_TEST_RANKS=$r DEEPEP_TEST_GPUS=$gpus timeout -k 10 "$timeout_s" \
     "$py" -m pytest -v -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$tests/gpu" >"$log" 2>&1
   code=$?
+  if [ "${MPS:-0}" = 1 ]; then echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
   [ $code -eq 124 ] && echo "   timed out after ${timeout_s}s" | tee -a "$out/summary.txt"
   tail -n 3 "$log" | tee -a "$out/summary.txt"
   [ $code -eq 0 ] || rc=1
@@ -65,6 +76,11 @@ if [ "${DEEPEP_BENCH:-0}" = 1 ]; then
   echo "== bench (2 ranks) -> $out/bench.log" | tee -a "$out/summary.txt"
   timeout -k 10 "$timeout_s" "$py" "$here/bench.py" --ranks 2 >"$out/bench.log" 2>&1 || rc=1
   cat "$out/bench.log" | tail -n 12 | tee -a "$out/summary.txt"
+fi
+if [ "${RECORD:-0}" = 1 ]; then
+  "$py" "$here/../../scripts/results.py" from-pytest "$out"/gpu-ranks*.log --out "$out" --machine auto \
+    --commit "${RECORD_COMMIT:-$(git -C "$here" rev-parse HEAD 2>/dev/null)}" --command "$invocation" \
+    --slug "${RECORD_SLUG:-run}" || rc=1
 fi
 rm -rf "$site"
 exit $rc

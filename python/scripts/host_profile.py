@@ -65,12 +65,9 @@ def timed(torch, native, fn, calls, repeats, warmup=30):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--experts", type=int, default=288)
-    p.add_argument("--calls", type=int, default=300)
-    p.add_argument("--repeats", type=int, default=5)
+    # DeepEP's low-latency test shape; calls per loop and loops of each timing
+    for name, default in (("tokens", 128), ("hidden", 7168), ("topk", 8), ("experts", 288), ("calls", 300), ("repeats", 5)):
+        p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
 

@@ -137,12 +137,7 @@ fn devices(host: &Host, marker: &str, out: &mut Vec<Check>) {
     let ib_devices = host
         .list_dir(&hp("/sys/class/infiniband"))
         .unwrap_or_default();
-    let uverbs: Vec<String> = host
-        .list_dir(&hp("/dev/infiniband"))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|n| n.starts_with("uverbs"))
-        .collect();
+    let uverbs = super::rdma::uverbs_nodes(host);
     let gdrdrv_loaded = host.is_dir(&hp("/sys/module/gdrdrv"));
     let gdrdrv_node = host.exists(&hp("/dev/gdrdrv"));
     let mut have = Vec::new();

@@ -289,45 +289,35 @@ fn host_library(
     out: &mut Vec<Check>,
 ) -> Option<Version> {
     let id = "nvshmem.host-library";
+    // Not a usable host library: a failed check with the fix, and nothing more to read from it.
+    let refuse = |out: &mut Vec<Check>, found: String, fix: &str| {
+        out.push(Check::fail(id, caps::NVSHMEM, found, fix));
+        None
+    };
     let dynamic = match elf::parse_dyn(bytes) {
         Ok(d) => d,
-        Err(e) => {
-            out.push(Check::fail(
-                id,
-                caps::NVSHMEM,
-                format!("{}: {e}", lib.display()),
-                INSTALL_FIX,
-            ));
-            return None;
-        }
+        Err(e) => return refuse(out, format!("{}: {e}", lib.display()), INSTALL_FIX),
     };
     info.ident = Some(dynamic.ident);
     info.host_dyn = Some(dynamic.clone());
     if dynamic.ident != native_ident() {
-        out.push(Check::fail(
-            id,
-            caps::NVSHMEM,
-            format!(
-                "{} is {}, this host runs {}",
-                lib.display(),
-                dynamic.ident.describe(),
-                native_ident().describe()
-            ),
+        let found = format!(
+            "{} is {}, this host runs {}",
+            lib.display(),
+            dynamic.ident.describe(),
+            native_ident().describe()
+        );
+        return refuse(
+            out,
+            found,
             "install the NVSHMEM build for this architecture (x86_64-linux or aarch64-linux/sbsa)",
-        ));
-        return None;
+        );
     }
-    let versions = banner_versions(bytes);
-    let version = match versions.as_slice() {
+    let version = match banner_versions(bytes).as_slice() {
         [v] => *v,
         [] => {
-            out.push(Check::fail(
-                id,
-                caps::NVSHMEM,
-                format!("{}: no \"NVSHMEM vX.Y.Z\" version banner; not an NVSHMEM host library or a damaged copy", lib.display()),
-                INSTALL_FIX,
-            ));
-            return None;
+            let found = format!("{}: no \"NVSHMEM vX.Y.Z\" version banner; not an NVSHMEM host library or a damaged copy", lib.display());
+            return refuse(out, found, INSTALL_FIX);
         }
         many => {
             let list = many
@@ -335,16 +325,11 @@ fn host_library(
                 .map(Version::to_string)
                 .collect::<Vec<_>>()
                 .join(", ");
-            out.push(Check::fail(
-                id,
-                caps::NVSHMEM,
-                format!(
-                    "{}: several version banners ({list}); cannot tell which release this is",
-                    lib.display()
-                ),
-                INSTALL_FIX,
-            ));
-            return None;
+            let found = format!(
+                "{}: several version banners ({list}); cannot tell which release this is",
+                lib.display()
+            );
+            return refuse(out, found, INSTALL_FIX);
         }
     };
     if version < MIN_VERSION {

@@ -43,6 +43,15 @@ impl RdmaInfo {
     }
 }
 
+/// The RDMA user-verbs device nodes (`/dev/infiniband/uverbs*`) the host (or container) has.
+pub fn uverbs_nodes(host: &Host) -> Vec<String> {
+    host.list_dir(&hp("/dev/infiniband"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.starts_with("uverbs"))
+        .collect()
+}
+
 fn read_field(host: &Host, path: &Path) -> String {
     host.read_text(path)
         .map(|t| t.trim().to_string())
@@ -114,12 +123,7 @@ pub fn check_nics(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> RdmaInf
             "no RDMA device",
         ));
     } else {
-        let nodes: Vec<String> = host
-            .list_dir(&hp("/dev/infiniband"))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|n| n.starts_with("uverbs"))
-            .collect();
+        let nodes = uverbs_nodes(host);
         if nodes.is_empty() {
             out.push(Check::fail(
                 "infiniband.uverbs",

@@ -242,6 +242,26 @@ pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
         .expect("run deepep-nix")
 }
 
+/// Runs an optional external tool (Nix's, which CI may not have here), asserting it succeeded.
+/// When it is not installed: None, after a line saying the test is skipped and what covers it.
+pub fn optional_tool(cmd: &mut Command, covered_by: &str) -> Option<Output> {
+    let Ok(out) = cmd.output() else {
+        let tool = cmd.get_program().to_string_lossy().into_owned();
+        eprintln!("skipped: {tool} is not installed ({covered_by})");
+        return None;
+    };
+    assert!(out.status.success(), "{}", stderr(&out));
+    Some(out)
+}
+
+/// The entry of `version` in the lock (`pkgs/nvshmem/releases.json`) under `repo`.
+pub fn locked_release(repo: &Path, version: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read(repo.join("pkgs/nvshmem/releases.json")).ok()?;
+    let lock: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let releases = lock["releases"].as_array()?;
+    releases.iter().find(|r| r["version"] == version).cloned()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
