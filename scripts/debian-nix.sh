@@ -66,7 +66,8 @@ if [ ! -f "$dir/.complete" ]; then
     -o "Dir::Cache=$apt_dir" -o "Dir::Cache::archives=$apt_dir/archives" -o "Dir::State::status=$apt_dir/status"
     -o APT::Architecture=amd64 -o "APT::Sandbox::User=$(id -un)" -o Debug::NoLocking=1)
   say "debian-nix: reading Debian 13's package index ($mirror, signed) ..."
-  if ! apt-get "${apt_opts[@]}" update -qq >"$apt_dir/update.log" 2>&1; then
+  # apt-get update exits 0 when the mirror cannot be reached; the index file is what counts.
+  if ! apt-get "${apt_opts[@]}" update -qq >"$apt_dir/update.log" 2>&1 || ! compgen -G "$apt_dir/lists/*trixie*_Packages*" >/dev/null; then
     cat "$apt_dir/update.log" >&2
     echo "debian-nix: could not read trixie's package index from $mirror (network? set DEEPEP_DEBIAN_MIRROR to a Debian mirror)" >&2
     exit 1

@@ -79,7 +79,7 @@ elif nix_bin=$(bash scripts/debian-nix.sh --print-bin || true) && [ -n "$nix_bin
   nix_from="scripts/debian-nix.sh ($nix_bin)"
 else
   have=$(nix-instantiate --version 2>/dev/null || echo "none")
-  nix_summary_fail "Nix >= $min_nix: none found (nix-instantiate on PATH: $have) and scripts/debian-nix.sh could not unpack Debian 13's Nix (its error is above); install Nix >= $min_nix (https://nixos.org/download) or make deb.debian.org reachable"
+  nix_summary_fail "Nix >= $min_nix: not on PATH (nix-instantiate there: $have) and scripts/debian-nix.sh could not unpack Debian 13's Nix (its error is above); install Nix >= $min_nix (https://nixos.org/download) or make deb.debian.org reachable"
 fi
 # Offline, single-user, no daemon: no substituters (no cache to reach), no flake registry,
 # no build-users group (none exists), no sandbox (Debian's build has no sandbox paths).
