@@ -1165,14 +1165,21 @@ pub fn exports(prefix: &Path, shell: Shell) -> String {
     }
 }
 
+/// The release the flake's `nvshmem` is (pkgs/nvshmem/lib.nix `defaultVersion`,
+/// `defaultCudaMajor`; a test keeps them equal): the one `env` suggests installing.
+pub const DEFAULT_RELEASE: (&str, &str) = ("3.4.5", "13");
+
 /// Checks that `prefix` holds an NVSHMEM install; returns its absolute path.
 pub fn check_prefix(prefix: &Path) -> Result<PathBuf> {
     let p = absolute(prefix)?;
     if !p.join(HOST_LIB).is_file() {
+        let (v, cuda) = DEFAULT_RELEASE;
         return Err(Error::Usage(format!(
-            "{} has no {HOST_LIB}; it is not an NVSHMEM install (create one with `deepep-nix install --prefix {}`)",
+            "{} has no {HOST_LIB}; it is not an NVSHMEM install (create one with \
+             `deepep-nix install --version {v} --cuda {cuda} --prefix {}`, the release the flake's nvshmem is; \
+             `deepep-nix releases` lists the others, and `--source pypi` takes the PyPI wheel where NVIDIA's host is not reachable)",
             p.display(),
-            p.display()
+            sh_quote(&p.display().to_string())
         )));
     }
     Ok(p)

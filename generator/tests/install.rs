@@ -445,7 +445,53 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
         &["env", "--prefix", files.path().to_str().unwrap()],
     );
     assert_eq!(bad.status.code(), Some(2));
-    assert!(common::stderr(&bad).contains("deepep-nix install --prefix"));
+    assert!(common::stderr(&bad).contains("deepep-nix install --version 3.4.5 --cuda 13 --prefix"));
+}
+
+/// `env` on a directory without an install suggests an `install` command with --version and
+/// --cuda (the flake's default release, as pkgs/nvshmem/lib.nix says), which then works.
+#[test]
+fn env_suggests_an_install_command_that_works() {
+    let lib_nix =
+        std::fs::read_to_string(common::repo_root().join("pkgs/nvshmem/lib.nix")).unwrap();
+    let (v, cuda) = deepep_nix::install::DEFAULT_RELEASE;
+    assert!(
+        lib_nix.contains(&format!("defaultVersion = \"{v}\";"))
+            && lib_nix.contains(&format!("defaultCudaMajor = \"{cuda}\";")),
+        "DEFAULT_RELEASE {v}/{cuda} differs from pkgs/nvshmem/lib.nix"
+    );
+    let repo = repo_pinning(&good_tar(), &good_wheel());
+    let files = tempfile::tempdir().unwrap();
+    let tarball = write(files.path(), &format!("{TOP}.tar.xz"), &good_tar());
+    let prefix = files.path().join("empty dir");
+    std::fs::create_dir(&prefix).unwrap();
+    let out = common::run_in(repo.path(), &["env", "--prefix", prefix.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = common::stderr(&out);
+    let cmd = err
+        .split('`')
+        .nth(1)
+        .unwrap_or_else(|| panic!("no command in: {err}"));
+    let quoted = format!("'{}'", prefix.display());
+    assert_eq!(
+        cmd,
+        format!("deepep-nix install --version {v} --cuda {cuda} --prefix {quoted}"),
+        "{err}"
+    );
+    // Run as the shell would (the prefix is one quoted word), with the archive given locally.
+    let mut args: Vec<String> = cmd
+        .trim_end_matches(&quoted)
+        .split_whitespace()
+        .skip(1)
+        .map(String::from)
+        .collect();
+    args.push(prefix.to_str().unwrap().to_string());
+    args.extend(["--file".to_string(), tarball.to_str().unwrap().to_string()]);
+    args.extend(x86_unless_host().iter().map(|s| s.to_string()));
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::run_in(repo.path(), &words);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_file(&prefix, "include/nvshmem.h", b"#define NVSHMEM 1\n");
 }
 
 #[test]
