@@ -35,7 +35,13 @@ def _sized(fn: str, what: str, compute) -> int:
         shown = f"{n / (1 << 40):.1f} TiB"
     except OverflowError:  # an argument past the native 64-bit range
         n, shown = None, "more than 2^64 bytes"
-    except ValueError:  # the native sizing refuses more than 1 TiB itself, naming its own parameters
+    except ValueError as e:
+        # The native sizing refuses more than 1 TiB itself, naming its own parameters; other
+        # refusals (e.g. a rank count the kernels do not run) pass on, said by this hint.
+        if "exceed 1 TiB" not in str(e):
+            note = (f" (the hints take max_tokens_per_rank from {DEFAULT_MAX_TOKENS_ENV})"
+                    if "max_tokens_per_rank" in str(e) else "")
+            raise ValueError(f"{fn}: {e}{note}") from None
         n, shown = None, "more than 1 TiB"
     if n is None or n > MAX_HINT_BYTES:
         raise ValueError(f"{fn}: {what} needs {shown} of buffer, more than any GPU holds (the hint refuses above 1 TiB); "
@@ -104,6 +110,12 @@ class Config:
         fn = "get_nvl_buffer_size_hint"
         _check_count(fn, "hidden_bytes", hidden_bytes)
         _check_count(fn, "num_ranks", num_ranks)
+        from .buffer import NUM_MAX_NVL_PEERS
+
+        # DeepEP's own assertion (csrc/config.hpp get_nvl_buffer_size_hint), said with the argument.
+        if num_ranks >= NUM_MAX_NVL_PEERS and num_ranks % NUM_MAX_NVL_PEERS != 0:
+            raise ValueError(f"{fn}: num_ranks={num_ranks} must be below {NUM_MAX_NVL_PEERS} or a multiple of it "
+                             f"(hosts of {NUM_MAX_NVL_PEERS} GPUs), as in DeepEP")
         hidden = (hidden_bytes + 1) // 2
         tokens = default_max_tokens()
         return _sized(fn, f"hidden_bytes={hidden_bytes}, num_ranks={num_ranks} and {tokens} tokens per rank",

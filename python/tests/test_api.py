@@ -106,11 +106,16 @@ def test_size_hints_name_the_bad_argument_and_refuse_absurd_sizes(monkeypatch):
         # Numbers past 64 bits: a ValueError naming the inputs, not the native OverflowError.
         with pytest.raises(ValueError, match=rf"^{name}: hidden_bytes={2**70}, num_ranks=16 .* more than 2\^64"):
             hint(2**70, 16)
+    with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: num_ranks=12 must be below 8 or a multiple of it"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 12)
+    # what the kernels themselves refuse is passed on, said by the hint
+    with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: intranode mode supports 2, 4 or 8 ranks, got 6"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 6)
     # 1e9 tokens per rank: about 9 PB, refused naming the token count and what to lower.
     monkeypatch.setenv("DEEPEP_KERNELS_MAX_TOKENS", str(10**9))
     with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: hidden_bytes=14336, num_ranks=8 and 1000000000 tokens per rank needs (more than 1|[0-9.]+) TiB of buffer, more than any GPU holds"):
         c.get_nvl_buffer_size_hint(7168 * 2, 8)
-    with pytest.raises(ValueError, match="DEEPEP_KERNELS_MAX_TOKENS is the tokens per rank"):
+    with pytest.raises(ValueError, match=r"^get_rdma_buffer_size_hint: .*1000000000.* \(the hints take max_tokens_per_rank from DEEPEP_KERNELS_MAX_TOKENS\)$"):
         c.get_rdma_buffer_size_hint(7168 * 2, 16)
 
 
