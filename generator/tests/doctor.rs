@@ -880,6 +880,14 @@ fn nvshmem_dir_mistakes_are_explained() {
         found(&r, "nvshmem.dir"),
         "/nowhere (from NVSHMEM_DIR) does not exist"
     );
+    // The install it advises takes PyPI's wheel, which works where NVIDIA's host is not reachable.
+    assert!(
+        fix(&r, "nvshmem.dir").contains(
+            "deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix /opt/nvshmem-3.4.5"
+        ),
+        "{}",
+        fix(&r, "nvshmem.dir")
+    );
 
     let r = TestHost::ibgda().env("NVSHMEM_DIR", "relative/dir").run();
     assert_eq!(
