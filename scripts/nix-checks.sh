@@ -170,7 +170,10 @@ for c in /usr/bin/nix-instantiate $(type -ap nix-instantiate); do
 done
 if [ -z "$old_nix" ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
   echo "installing Debian 12's nix-bin (Nix 2.8) to show the stand-in refusing it ..."
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1 || cat "$log"
+  # A fresh machine may have no package lists yet: update only then.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1 \
+    || { apt-get update -qq >"$log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1; } \
+    || cat "$log"
   [ -x /usr/bin/nix-instantiate ] && ! nix_ok "$(/usr/bin/nix-instantiate --version 2>/dev/null)" && old_nix=/usr/bin/nix-instantiate
 fi
 if [ -n "$old_nix" ]; then
