@@ -235,20 +235,11 @@ fn releases_without_checkout_lists_every_version_and_gap() {
         .unwrap();
     assert_eq!(gap["gap"], "none (first CUDA 13 build is 3.3.20)");
     let table = stdout(&run_in(cwd.path(), &["releases"]));
-    assert!(
-        table.contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"),
-        "{table}"
-    );
+    assert!(table.contains("3.3.9 x86_64-linux cuda13: none (first CUDA 13 build is 3.3.20)"), "{table}");
     let line = "3.4.5 x86_64-linux cuda13 pypi   sha256-KQ8KLulMnzaHoCUC87kpmp+f6Cbm0Ch+4YSC541JW4A= 60412546 bytes";
-    assert!(
-        table.contains(line),
-        "artifacts with hashes are listed by default: {table}"
-    );
+    assert!(table.contains(line), "artifacts with hashes are listed by default: {table}");
     let brief = stdout(&run_in(cwd.path(), &["releases", "--brief"]));
-    assert!(
-        brief.contains("gaps:") && !brief.contains("artifacts:"),
-        "{brief}"
-    );
+    assert!(brief.contains("gaps:") && !brief.contains("artifacts:"), "{brief}");
 }
 
 /// The rendered Nix evaluates (with whatever Nix is installed) to exactly the lock's data.
