@@ -112,10 +112,7 @@ impl Artifacts {
     /// An NVSHMEM prefix: host library of `host`, device library and header of `device`,
     /// transport plugins with SONAME suffix `.so.<transport_major>`.
     fn nvshmem(&self, host: &str, device: &str, transport_major: u32) -> PathBuf {
-        let _building = self
-            .build
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _building = self.build.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let prefix = self
             .dir
             .path()
@@ -125,9 +122,10 @@ impl Artifacts {
         }
         // Built in a staging directory and renamed into place, so that the prefix exists only
         // complete (also if a build panics half-way under the lock).
-        let staging = self.dir.path().join(format!(
-            ".staging-nvshmem-{host}-{device}-{transport_major}"
-        ));
+        let staging = self
+            .dir
+            .path()
+            .join(format!(".staging-nvshmem-{host}-{device}-{transport_major}"));
         if staging.exists() {
             std::fs::remove_dir_all(&staging).unwrap();
         }
