@@ -637,12 +637,23 @@ impl PrefixLock {
                         .map_or("another deepep-nix install".to_string(), |pid| {
                             format!("another deepep-nix install (PID {pid})")
                         });
-                    say(format!(
-                        "waiting: {who} is installing into {}{}; this one goes on when it has finished \
-                         (Ctrl-C stops waiting and changes nothing)",
-                        prefix.display(),
-                        if dir == prefix { String::new() } else { format!(" (it holds the lock on {})", dir.display()) }
-                    ));
+                    say(if dir == prefix {
+                        format!(
+                            "waiting: {who} is installing into {}; this one goes on when it has finished \
+                             (Ctrl-C stops waiting and changes nothing)",
+                            prefix.display()
+                        )
+                    } else {
+                        // The prefix does not exist yet: the lock is its nearest existing
+                        // ancestor's, which installs of other new prefixes below it take too.
+                        format!(
+                            "waiting: {who} holds the install lock on {} (it installs into a new prefix below it, \
+                             or into it); this install into {} goes on when it has finished \
+                             (Ctrl-C stops waiting and changes nothing)",
+                            dir.display(),
+                            prefix.display()
+                        )
+                    });
                     told = true;
                 }
                 loop {

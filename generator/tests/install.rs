@@ -1552,14 +1552,23 @@ fn two_concurrent_installs_into_one_prefix_wait_and_lose_nothing() {
                 break;
             }
         }
-        assert!(
-            line.starts_with(&format!(
-                "waiting: another deepep-nix install (PID {}) is installing into {}",
+        // A new prefix: the lock is on its parent, and the message says so.
+        let want = if prepare == 0 {
+            format!(
+                "waiting: another deepep-nix install (PID {}) holds the install lock on {} (it installs into a new \
+                 prefix below it, or into it); this install into {} goes on",
+                first.id(),
+                prefix.parent().unwrap().display(),
+                prefix.display()
+            )
+        } else {
+            format!(
+                "waiting: another deepep-nix install (PID {}) is installing into {}; this one goes on",
                 first.id(),
                 prefix.display()
-            )),
-            "{case}: {line}"
-        );
+            )
+        };
+        assert!(line.starts_with(&want), "{case}: {line}");
         let out1 = first.wait_with_output().unwrap();
         assert!(out1.status.success(), "{case}: {}", common::stderr(&out1));
         let mut rest = String::new();
