@@ -429,7 +429,7 @@ def test_nvshmem_host_library_is_the_cubins_release():
 def _release_of(prefix):
     text = open(os.path.join(prefix, "include", "non_abi", "nvshmem_version.h")).read()
     import re
-    return ".".join(re.search(r"#define NVSHMEM_VENDOR_%s_VERSION (\\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+    return ".".join(re.search(r"#define NVSHMEM_VENDOR_%s_VERSION (\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
 
 
 def _extra_prefixes():
