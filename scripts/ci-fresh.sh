@@ -8,7 +8,8 @@
 # A warm cache hides missing steps (a crate that only an earlier build downloaded, a wheel that
 # only an earlier session installed); this is the way to see what CI will see. The rustup
 # toolchain itself (RUSTUP_HOME) is kept: CI machines have it. Takes about as long as CI with
-# empty caches (downloads the crates, the CUDA pip toolchain and Debian's Nix when missing).
+# empty caches (downloads the crates, the CUDA pip toolchain, Debian 13's Nix into target/tools/
+# and the pinned deadnix/nixpkgs-fmt builds).
 # Prints the elapsed time and the scratch folder's largest size (sampled every 5 s: the clone with
 # target/ and .toolchain/, CARGO_HOME, the pip cache; not /nix) and exits with .ci/run's status.
 set -euo pipefail
@@ -16,7 +17,7 @@ keep=0
 for a in "$@"; do
   case "$a" in
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ci-fresh: unknown argument '$a' (use --keep or --help)" >&2; exit 2 ;;
   esac
 done

@@ -66,11 +66,15 @@ for p in "${pins[@]}" "nvidia-nvshmem-cu13==$extra_release"; do
 done
 if ((${#missing[@]})); then
   echo "install-toolchain: downloading ${missing[*]} into $wheels" >&2
-  python3 -m pip download --quiet --no-deps --only-binary=:all: \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
-    --python-version 3.11 --implementation py --abi none \
-    -d "$wheels" "${missing[@]}" \
-    || die "pip download failed; check network access to the Python package index (or copy the wheels into $wheels)"
+  # One requirement per call: pip's resolver refuses two versions of one package in one call
+  # (nvidia-nvshmem-cu13 3.4.5 and the extra 3.3.20: "ResolutionImpossible").
+  for p in "${missing[@]}"; do
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
+      --python-version 3.11 --implementation py --abi none \
+      -d "$wheels" "$p" \
+      || die "pip download of $p failed; check network access to the Python package index (or copy the wheels into $wheels)"
+  done
 fi
 
 # 2. Install from the local wheels (idempotent: the stamp records the pin list).

@@ -2,14 +2,19 @@
 # The Nix checks that need neither network (beyond Debian's and the crate registry) nor a GPU
 # nor nixpkgs. Runs on a fresh Debian 12 machine without Nix (CI); called by scripts/test-all.sh.
 #
-#   1. Nix itself: Debian's nix-bin (2.8) via apt-get when nix-instantiate is missing, used
-#      without a daemon, build users, substituters or flake registry (offline).
+#   1. Nix >= 2.18 (nixpkgs' minimum): nix-instantiate from PATH when new enough, else Debian 13's
+#      Nix 2.26 unpacked privately by scripts/debian-nix.sh (cached in target/tools/); used
+#      without a daemon, build users, substituters or flake registry (offline). Without one this
+#      prints a FAIL line and the summary. Checks the version it reports.
 #   2. Every .nix file of the checkout parses.
 #   3. Pure evaluation tests (checks/pure.nix): the module's rendering helpers, the NVSHMEM
 #      release selection, the generated release data.
 #   4. The texts of the key evaluation errors (3.3.9 + CUDA 13, PyPI-only release with the
 #      NVIDIA source, unknown IBGDA method); the module's /dev/gdrdrv script, run in a private
 #      mount namespace with a fake /proc/devices (checks/gdrdrv-node.sh).
+#   4b. checks/stub-nixpkgs refuses Nix < 2.18 as nixpkgs' default.nix does (lib/minfeatures.nix):
+#      its logic with builtins.nixVersion replaced, and a real Nix 2.8 (Debian 12's apt nix-bin,
+#      installed as root when missing; skipped elsewhere).
 #   5. The NixOS module: every case of checks/module/cases.nix over the NixOS stand-ins
 #      (checks/module/stand-ins.nix) through checks/module/mini-lib.nix (a small module system:
 #      nixpkgs cannot be had offline), and also through nixpkgs' real lib.evalModules when a
@@ -35,8 +40,9 @@
 #      maps test uses its real libnvshmem_host.so.3.
 #   6b. pkgs/workspace-src.nix: cargo metadata --offline over exactly the paths it lists (every
 #      workspace member present, as the Rust packages need).
-#   7. deadnix --fail and nixpkgs-fmt --check over every .nix file (both installed with
-#      `cargo install --locked` into .toolchain/cargo-tools when missing).
+#   7. deadnix --fail and nixpkgs-fmt --check over every .nix file: deadnix 1.3.1 and
+#      nixpkgs-fmt 1.3.0 exactly, installed with `cargo install --locked --version` into
+#      target/tools/cargo-tools when that version is not there yet.
 #
 # Prints one line per check and a summary; exits 1 if any check failed.
 set -euo pipefail
@@ -52,14 +58,28 @@ skip() { printf 'skip  %s (%s)\n' "$1" "$2"; }
 note() { printf '      %s\n' "$@"; }
 
 # ---------------------------------------------------------------- 1. Nix
-if ! command -v nix-instantiate >/dev/null 2>&1; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "nix-instantiate not found and not root: install Debian's nix-bin (apt-get install nix-bin) or run as root" >&2
-    exit 1
-  fi
-  echo "installing Debian's nix-bin ..."
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >/dev/null
+# A Nix >= 2.18 (what nixpkgs' lib/minfeatures.nix requires): the one on PATH when it is new
+# enough (a user's own install), else Debian 13's 2.26 unpacked privately by scripts/debian-nix.sh
+# into target/tools/ (no root needed; reused on the next run). Debian 12's apt Nix is 2.8.
+min_nix=2.18
+nix_ok() { # VERSION-STRING: true when >= min_nix
+  local v; v=$(grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' <<<"$1" | head -n1)
+  [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$min_nix" "$v" | sort -V | head -n1)" = "$min_nix" ]
+}
+nix_summary_fail() { # MESSAGE: the countable summary when no usable Nix exists, then exit 1
+  fail "$1"
+  echo
+  echo "nix checks: $passed passed, ${#failed[@]} failed"
+  exit 1
+}
+if command -v nix-instantiate >/dev/null 2>&1 && nix_ok "$(nix-instantiate --version 2>/dev/null)"; then
+  nix_from="PATH ($(command -v nix-instantiate))"
+elif nix_bin=$(bash scripts/debian-nix.sh --print-bin || true) && [ -n "$nix_bin" ] && [ -x "$nix_bin/nix-instantiate" ]; then
+  export PATH="$nix_bin:$PATH"
+  nix_from="scripts/debian-nix.sh ($nix_bin)"
+else
+  have=$(nix-instantiate --version 2>/dev/null || echo "none")
+  nix_summary_fail "Nix >= $min_nix: not on PATH (nix-instantiate there: $have) and scripts/debian-nix.sh could not unpack Debian 13's Nix (its error is above); install Nix >= $min_nix (https://nixos.org/download) or make deb.debian.org reachable"
 fi
 # Offline, single-user, no daemon: no substituters (no cache to reach), no flake registry,
 # no build-users group (none exists), no sandbox (Debian's build has no sandbox paths).
@@ -68,7 +88,12 @@ substituters =
 flake-registry =
 build-users-group =
 sandbox = false'
-echo "$(nix --version)"
+nix_version=$(nix --version)
+if nix_ok "$nix_version"; then
+  pass "Nix >= $min_nix: $nix_version from $nix_from"
+else
+  nix_summary_fail "Nix >= $min_nix: $nix_version from $nix_from is older; nixpkgs refuses it"
+fi
 
 # Every .nix file of the checkout: tracked ones plus new, not ignored ones.
 mapfile -d '' nix_files < <(git ls-files -z --cached --others --exclude-standard -- '*.nix')
@@ -115,6 +140,54 @@ if out=$(bash checks/gdrdrv-node.sh 2>"$log"); then
   pass "gdrdrv device-node script: $(tr '\n' ' ' <<<"$out")"
 else
   fail "gdrdrv device-node script"; printf '%s\n' "${out:-}"; cat "$log"
+fi
+
+# ------------------------------------------ 4b. the stand-in nixpkgs refuses Nix < 2.18
+# checks/stub-nixpkgs gates on checks/stub-nixpkgs/minfeatures.nix as nixpkgs' default.nix gates
+# on lib/minfeatures.nix. First the gate's logic, evaluated by the Nix above with
+# builtins.nixVersion replaced (scopedImport); then a real Nix 2.8 (Debian 12's apt nix-bin).
+stub_with() { # NIXVERSION-OVERRIDE-EXPR: the stub's config, evaluated under that builtins
+  echo "(scopedImport { builtins = $1; } $repo/checks/stub-nixpkgs/default.nix { system = \"x86_64-linux\"; config.probe = true; }).config.probe"
+}
+expect_error "stub nixpkgs refuses builtins.nixVersion = 2.8.0 (logic)" \
+  "$(stub_with 'builtins // { nixVersion = "2.8.0"; }')" \
+  "You are evaluating with Nix 2.8.0. Use a Nix >= 2.18"
+expect_error "stub nixpkgs refuses builtins.nixVersion = 2.17.1 (logic)" \
+  "$(stub_with 'builtins // { nixVersion = "2.17.1"; }')" \
+  "- \`builtins.nixVersion\` reports at least 2.18"
+expect_error "stub nixpkgs refuses a Nix without builtins.nixVersion (logic)" \
+  "$(stub_with 'removeAttrs builtins [ "nixVersion" ]')" \
+  "- the \`nixVersion\` builtin"
+if out=$(nix-instantiate --eval --strict -E "[ ($(stub_with 'builtins // { nixVersion = "2.18.3-lix"; }')) ($(stub_with 'builtins // { nixVersion = "2.18"; }')) ($(stub_with builtins)) ]" 2>"$log") \
+  && [ "$out" = "[ true true true ]" ]; then
+  pass "stub nixpkgs accepts 2.18, Lix's \"2.18.3-lix\" and $(nix-instantiate --eval -E builtins.nixVersion 2>/dev/null)"
+else
+  fail "stub nixpkgs accepts Nix >= 2.18: ${out:-}"; grep -v "^warning:" "$log" || true
+fi
+old_nix=
+for c in /usr/bin/nix-instantiate $(type -ap nix-instantiate); do
+  if [ -x "$c" ] && ! nix_ok "$("$c" --version 2>/dev/null)"; then old_nix=$c; break; fi
+done
+if [ -z "$old_nix" ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+  echo "installing Debian 12's nix-bin (Nix 2.8) to show the stand-in refusing it ..."
+  # A fresh machine may have no package lists yet: update only then.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1 \
+    || { apt-get update -qq >"$log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1; } \
+    || cat "$log"
+  [ -x /usr/bin/nix-instantiate ] && ! nix_ok "$(/usr/bin/nix-instantiate --version 2>/dev/null)" && old_nix=/usr/bin/nix-instantiate
+fi
+if [ -n "$old_nix" ]; then
+  old_version=$("$old_nix" --version)
+  # --store dummy://: the old Nix leaves the store (and its database) of the new one alone.
+  if "$old_nix" --store dummy:// --eval -E "(import $repo/checks/stub-nixpkgs { system = \"x86_64-linux\"; }).config" >/dev/null 2>"$log"; then
+    fail "stub nixpkgs refuses a real $old_version: it evaluated"
+  elif grep -qF 'reports at least 2.18' "$log" && grep -qF "You are evaluating with Nix ${old_version##* }." "$log"; then
+    pass "stub nixpkgs refuses a real $old_version ($old_nix), as nixpkgs does"
+  else
+    fail "stub nixpkgs with a real $old_version: unexpected error"; cat "$log"
+  fi
+else
+  skip "stub nixpkgs refuses a real Nix < 2.18" "none here (as root on Debian 12 this installs apt's nix-bin 2.8); the gate's logic is tested above"
 fi
 
 # ---------------------------------------------------------------- 5. the NixOS module
@@ -490,20 +563,27 @@ else
 fi
 
 # ---------------------------------------------------------------- 7. lints
-tools="$repo/.toolchain/cargo-tools"
+# Exact releases (a new upstream release must not change CI without a commit), built with their
+# own Cargo.lock (--locked) into target/tools/cargo-tools, and reused while the version matches.
+tools=${DEEPEP_CARGO_TOOLS:-$repo/target/tools/cargo-tools}
 export PATH="$tools/bin:$PATH"
-for t in deadnix nixpkgs-fmt; do
-  if ! command -v "$t" >/dev/null 2>&1; then
-    echo "installing $t (cargo install --locked) ..."
-    cargo install --quiet --locked "$t" --root "$tools" >"$log" 2>&1 || { cat "$log"; fail "install $t"; }
+for pin in deadnix@1.3.1 nixpkgs-fmt@1.3.0; do
+  t=${pin%@*}; v=${pin#*@}
+  if [ "$("$tools/bin/$t" --version 2>/dev/null)" != "$t $v" ]; then
+    echo "installing $t $v (cargo install --locked --version $v) ..."
+    if ! cargo install --quiet --locked --version "$v" "$t" --root "$tools" >"$log" 2>&1; then
+      cat "$log"; fail "cargo install --locked --version $v $t"; continue
+    fi
   fi
+  got=$("$tools/bin/$t" --version 2>/dev/null || true)
+  if [ "$got" = "$t $v" ]; then pass "$t $v (pinned)"; else fail "$t: want $v, have '${got:-none}'"; fi
 done
 existing=()
 for f in "${nix_files[@]}"; do [ -e "$f" ] && existing+=("$f"); done
-if command -v deadnix >/dev/null 2>&1; then
+if [ -x "$tools/bin/deadnix" ]; then
   if deadnix --fail "${existing[@]}" >"$log" 2>&1; then pass "deadnix --fail"; else fail "deadnix --fail"; cat "$log"; fi
 fi
-if command -v nixpkgs-fmt >/dev/null 2>&1; then
+if [ -x "$tools/bin/nixpkgs-fmt" ]; then
   if nixpkgs-fmt --check "${existing[@]}" >"$log" 2>&1; then pass "nixpkgs-fmt --check"; else
     fail "nixpkgs-fmt --check (run: nixpkgs-fmt <files>)"; cat "$log"
   fi

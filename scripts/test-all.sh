@@ -3,11 +3,23 @@
 #   1. installs the pinned CUDA 13.0 pip toolchain + NVSHMEM 3.4.5 wheel into .toolchain/
 #   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks, the
 #      kernels' harness crate kernels/harness: launcher across processes, bench unit tests)
-#   3. the generator's determinism check on the committed files (lock --offline --check)
-#   4. Nix: parse, pure evaluation tests, deadnix, formatter (Debian's Nix 2.8, installed if missing)
+#   3. the generator's determinism check on the committed files (lock --offline --check) and
+#      verify --file on the real wheel
+#   4. Nix (scripts/nix-checks.sh): parse, pure evaluation tests, the flake against the stand-in
+#      nixpkgs, deadnix, formatter; on Nix >= 2.18 (a new enough Nix on PATH, else Debian 13's 2.26
+#      unpacked into target/tools/ by scripts/debian-nix.sh)
 #   5. the Python wheel (python/, maturin abi3, dev profile) and its CPU tests with pytest (no torch)
-# Prints a final line "total: N passed, M failed" and exits non-zero on any failure.
+# Prints a final line "total: N passed, M failed" that counts every suite (cargo tests, the two
+# generator checks, each Nix check, pytest) and exits non-zero on any failure.
+#
+# Usage: scripts/test-all.sh [--help]
 set -euo pipefail
+for a in "$@"; do
+  case "$a" in
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test-all: unknown argument '$a' (it takes none; --help prints what it runs)" >&2; exit 2 ;;
+  esac
+done
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 log_dir=$(mktemp -d)
@@ -49,14 +61,29 @@ cargo test --workspace --all-targets --locked 2>&1 | tee "$log_dir/cargo.log"
 cargo_rc=${PIPESTATUS[0]}
 set -e
 
+# Each of these steps counts as one test in the total; a failure is counted, not a stop.
+gen_passed=0; gen_failed=0
 step "deepep-nix lock --offline --check (committed Nix data is reproducible)"
-cargo run --quiet --locked -p deepep-nix -- lock --offline --check
+if cargo run --quiet --locked -p deepep-nix -- lock --offline --check; then gen_passed=$((gen_passed + 1)); else
+  echo "FAIL  deepep-nix lock --offline --check"; gen_failed=$((gen_failed + 1)); fi
 
 step "deepep-nix verify --file (real wheel bytes against the pinned hash)"
-cargo run --quiet --locked -p deepep-nix -- verify --file "$DEEPEP_NVSHMEM_WHEEL"
+if cargo run --quiet --locked -p deepep-nix -- verify --file "$DEEPEP_NVSHMEM_WHEEL"; then gen_passed=$((gen_passed + 1)); else
+  echo "FAIL  deepep-nix verify --file"; gen_failed=$((gen_failed + 1)); fi
 
 step "Nix checks"
-bash scripts/nix-checks.sh
+set +e
+bash scripts/nix-checks.sh 2>&1 | tee "$log_dir/nix.log"
+nix_rc=${PIPESTATUS[0]}
+set -e
+# nix-checks.sh ends with "nix checks: N passed, M failed" (also when no usable Nix was found).
+nix_summary=$(grep -E '^nix checks: [0-9]+ passed, [0-9]+ failed' "$log_dir/nix.log" | tail -n1 || true)
+nix_passed=$(echo "$nix_summary" | awk '{print $3}')
+nix_failed=$(echo "$nix_summary" | awk '{print $5}')
+nix_passed=${nix_passed:-0}; nix_failed=${nix_failed:-0}
+if [ "$nix_rc" -ne 0 ] && [ "$nix_failed" -eq 0 ]; then
+  echo "FAIL  scripts/nix-checks.sh exited $nix_rc without its summary line"; nix_failed=1
+fi
 
 step "Python wheel (maturin, abi3) + CPU tests (pytest; no GPU, no torch)"
 set +e
@@ -74,8 +101,10 @@ py_failed=$( (echo "$py_summary" | grep -Eo '[0-9]+ (failed|error)' || true) | a
 py_passed=${py_passed:-0}
 if [ "$py_rc" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi
 echo "python: $py_passed passed, $py_failed failed ($py_summary)"
-passed=$((passed + py_passed))
-failed=$((failed + py_failed))
+echo "generator checks: $gen_passed passed, $gen_failed failed"
+echo "nix: $nix_passed passed, $nix_failed failed"
+passed=$((passed + gen_passed + nix_passed + py_passed))
+failed=$((failed + gen_failed + nix_failed + py_failed))
 echo
 echo "total: $passed passed, $failed failed"
-[ "$cargo_rc" -eq 0 ] && [ "$py_rc" -eq 0 ] && [ "$failed" -eq 0 ]
+[ "$cargo_rc" -eq 0 ] && [ "$nix_rc" -eq 0 ] && [ "$py_rc" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -360,7 +360,8 @@ pub fn lock(args: &LockArgs) -> Result<i32> {
             )?,
             &args.upstream.upstream(),
             &min,
-        )?
+        )
+        .map_err(|e| lock_pypi_hint(e, &args.upstream.nvidia_url, &live))?
     };
     let opts = BuildOptions {
         min_version: min,
@@ -437,7 +438,8 @@ pub fn verify(args: &VerifyArgs) -> Result<i32> {
     if args.files.is_empty() {
         let pinned = v::select(&lock, &sel)?;
         let http = args.net.http(true, PINNED_URL_HINT)?;
-        let path = v::fetch_verified(&http, &pinned, &args.dest)?;
+        let path = v::fetch_verified(&http, &pinned, &args.dest)
+            .map_err(|e| verify_pypi_hint(e, &lock, &pinned, args))?;
         report.push((pinned, path));
     } else {
         for file in &args.files {
@@ -636,6 +638,61 @@ fn suggest_pypi(
                 msg: format!(
                     "{msg}; the lock also pins this release's PyPI wheel ({}), which installs the same \
                      NVSHMEM: `{cmd}`",
+                    w.artifact.filename
+                ),
+            }
+        }
+        _ => Error::Http { url, msg },
+    }
+}
+
+/// `lock` failing on NVIDIA's host (not reachable from every network): PyPI's wheels can be
+/// refreshed alone, keeping the vendored NVIDIA manifests.
+fn lock_pypi_hint(e: Error, nvidia_url: &str, live: &[SourceKind]) -> Error {
+    match e {
+        Error::Http { url, msg } if url.starts_with(nvidia_url) && live.contains(&SourceKind::Pypi) => Error::Http {
+            url,
+            msg: format!(
+                "{msg}; if NVIDIA's host is not reachable from this network, `deepep-nix lock --source pypi` refreshes \
+                 PyPI's wheels alone and keeps the vendored NVIDIA manifests (`deepep-nix lock --offline` uses only those)"
+            ),
+        },
+        e => e,
+    }
+}
+
+/// `verify` of NVIDIA's tarball failing for want of an answer: the command that verifies
+/// the same release's PyPI wheel, when the lock pins one.
+fn verify_pypi_hint(
+    e: Error,
+    lock: &crate::lock::Lock,
+    pinned: &crate::verify::Pinned,
+    args: &VerifyArgs,
+) -> Error {
+    let Error::Http { url, msg } = e else {
+        return e;
+    };
+    let wheel = crate::verify::select(
+        lock,
+        &crate::verify::Selector {
+            source: Some(SourceKind::Pypi),
+            ..sel_of(pinned)
+        },
+    );
+    match (pinned.source, wheel) {
+        (SourceKind::Nvidia, Ok(w)) => {
+            let mut cmd = format!(
+                "deepep-nix verify --version {} --cuda {} --system {} --source pypi",
+                w.version, w.cuda, w.system
+            );
+            if let Some(r) = &args.repo.repo {
+                cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
+            }
+            cmd += &format!(" --dest {}", sh_word(&args.dest.display().to_string()));
+            Error::Http {
+                url,
+                msg: format!(
+                    "{msg}; the lock also pins this release's PyPI wheel ({}), which holds the same NVSHMEM: `{cmd}`",
                     w.artifact.filename
                 ),
             }

@@ -561,9 +561,191 @@ fn names_in(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Whether `e` means this user may not write there (permissions, or a read-only mount).
+/// (A read-only mount is not this: [`explain_fs_error`] reports it with its own fix.)
 fn not_writable(e: &io::Error) -> bool {
-    const EROFS: i32 = 30;
-    e.kind() == io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(EROFS)
+    e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error() != Some(libc::EROFS)
+}
+
+/// The directory an install into `prefix` locks: the prefix when it is a directory, else its
+/// nearest existing ancestor (where the prefix and its missing parents will be created).
+/// `None` when that is not a directory (the install then fails with its own message).
+fn lock_target(prefix: &Path) -> Option<PathBuf> {
+    match fs::symlink_metadata(prefix) {
+        Ok(m) if m.is_dir() => return Some(prefix.to_path_buf()),
+        Ok(_) => return None,
+        Err(_) => {}
+    }
+    let dir = prefix
+        .ancestors()
+        .skip(1)
+        .find(|d| fs::symlink_metadata(d).is_ok())?;
+    fs::metadata(dir)
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|_| dir.to_path_buf())
+}
+
+/// The PID holding an flock on the file with `dev`/`ino`, from /proc/locks.
+fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have "->" after the number.
+        (f.len() >= 6 && f[1] == "FLOCK" && f[5] == want)
+            .then(|| f[4].parse().ok())
+            .flatten()
+    })
+}
+
+/// An exclusive advisory lock (flock(2)) on the directory an install writes into, held until
+/// dropped. Where the file system has no flock (some network file systems), installs go on
+/// unlocked after a warning.
+pub struct PrefixLock {
+    _dir: Option<File>,
+}
+
+impl PrefixLock {
+    /// Locks [`lock_target`] of `prefix`, waiting for another holder; `say` gets one line
+    /// naming the holder's PID when it has to wait. Re-checks the target after each wait (the
+    /// prefix may have been created meanwhile) so that two installs always lock the same
+    /// directory.
+    pub fn acquire(prefix: &Path, say: &mut dyn FnMut(String)) -> Result<PrefixLock> {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let mut told = false;
+        loop {
+            let Some(dir) = lock_target(prefix) else {
+                return Ok(PrefixLock { _dir: None });
+            };
+            let f = File::open(&dir).map_err(|e| Error::io(&dir, e))?;
+            let fd = f.as_raw_fd();
+            // SAFETY: flock on an open descriptor we own.
+            if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    tracing::warn!(
+                        "cannot lock {} ({e}); another install into {} at the same time would not be noticed",
+                        dir.display(),
+                        prefix.display()
+                    );
+                    return Ok(PrefixLock { _dir: None });
+                }
+                if !told {
+                    let m = f.metadata().map_err(|e| Error::io(&dir, e))?;
+                    let who = flock_holder(m.dev(), m.ino())
+                        .map_or("another deepep-nix install".to_string(), |pid| {
+                            format!("another deepep-nix install (PID {pid})")
+                        });
+                    say(if dir == prefix {
+                        format!(
+                            "waiting: {who} is installing into {}; this one goes on when it has finished \
+                             (Ctrl-C stops waiting and changes nothing)",
+                            prefix.display()
+                        )
+                    } else {
+                        // The prefix does not exist yet: the lock is its nearest existing
+                        // ancestor's, which installs of other new prefixes below it take too.
+                        format!(
+                            "waiting: {who} holds the install lock on {} (it installs into a new prefix below it, \
+                             or into it); this install into {} goes on when it has finished \
+                             (Ctrl-C stops waiting and changes nothing)",
+                            dir.display(),
+                            prefix.display()
+                        )
+                    });
+                    told = true;
+                }
+                loop {
+                    // SAFETY: as above; blocking until the holder releases the lock.
+                    if unsafe { libc::flock(fd, libc::LOCK_EX) } == 0 {
+                        break;
+                    }
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(Error::io(&dir, e));
+                    }
+                }
+            }
+            if lock_target(prefix).as_deref() == Some(dir.as_path()) {
+                return Ok(PrefixLock { _dir: Some(f) });
+            }
+            // The prefix appeared (or went) while waiting: lock what is there now.
+        }
+    }
+}
+
+/// The mount point of the file system holding existing path `p`: the highest ancestor on the
+/// same device.
+fn mount_point(p: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dev) = fs::metadata(p).map(|m| m.dev()) else {
+        return p.to_path_buf();
+    };
+    let mut top = p.to_path_buf();
+    for a in p.ancestors().skip(1) {
+        match fs::metadata(a) {
+            Ok(m) if m.dev() == dev => top = a.to_path_buf(),
+            _ => break,
+        }
+    }
+    top
+}
+
+/// Free bytes for unprivileged users on the file system holding existing path `p`.
+fn free_bytes(p: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a zeroed struct to fill.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// A full or read-only file system, wherever in the install it was hit (often in the hidden
+/// staging directory), said about the prefix, with the fix. Other errors pass unchanged.
+fn explain_fs_error(e: Error, prefix: &Path) -> Error {
+    let Error::Io { source, .. } = &e else {
+        return e;
+    };
+    // tempfile wraps its errors (no raw code then); their kind still says it. (Compared by
+    // name: these kinds are newer than the crate's minimum Rust.)
+    let code = source
+        .raw_os_error()
+        .or_else(|| match format!("{:?}", source.kind()).as_str() {
+            "StorageFull" => Some(libc::ENOSPC),
+            "QuotaExceeded" => Some(libc::EDQUOT),
+            "ReadOnlyFilesystem" => Some(libc::EROFS),
+            _ => None,
+        });
+    let at = prefix
+        .ancestors()
+        .find(|d| fs::symlink_metadata(d).is_ok())
+        .unwrap_or(Path::new("/"));
+    let mount = mount_point(at);
+    let shown = prefix.display();
+    match code {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+            let free = free_bytes(at).map_or("too little".to_string(), |b| {
+                format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+            });
+            Error::Usage(format!(
+                "not enough space to install into --prefix {shown}: the file system mounted at {} has {free} free \
+                 ({}); nothing was installed and the partial files were removed. Free space there (`df -h {}`), \
+                 or pick a --prefix on a file system with more room",
+                mount.display(),
+                if code == Some(libc::EDQUOT) { "disk quota exceeded" } else { "no space left on device" },
+                sh_quote(&at.display().to_string()),
+            ))
+        }
+        Some(libc::EROFS) => Error::Usage(format!(
+            "cannot install into --prefix {shown}: the file system mounted at {} is read-only; nothing was installed. \
+             Pick a --prefix on a writable file system, or remount it read-write (`sudo mount -o remount,rw {}`) and run again",
+            mount.display(),
+            sh_quote(&mount.display().to_string()),
+        )),
+        _ => e,
+    }
 }
 
 /// The error without the random staging path tempfile appends (`… at path "…"`), which
@@ -595,6 +777,15 @@ fn os_error(e: io::Error) -> io::Error {
 /// On error the prefix is as before, and parent directories created for it are removed
 /// again. The steps are registered with [`crate::interrupt`], so a signal handled there
 /// removes the staging directory and those parents too.
+///
+/// Concurrent installs: the whole install holds an exclusive lock ([`PrefixLock`]) on the
+/// prefix directory, or, while the prefix does not exist yet, on its nearest existing
+/// ancestor. A second install into the same prefix waits for the first (saying so once, with
+/// the first one's PID) and then sees the first one's result; it never takes the first one's
+/// staging directory for a leftover.
+///
+/// A read-only or full file system is reported naming the prefix and the fix, not the
+/// staging path where the write failed.
 pub fn install_with(
     archive: &Path,
     format: Format,
@@ -602,6 +793,17 @@ pub fn install_with(
     opts: InstallOptions,
 ) -> Result<Installed> {
     let prefix = absolute(prefix)?;
+    let _lock = PrefixLock::acquire(&prefix, &mut |msg| eprintln!("{msg}"))?;
+    install_locked(archive, format, &prefix, opts).map_err(|e| explain_fs_error(e, &prefix))
+}
+
+fn install_locked(
+    archive: &Path,
+    format: Format,
+    prefix: &Path,
+    opts: InstallOptions,
+) -> Result<Installed> {
+    let prefix = prefix.to_path_buf();
     let shown = prefix.display();
     // `None`: missing; `Some(occupied)`: an existing directory, holding an earlier install.
     let existing = match fs::symlink_metadata(&prefix) {
@@ -974,14 +1176,21 @@ pub fn exports(prefix: &Path, shell: Shell) -> String {
     }
 }
 
+/// The release the flake's `nvshmem` is (pkgs/nvshmem/lib.nix `defaultVersion`,
+/// `defaultCudaMajor`; a test keeps them equal): the one `env` suggests installing.
+pub const DEFAULT_RELEASE: (&str, &str) = ("3.4.5", "13");
+
 /// Checks that `prefix` holds an NVSHMEM install; returns its absolute path.
 pub fn check_prefix(prefix: &Path) -> Result<PathBuf> {
     let p = absolute(prefix)?;
     if !p.join(HOST_LIB).is_file() {
+        let (v, cuda) = DEFAULT_RELEASE;
         return Err(Error::Usage(format!(
-            "{} has no {HOST_LIB}; it is not an NVSHMEM install (create one with `deepep-nix install --prefix {}`)",
+            "{} has no {HOST_LIB}; it is not an NVSHMEM install (create one with \
+             `deepep-nix install --version {v} --cuda {cuda} --prefix {}`, the release the flake's nvshmem is; \
+             `deepep-nix releases` lists the others, and `--source pypi` takes the PyPI wheel where NVIDIA's host is not reachable)",
             p.display(),
-            p.display()
+            sh_quote(&p.display().to_string())
         )));
     }
     Ok(p)

@@ -317,7 +317,16 @@ impl Lock {
                         if d.to_sri() != a.hash {
                             return Err(Error::upstream(
                                 origin,
-                                format!("{} {}: hash and sha256 disagree", r.version, a.filename),
+                                format!(
+                                    "{} {}: hash {} and sha256 {} disagree (the sha256 as an SRI hash is {}): \
+                                     the lock was edited by hand or damaged; restore it (`git checkout -- pkgs/nvshmem/releases.json`) \
+                                     or regenerate it from the vendored manifests with `deepep-nix lock --offline`",
+                                    r.version,
+                                    a.filename,
+                                    a.hash,
+                                    a.sha256,
+                                    d.to_sri()
+                                ),
                             ));
                         }
                     }

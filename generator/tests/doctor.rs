@@ -878,6 +878,14 @@ fn nvshmem_dir_mistakes_are_explained() {
         found(&r, "nvshmem.dir"),
         "/nowhere (from NVSHMEM_DIR) does not exist"
     );
+    // The install it advises takes PyPI's wheel, which works where NVIDIA's host is not reachable.
+    assert!(
+        fix(&r, "nvshmem.dir").contains(
+            "deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix /opt/nvshmem-3.4.5"
+        ),
+        "{}",
+        fix(&r, "nvshmem.dir")
+    );
 
     let r = TestHost::ibgda().env("NVSHMEM_DIR", "relative/dir").run();
     assert_eq!(
@@ -1181,15 +1189,39 @@ fn cuda_library_missing_or_from_another_driver() {
 fn driver_not_loaded_blocks_everything() {
     let h = TestHost::ibgda();
     h.remove("/proc/driver/nvidia");
+    // No NVIDIA device at all (no driver, nothing on the PCI bus): said once, in `driver`, with
+    // no modprobe advice; every GPU check is still in the report, skipped with the reason, and
+    // gdrcopy's fix is not printed.
     let r = h.run();
     assert_found_and_fix(
         &r,
         "driver",
-        "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist)",
-        "install the NVIDIA driver and load it: sudo modprobe nvidia",
+        "no NVIDIA GPU on this host: none on the PCI bus (/sys/bus/pci/devices) and no NVIDIA driver loaded \
+         (/proc/driver/nvidia/version does not exist); the checks that need a GPU are skipped",
+        "run deepep-nix doctor on the GPU hosts that will run DeepEP (in a container, pass the GPUs through, e.g. --gpus all)",
     );
     assert!(r.verdicts.iter().all(|v| !v.ready));
+    let text = r.render_text();
+    let json = serde_json::to_string(&r).unwrap();
+    for id in ["gpus", "device-nodes", "cuda-library", "nvlink", "gdrcopy"] {
+        assert_eq!(status(&r, id), Status::Skip, "{id}");
+        assert_eq!(found(&r, id), "no NVIDIA GPU on this host", "{id}");
+        assert!(text.contains(id), "{id} missing from the table:\n{text}");
+        assert!(
+            json.contains(&format!("\"{id}\"")),
+            "{id} missing from the JSON"
+        );
+    }
     assert_eq!(status(&r, "params.stream-memops"), Status::Skip);
+    assert!(
+        !text.contains("modprobe nvidia") && !text.contains("gdrdrv"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("no NVIDIA GPU on this host:").count(),
+        1,
+        "{text}"
+    );
 
     // The GPUs are on the PCI bus but bound to another driver: say so.
     h.write("/sys/bus/pci/devices/0000:18:00.0/vendor", "0x10de\n");
@@ -1207,6 +1239,8 @@ fn driver_not_loaded_blocks_everything() {
         "NVIDIA driver not loaded (/proc/driver/nvidia/version does not exist); \
          /sys/bus/pci/devices lists 1 NVIDIA GPU(s): 0000:18:00.0 bound to vfio-pci"
     );
+    assert_eq!(found(&r, "gpus"), "driver not loaded");
+    assert_eq!(status(&r, "cuda-library"), Status::Skip);
 }
 
 #[test]

@@ -445,7 +445,53 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
         &["env", "--prefix", files.path().to_str().unwrap()],
     );
     assert_eq!(bad.status.code(), Some(2));
-    assert!(common::stderr(&bad).contains("deepep-nix install --prefix"));
+    assert!(common::stderr(&bad).contains("deepep-nix install --version 3.4.5 --cuda 13 --prefix"));
+}
+
+/// `env` on a directory without an install suggests an `install` command with --version and
+/// --cuda (the flake's default release, as pkgs/nvshmem/lib.nix says), which then works.
+#[test]
+fn env_suggests_an_install_command_that_works() {
+    let lib_nix =
+        std::fs::read_to_string(common::repo_root().join("pkgs/nvshmem/lib.nix")).unwrap();
+    let (v, cuda) = deepep_nix::install::DEFAULT_RELEASE;
+    assert!(
+        lib_nix.contains(&format!("defaultVersion = \"{v}\";"))
+            && lib_nix.contains(&format!("defaultCudaMajor = \"{cuda}\";")),
+        "DEFAULT_RELEASE {v}/{cuda} differs from pkgs/nvshmem/lib.nix"
+    );
+    let repo = repo_pinning(&good_tar(), &good_wheel());
+    let files = tempfile::tempdir().unwrap();
+    let tarball = write(files.path(), &format!("{TOP}.tar.xz"), &good_tar());
+    let prefix = files.path().join("empty dir");
+    std::fs::create_dir(&prefix).unwrap();
+    let out = common::run_in(repo.path(), &["env", "--prefix", prefix.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = common::stderr(&out);
+    let cmd = err
+        .split('`')
+        .nth(1)
+        .unwrap_or_else(|| panic!("no command in: {err}"));
+    let quoted = format!("'{}'", prefix.display());
+    assert_eq!(
+        cmd,
+        format!("deepep-nix install --version {v} --cuda {cuda} --prefix {quoted}"),
+        "{err}"
+    );
+    // Run as the shell would (the prefix is one quoted word), with the archive given locally.
+    let mut args: Vec<String> = cmd
+        .trim_end_matches(&quoted)
+        .split_whitespace()
+        .skip(1)
+        .map(String::from)
+        .collect();
+    args.push(prefix.to_str().unwrap().to_string());
+    args.extend(["--file".to_string(), tarball.to_str().unwrap().to_string()]);
+    args.extend(x86_unless_host().iter().map(|s| s.to_string()));
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::run_in(repo.path(), &words);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_file(&prefix, "include/nvshmem.h", b"#define NVSHMEM 1\n");
 }
 
 #[test]
@@ -1431,5 +1477,261 @@ fn nohup_keeps_sighup_ignored() {
     assert_eq!(
         std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
         64 << 20
+    );
+}
+
+// ---- two installs into one prefix; read-only and full file systems (issue 31) ---------------
+
+/// `install --file archive --prefix prefix extra...` in `repo`, stderr piped.
+fn spawn_install_with(
+    repo: &Path,
+    archive: &Path,
+    prefix: &Path,
+    extra: &[&str],
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+        .args(["install", "--file", archive.to_str().unwrap()])
+        .args(["--prefix", prefix.to_str().unwrap()])
+        .args(["--max-unpacked-size", "1G"])
+        .args(extra)
+        .args(x86_unless_host())
+        .current_dir(repo)
+        .env_remove("DEEPEP_NIX_REPO")
+        .env("DEEPEP_NIX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Two installs into one prefix (a new one, an empty one, and with --replace over an earlier
+/// install), the second started while the first unpacks: the second waits, naming the first's
+/// PID, and then refuses clearly (a prefix now holding an install, without rm -rf advice) or,
+/// with --replace, replaces it. No data is lost: the prefix ends with one complete install and
+/// no staging directory.
+#[test]
+fn two_concurrent_installs_into_one_prefix_wait_and_lose_nothing() {
+    use std::io::BufRead;
+    // 128 MiB of zeros: about a second of unpacking.
+    let (repo, files, archive) = slow_archive(128);
+    for (case, prepare, extra) in [
+        ("new prefix", 0, &[][..]),
+        ("empty prefix", 1, &[][..]),
+        ("--replace over an earlier install", 2, &["--replace"][..]),
+    ] {
+        let work = files.path().join(case.replace(' ', "-"));
+        let prefix = work.join("opt/nvshmem");
+        std::fs::create_dir_all(prefix.parent().unwrap()).unwrap();
+        if prepare >= 1 {
+            std::fs::create_dir(&prefix).unwrap();
+        }
+        if prepare == 2 {
+            let out = spawn_install_with(repo.path(), &archive, &prefix, &[])
+                .wait_with_output()
+                .unwrap();
+            assert!(out.status.success(), "{}", common::stderr(&out));
+        }
+        let mut first = spawn_install_with(repo.path(), &archive, &prefix, extra);
+        if let Some(status) =
+            wait_for_staging(&mut first, &[prefix.as_path(), prefix.parent().unwrap()])
+        {
+            let out = first.wait_with_output().unwrap();
+            panic!(
+                "{case}: first install ended ({status}) before staging: {}",
+                common::stderr(&out)
+            );
+        }
+        let mut second = spawn_install_with(repo.path(), &archive, &prefix, extra);
+        let mut err2 = std::io::BufReader::new(second.stderr.take().unwrap());
+        // Its first line names the release ("installing NVSHMEM ..."); the next one says it waits.
+        let mut line = String::new();
+        for _ in 0..2 {
+            line.clear();
+            err2.read_line(&mut line).unwrap();
+            if line.starts_with("waiting:") {
+                break;
+            }
+        }
+        // A new prefix: the lock is on its parent, and the message says so.
+        let want = if prepare == 0 {
+            format!(
+                "waiting: another deepep-nix install (PID {}) holds the install lock on {} (it installs into a new \
+                 prefix below it, or into it); this install into {} goes on",
+                first.id(),
+                prefix.parent().unwrap().display(),
+                prefix.display()
+            )
+        } else {
+            format!(
+                "waiting: another deepep-nix install (PID {}) is installing into {}; this one goes on",
+                first.id(),
+                prefix.display()
+            )
+        };
+        assert!(line.starts_with(&want), "{case}: {line}");
+        let out1 = first.wait_with_output().unwrap();
+        assert!(out1.status.success(), "{case}: {}", common::stderr(&out1));
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut err2, &mut rest).unwrap();
+        let status2 = second.wait().unwrap();
+        if prepare == 2 {
+            assert!(status2.success(), "{case}: {rest}");
+            assert!(
+                rest.contains("removed the earlier install"),
+                "{case}: {rest}"
+            );
+        } else {
+            assert_eq!(status2.code(), Some(2), "{case}: {rest}");
+            assert!(
+                rest.contains(&format!(
+                    "--prefix {} exists and is not empty",
+                    prefix.display()
+                )) && rest.contains("--replace")
+                    && !rest.contains("rm -rf")
+                    && !rest.contains("os error"),
+                "{case}: {rest}"
+            );
+        }
+        assert_eq!(
+            std::fs::metadata(prefix.join("lib/zeros")).unwrap().len(),
+            128 << 20,
+            "{case}"
+        );
+        assert_file(&prefix, "lib/libnvshmem_host.so.3", b"ELF");
+        assert_eq!(
+            staging_dirs(&work),
+            Vec::<std::path::PathBuf>::new(),
+            "{case}"
+        );
+    }
+}
+
+/// A read-only file system (a real tmpfs remounted read-only, in a user and mount namespace of
+/// its own): for a new prefix and an existing one, the error names the prefix, says read-only
+/// and gives the fix, not a hidden staging path. Skipped with the reason where the kernel does
+/// not allow such namespaces.
+#[test]
+fn a_read_only_file_system_is_named_with_the_prefix_and_the_fix() {
+    let whl = good_wheel();
+    let repo = repo_pinning(&good_tar(), &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    let mnt = files.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let system = if std::env::consts::ARCH == "x86_64" {
+        ""
+    } else {
+        "--system x86_64-linux"
+    };
+    let script = format!(
+        "set -e; mount -t tmpfs tmpfs \"$1\"; mkdir \"$1/existing\"; mount -o remount,ro \"$1\"
+         for p in \"$1/new/nvshmem\" \"$1/existing\"; do
+           if \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$p\" {system} >/dev/null 2>\"$1.err\"; then
+             echo installed; else echo \"exit $?\"; fi
+           cat \"$1.err\" >&2
+         done"
+    );
+    let Some(out) = in_mount_namespace(
+        &script,
+        &[
+            mnt.to_str().unwrap(),
+            env!("CARGO_BIN_EXE_deepep-nix"),
+            repo.path().to_str().unwrap(),
+            w.to_str().unwrap(),
+        ],
+    ) else {
+        return;
+    };
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        common::stdout(&out),
+        "exit 2\nexit 2\n",
+        "{}",
+        common::stderr(&out)
+    );
+    let err = common::stderr(&out);
+    for p in [mnt.join("new/nvshmem"), mnt.join("existing")] {
+        assert!(
+            err.contains(&format!(
+                "cannot install into --prefix {}: the file system mounted at {} is read-only",
+                p.display(),
+                mnt.display()
+            )),
+            "{err}"
+        );
+    }
+    assert!(
+        err.contains("mount -o remount,rw")
+            && !err.contains(".deepep-nix-install")
+            && !err.contains("chown"),
+        "{err}"
+    );
+}
+
+/// A full file system (a 1 MiB tmpfs, in a namespace of its own) and an archive that unpacks
+/// to 3 MB: the error names the prefix, the free space and the fix; nothing is left behind.
+#[test]
+fn a_full_file_system_is_named_with_the_prefix_and_the_fix() {
+    let whl = wheel(&[
+        (
+            "nvidia/nvshmem/lib/libnvshmem_host.so.3",
+            b"ELF host library",
+        ),
+        ("nvidia/nvshmem/lib/big", &noise(3_000_000)),
+    ]);
+    let repo = repo_pinning(&good_tar(), &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    let mnt = files.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let system = if std::env::consts::ARCH == "x86_64" {
+        ""
+    } else {
+        "--system x86_64-linux"
+    };
+    let script = format!(
+        "set -e; mount -t tmpfs -o size=1m tmpfs \"$1\"; mkdir \"$1/existing\"
+         for p in \"$1/new/nvshmem\" \"$1/existing\"; do
+           if \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$p\" {system} >/dev/null 2>\"$1.err\"; then
+             echo installed; else echo \"exit $?\"; fi
+           cat \"$1.err\" >&2
+         done
+         ls -A \"$1\"; ls -A \"$1/existing\""
+    );
+    let Some(out) = in_mount_namespace(
+        &script,
+        &[
+            mnt.to_str().unwrap(),
+            env!("CARGO_BIN_EXE_deepep-nix"),
+            repo.path().to_str().unwrap(),
+            w.to_str().unwrap(),
+        ],
+    ) else {
+        return;
+    };
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Both refused; the mount holds only the empty existing prefix afterwards.
+    assert_eq!(
+        common::stdout(&out),
+        "exit 2\nexit 2\nexisting\n",
+        "{}",
+        common::stderr(&out)
+    );
+    let err = common::stderr(&out);
+    for p in [mnt.join("new/nvshmem"), mnt.join("existing")] {
+        assert!(
+            err.contains(&format!(
+                "not enough space to install into --prefix {}: the file system mounted at {} has",
+                p.display(),
+                mnt.display()
+            )),
+            "{err}"
+        );
+    }
+    assert!(
+        err.contains("no space left on device")
+            && err.contains("df -h")
+            && !err.contains(".deepep-nix-install"),
+        "{err}"
     );
 }

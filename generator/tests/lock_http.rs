@@ -811,3 +811,124 @@ fn a_hand_edited_lock_with_an_encoded_traversal_is_refused_on_load() {
     );
     assert_eq!(snapshot(repo.path()), before);
 }
+
+#[test]
+fn a_lock_whose_hash_and_sha256_disagree_names_both_and_the_fix() {
+    let repo = common::temp_repo_with_committed_data();
+    let lock = repo.path().join("pkgs/nvshmem/releases.json");
+    let text = std::fs::read_to_string(&lock).unwrap();
+    // The first artifact's sha256 (the "inputs" before the releases hash the manifests).
+    let releases = &text[text.find("\"releases\"").unwrap()..];
+    let at = releases.find("\"sha256\": \"").unwrap() + 11;
+    let sha = &releases[at..at + 64];
+    let flipped = format!("{}{}", if &sha[..1] == "0" { "1" } else { "0" }, &sha[1..]);
+    let edited = text.replacen(sha, &flipped, 1);
+    assert_ne!(edited, text);
+    std::fs::write(&lock, &edited).unwrap();
+    let out = run_in(repo.path(), &["releases", "--brief"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "and sha256 {flipped} disagree (the sha256 as an SRI hash is sha256-"
+        )) && err.contains("git checkout -- pkgs/nvshmem/releases.json")
+            && err.contains("deepep-nix lock --offline"),
+        "{err}"
+    );
+    // The fix it names works: the lock regenerated from the vendored manifests loads again.
+    let out = run_in(repo.path(), &["lock", "--offline"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(run_in(repo.path(), &["releases", "--brief"])
+        .status
+        .success());
+}
+
+#[test]
+fn lock_with_nvidia_unreachable_suggests_source_pypi_which_works() {
+    let s = upstream();
+    let repo = common::temp_repo_with_committed_data();
+    let r = repo.path().to_str().unwrap();
+    let py = s.url("/pypi");
+    // Nothing listens on port 1 of the loopback: NVIDIA's index is refused at once.
+    let out = run_in(
+        repo.path(),
+        &lock_args(r, "http://127.0.0.1:1/redist/", &py),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("127.0.0.1:1")
+            && err.contains("`deepep-nix lock --source pypi` refreshes PyPI's wheels alone"),
+        "{err}"
+    );
+    let mut a = lock_args(r, "http://127.0.0.1:1/redist/", &py);
+    a.extend_from_slice(&["--source", "pypi"]);
+    let out = run_in(repo.path(), &a);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn verify_with_nvidia_unreachable_suggests_the_pypi_wheel() {
+    let s = Server::start();
+    let body = payload();
+    s.route(WHEEL_PATH, Behaviour::ok(body.clone()));
+    // A lock pinning both: NVIDIA's tarball at an address that refuses, the wheel on `s`.
+    let repo = repo_pinning(&s, &body);
+    let m = repo.path().join("pkgs/nvshmem/manifests/nvidia");
+    let nv = serde_json::json!({ "release_date": "2025-09-06", "release_label": "3.4.5", "release_product": "nvshmem",
+        "libnvshmem": { "version": "3.4.5", "cuda_variant": ["13"], "linux-x86_64": { "cuda13": {
+            "relative_path": "libnvshmem/linux-x86_64/libnvshmem-linux-x86_64-3.4.5_cuda13-archive.tar.xz",
+            "sha256": "00".repeat(32), "size": "10" } } } });
+    std::fs::write(
+        m.join("redistrib_3.4.5.json"),
+        serde_json::to_vec_pretty(&nv).unwrap(),
+    )
+    .unwrap();
+    let r = repo.path().to_str().unwrap();
+    let out = run_in(
+        repo.path(),
+        &[
+            "lock",
+            "--offline",
+            "--repo",
+            r,
+            "--nvidia-url",
+            "http://127.0.0.1:1/",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dest = tempfile::tempdir().unwrap();
+    let d = dest.path().to_str().unwrap();
+    let mut a = vec![
+        "verify",
+        "--repo",
+        r,
+        "--dest",
+        d,
+        "--version",
+        "3.4.5",
+        "--cuda",
+        "13",
+        "--system",
+        "x86_64-linux",
+        "--source",
+        "nvidia",
+    ];
+    a.extend_from_slice(NET);
+    let out = run_in(repo.path(), &a);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let want = format!("deepep-nix verify --version 3.4.5 --cuda 13 --system x86_64-linux --source pypi --repo {r} --dest {d}");
+    assert!(
+        err.contains("127.0.0.1:1") && err.contains(&format!("`{want}`")),
+        "{err}"
+    );
+    let words: Vec<&str> = want
+        .split_whitespace()
+        .skip(1)
+        .chain(NET.iter().copied())
+        .collect();
+    let out = run_in(repo.path(), &words);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dest.path().join(WHEEL_NAME)).unwrap(), body);
+}

@@ -82,8 +82,41 @@ def test_config_keeps_deepep_fields_and_checks_them():
         Config(24, 6, 256, 100, 128)
     with pytest.raises(ValueError, match="num_sms=-2"):
         Config(-2, 6, 256, 6, 128)
-    with pytest.raises(TypeError, match="five ints"):
+    with pytest.raises(TypeError, match="Config: num_sms must be an int, got float 24.0"):
         Config(24.0, 6, 256, 6, 128)
+    with pytest.raises(TypeError, match="num_max_rdma_chunked_recv_tokens must be an int, got bool"):
+        Config(24, 6, 256, 6, True)
+    # DeepEP accepts 0 SMs and fails at the first launch; refused here at once.
+    with pytest.raises(ValueError, match=r"Config: num_sms=0 must be >= 1"):
+        Config(0)
+
+
+def test_size_hints_name_the_bad_argument_and_refuse_absurd_sizes(monkeypatch):
+    monkeypatch.delenv("DEEPEP_KERNELS_MAX_TOKENS", raising=False)
+    monkeypatch.delenv("DEEPEP_KERNELS_RANKS_PER_HOST", raising=False)
+    c = Config(24)
+    for hint in (c.get_nvl_buffer_size_hint, c.get_rdma_buffer_size_hint):
+        name = hint.__name__
+        with pytest.raises(ValueError, match=rf"^{name}: num_ranks=0 must be >= 1$"):
+            hint(7168 * 2, 0)
+        with pytest.raises(ValueError, match=rf"^{name}: hidden_bytes=-2 must be >= 1$"):
+            hint(-2, 16)
+        with pytest.raises(TypeError, match=rf"^{name}: hidden_bytes must be an int, got float"):
+            hint(14336.0, 16)
+        # Numbers past 64 bits: a ValueError naming the inputs, not the native OverflowError.
+        with pytest.raises(ValueError, match=rf"^{name}: hidden_bytes={2**70}, num_ranks=16 .* more than 2\^64"):
+            hint(2**70, 16)
+    with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: num_ranks=12 must be below 8 or a multiple of it"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 12)
+    # what the kernels themselves refuse is passed on, said by the hint
+    with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: intranode mode supports 2, 4 or 8 ranks, got 6"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 6)
+    # 1e9 tokens per rank: about 9 PB, refused naming the token count and what to lower.
+    monkeypatch.setenv("DEEPEP_KERNELS_MAX_TOKENS", str(10**9))
+    with pytest.raises(ValueError, match=r"^get_nvl_buffer_size_hint: hidden_bytes=14336, num_ranks=8 and 1000000000 tokens per rank needs (more than 1|[0-9.]+) TiB of buffer, more than any GPU holds"):
+        c.get_nvl_buffer_size_hint(7168 * 2, 8)
+    with pytest.raises(ValueError, match=r"^get_rdma_buffer_size_hint: .*1000000000.* \(the hints take max_tokens_per_rank from DEEPEP_KERNELS_MAX_TOKENS\)$"):
+        c.get_rdma_buffer_size_hint(7168 * 2, 16)
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8, 16, 24, 32, 64, 128, 144, 160])
@@ -310,6 +343,18 @@ def shim_path():
     return out.stdout.strip()
 
 
+def test_shim_main_help_prints_usage_and_refuses_unknown_arguments():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "deepep_kernels.shim", *a], capture_output=True, text=True, cwd="/",
+                                    env=dict(os.environ, PYTHONPATH=PKG_SITE))
+    for flag in ("--help", "-h"):
+        r = run(flag)
+        assert r.returncode == 0 and r.stdout.startswith("usage: python -m deepep_kernels.shim [--help]"), r
+        assert 'export PYTHONPATH="$(python -m deepep_kernels.shim)' in r.stdout and not r.stderr
+    r = run("--path")
+    assert r.returncode == 2 and "unknown argument '--path'" in r.stderr and not r.stdout, r
+    assert os.path.isdir(os.path.join(shim_path(), "deep_ep"))
+
+
 def real_deepep_installed():
     return run_py("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('deep_ep') else 1)", cwd="/").returncode == 0
 
@@ -384,7 +429,7 @@ def test_nvshmem_host_library_is_the_cubins_release():
 def _release_of(prefix):
     text = open(os.path.join(prefix, "include", "non_abi", "nvshmem_version.h")).read()
     import re
-    return ".".join(re.search(r"#define NVSHMEM_VENDOR_%s_VERSION (\\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+    return ".".join(re.search(r"#define NVSHMEM_VENDOR_%s_VERSION (\d+)" % k, text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
 
 
 def _extra_prefixes():

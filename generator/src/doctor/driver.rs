@@ -23,6 +23,8 @@ pub struct DriverInfo {
     pub open_modules: bool,
     /// GPUs from `/proc/driver/nvidia/gpus`.
     pub gpus: Vec<Gpu>,
+    /// No driver loaded and no NVIDIA GPU on the PCI bus: the GPU checks do not apply here.
+    pub no_device: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +60,16 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
                 "reinstall or reload the NVIDIA driver; the file is written by the nvidia kernel module",
             )),
         },
+        Err(ReadError::Missing) if pci_gpus(host).is_empty() => {
+            info.no_device = true;
+            out.push(Check::fail(
+                "driver",
+                caps::ALL,
+                "no NVIDIA GPU on this host: none on the PCI bus (/sys/bus/pci/devices) and no NVIDIA driver loaded \
+                 (/proc/driver/nvidia/version does not exist); the checks that need a GPU are skipped",
+                "run deepep-nix doctor on the GPU hosts that will run DeepEP (in a container, pass the GPUs through, e.g. --gpus all)",
+            ))
+        }
         Err(ReadError::Missing) => out.push(Check::fail(
             "driver",
             caps::ALL,
@@ -73,6 +85,20 @@ pub fn check(host: &Host, kind: &HostKind, out: &mut Vec<Check>) -> DriverInfo {
         Err(e) => out.push(unreadable("driver", caps::ALL, &version_file, &e)),
     }
     if info.version.is_none() {
+        // Every check stays in the report, as a skip saying why.
+        let why = if info.no_device {
+            "no NVIDIA GPU on this host"
+        } else {
+            "driver not loaded"
+        };
+        for (id, needed_by) in [
+            ("gpus", caps::ALL),
+            ("device-nodes", caps::ALL),
+            ("cuda-library", caps::ALL),
+            ("nvlink", caps::NVLINK),
+        ] {
+            out.push(Check::skip(id, needed_by, why));
+        }
         return info;
     }
 

@@ -224,7 +224,16 @@ pub fn run_with(
     };
     let mut nvshmem_checks = Vec::new();
     let nvshmem_info = nvshmem::check(&host, &settings, &mut nvshmem_checks);
-    rdma::check_gdrcopy(&host, &kind, &nvshmem_info, &mut checks);
+    if driver_info.no_device {
+        // GDRCopy's gdrdrv pins GPU memory: nothing to check (or to fix) without a GPU.
+        checks.push(report::Check::skip(
+            "gdrcopy",
+            report::caps::CPU_IBGDA,
+            "no NVIDIA GPU on this host",
+        ));
+    } else {
+        rdma::check_gdrcopy(&host, &kind, &nvshmem_info, &mut checks);
+    }
     checks.append(&mut nvshmem_checks);
     let ctx = knobs::Context {
         max_tokens: args.max_tokens,

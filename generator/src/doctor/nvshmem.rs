@@ -69,7 +69,7 @@ pub struct NvshmemInfo {
     pub host_dyn: Option<DynInfo>,
 }
 
-const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";
+const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";
 
 /// Runs every NVSHMEM check.
 pub fn check(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> NvshmemInfo {
@@ -337,7 +337,7 @@ fn host_library(
             id,
             caps::NVSHMEM,
             format!("NVSHMEM {version} ({}); DeepEP-style kernels need >= {MIN_VERSION}", lib.display()),
-            "use NVSHMEM 3.4.5 (the flake's default nvshmem package, or deepep-nix install --version 3.4.5 --cuda 13 --prefix /opt/nvshmem-3.4.5) and rebuild the kernels against it",
+            "use NVSHMEM 3.4.5 (the flake's default nvshmem package, or deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix /opt/nvshmem-3.4.5) and rebuild the kernels against it",
         ));
         return Some(version);
     }
