@@ -53,7 +53,6 @@ pub const RELEASES_MARKER: &str = "DEEPEP_KERNELS_NVSHMEM_RELEASES=";
 pub fn served_releases(bytes: &[u8]) -> Result<Option<Vec<Version>>, String> {
     let prefix = RELEASES_MARKER.as_bytes();
     let mut found: Option<Vec<Version>> = None;
-    let mut candidates = 0usize;
     let mut at = 0usize;
     while let Some(pos) = find_bytes(&bytes[at..], prefix) {
         let start = at + pos + prefix.len();
@@ -66,7 +65,6 @@ pub fn served_releases(bytes: &[u8]) -> Result<Option<Vec<Version>>, String> {
         if len == 0 || rest.get(len) != Some(&b';') {
             continue;
         }
-        candidates += 1;
         let text = std::str::from_utf8(&rest[..len]).unwrap_or_default();
         let mut list = Vec::new();
         for item in text.split(',') {
@@ -83,7 +81,8 @@ pub fn served_releases(bytes: &[u8]) -> Result<Option<Vec<Version>>, String> {
         match &found {
             Some(prev) if *prev != list => {
                 return Err(format!(
-                    "the extension holds {candidates} different {RELEASES_MARKER} markers"
+                    "the extension holds two different markers, {RELEASES_MARKER}{}; and {RELEASES_MARKER}{text};",
+                    prev.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
                 ))
             }
             _ => found = Some(list),
@@ -935,7 +934,9 @@ pub(crate) mod tests {
         bin.extend(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5;");
         assert_eq!(
             served_releases(&bin),
-            Err("the extension holds 3 different DEEPEP_KERNELS_NVSHMEM_RELEASES= markers".into())
+            Err("the extension holds two different markers, \
+                 DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0; and DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5;"
+                .into())
         );
         // Numeric order (3.3.9 < 3.3.20), not text order.
         assert_eq!(
