@@ -8,6 +8,7 @@
 #   unfree-names         the driver packages' real pnames are allowed as unfree, nothing else
 #   module-nixos-eval    the module inside real NixOS (eval-config), several configurations
 #   module-vm            NixOS VM boots with services.deepep (x86_64-linux only)
+#   nvshmem-matrix-names the flake's gpuChecks hold one nvshmem-matrix-<v> per release of the plan
 #   generator-reproducible  `deepep-nix lock --offline --check` / `render --check` on the repo
 #   nvshmem-layout       the default NVSHMEM package's files and RUNPATHs
 #   gdrdrv               gdrdrv built for nixpkgs' default kernel and production driver
@@ -70,6 +71,19 @@ in
   );
 
 
+
+  # The flake's per-release GPU checks are exactly the plan's (checks/nvshmem-matrix-plan.nix),
+  # by name: the gpuChecks output wires in checks/nvshmem-matrix.nix. Names only (building them
+  # needs a GPU runner).
+  nvshmem-matrix-names = evalCheck "deepep-nvshmem-matrix-names" (
+    let
+      sorted = builtins.sort builtins.lessThan;
+      want = sorted (map (c: c.name) (import ./nvshmem-matrix-plan.nix { inherit system; }).checks);
+      got = sorted (builtins.filter (n: builtins.substring 0 15 n == "nvshmem-matrix-") (builtins.attrNames outputs.gpuChecks));
+    in
+    if got == want && want != [ ] then got
+    else throw "gpuChecks.${system}: nvshmem-matrix checks [ ${toString got} ], expected [ ${toString want} ] (checks/nvshmem-matrix-plan.nix)"
+  );
 
   generator-reproducible = pkgs.runCommand "deepep-generator-reproducible"
     { nativeBuildInputs = [ ours.packages.deepep-nix ]; }
