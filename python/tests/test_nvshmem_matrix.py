@@ -262,22 +262,52 @@ def test_pairings_json_good_entries_are_shown_by_their_records_and_broken_ranges
     assert problems == [], "\n".join(problems)
 
 
-def test_every_record_in_kernels_results_is_schema_1_and_named_after_its_content():
-    if not os.path.isdir(RESULTS):
-        return
+def results_dir_problems(results):
+    """Every record file in `results` (kernels/results/) that breaks schema 1 or is not named
+    <YYYY-MM-DD>-<kind>-<slug>.json after its own date and kind."""
     problems = []
-    for name in sorted(os.listdir(RESULTS)):
+    for name in sorted(os.listdir(results)):
         if not name.endswith(".json"):
             continue
-        m = re.fullmatch(r"([0-9]{4}-[0-9]{2}-[0-9]{2})-([a-z-]+?)-([A-Za-z0-9._-]+)\.json", name)
-        with open(os.path.join(RESULTS, name)) as f:
-            rec = json.load(f)
+        try:
+            with open(os.path.join(results, name)) as f:
+                rec = json.load(f)
+        except ValueError as e:
+            problems.append(f"{name}: not JSON: {e}")
+            continue
         problems += record_problems(rec, name)
-        if not m:
-            problems.append(f"{name}: not <YYYY-MM-DD>-<kind>-<slug>.json")
-        elif isinstance(rec, dict) and (m.group(1) != rec.get("date") or m.group(2) != rec.get("kind")):
-            problems.append(f"{name}: the name says {m.group(1)} / {m.group(2)}, the record {rec.get('date')} / {rec.get('kind')}")
+        if not isinstance(rec, dict):
+            continue
+        want = f"{rec.get('date')}-{rec.get('kind')}-"
+        if not (name.startswith(want) and re.fullmatch(r"[A-Za-z0-9._-]+", name[len(want):-len(".json")] or "")):
+            problems.append(f"{name}: a record of kind {rec.get('kind')!r} from {rec.get('date')} is named {want}<slug>.json")
+    return problems
+
+
+def test_every_record_in_kernels_results_is_schema_1_and_named_after_its_content():
+    if not os.path.isdir(RESULTS):
+        pytest.skip("no kernels/results/ in this checkout yet")
+    problems = results_dir_problems(RESULTS)
     assert problems == [], "\n".join(problems)
+
+
+def test_the_results_folder_check_finds_misnamed_and_invalid_records(tmp_path):
+    rec = good_record()
+    (tmp_path / "2026-12-03-nvshmem-matrix-3.8.0.json").write_text(json.dumps(rec))
+    assert results_dir_problems(str(tmp_path)) == []
+    (tmp_path / "2026-12-04-nvshmem-matrix-3.8.0.json").write_text(json.dumps(rec))
+    (tmp_path / "2026-12-03-bench-3.8.0.json").write_text(json.dumps(rec))
+    (tmp_path / "2026-12-03-nvshmem-matrix-.json").write_text(json.dumps(rec))
+    (tmp_path / "2026-12-03-nvshmem-matrix-x.json").write_text(json.dumps(dict(rec, schema=2)))
+    (tmp_path / "2026-12-03-nvshmem-matrix-y.json").write_text("{")
+    problems = results_dir_problems(str(tmp_path))
+    for name, expect in [("2026-12-04-nvshmem-matrix-3.8.0.json", "is named 2026-12-03-nvshmem-matrix-<slug>.json"),
+                         ("2026-12-03-bench-3.8.0.json", "is named 2026-12-03-nvshmem-matrix-<slug>.json"),
+                         ("2026-12-03-nvshmem-matrix-.json", "is named"),
+                         ("2026-12-03-nvshmem-matrix-x.json", "schema 2, expected 1"),
+                         ("2026-12-03-nvshmem-matrix-y.json", "not JSON")]:
+        assert any(p.startswith(name + ":") and expect in p for p in problems), (name, problems)
+    assert len(problems) == 5, problems
 
 
 def test_the_pairing_check_finds_what_is_wrong(tmp_path):
