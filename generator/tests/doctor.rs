@@ -2719,6 +2719,28 @@ fn multi_release_wheel_serves_the_nvshmem_torch_loads() {
         text.contains("serves NVSHMEM 3.3.20, 3.4.5, 3.8.0"),
         "{text}"
     );
+    // Upstream DeepEP built against 3.4.5 in the same site: our wheel follows torch's 3.8.0, the
+    // DeepEP build does not (one release linked in), and its own checks say so.
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Ok);
+    assert_eq!(status(&r, "deepep-kernels.nvshmem"), Status::Ok);
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Fail);
+    assert!(
+        found(&r, "deepep.torch-nvshmem").contains("DeepEP's build is NVSHMEM 3.4.5"),
+        "{}",
+        r.render_text()
+    );
+    h.remove(&format!(
+        "{KSITE}/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so"
+    ));
+    h.remove(&format!("{KSITE}/deep_ep-1.2.1.dist-info"));
     // The same wheel before this change (no marker, one release): torch's 3.8.0 is not its 3.4.5.
     h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
     let r = h.run();
