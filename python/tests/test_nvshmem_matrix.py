@@ -24,15 +24,21 @@ RESULTS = os.path.join(REPO, "kernels", "results")
 
 KINDS = ("gpu-tests", "conformance", "bench", "nvshmem-matrix")
 STATUSES = ("pass", "fail", "skip")
-# The runner's suites (--suites) and the row names each writes into a record: our GPU tests
-# (python/tests/gpu), DeepEP v1.2.1's two test files on our package, and the same two files on
-# DeepEP built against the release.
+# The runner's suites (--suites) and the result rows each writes into a record
+# (python/scripts/nvshmem_matrix.py): our GPU tests (python/tests/gpu) once per rank count, and
+# DeepEP v1.2.1's two test files on our package and on DeepEP built against the release; besides
+# these, a preflight row (one NVSHMEM per process), the DeepEP build's row, and a row named after
+# the suite alone when the conformance script left no summary.
+DEEPEP_TESTS = ("test_intranode.py", "test_low_latency.py")
 SUITE_ROWS = {
-    "ours": ("ours-gpu-tests",),
-    "conformance": ("conformance-intranode", "conformance-low-latency"),
-    "deep-ep": ("deep-ep-intranode", "deep-ep-low-latency"),
+    "ours": ("ours:python/tests/gpu",),
+    "conformance": tuple("conformance:" + t for t in DEEPEP_TESTS),
+    "deep-ep": tuple("deep-ep:" + t for t in DEEPEP_TESTS),
 }
-ROW_NAMES = {r for rows in SUITE_ROWS.values() for r in rows}
+ROW_NAMES = {r for rows in SUITE_ROWS.values() for r in rows} | {
+    "preflight:one-nvshmem-per-process", "deep-ep:build", "conformance", "deep-ep"}
+# The DeepEP test file whose passing row shows a mode of a `good` pairing.
+MODE_TESTS = {"intranode": "test_intranode.py", "low-latency": "test_low_latency.py", "internode": "test_internode.py"}
 # `good` entries recorded before kernels/results existed: (deepep, nvshmem, cudaMajor).
 LEGACY_GOOD = {("1.2.1", "3.4.5", "13")}
 MODES = ("intranode", "low-latency", "internode")
@@ -85,8 +91,9 @@ def record_problems(rec, name="record"):
             continue
         if not isinstance(row["suite"], str) or not row["suite"]:
             out.append(f"{where}: suite must be a non-empty string")
-        if not isinstance(row["ranks"], int) or isinstance(row["ranks"], bool) or row["ranks"] < 1:
-            out.append(f"{where}: ranks {row['ranks']!r} is not a positive integer")
+        # 0 for rows that are not a run of ranks (the DeepEP build).
+        if not isinstance(row["ranks"], int) or isinstance(row["ranks"], bool) or row["ranks"] < 0:
+            out.append(f"{where}: ranks {row['ranks']!r} is not a non-negative integer")
         if row["status"] not in STATUSES:
             out.append(f"{where}: status {row['status']!r} is not one of {STATUSES}")
         if row["seconds"] is not None and (not isinstance(row["seconds"], (int, float)) or isinstance(row["seconds"], bool)):
@@ -115,8 +122,9 @@ def good_record():
         "schema": 1, "kind": "nvshmem-matrix", "date": "2026-12-03", "commit": "a" * 40,
         "machine": "1x NVIDIA H200", "command": "python/scripts/nvshmem-matrix.sh --nvshmem /x", "nvshmem": "3.8.0",
         "results": [
-            {"suite": "deep-ep-intranode", "ranks": 2, "status": "pass", "seconds": 40.0, "first_error": None, "detail": ""},
-            {"suite": "deep-ep-low-latency", "ranks": 2, "status": "fail", "seconds": 3.5,
+            {"suite": "deep-ep:build", "ranks": 0, "status": "pass", "seconds": 71.0, "first_error": None, "detail": ""},
+            {"suite": "deep-ep:test_intranode.py", "ranks": 2, "status": "pass", "seconds": 40.0, "first_error": None, "detail": ""},
+            {"suite": "deep-ep:test_low_latency.py", "ranks": 2, "status": "fail", "seconds": 3.5,
              "first_error": "nvshmem transport init failed", "detail": ""},
         ],
         "figures": [], "notes": "",
@@ -131,11 +139,11 @@ def test_the_record_validator_rejects_what_schema_1_does_not_allow():
         ({"date": "3 Dec 2026"}, "is not YYYY-MM-DD"),
         ({"commit": "abc"}, "is not 40 hex digits"),
         ({"nvshmem": "3.8"}, "nvshmem '3.8' is not a release"),
-        ({"results": [{"suite": "deep-ep-intranode", "ranks": 0, "status": "pass", "seconds": 1,
-                       "first_error": None, "detail": ""}]}, "ranks 0 is not a positive integer"),
-        ({"results": [{"suite": "deep-ep-intranode", "ranks": 2, "status": "passed", "seconds": 1,
+        ({"results": [{"suite": "deep-ep:test_intranode.py", "ranks": "2", "status": "pass", "seconds": 1,
+                       "first_error": None, "detail": ""}]}, "ranks '2' is not a non-negative integer"),
+        ({"results": [{"suite": "deep-ep:test_intranode.py", "ranks": 2, "status": "passed", "seconds": 1,
                        "first_error": None, "detail": ""}]}, "status 'passed' is not one of"),
-        ({"results": [{"suite": "deep-ep-intranode", "ranks": 2, "status": "fail", "seconds": 1,
+        ({"results": [{"suite": "deep-ep:test_intranode.py", "ranks": 2, "status": "fail", "seconds": 1,
                        "first_error": None, "detail": ""}]}, "a failed row needs its first_error"),
         ({"results": [{"suite": "tests", "ranks": 2, "status": "pass", "seconds": 1,
                        "first_error": None, "detail": ""}]}, "suite 'tests' is not one of"),
@@ -242,7 +250,7 @@ def pairing_problems(pairings, releases, repo):
         if rec.get("nvshmem") != nv:
             out.append(f"{where}: record {path} ran NVSHMEM {rec.get('nvshmem')}, the entry claims {nv}")
         for m in modes:
-            want = f"deep-ep-{m}"
+            want = "deep-ep:" + MODE_TESTS.get(m, "?")
             rows = [r for r in rec["results"] if r["suite"] == want]
             if not rows:
                 out.append(f"{where}: mode {m} claimed, but record {path} has no {want} row")
@@ -335,7 +343,7 @@ def test_the_pairing_check_finds_what_is_wrong(tmp_path):
     assert with_good(entry) == []
     # low-latency failed in the record, and the 3.5.19 rule refuses it anyway.
     problems = with_good(dict(entry, modes=["intranode", "low-latency"]))
-    assert any("mode low-latency claimed, but deep-ep-low-latency did not pass" in p for p in problems), problems
+    assert any("mode low-latency claimed, but deep-ep:test_low_latency.py did not pass" in p for p in problems), problems
     assert any("which broken rule rc-qp-layout-3.5.19 refuses" in p for p in problems), problems
     # A missing record field (not the legacy entry), a missing file, a release not in the lock,
     # a record of another release.
@@ -357,10 +365,6 @@ def test_the_pairing_check_finds_what_is_wrong(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # The runner.
-
-needs_runner = pytest.mark.skipif(
-    not os.path.exists(RUNNER), reason="python/scripts/nvshmem-matrix.sh is not in this checkout")
-
 
 def runner(*args, cwd=REPO, timeout=120):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
@@ -396,7 +400,6 @@ def a_wheel(tmp_path):
     return str(path)
 
 
-@needs_runner
 def test_runner_help_names_every_option():
     p = runner("--help")
     assert p.returncode == 0, p.stderr
@@ -408,33 +411,50 @@ def test_runner_help_names_every_option():
         assert suite in text, (suite, text)
 
 
-@needs_runner
+def deep_ep_checkout(tmp_path):
+    """A stand-in DeepEP checkout: setup.py and the two test files the runner asks for (the dry
+    run only checks that they are there; nothing is built or run)."""
+    d = tmp_path / "DeepEP"
+    (d / "tests").mkdir(parents=True)
+    (d / "setup.py").write_text("raise SystemExit('not to be run by a dry run')\n")
+    for t in DEEPEP_TESTS:
+        (d / "tests" / t).write_text("raise SystemExit('not to be run by a dry run')\n")
+    return str(d)
+
+
 def test_runner_refuses_bad_arguments_with_a_clear_message(tmp_path):
     prefix = nvshmem_prefix()
     wheel = a_wheel(tmp_path)
+    src = deep_ep_checkout(tmp_path)
+    ok = ("--nvshmem", prefix, "--wheel", wheel, "--dry-run")
     cases = [
         ((), "--nvshmem"),
-        (("--bogus",), "--bogus"),
+        (ok + ("--bogus",), "--bogus"),
         (("--nvshmem", str(tmp_path / "none"), "--wheel", wheel, "--dry-run"), str(tmp_path / "none")),
         (("--nvshmem", prefix, "--wheel", str(tmp_path / "no.whl"), "--dry-run"), str(tmp_path / "no.whl")),
-        (("--nvshmem", prefix, "--wheel", wheel, "--suites", "ours,bogus", "--dry-run"), "bogus"),
-        (("--nvshmem", prefix, "--wheel", wheel, "--ranks", "2 x", "--dry-run"), "x"),
-        (("--nvshmem", prefix, "--wheel", wheel, "--suites", "deep-ep", "--dry-run"), "--deep-ep-"),
+        (ok + ("--suites", "ours,bogus"), "bogus"),
+        (ok + ("--ranks", "2 x"), "2 x"),
+        (ok + ("--ranks", "1"), "at least 2"),
+        (ok + ("--suites", "deep-ep"), "--deep-ep-src"),
+        (ok + ("--suites", "conformance", "--deep-ep-src", str(tmp_path)), "tests/test_intranode.py"),
+        (ok + ("--deep-ep-src", src, "--deep-ep-site", str(tmp_path)), "--deep-ep-site"),
+        (ok + ("--suites", "deep-ep", "--deep-ep-site", str(tmp_path), "--deep-ep-tests", src), "no deep_ep/"),
     ]
     for args, named in cases:
         p = runner(*args)
-        assert p.returncode != 0, (args, p.stdout, p.stderr)
+        assert p.returncode == 2, (args, p.returncode, p.stdout, p.stderr)
         assert named in p.stderr, (args, p.stderr)
         assert "Traceback" not in p.stderr, (args, p.stderr)
+        assert not os.path.exists(tmp_path / "matrix-logs" / "record.json")
 
 
-@needs_runner
 def test_runner_dry_run_writes_a_valid_record_naming_the_release(tmp_path):
     prefix = nvshmem_prefix()
     release = nvshmem_release(prefix)
     record = tmp_path / "record.json"
-    p = runner("--nvshmem", prefix, "--wheel", a_wheel(tmp_path), "--suites", "ours,conformance",
-               "--ranks", "2 4", "--record", str(record), "--out", str(tmp_path / "out"), "--dry-run")
+    p = runner("--nvshmem", prefix, "--wheel", a_wheel(tmp_path), "--deep-ep-src", deep_ep_checkout(tmp_path),
+               "--suites", "ours,conformance,deep-ep", "--ranks", "2 4", "--record", str(record),
+               "--out", str(tmp_path / "out"), "--dry-run")
     assert p.returncode == 0, p.stderr
     assert release in p.stdout, p.stdout
     rec = json.loads(record.read_text())
@@ -444,8 +464,14 @@ def test_runner_dry_run_writes_a_valid_record_naming_the_release(tmp_path):
     assert "--dry-run" in rec["command"]
     rows = rec["results"]
     assert rows and all(r["status"] == "skip" and r["detail"] == "dry run" for r in rows), rows
-    suites = {r["suite"] for r in rows}
-    assert suites == set(SUITE_ROWS["ours"] + SUITE_ROWS["conformance"]), suites
+    assert {r["suite"] for r in rows} == {n for rows_ in SUITE_ROWS.values() for n in rows_}, rows
     # Our tests at each rank count asked for; DeepEP's test files at 2 ranks.
-    assert sorted(r["ranks"] for r in rows if r["suite"] == "ours-gpu-tests") == [2, 4], rows
-    assert {r["ranks"] for r in rows if r["suite"].startswith("conformance-")} == {2}, rows
+    assert sorted(r["ranks"] for r in rows if r["suite"] == "ours:python/tests/gpu") == [2, 4], rows
+    assert {r["ranks"] for r in rows if not r["suite"].startswith("ours:")} == {2}, rows
+    # Nothing of DeepEP was built or run.
+    assert not os.path.exists(tmp_path / "out" / "deep-ep-build.log")
+    # Without --record: the same plan, no file.
+    p = runner("--nvshmem", prefix, "--wheel", a_wheel(tmp_path), "--suites", "ours", "--dry-run",
+               "--out", str(tmp_path / "out2"))
+    assert p.returncode == 0, p.stderr
+    assert "ours:python/tests/gpu" in p.stdout, p.stdout
