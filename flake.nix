@@ -146,7 +146,7 @@
       # One per NVSHMEM release of the lock with a CUDA 13 build (nvshmem-matrix-3_3_20 ...
       # nvshmem-matrix-3_8_0): python/scripts/nvshmem-matrix.sh with that release, our wheel and
       # DeepEP built against it (checks/nvshmem-matrix.nix, docs/nix.md "Per-release GPU checks").
-      // import ./checks/nvshmem-matrix.nix { pkgs = pkgsFor.${system}; inherit system; ours = ours.${system}; });
+      // import ./checks/nvshmem-matrix.nix { pkgs = pkgsFor.${system}; inherit system; ours = ours.${system}; commit = self.rev or null; });
 
       formatter = forAllSystems (system: pkgsFor.${system}.nixpkgs-fmt);
     };

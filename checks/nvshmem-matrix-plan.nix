@@ -50,10 +50,12 @@ in
 
   # The runner's arguments for one entry (`--record` and `--out` are added by the builder, they
   # name $out): the release's NVSHMEM prefix, our wheel built against it (a folder holding the
-  # .whl), DeepEP's pinned source (its tests/ for the conformance suite) and, where DeepEP is built
-  # against the release, its site-packages (so the runner builds nothing).
-  runnerArgs = { entry, nvshmem, wheel, deepEpSrc, deepEpSite ? null }:
-    [ "--nvshmem" nvshmem "--wheel" wheel "--deep-ep-src" deepEpSrc ]
+  # .whl), DeepEP's pinned source for its tests/ (`--deep-ep-tests`: the runner never builds
+  # DeepEP here) and, where DeepEP is built against the release, that build's site-packages; the
+  # commit to record when the flake knows it (the sandbox has no git checkout).
+  runnerArgs = { entry, nvshmem, wheel, deepEpSrc, deepEpSite ? null, commit ? null }:
+    [ "--nvshmem" nvshmem "--wheel" wheel ]
     ++ (if entry.deepEp then [ "--deep-ep-site" deepEpSite ] else [ ])
-    ++ [ "--suites" (concatStringsSep "," entry.suites) "--ranks" (concatStringsSep " " (map toString ranks)) ];
+    ++ [ "--deep-ep-tests" deepEpSrc "--suites" (concatStringsSep "," entry.suites) "--ranks" (concatStringsSep " " (map toString ranks)) ]
+    ++ (if commit == null then [ ] else [ "--commit" commit ]);
 }

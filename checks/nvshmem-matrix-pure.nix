@@ -21,7 +21,7 @@ let
   names = p: map (c: c.name) p.checks;
   byVersion = p: v: head (filter (c: c.version == v) p.checks);
   under = replaceStrings [ "." ] [ "_" ];
-  args = p: v: p.runnerArgs { entry = byVersion p v; nvshmem = "/nix/store/nvshmem-${v}"; wheel = "/nix/store/wheel-${v}"; deepEpSrc = "/nix/store/deepep-src"; deepEpSite = "/nix/store/deep-ep-${v}/site"; };
+  args = p: v: p.runnerArgs { entry = byVersion p v; nvshmem = "/nix/store/nvshmem-${v}"; wheel = "/nix/store/wheel-${v}"; deepEpSrc = "/nix/store/deepep-src"; deepEpSite = "/nix/store/deep-ep-${v}/site"; commit = "0123456789abcdef0123456789abcdef01234567"; };
   # pairings.json with the RC-QP rule starting at 3.7.0 instead of 3.5.19: the plan follows the data.
   edited = pairings // {
     broken = map (r: if r.id == "rc-qp-layout-3.5.19" then r // { nvshmem = { atLeast = "3.7.0"; }; } else r) pairings.broken;
@@ -48,7 +48,8 @@ in
     expr = map (c: { inherit (c) version nvshmemAttr cudaMajor; exists = elem c.nvshmemAttr (map (p: p.name) (nvshmemLib.attrPlan releases "x86_64-linux")); }) x86.checks;
     expected = map (v: { version = v; nvshmemAttr = "nvshmem_${under v}_cuda13"; cudaMajor = "13"; exists = true; }) (cuda13 "x86_64-linux");
   };
-  # The runner gets that release, our wheel and DeepEP built against it, the suites and ranks.
+  # The runner gets that release, our wheel and DeepEP built against it (a build: the runner
+  # builds nothing), DeepEP's test files, the suites, ranks and the commit.
   nvshmemMatrixRunnerArgs345 = {
     expr = args x86 "3.4.5";
     expected = [
@@ -56,22 +57,28 @@ in
       "/nix/store/nvshmem-3.4.5"
       "--wheel"
       "/nix/store/wheel-3.4.5"
-      "--deep-ep-src"
-      "/nix/store/deepep-src"
       "--deep-ep-site"
       "/nix/store/deep-ep-3.4.5/site"
+      "--deep-ep-tests"
+      "/nix/store/deepep-src"
       "--suites"
       "ours,conformance,deep-ep"
       "--ranks"
       "2 4"
+      "--commit"
+      "0123456789abcdef0123456789abcdef01234567"
     ];
   };
   # 3.8.0: DeepEP 1.2.1 is refused by pairings.json (RC-QP layout, >= 3.5.19), so no deep-ep suite
-  # and no DeepEP site; our package and DeepEP's tests on it still run.
+  # and no DeepEP site; our package and DeepEP's tests on it still run. Without a commit (a dirty
+  # tree), none is passed.
   nvshmemMatrixRunnerArgs380 = {
-    expr = [ (args x86 "3.8.0") (byVersion x86 "3.8.0").why ];
+    expr = [
+      (x86.runnerArgs { entry = byVersion x86 "3.8.0"; nvshmem = "/nix/store/nvshmem-3.8.0"; wheel = "/nix/store/wheel-3.8.0"; deepEpSrc = "/nix/store/deepep-src"; })
+      (byVersion x86 "3.8.0").why
+    ];
     expected = [
-      [ "--nvshmem" "/nix/store/nvshmem-3.8.0" "--wheel" "/nix/store/wheel-3.8.0" "--deep-ep-src" "/nix/store/deepep-src" "--suites" "ours,conformance" "--ranks" "2 4" ]
+      [ "--nvshmem" "/nix/store/nvshmem-3.8.0" "--wheel" "/nix/store/wheel-3.8.0" "--deep-ep-tests" "/nix/store/deepep-src" "--suites" "ours,conformance" "--ranks" "2 4" ]
       "the deep-ep suite is left out: pkgs/deep-ep/pairings.json refuses DeepEP 1.2.1 with NVSHMEM 3.8.0, so packages.deep-ep is not built against it"
     ];
   };

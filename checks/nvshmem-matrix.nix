@@ -6,7 +6,8 @@
 #     its wheel, from the `dist` output);
 #   - DeepEP v1.2.1 built against it (pkgs/deep-ep/package.nix with that `nvshmem` and
 #     oneNvshmem = "rebuild-torch", so that the extension links exactly that release; left out
-#     where pairings.json refuses the pairing), and DeepEP's pinned source for its test files;
+#     where pairings.json refuses the pairing), and DeepEP's pinned source for its test files
+#     (--deep-ep-tests: the runner builds nothing in the sandbox);
 #   - Python with torch (CUDA on, without NVSHMEM of its own when nixpkgs' torch links one: the
 #     same torch.override { withNvshmem = false; } the DeepEP package then uses), numpy, pytest
 #     and pip.
@@ -31,6 +32,8 @@
 , # import ../pkgs { inherit pkgs; } for this system
   ours
 , plan ? import ./nvshmem-matrix-plan.nix { inherit system; }
+, # the flake's commit (self.rev; null for a dirty tree): the record's `commit`
+  commit ? null
 ,
 }:
 let
@@ -46,8 +49,9 @@ let
   pinned = deepEpLib.sourceFor plan.deepEpVersion;
   deepEpSrc = pkgs.fetchFromGitHub { inherit (pinned) owner repo tag hash; };
 
-  # The runner and what it runs: python/scripts (runner, conformance adapter) and python/tests.
-  src = lib.fileset.toSource { root = ../.; fileset = lib.fileset.unions [ ../python/scripts ../python/tests ]; };
+  # The runner and what it runs: python/scripts (runner, conformance script and adapter),
+  # python/tests (our GPU tests), checks/nvshmem-maps.py (its preflight).
+  src = lib.fileset.toSource { root = ../.; fileset = lib.fileset.unions [ ../python/scripts ../python/tests ./nvshmem-maps.py ]; };
 
   check = entry:
     let
@@ -60,6 +64,7 @@ let
         wheel = "${kernelsPython.dist}";
         deepEpSrc = "${deepEpSrc}";
         deepEpSite = if deepEp == null then null else "${deepEp}/${py.python.sitePackages}";
+        inherit commit;
       };
     in
     pkgs.runCommand "deepep-${entry.name}"
