@@ -17,14 +17,14 @@
 //! `libnvshmem_host.so.3` through the loader (the extension's RUNPATH, `LD_LIBRARY_PATH`, system
 //! directories). The host library must be exactly the version the cubins were linked against.
 //!
-//! A build that serves several NVSHMEM releases (cubins linked against each release's device
-//! library, python/scripts/build-wheel.sh with `DEEPEP_NVSHMEM_RELEASES`) says so in its
-//! extension: the ASCII marker `DEEPEP_KERNELS_NVSHMEM_RELEASES=<X.Y.Z,...>;` (ascending, once),
-//! the list `deepep_kernels._native.nvshmem_releases()` returns. Such a build uses the
+//! A build names the NVSHMEM releases it serves (cubins linked against each release's device
+//! library: NVSHMEM_DIR's and those of `DEEPEP_NVSHMEM_RELEASES`) in its extension: the ASCII
+//! marker `DEEPEP_KERNELS_NVSHMEM_RELEASES=<X.Y.Z,...>;` (ascending, once; empty list without
+//! NVSHMEM kernels), the list `deepep_kernels._native.nvshmem_releases()` returns. Such a build uses the
 //! `libnvshmem_host.so.3` already loaded in the process (torch's, when torch has
 //! `torch/lib/libtorch_nvshmem.so`), else `$NVSHMEM_DIR/lib`, else the nvidia-nvshmem wheel, else
-//! the loader's search path, and works with any release it serves. A build without the marker
-//! serves exactly the one release its cubins were linked against.
+//! the loader's search path, and works with any release it serves. A build from before the
+//! marker serves exactly the one release its cubins were linked against.
 
 use super::super::driver::DriverInfo;
 use super::super::elf::{self, Resolution};
