@@ -2,8 +2,9 @@
 # build (./nvshmem-matrix-plan.nix), python/scripts/nvshmem-matrix.sh on the builder's GPUs with
 #   - that release as this repository builds it (packages.nvshmem_<v>_cuda13), preloaded by the
 #     runner so that it is the NVSHMEM the process has before anything else loads one;
-#   - our Python package built against it (packages.deepep-kernels-python with that `nvshmem`;
-#     its wheel, from the `dist` output);
+#   - our Python package with cubins for every CUDA 13 release of the lock, this one included
+#     (packages.deepep-kernels-python with `extraNvshmem`; one wheel for all checks, from the
+#     `dist` output), which follows the release the runner loaded first;
 #   - DeepEP v1.2.1 built against it (pkgs/deep-ep/package.nix with that `nvshmem` and
 #     oneNvshmem = "rebuild-torch", so that the extension links exactly that release; left out
 #     where pairings.json refuses the pairing), and DeepEP's pinned source for its test files
@@ -53,10 +54,17 @@ let
   # python/tests (our GPU tests), checks/nvshmem-maps.py (its preflight).
   src = lib.fileset.toSource { root = ../.; fileset = lib.fileset.unions [ ../python/scripts ../python/tests ./nvshmem-maps.py ]; };
 
+  # One wheel for every release, as published: packages.deepep-kernels-python (NVSHMEM_DIR = the
+  # default `nvshmem`) with cubins for every other CUDA 13 release of the plan as well; each check
+  # preloads its release and the wheel follows it.
+  base = ours.packages.deepep-kernels-python;
+  kernelsPython = base.override {
+    extraNvshmem = map (e: ours.packages.${e.nvshmemAttr}) (lib.filter (e: e.version != base.nvshmem.version) plan.checks);
+  };
+
   check = entry:
     let
       nvshmem = ours.packages.${entry.nvshmemAttr};
-      kernelsPython = ours.packages.deepep-kernels-python.override { inherit nvshmem; };
       deepEp = if entry.deepEp then ours.mkDeepEp { inherit nvshmem; oneNvshmem = "rebuild-torch"; } else null;
       args = plan.runnerArgs {
         inherit entry;
