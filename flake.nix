@@ -136,12 +136,17 @@
       # Run on a builder with the "cuda" system feature (docs/nix.md, "GPU runner"):
       #   nix build .#gpuChecks.x86_64-linux.kernels
       #   nix build .#gpuChecks.x86_64-linux.deep-ep
+      #   nix build .#gpuChecks.x86_64-linux.nvshmem-matrix-3_8_0
       gpuChecks = forAllSystems (system: {
         kernels = ours.${system}.packages.deepep-kernels.gpuCheck;
         # DeepEP's tests/test_intranode.py and tests/test_low_latency.py against packages.deep-ep.
         deep-ep = ours.${system}.packages.deep-ep.gpuCheck;
         deep-ep-no-nvshmem = ours.${system}.packages.deep-ep-no-nvshmem.gpuCheck;
-      });
+      }
+      # One per NVSHMEM release of the lock with a CUDA 13 build (nvshmem-matrix-3_3_20 ...
+      # nvshmem-matrix-3_8_0): python/scripts/nvshmem-matrix.sh with that release, our wheel and
+      # DeepEP built against it (checks/nvshmem-matrix.nix, docs/nix.md "Per-release GPU checks").
+      // import ./checks/nvshmem-matrix.nix { pkgs = pkgsFor.${system}; inherit system; ours = ours.${system}; commit = self.rev or null; });
 
       formatter = forAllSystems (system: pkgsFor.${system}.nixpkgs-fmt);
     };

@@ -8,6 +8,8 @@
 #   unfree-names         the driver packages' real pnames are allowed as unfree, nothing else
 #   module-nixos-eval    the module inside real NixOS (eval-config), several configurations
 #   module-vm            NixOS VM boots with services.deepep (x86_64-linux only)
+#   nvshmem-matrix-names the flake's gpuChecks hold one nvshmem-matrix-<v> per release of the plan
+#   deepep-kernels-python-releases  our Python package with extraNvshmem: releases served, refusals
 #   generator-reproducible  `deepep-nix lock --offline --check` / `render --check` on the repo
 #   nvshmem-layout       the default NVSHMEM package's files and RUNPATHs
 #   gdrdrv               gdrdrv built for nixpkgs' default kernel and production driver
@@ -70,6 +72,46 @@ in
   );
 
 
+
+  # The flake's per-release GPU checks are exactly the plan's (checks/nvshmem-matrix-plan.nix),
+  # by name: the gpuChecks output wires in checks/nvshmem-matrix.nix. Names only (building them
+  # needs a GPU runner).
+  nvshmem-matrix-names = evalCheck "deepep-nvshmem-matrix-names" (
+    let
+      sorted = builtins.sort builtins.lessThan;
+      want = sorted (map (c: c.name) (import ./nvshmem-matrix-plan.nix { inherit system; }).checks);
+      got = sorted (builtins.filter (n: builtins.substring 0 15 n == "nvshmem-matrix-") (builtins.attrNames outputs.gpuChecks));
+    in
+    if got == want && want != [ ] then got
+    else throw "gpuChecks.${system}: nvshmem-matrix checks [ ${toString got} ], expected [ ${toString want} ] (checks/nvshmem-matrix-plan.nix)"
+  );
+
+  # Our Python package with more NVSHMEM releases (extraNvshmem, what the nvshmem-matrix checks
+  # build): the releases it must serve, the build's DEEPEP_NVSHMEM_RELEASES, and the refusals of
+  # a release of another CUDA major, a release given twice and extras without `nvshmem`.
+  deepep-kernels-python-releases = evalCheck "deepep-kernels-python-releases" (
+    let
+      ps = outputs.packages;
+      base = ps.deepep-kernels-python;
+      multi = base.override { extraNvshmem = [ ps.nvshmem_3_8_0_cuda13 ps.nvshmem_3_3_20_cuda13 ]; };
+      refused = args: !(builtins.tryEval (base.override args).drvPath).success;
+      got = {
+        default = [ base.nvshmemReleases (base.env.DEEPEP_NVSHMEM_RELEASES or null) ];
+        multi = [ multi.nvshmemReleases multi.env.DEEPEP_NVSHMEM_RELEASES ];
+        refusals = map refused [
+          { extraNvshmem = [ ps.nvshmem_3_8_0_cuda12 ]; }
+          { extraNvshmem = [ ps.nvshmem ]; }
+          { nvshmem = null; extraNvshmem = [ ps.nvshmem_3_8_0_cuda13 ]; }
+        ];
+      };
+      want = {
+        default = [ [ ps.nvshmem.version ] null ];
+        multi = [ [ "3.3.20" ps.nvshmem.version "3.8.0" ] "${ps.nvshmem_3_8_0_cuda13}:${ps.nvshmem_3_3_20_cuda13}" ];
+        refusals = [ true true true ];
+      };
+    in
+    if got == want then got else throw "deepep-kernels-python with extraNvshmem: got ${builtins.toJSON got}, expected ${builtins.toJSON want}"
+  );
 
   generator-reproducible = pkgs.runCommand "deepep-generator-reproducible"
     { nativeBuildInputs = [ ours.packages.deepep-nix ]; }

@@ -1,6 +1,7 @@
 # Pure evaluation tests: the module's rendering helpers (modules/lib.nix), the NVSHMEM release
 # selection (pkgs/nvshmem/lib.nix), the generated release data (pkgs/nvshmem/releases.nix) and
-# the DeepEP package rules and pairing data (checks/deep-ep-pure.nix).
+# the DeepEP package rules and pairing data (checks/deep-ep-pure.nix) and the plan of the
+# per-release GPU checks (checks/nvshmem-matrix-pure.nix).
 # Builtins only, so Debian's Nix 2.8 runs them in CI:
 #   nix-instantiate --eval --strict --json checks/pure.nix
 # Evaluates to { passed = N; names = [ ... ]; } or throws listing every failing test with what
@@ -265,7 +266,9 @@ let
     licenseIsUnfree = { expr = [ license.free license.shortName ]; expected = [ false "NVSHMEM SLA" ]; };
   }
   # DeepEP package rules and DeepEP x NVSHMEM pairing data (pkgs/deep-ep).
-  // import ./deep-ep-pure.nix;
+  // import ./deep-ep-pure.nix
+  # The flake's per-release GPU checks (gpuChecks.<system>."nvshmem-matrix-<v>").
+  // import ./nvshmem-matrix-pure.nix;
 
   results = map (name: { inherit name; t = tests.${name}; }) (attrNames tests);
   failed = filter (r: r.t.expr != r.t.expected) results;

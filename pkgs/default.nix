@@ -132,6 +132,9 @@ in
   };
 
   inherit missing cudaMajor mkDeepepKernelsPython deepepKernelsPythonEnv;
+  # DeepEP for another NVSHMEM and its Python package set: the per-release GPU checks
+  # (checks/nvshmem-matrix.nix).
+  inherit mkDeepEp deepEpPython;
 
   # gdrdrv for a kernel package set and nvidia driver (the NixOS module passes its own).
   gdrdrvFor = kernelPackages: nvidia_x11:

@@ -112,7 +112,10 @@ impl Artifacts {
     /// An NVSHMEM prefix: host library of `host`, device library and header of `device`,
     /// transport plugins with SONAME suffix `.so.<transport_major>`.
     fn nvshmem(&self, host: &str, device: &str, transport_major: u32) -> PathBuf {
-        let _building = self.build.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _building = self
+            .build
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let prefix = self
             .dir
             .path()
@@ -122,10 +125,9 @@ impl Artifacts {
         }
         // Built in a staging directory and renamed into place, so that the prefix exists only
         // complete (also if a build panics half-way under the lock).
-        let staging = self
-            .dir
-            .path()
-            .join(format!(".staging-nvshmem-{host}-{device}-{transport_major}"));
+        let staging = self.dir.path().join(format!(
+            ".staging-nvshmem-{host}-{device}-{transport_major}"
+        ));
         if staging.exists() {
             std::fs::remove_dir_all(&staging).unwrap();
         }
@@ -2421,6 +2423,20 @@ impl TestHost {
     /// extension with three plain sm_`sm` cubins and, with `nvshmem`, two NVSHMEM cubins linked
     /// against that version, and `deepep_kernels-<version>.dist-info/METADATA`.
     fn install_deepep_kernels(&self, version: &str, nvshmem: Option<&str>, sm: u32) {
+        let releases: Vec<&str> = nvshmem.into_iter().collect();
+        self.install_deepep_kernels_serving(version, &releases, None, sm);
+    }
+
+    /// [`Self::install_deepep_kernels`] with two NVSHMEM cubins for each of `releases` and, when
+    /// given, `marker` as a C string in the extension's data: what a wheel built with
+    /// `DEEPEP_NVSHMEM_RELEASES` holds (`DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0;`).
+    fn install_deepep_kernels_serving(
+        &self,
+        version: &str,
+        releases: &[&str],
+        marker: Option<&str>,
+        sm: u32,
+    ) {
         let dir = format!("{KSITE}/deepep_kernels");
         self.write(&format!("{dir}/__init__.py"), "from . import _native\n");
         self.write(&format!("{dir}/shim/deep_ep/__init__.py"), "");
@@ -2428,17 +2444,22 @@ impl TestHost {
         for _ in 0..3 {
             blob.extend(cuda_elf(sm, None));
         }
-        if let Some(v) = nvshmem {
+        for v in releases {
             let p: Vec<u32> = v.split('.').map(|x| x.parse().unwrap()).collect();
             for _ in 0..2 {
                 blob.extend(cuda_elf(sm, Some((p[0], p[1], p[2]))));
             }
         }
         let bytes: Vec<String> = blob.iter().map(|b| b.to_string()).collect();
-        let src = format!(
+        let mut src = format!(
             "int PyInit__native;\n__attribute__((used)) static const unsigned char cubins[] = {{{}}};\n",
             bytes.join(",")
         );
+        if let Some(m) = marker {
+            src.push_str(&format!(
+                "__attribute__((used)) static const char releases_marker[] = \"{m}\";\n"
+            ));
+        }
         shared_with_path(
             &self.path(NATIVE),
             "_native.abi3.so",
@@ -2669,6 +2690,269 @@ fn deepep_kernels_on_non_hopper_gpus_and_next_to_upstream_deepep() {
         .checks
         .iter()
         .all(|c| !c.id.starts_with("deepep-kernels.")));
+}
+
+// A wheel that serves several NVSHMEM releases (python/scripts/build-wheel.sh with
+// DEEPEP_NVSHMEM_RELEASES): the extension holds `DEEPEP_KERNELS_NVSHMEM_RELEASES=<list>;` and
+// cubins linked against each release; it uses the NVSHMEM already loaded in the process (torch's),
+// else NVSHMEM_DIR, else the nvidia-nvshmem wheel. The extension here is a real shared object
+// built with the C compiler holding that marker string and those cubins (the marker's format is
+// the interface the wheel's build writes; no such wheel was available to this test).
+
+const SERVES: &str = "DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0;";
+
+#[test]
+fn multi_release_wheel_serves_the_nvshmem_torch_loads() {
+    // torch with NVSHMEM 3.8.0, NVSHMEM_DIR=/opt/nvshmem (3.4.5): the process has torch's 3.8.0,
+    // which this build serves.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels_serving("0.2.0", &["3.3.20", "3.4.5", "3.8.0"], Some(SERVES), 90);
+    h.install_torch_in(KSITE, "3.8.0", true);
+    let r = h.run();
+    let text = r.render_text();
+    use Status::{Ok as O, Skip as S};
+    assert_eq!(
+        kernels_statuses(&r),
+        ids(&[
+            ("deepep.extension", S),
+            ("deepep-kernels.package", O),
+            ("deepep-kernels.nvshmem", O),
+            ("deepep-kernels.torch-nvshmem", O),
+            ("deepep-kernels.ibgda-plugin", O),
+            ("deepep-kernels.arch", O),
+        ]),
+        "{text}"
+    );
+    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert_eq!(
+        found(&r, "deepep-kernels.package"),
+        format!(
+            "{NATIVE}: deepep_kernels 0.2.0 ({KSITE}/deepep_kernels-0.2.0.dist-info/METADATA), this project's \
+             deep_ep-compatible package; serves NVSHMEM 3.3.20, 3.4.5, 3.8.0 (DEEPEP_KERNELS_NVSHMEM_RELEASES= in \
+             the extension; cubins linked against NVSHMEM 3.3.20, 3.4.5, 3.8.0); GPU code sm_90 (9 cubins)"
+        )
+    );
+    let torch_lib = format!("{KSITE}/torch/lib/libtorch_nvshmem.so");
+    let torch_host = format!("{KSITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    assert_eq!(
+        found(&r, "deepep-kernels.nvshmem"),
+        format!(
+            "loads NVSHMEM 3.8.0 ({torch_host}, torch's copy: {torch_lib} loads it first, and deepep_kernels uses \
+             the NVSHMEM already loaded in the process), one of the releases this build serves (3.3.20, 3.4.5, 3.8.0)"
+        )
+    );
+    assert_eq!(
+        found(&r, "deepep-kernels.torch-nvshmem"),
+        format!(
+            "torch loads NVSHMEM 3.8.0 ({torch_host}, needed by {torch_lib}), one of the releases deepep_kernels \
+             serves (3.3.20, 3.4.5, 3.8.0); it uses that copy"
+        )
+    );
+    // The table shows the same lines.
+    assert!(
+        text.contains("serves NVSHMEM 3.3.20, 3.4.5, 3.8.0"),
+        "{text}"
+    );
+    // Upstream DeepEP built against 3.4.5 in the same site: our wheel follows torch's 3.8.0, the
+    // DeepEP build does not (one release linked in), and its own checks say so.
+    h.install_deepep(
+        Some("1.2.1"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Ok);
+    assert_eq!(status(&r, "deepep-kernels.nvshmem"), Status::Ok);
+    assert_eq!(status(&r, "deepep.torch-nvshmem"), Status::Fail);
+    assert!(
+        found(&r, "deepep.torch-nvshmem").contains("DeepEP's build is NVSHMEM 3.4.5"),
+        "{}",
+        r.render_text()
+    );
+    h.remove(&format!(
+        "{KSITE}/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so"
+    ));
+    h.remove(&format!("{KSITE}/deep_ep-1.2.1.dist-info"));
+    // The same wheel before this change (no marker, one release): torch's 3.8.0 is not its 3.4.5.
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Fail);
+    assert!(found(&r, "deepep-kernels.package").contains("built for NVSHMEM 3.4.5"));
+}
+
+#[test]
+fn multi_release_wheel_refuses_an_nvshmem_it_does_not_serve_and_names_the_fix() {
+    // torch with NVSHMEM 3.7.1, which the build does not serve: both checks fail with the fix,
+    // in the table and in the binary's JSON.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels_serving("0.2.0", &["3.3.20", "3.4.5", "3.8.0"], Some(SERVES), 90);
+    h.install_torch_in(KSITE, "3.7.1", true);
+    let r = h.run();
+    let torch_lib = format!("{KSITE}/torch/lib/libtorch_nvshmem.so");
+    let torch_host = format!("{KSITE}/torch/lib/../../nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    let fix = format!(
+        "install a deepep_kernels wheel built with that release (DEEPEP_NVSHMEM_RELEASES={KSITE}/torch/lib/../../nvidia/nvshmem \
+         python/scripts/build-wheel.sh, then pip install --force-reinstall --no-deps target/wheels/deepep_kernels-*.whl; \
+         a CUDA 13 NVSHMEM 3.7.1 prefix also comes from deepep-nix install --version 3.7.1 --cuda 13 --source pypi \
+         --prefix <dir>) or a torch whose NVSHMEM is one of those"
+    );
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.torch-nvshmem",
+        &format!(
+            "this deepep_kernels build serves NVSHMEM 3.3.20, 3.4.5, 3.8.0; torch loads 3.7.1 ({torch_host}, needed by \
+             {torch_lib}): a low-latency or internode Buffer refuses it"
+        ),
+        &fix,
+    );
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.nvshmem",
+        &format!(
+            "this deepep_kernels build serves NVSHMEM 3.3.20, 3.4.5, 3.8.0; it would load 3.7.1 ({torch_host}, torch's \
+             copy: {torch_lib} loads it first, and deepep_kernels uses the NVSHMEM already loaded in the process): \
+             creating a low-latency or internode Buffer raises RuntimeError naming the releases it serves"
+        ),
+        &fix,
+    );
+    let both = ["deepep-kernels.nvshmem", "deepep-kernels.torch-nvshmem"];
+    assert_eq!(verdicts(&r), expect_verdicts(&[], &both, &both, &both));
+    let text = r.render_text();
+    assert!(text.contains("torch loads 3.7.1"), "{text}");
+    assert!(
+        text.contains("or a torch whose NVSHMEM is one of those"),
+        "{text}"
+    );
+
+    let root = h.root.path().to_str().unwrap().to_string();
+    let out = bin()
+        .args(["doctor", "--root", &root, "--json", "--python-site", KSITE])
+        .env_clear()
+        .env("NVSHMEM_DIR", "/opt/nvshmem")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let c = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "deepep-kernels.torch-nvshmem")
+        .unwrap()
+        .clone();
+    assert_eq!(c["status"], "fail");
+    assert_eq!(c["fix"], fix.as_str());
+    assert!(c["found"].as_str().unwrap().starts_with(
+        "this deepep_kernels build serves NVSHMEM 3.3.20, 3.4.5, 3.8.0; torch loads 3.7.1"
+    ));
+    assert_eq!(out.status.code(), Some(1));
+
+    // A wheel that serves 3.7.1 too: ready.
+    h.install_deepep_kernels_serving(
+        "0.2.0",
+        &["3.3.20", "3.4.5", "3.7.1", "3.8.0"],
+        Some("DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.7.1,3.8.0;"),
+        90,
+    );
+    let r = h.run();
+    assert_eq!(verdicts(&r), all_ready(), "{}", r.render_text());
+}
+
+#[test]
+fn multi_release_wheel_without_torch_nvshmem_takes_nvshmem_dir_then_the_wheel() {
+    // No torch NVSHMEM: NVSHMEM_DIR=/opt/nvshmem (3.4.5) is served.
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels_serving("0.2.0", &["3.3.20", "3.4.5", "3.8.0"], Some(SERVES), 90);
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep-kernels.nvshmem"),
+        "loads NVSHMEM 3.4.5 (/opt/nvshmem/lib/libnvshmem_host.so.3, from NVSHMEM_DIR, as nothing in the process loaded \
+         NVSHMEM first), one of the releases this build serves (3.3.20, 3.4.5, 3.8.0)"
+    );
+    assert_eq!(status(&r, "deepep-kernels.nvshmem"), Status::Ok);
+    // torch not in the site: a warning, as for any build.
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Warn);
+    // NVSHMEM_DIR at 3.7.1: refused, the fix points NVSHMEM_DIR at a served release.
+    h.install_nvshmem("/opt/nvshmem-3.7.1", "3.7.1", "3.7.1", 3);
+    let r = h.env("NVSHMEM_DIR", "/opt/nvshmem-3.7.1").run();
+    assert_found_and_fix(
+        &r,
+        "deepep-kernels.nvshmem",
+        "this deepep_kernels build serves NVSHMEM 3.3.20, 3.4.5, 3.8.0; it would load 3.7.1 \
+         (/opt/nvshmem-3.7.1/lib/libnvshmem_host.so.3, from NVSHMEM_DIR, as nothing in the process loaded NVSHMEM \
+         first): creating a low-latency or internode Buffer raises RuntimeError naming the releases it serves",
+        "install a deepep_kernels wheel built with that release (DEEPEP_NVSHMEM_RELEASES=/opt/nvshmem-3.7.1 \
+         python/scripts/build-wheel.sh, then pip install --force-reinstall --no-deps target/wheels/deepep_kernels-*.whl; \
+         a CUDA 13 NVSHMEM 3.7.1 prefix also comes from deepep-nix install --version 3.7.1 --cuda 13 --source pypi \
+         --prefix <dir>) or point NVSHMEM_DIR at a release it serves (deepep-nix install --version 3.8.0 --cuda 13 \
+         --source pypi --prefix <dir>)",
+    );
+    // NVSHMEM_DIR unset, the nvidia-nvshmem wheel (3.8.0, no torch library) in the site: used.
+    let h = TestHost::ibgda().with_site().env("NVSHMEM_DIR", "");
+    h.install_deepep_kernels_serving("0.2.0", &["3.3.20", "3.4.5", "3.8.0"], Some(SERVES), 90);
+    h.install_torch_in(KSITE, "3.8.0", false);
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep-kernels.nvshmem"),
+        format!(
+            "loads NVSHMEM 3.8.0 ({KSITE}/nvidia/nvshmem/lib/libnvshmem_host.so.3, from the nvidia-nvshmem wheel in \
+             {KSITE}, as nothing loaded NVSHMEM first and NVSHMEM_DIR is unset), one of the releases this build \
+             serves (3.3.20, 3.4.5, 3.8.0)"
+        )
+    );
+    assert_eq!(status(&r, "deepep-kernels.torch-nvshmem"), Status::Ok);
+    assert_eq!(verdicts(&r), all_ready(), "{}", r.render_text());
+}
+
+#[test]
+fn multi_release_marker_that_is_malformed_or_disagrees_with_the_cubins_is_a_failure() {
+    let h = TestHost::ibgda().with_site();
+    // Not ascending.
+    h.install_deepep_kernels_serving(
+        "0.2.0",
+        &["3.4.5", "3.8.0"],
+        Some("DEEPEP_KERNELS_NVSHMEM_RELEASES=3.8.0,3.4.5;"),
+        90,
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.package"), Status::Fail);
+    assert!(found(&r, "deepep-kernels.package").ends_with(
+        "its NVSHMEM releases marker is unreadable: DEEPEP_KERNELS_NVSHMEM_RELEASES=3.8.0,3.4.5; is not in ascending \
+         order without repeats"
+    ));
+    assert_eq!(status(&r, "deepep-kernels.nvshmem"), Status::Skip);
+    // Not a release.
+    h.install_deepep_kernels_serving(
+        "0.2.0",
+        &["3.4.5"],
+        Some("DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4,3.4.5;"),
+        90,
+    );
+    assert!(found(&h.run(), "deepep-kernels.package").ends_with(
+        "DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4,3.4.5; names \"3.4\", not a release X.Y.Z"
+    ));
+    // Marker and cubins disagree (3.8.0 listed, no cubin linked against it).
+    h.install_deepep_kernels_serving("0.2.0", &["3.3.20", "3.4.5"], Some(SERVES), 90);
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.package"), Status::Fail);
+    assert!(found(&r, "deepep-kernels.package").contains(
+        "(DEEPEP_KERNELS_NVSHMEM_RELEASES= in the extension; cubins linked against NVSHMEM 3.3.20, 3.4.5)"
+    ));
+    assert!(found(&r, "deepep-kernels.package")
+        .ends_with("the marker and the cubins disagree, so the build is inconsistent"));
+    // The prefix alone (no list and `;`) is not a marker: the build is read as a one-release wheel.
+    h.install_deepep_kernels_serving(
+        "0.1.0",
+        &["3.4.5"],
+        Some("DEEPEP_KERNELS_NVSHMEM_RELEASES="),
+        90,
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "deepep-kernels.package"), Status::Ok);
+    assert!(found(&r, "deepep-kernels.package").contains("built for NVSHMEM 3.4.5"));
 }
 
 // ---------------------------------------------------------------------------------------------

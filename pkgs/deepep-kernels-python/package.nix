@@ -4,6 +4,10 @@
 # packages.deepep-kernels-python, the overlay's python3Packages.deepep-kernels and the `python`
 # dev shell.
 #
+# With `extraNvshmem` (more releases) the wheel holds cubins for each and serves whichever of
+# them the process has loaded (checks/nvshmem-matrix.nix builds one such wheel for every CUDA 13
+# release of the lock).
+#
 # The toolkit and NVSHMEM come exactly as pkgs/deepep-kernels/package.nix gets them: `nvshmem`
 # and `cudaPackages` passed by pkgs/default.nix (the one CUDA major of the default outputs; in
 # the `python` dev shell the NVSHMEM torch links, if it links one: one NVSHMEM per process),
@@ -38,6 +42,11 @@
 , # This repository's NVSHMEM package (pkgs/nvshmem); null = the kernels without NVSHMEM
   # (kernels/build.rs: empty NVSHMEM_DIR), intranode only.
   nvshmem ? null
+, # More NVSHMEM packages of this repository (other releases, the toolkit's CUDA major) to embed
+  # cubins for besides `nvshmem`'s: kernels/build.rs's DEEPEP_NVSHMEM_RELEASES. The wheel then
+  # serves each of these releases, following the libnvshmem_host.so.3 already in the process
+  # (its RUNPATH still names `nvshmem`'s, used when none is loaded).
+  extraNvshmem ? [ ]
 , # The CUDA toolkit package set; pass it (pkgs/default.nix does): callPackage would fill it
   # from the package set (pkgs.cudaPackages, CUDA 12 at many nixpkgs revisions).
   cudaPackages
@@ -60,7 +69,21 @@ let
     who = "deepep-kernels-python";
     fix = "pass cudaPackages = pkgs.cudaPackages_${nvshmem.cudaMajor} (pkgs/default.nix passes the kernels' own), or an NVSHMEM of the toolkit's major.";
   };
+
+  deepEpLib = import ../deep-ep/lib.nix;
+  # The releases the wheel serves, ascending (what deepep_kernels._native.nvshmem_releases() must
+  # return); checked below before anything is built.
+  releases = builtins.sort (a: b: builtins.compareVersions a b < 0)
+    (map (p: deepEpLib.releaseVersion p.version) ((lib.optional (nvshmem != null) nvshmem) ++ extraNvshmem));
+  repeated = builtins.filter (v: builtins.length (builtins.filter (w: w == v) releases) > 1) releases;
+  extraProblems = lib.optional (extraNvshmem != [ ] && nvshmem == null)
+    "deepep-kernels-python: extraNvshmem needs nvshmem (the release NVSHMEM_DIR names; the build without NVSHMEM has no NVSHMEM cubins)."
+  ++ map (p: "deepep-kernels-python: extraNvshmem holds NVSHMEM ${p.version} for CUDA ${p.cudaMajor}, but the toolkit is CUDA ${cudaPackages.cudaMajorVersion or "unknown"}; use the nvshmem_<v>_cuda${cudaPackages.cudaMajorVersion or "?"} packages.")
+    (builtins.filter (p: p.cudaMajor != (cudaPackages.cudaMajorVersion or null)) extraNvshmem)
+  ++ lib.optional (repeated != [ ])
+    "deepep-kernels-python: NVSHMEM ${builtins.head repeated} is given twice (nvshmem and extraNvshmem hold one package per release).";
 in
+if extraProblems != [ ] then throw (lib.concatStringsSep "\n" extraProblems) else
 buildPythonPackage {
   # python/pyproject.toml [project] name
   pname = "deepep-kernels" + lib.optionalString (nvshmem == null) "-no-nvshmem";
@@ -80,7 +103,9 @@ buildPythonPackage {
     autoAddDriverRunpath
   ];
 
-  inherit (build) env;
+  env = build.env // lib.optionalAttrs (extraNvshmem != [ ]) {
+    DEEPEP_NVSHMEM_RELEASES = lib.concatMapStringsSep ":" toString extraNvshmem;
+  };
 
   postFixup = ''
     find "$out" -name '*.so' -type f | while read -r so; do
@@ -123,10 +148,16 @@ buildPythonPackage {
     if [ "$got" != "${release}" ]; then
       echo "deepep-kernels-python: the extension loads NVSHMEM host library $got, expected ${release}" >&2; exit 1
     fi
+    served=$(cd / && ${python.interpreter} -c 'import deepep_kernels._native as n; print(",".join(n.nvshmem_releases()))')
+    if [ "$served" != "${lib.concatStringsSep "," releases}" ]; then
+      echo "deepep-kernels-python: the extension serves NVSHMEM $served, expected ${lib.concatStringsSep "," releases}" >&2; exit 1
+    fi
   '';
 
   passthru = {
-    inherit nvshmem cudaPackages;
+    inherit nvshmem extraNvshmem cudaPackages;
+    # The NVSHMEM releases the wheel serves, ascending.
+    nvshmemReleases = releases;
     inherit (build) cudaHome;
   };
 

@@ -145,10 +145,15 @@ def test_doctor_recognises_the_installed_wheel():
     assert pkg["status"] == "ok", pkg
     assert f"deepep_kernels {deepep_kernels.__version__} (" in pkg["found"], pkg["found"]
     linked = _native.nvshmem_device_version()
+    served = _native.nvshmem_releases()
     if linked is None:
         assert "built without NVSHMEM kernels" in pkg["found"], pkg["found"]
     else:
-        assert f"built for NVSHMEM {'.'.join(map(str, linked))} (" in pkg["found"], pkg["found"]
+        # The releases marker read from the extension's bytes, and the NVSHMEM device library
+        # version found in the cubins of each release: the same list as the module's own.
+        listed = ", ".join(served)
+        assert f"serves NVSHMEM {listed} (DEEPEP_KERNELS_NVSHMEM_RELEASES= in the extension; cubins linked " \
+               f"against NVSHMEM {listed})" in pkg["found"], pkg["found"]
     assert "GPU code sm_90 " in pkg["found"], pkg["found"]
     assert checks["deepep.extension"]["status"] == "skip", checks["deepep.extension"]
     nvshmem_dir = os.environ.get("NVSHMEM_DIR")

@@ -16,6 +16,15 @@
 //! imports first (`nvidia/nvshmem` in the first site directory that has it); otherwise
 //! `libnvshmem_host.so.3` through the loader (the extension's RUNPATH, `LD_LIBRARY_PATH`, system
 //! directories). The host library must be exactly the version the cubins were linked against.
+//!
+//! A build names the NVSHMEM releases it serves (cubins linked against each release's device
+//! library: NVSHMEM_DIR's and those of `DEEPEP_NVSHMEM_RELEASES`) in its extension: the ASCII
+//! marker `DEEPEP_KERNELS_NVSHMEM_RELEASES=<X.Y.Z,...>;` (ascending, once; empty list without
+//! NVSHMEM kernels), the list `deepep_kernels._native.nvshmem_releases()` returns. Such a build uses the
+//! `libnvshmem_host.so.3` already loaded in the process (torch's, when torch has
+//! `torch/lib/libtorch_nvshmem.so`), else `$NVSHMEM_DIR/lib`, else the nvidia-nvshmem wheel, else
+//! the loader's search path, and works with any release it serves. A build from before the
+//! marker serves exactly the one release its cubins were linked against.
 
 use super::super::driver::DriverInfo;
 use super::super::elf::{self, Resolution};
@@ -33,6 +42,62 @@ const PACKAGE: &str = "deepep_kernels";
 const EM_CUDA: u16 = 190;
 /// The device variable of `libnvshmem_device.a` holding {major, minor, patch} as three i32.
 const DEVICE_VERSION_VAR: &[u8] = b"nvshmemi_device_lib_version_d";
+/// The marker of a build that serves several NVSHMEM releases: `<MARKER><X.Y.Z,...>;`.
+pub const RELEASES_MARKER: &str = "DEEPEP_KERNELS_NVSHMEM_RELEASES=";
+
+/// The NVSHMEM releases a build serves, from its `DEEPEP_KERNELS_NVSHMEM_RELEASES=...;` marker:
+/// `Ok(None)` without a marker (a build that serves the one release of its cubins), `Err` for a
+/// marker that is malformed, not ascending or present twice with different lists. An occurrence
+/// of the prefix not followed by `<digits, dots and commas>;` (e.g. the prefix alone as a
+/// string the extension uses itself) is not a marker.
+pub fn served_releases(bytes: &[u8]) -> Result<Option<Vec<Version>>, String> {
+    let prefix = RELEASES_MARKER.as_bytes();
+    let mut found: Option<Vec<Version>> = None;
+    let mut at = 0usize;
+    while let Some(pos) = find_bytes(&bytes[at..], prefix) {
+        let start = at + pos + prefix.len();
+        at = start;
+        let rest = &bytes[start..];
+        let len = rest
+            .iter()
+            .position(|b| !(b.is_ascii_digit() || *b == b'.' || *b == b','))
+            .unwrap_or(rest.len());
+        if len == 0 || rest.get(len) != Some(&b';') {
+            continue;
+        }
+        let text = std::str::from_utf8(&rest[..len]).unwrap_or_default();
+        let mut list = Vec::new();
+        for item in text.split(',') {
+            let v = Version::parse(item).ok_or_else(|| {
+                format!("{RELEASES_MARKER}{text}; names {item:?}, not a release X.Y.Z")
+            })?;
+            if list.last().is_some_and(|last: &Version| *last >= v) {
+                return Err(format!(
+                    "{RELEASES_MARKER}{text}; is not in ascending order without repeats"
+                ));
+            }
+            list.push(v);
+        }
+        match &found {
+            Some(prev) if *prev != list => {
+                return Err(format!(
+                    "the extension holds two different markers, {RELEASES_MARKER}{}; and {RELEASES_MARKER}{text};",
+                    prev.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+                ))
+            }
+            _ => found = Some(list),
+        }
+    }
+    Ok(found)
+}
+
+/// `3.3.20, 3.4.5, 3.8.0`.
+fn list_versions(vs: &[Version]) -> String {
+    vs.iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// `deepep_kernels` found in a site directory.
 pub(super) struct Package {
@@ -251,14 +316,14 @@ pub(super) fn check(
         .map_err(|e| format!("{} {e}", pkg.native.display()))
         .and_then(|b| {
             let d = elf::parse_dyn(&b).map_err(|e| format!("{}: {e}", pkg.native.display()))?;
-            Ok((d, embedded_cubins(&b)))
+            Ok((d, embedded_cubins(&b), served_releases(&b)))
         });
-    let (dynamic, cubins) = match read {
+    let (dynamic, cubins, served) = match read {
         Err(e) => {
             out.push(Check::fail(id, caps::ALL, e, build_fix));
             return skip_rest(out, "the extension is unreadable");
         }
-        Ok((d, _)) if d.ident != super::super::rdma::native_ident() => {
+        Ok((d, _, _)) if d.ident != super::super::rdma::native_ident() => {
             out.push(Check::fail(
                 id,
                 caps::ALL,
@@ -274,6 +339,32 @@ pub(super) fn check(
         }
         Ok(x) => x,
     };
+    // A build with the releases marker: its own package text, host library and torch checks.
+    if let Some(served) = match &served {
+        Ok(m) => m.clone(),
+        Err(e) => {
+            out.push(Check::fail(
+                id,
+                caps::ALL,
+                format!(
+                    "{}: {version_text}; its NVSHMEM releases marker is unreadable: {e}",
+                    pkg.native.display()
+                ),
+                build_fix,
+            ));
+            return skip_rest(out, "the build's NVSHMEM releases are unknown");
+        }
+    } {
+        let multi = Multi {
+            host,
+            sites,
+            pkg,
+            torch,
+            dynamic: &dynamic,
+            served: &served,
+        };
+        return multi.check(&version_text, &cubins, driver, checked, build_fix, out);
+    }
     let built_for = match cubins.nvshmem.as_slice() {
         [v] => Some(*v),
         _ => None,
@@ -435,6 +526,298 @@ pub(super) fn check(
     );
 }
 
+/// A build with the `DEEPEP_KERNELS_NVSHMEM_RELEASES` marker and what it is checked against.
+struct Multi<'a> {
+    host: &'a Host<'a>,
+    sites: &'a [PathBuf],
+    pkg: &'a Package,
+    torch: &'a TorchNvshmem,
+    dynamic: &'a elf::DynInfo,
+    /// The releases it serves (ascending, not empty).
+    served: &'a [Version],
+}
+
+impl Multi<'_> {
+    fn check(
+        &self,
+        version_text: &str,
+        cubins: &Cubins,
+        driver: &DriverInfo,
+        checked: &NvshmemInfo,
+        build_fix: &str,
+        out: &mut Vec<Check>,
+    ) {
+        let native = self.pkg.native.display();
+        let served = list_versions(self.served);
+        let gpu_text = if cubins.images.is_empty() {
+            "no GPU code found (no embedded cubin)".to_string()
+        } else {
+            cubins
+                .images
+                .iter()
+                .map(|i| i.name())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        // deepep-kernels.package: the marker against the device libraries linked into the
+        // cubins (when they are readable: none found is not a contradiction).
+        let id = "deepep-kernels.package";
+        let linked = if cubins.nvshmem.is_empty() {
+            "no NVSHMEM device library version readable in its cubins".to_string()
+        } else {
+            format!(
+                "cubins linked against NVSHMEM {}",
+                list_versions(&cubins.nvshmem)
+            )
+        };
+        let found = format!(
+            "{native}: {version_text}, this project's deep_ep-compatible package; serves NVSHMEM {served} \
+             ({RELEASES_MARKER} in the extension; {linked}); GPU code {gpu_text} ({} cubins)",
+            cubins.count
+        );
+        if !cubins.nvshmem.is_empty() && cubins.nvshmem != self.served {
+            out.push(Check::fail(
+                id,
+                caps::ALL,
+                format!(
+                    "{found}: the marker and the cubins disagree, so the build is inconsistent"
+                ),
+                build_fix,
+            ));
+        } else if cubins.images.is_empty() {
+            out.push(Check::fail(id, caps::ALL, found, build_fix));
+        } else {
+            out.push(Check::ok(id, caps::ALL, found));
+        }
+
+        // deepep-kernels.nvshmem: the host library the process has or the package would load.
+        let loads = self.nvshmem_check(out);
+
+        // deepep-kernels.torch-nvshmem: torch's NVSHMEM against the releases served.
+        self.torch_check(checked, out);
+
+        ibgda_plugin_check(
+            self.host,
+            "deepep-kernels.ibgda-plugin",
+            PACKAGE,
+            loads.as_deref(),
+            out,
+        );
+        arch_check(
+            "deepep-kernels.arch",
+            &cubins.images,
+            "deepep_kernels' embedded cubins",
+            "no embedded cubin to read the GPU architecture from",
+            driver,
+            &|_| {
+                "deepep_kernels runs on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20) only; use upstream DeepEP built for these GPUs (docs/deepep.md)".to_string()
+            },
+            out,
+        );
+    }
+
+    /// The fix for a release `v` (host library at `lib`) this build does not serve; `or` is the
+    /// other way out, after "or ".
+    fn unserved_fix(&self, v: Version, lib: &Path, or: &str) -> String {
+        let prefix = lib
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"));
+        format!(
+            "install a deepep_kernels wheel built with that release (DEEPEP_NVSHMEM_RELEASES={} python/scripts/build-wheel.sh, \
+             then pip install --force-reinstall --no-deps target/wheels/deepep_kernels-*.whl; a CUDA 13 NVSHMEM {v} prefix \
+             also comes from deepep-nix install --version {v} --cuda 13 --source pypi --prefix <dir>) or {or}",
+            prefix.display()
+        )
+    }
+
+    /// `deepep-kernels.nvshmem`; returns the host library it would use.
+    fn nvshmem_check(&self, out: &mut Vec<Check>) -> Option<PathBuf> {
+        let id = "deepep-kernels.nvshmem";
+        let host = self.host;
+        let served = list_versions(self.served);
+        let newest = *self.served.last()?;
+        let env_dir = host.env("NVSHMEM_DIR").filter(|d| !d.is_empty());
+        let wheel_site = first_site(self.sites, |s| {
+            host.exists(&s.join("nvidia/nvshmem/lib").join(HOST_LIB))
+        });
+        // (library, where it comes from, the other way out of a mismatch)
+        let (lib, from, or): (Result<PathBuf, String>, String, String) =
+            match (&self.torch.torch_lib, &self.torch.host_lib, env_dir, wheel_site) {
+                (Some(tl), Some(hl), _, _) => (
+                    Ok(hl.clone()),
+                    format!(
+                        "torch's copy: {} loads it first, and {PACKAGE} uses the NVSHMEM already loaded in the process",
+                        tl.display()
+                    ),
+                    "a torch whose NVSHMEM is one of those".to_string(),
+                ),
+                (_, _, Some(d), _) if host.exists(&Path::new(d).join("lib").join(HOST_LIB)) => (
+                    Ok(Path::new(d).join("lib").join(HOST_LIB)),
+                    "from NVSHMEM_DIR, as nothing in the process loaded NVSHMEM first".to_string(),
+                    format!(
+                        "point NVSHMEM_DIR at a release it serves (deepep-nix install --version {newest} --cuda 13 --source pypi --prefix <dir>)"
+                    ),
+                ),
+                (_, _, d, Some(site)) => (
+                    Ok(site.join("nvidia/nvshmem/lib").join(HOST_LIB)),
+                    format!(
+                        "from the nvidia-nvshmem wheel in {}, as nothing loaded NVSHMEM first and NVSHMEM_DIR {}",
+                        site.display(),
+                        match d {
+                            Some(d) => format!("={d} has no lib/{HOST_LIB}"),
+                            None => "is unset".into(),
+                        }
+                    ),
+                    format!("pip install nvidia-nvshmem-cu13=={newest} into this environment"),
+                ),
+                (_, _, d, None) => (
+                    resolve(host, self.pkg.native.parent().unwrap_or(Path::new("/")), self.dynamic),
+                    format!(
+                        "from the loader's search path, as nothing loaded NVSHMEM first, NVSHMEM_DIR {} and no nvidia-nvshmem wheel is in {}",
+                        match d {
+                            Some(d) => format!("={d} has no lib/{HOST_LIB}"),
+                            None => "is unset".into(),
+                        },
+                        list_sites(self.sites)
+                    ),
+                    format!(
+                        "put one it serves first (deepep-nix install --version {newest} --cuda 13 --source pypi --prefix <dir> and export NVSHMEM_DIR=<dir>)"
+                    ),
+                ),
+            };
+        match lib {
+            Err(skipped) => {
+                out.push(Check::fail(
+                    id,
+                    caps::NVSHMEM,
+                    format!(
+                        "{HOST_LIB} not found for {PACKAGE} ({from}){skipped}: a low-latency or internode Buffer cannot start"
+                    ),
+                    format!(
+                        "deepep-nix install --version {newest} --cuda 13 --source pypi --prefix <dir> and export NVSHMEM_DIR=<dir> \
+                         (or pip install nvidia-nvshmem-cu13=={newest} into this environment); this build serves NVSHMEM {served}"
+                    ),
+                ));
+                None
+            }
+            Ok(p) => {
+                match version_at(host, &p) {
+                    Some(hv) if self.served.contains(&hv) => out.push(Check::ok(
+                        id,
+                        caps::NVSHMEM,
+                        format!(
+                            "loads NVSHMEM {hv} ({}, {from}), one of the releases this build serves ({served})",
+                            p.display()
+                        ),
+                    )),
+                    Some(hv) => out.push(Check::fail(
+                        id,
+                        caps::NVSHMEM,
+                        format!(
+                            "this deepep_kernels build serves NVSHMEM {served}; it would load {hv} ({}, {from}): \
+                             creating a low-latency or internode Buffer raises RuntimeError naming the releases it serves",
+                            p.display()
+                        ),
+                        self.unserved_fix(hv, &p, &or),
+                    )),
+                    None => out.push(Check::warn(
+                        id,
+                        caps::NVSHMEM,
+                        format!(
+                            "loads {} ({from}), NVSHMEM {}: cannot compare with the releases this build serves ({served})",
+                            p.display(),
+                            show(None)
+                        ),
+                        "check in the Python environment: python3 -c 'import deepep_kernels._native as n; print(n.nvshmem_host_check())'",
+                    )),
+                }
+                Some(p)
+            }
+        }
+    }
+
+    /// `deepep-kernels.torch-nvshmem`: the NVSHMEM torch brings is one of the served releases.
+    fn torch_check(&self, checked: &NvshmemInfo, out: &mut Vec<Check>) {
+        let id = "deepep-kernels.torch-nvshmem";
+        let served = list_versions(self.served);
+        let (Some(tv), Some(hl)) = (self.torch.version, &self.torch.host_lib) else {
+            // No torch, no NVSHMEM in torch, or one of unknown version: the shared check says
+            // which (none of its mismatch cases applies without a version).
+            let fix = |p: &Path| {
+                format!(
+                    "install an NVSHMEM this build serves ({served}) where torch finds it: {}",
+                    p.display()
+                )
+            };
+            let subject = TorchSubject {
+                id,
+                build: "deepep_kernels' build",
+                clash: "",
+                wheel_only: "",
+                fix: &fix,
+            };
+            return torch_check(
+                self.sites,
+                self.torch,
+                None,
+                &NvshmemInfo {
+                    version: None,
+                    ..checked.clone()
+                },
+                &subject,
+                out,
+            );
+        };
+        match &self.torch.torch_lib {
+            Some(tl) if self.served.contains(&tv) => out.push(Check::ok(
+                id,
+                caps::NVSHMEM,
+                format!(
+                    "torch loads NVSHMEM {tv} ({}, needed by {}), one of the releases deepep_kernels serves ({served}); \
+                     it uses that copy",
+                    hl.display(),
+                    tl.display()
+                ),
+            )),
+            Some(tl) => out.push(Check::fail(
+                id,
+                caps::NVSHMEM,
+                format!(
+                    "this deepep_kernels build serves NVSHMEM {served}; torch loads {tv} ({}, needed by {}): \
+                     a low-latency or internode Buffer refuses it",
+                    hl.display(),
+                    tl.display()
+                ),
+                self.unserved_fix(tv, hl, "a torch whose NVSHMEM is one of those"),
+            )),
+            None if self.served.contains(&tv) => out.push(Check::ok(
+                id,
+                caps::NVSHMEM,
+                format!(
+                    "torch has no lib/libtorch_nvshmem.so; the nvidia-nvshmem wheel holds NVSHMEM {tv} ({}), \
+                     one of the releases deepep_kernels serves ({served})",
+                    hl.display()
+                ),
+            )),
+            None => out.push(Check::warn(
+                id,
+                caps::NVSHMEM,
+                format!(
+                    "torch has no lib/libtorch_nvshmem.so; the nvidia-nvshmem wheel holds NVSHMEM {tv} ({}), which this \
+                     deepep_kernels build does not serve ({served}): it uses that wheel when nothing loaded NVSHMEM first \
+                     and NVSHMEM_DIR is unset",
+                    hl.display()
+                ),
+                self.unserved_fix(tv, hl, &format!(
+                    "pip install nvidia-nvshmem-cu13=={} into this environment",
+                    self.served.last().map(|v| v.to_string()).unwrap_or_default()
+                )),
+            )),
+        }
+    }
+}
+
 /// `libnvshmem_host.so.3` through the loader for the extension in `dir` (`Err`: not found, with
 /// the skipped candidates as text).
 fn resolve(host: &Host, dir: &Path, dynamic: &elf::DynInfo) -> Result<PathBuf, String> {
@@ -533,6 +916,41 @@ pub(crate) mod tests {
             out.extend(s);
         }
         out
+    }
+
+    #[test]
+    fn releases_marker_is_read_from_the_bytes() {
+        let v = |a, b, c| Version(a, b, c);
+        let mut bin = b"\x7fELF prefix alone: DEEPEP_KERNELS_NVSHMEM_RELEASES=\0 ...".to_vec();
+        assert_eq!(served_releases(&bin), Ok(None));
+        bin.extend(b"\0DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0;\0tail");
+        assert_eq!(
+            served_releases(&bin),
+            Ok(Some(vec![v(3, 3, 20), v(3, 4, 5), v(3, 8, 0)]))
+        );
+        // The same list twice is one marker; two lists are an error.
+        bin.extend(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0;");
+        assert!(served_releases(&bin).unwrap().is_some());
+        bin.extend(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5;");
+        assert_eq!(
+            served_releases(&bin),
+            Err("the extension holds two different markers, \
+                 DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.4.5,3.8.0; and DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5;"
+                .into())
+        );
+        // Numeric order (3.3.9 < 3.3.20), not text order.
+        assert_eq!(
+            served_releases(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.9,3.3.20;"),
+            Ok(Some(vec![v(3, 3, 9), v(3, 3, 20)]))
+        );
+        assert!(served_releases(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.3.20,3.3.9;").is_err());
+        assert!(served_releases(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5,3.4.5;").is_err());
+        assert!(served_releases(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5,;").is_err());
+        // No terminating `;` (cut off): not a marker.
+        assert_eq!(
+            served_releases(b"DEEPEP_KERNELS_NVSHMEM_RELEASES=3.4.5"),
+            Ok(None)
+        );
     }
 
     #[test]
