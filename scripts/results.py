@@ -136,8 +136,9 @@ def validate(path, data=None):
         same_fields(where, row, RESULT_FIELDS, "a result row", "seconds and first_error")
         if not isinstance(row["suite"], str) or not row["suite"].strip():
             bad(f"{where}.suite", "is not a non-empty string", "name the suite, e.g. \"deepep-gpu-tests\"")
-        if not (isinstance(row["ranks"], int) and not isinstance(row["ranks"], bool) and row["ranks"] >= 1):
-            bad(f"{where}.ranks", f"is {json.dumps(row['ranks'])}, not a whole number >= 1", "write the number of ranks")
+        # 0 for a step that is not a run of ranks (e.g. building DeepEP in an NVSHMEM matrix run)
+        if not (isinstance(row["ranks"], int) and not isinstance(row["ranks"], bool) and row["ranks"] >= 0):
+            bad(f"{where}.ranks", f"is {json.dumps(row['ranks'])}, not a whole number >= 0", "write the number of ranks (0 for a step such as a build)")
         if row["status"] not in STATUSES:
             bad(f"{where}.status", f"is {json.dumps(row['status'])}", f"use one of {', '.join(STATUSES)}")
         if row["seconds"] is not None and not (_is_number(row["seconds"]) and row["seconds"] >= 0):

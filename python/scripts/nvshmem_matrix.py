@@ -137,6 +137,8 @@ def parse_args(argv):
         raise UsageError("--ranks takes rank counts separated by spaces, e.g. '2 4'; got %r" % a.ranks)
     if not a.rank_list or any(r < 2 for r in a.rank_list):
         raise UsageError("--ranks: every rank count must be at least 2; got %r" % a.ranks)
+    if a.commit is not None and not re.fullmatch(r"[0-9a-f]{40}", a.commit):
+        raise UsageError("--commit takes the full 40-hex commit of the code that runs (git rev-parse HEAD); got %r" % a.commit)
     if a.timeout < 1 or a.build_timeout < 1:
         raise UsageError("--timeout and --build-timeout take seconds >= 1")
 
@@ -185,11 +187,16 @@ def first_error(log_path):
         lines = open(log_path, encoding="utf-8", errors="replace").read().splitlines()
     except OSError:
         return None
-    pat = re.compile(r"(^E\s+\w+(Error|Exception)|^\w*(Error|Exception):|AssertionError|FAILED |undefined symbol|"
-                     r"CUDA error|nvshmem.*(fail|error)|DeepEP error|Traceback|TIMEOUT|timed out)", re.I)
-    for line in lines:
-        if pat.search(line) and "warning" not in line.lower():
-            return line.strip()[:300]
+    # The most specific kinds first: a linker or loader error, an NVSHMEM/CUDA status, then any
+    # exception or error line.
+    pats = [re.compile(p, re.I) for p in (
+        r"multiple definition|undefined (symbol|reference)|cannot find -l",
+        r"error status|init failed for transport|CUDA error|DeepEP error",
+        r"(^E\s+\w+(Error|Exception)|^\w*(Error|Exception):|AssertionError|FAILED |nvshmem.*(fail|error)|Traceback|TIMEOUT|timed out)")]
+    for pat in pats:
+        for line in lines:
+            if pat.search(line) and "warning" not in line.lower():
+                return line.strip()[:300]
     return None
 
 
@@ -503,7 +510,7 @@ if ok and torch.cuda.is_available():
         torch.cuda.set_device(0)
         from deepep_kernels import Buffer
         t0 = time.perf_counter()
-        b = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(128, 7168, 1, 8), low_latency_mode=True, num_qps_per_rank=8)
+        b = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(128, 7168, 1, 8), low_latency_mode=True, num_qps_per_rank=8, explicitly_destroy=True)
         torch.cuda.synchronize(); info["buffer_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
         b.destroy(); dist.destroy_process_group()
     except Exception as e:  # timed only where it works; the suites test the Buffer
