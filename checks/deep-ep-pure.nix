@@ -75,7 +75,7 @@ in
   # argument for this; the package uses the file).
   deepEpEditedJsonChangesTheRefusal = {
     expr = [
-      (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.5.19"; data = edited; })
+      (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.5.22"; data = edited; })
       (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.6.0"; data = edited; })
       (contains "Fix: EDITED FIX." (d.pairingProblem { deepep = "1.2.1"; nvshmem = "3.6.0"; data = edited; }))
       (d.pairingStatus { deepep = "1.2.1"; nvshmem = "3.5.19"; })

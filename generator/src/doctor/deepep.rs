@@ -1201,7 +1201,8 @@ mod tests {
             assert_eq!(rule.fix, e["doctor"]["fix"].as_str().unwrap());
         }
         // What they say today: DeepEP <= 1.2.1 x NVSHMEM >= 3.5.19 (RC QP layout) and DeepEP
-        // 1.2.1 x NVSHMEM <= 3.3.8, both breaking low-latency and internode.
+        // 1.2.1 x NVSHMEM <= 3.3.8, both breaking low-latency and internode; from the release
+        // matrix, 3.5.19-3.5.21 (no link: every mode) and >= 3.6.5 without InfiniBand (LL).
         let covers = |dv: &str, nv: &str| -> Vec<&str> {
             rules
                 .iter()
@@ -1209,14 +1210,22 @@ mod tests {
                 .map(|r| r.id.as_str())
                 .collect()
         };
-        assert_eq!(covers("1.2.1", "3.5.19"), ["rc-qp-layout-3.5.19"]);
-        assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19"]);
+        assert_eq!(covers("1.2.1", "3.5.19"), ["rc-qp-layout-3.5.19", "ibgda-state-defined-in-host-code-3.5"]);
+        assert_eq!(covers("1.2.1", "3.5.22"), ["rc-qp-layout-3.5.19"]);
+        assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19", "ll-init-fails-without-infiniband"]);
         assert!(covers("1.2.1", "3.5.18").is_empty());
         assert!(covers("1.2.1", "3.4.5").is_empty());
         assert!(covers("1.2.2", "3.6.5").is_empty());
         assert_eq!(covers("1.2.1", "3.3.8"), ["nvshmem-older-than-3.3.9"]);
         assert!(covers("1.2.1", "3.3.9").is_empty());
-        assert!(rules.iter().all(|r| r.breaks == caps::NVSHMEM));
+        for r in rules.iter() {
+            let want: &[Capability] = match r.id.as_str() {
+                "ibgda-state-defined-in-host-code-3.5" => caps::ALL,
+                "ll-init-fails-without-infiniband" => &[Capability::LowLatency],
+                _ => caps::NVSHMEM,
+            };
+            assert_eq!(r.breaks, want, "{}", r.id);
+        }
         let rc = &rules[0];
         assert_eq!(
             rc.fixed_after,
@@ -1246,8 +1255,10 @@ mod tests {
         let after = rules_of(&j);
         let check =
             |rules: &[Rule], nv: &str| pairing_check(rules, "1.2.1", v("1.2.1"), None, &linked(nv));
-        assert_eq!(check(&before, "3.5.19").status, Status::Fail);
-        assert_eq!(check(&after, "3.5.19").status, Status::Ok);
+        // 3.5.22: covered by the RC rule alone (the 3.5 link rule ends at 3.5.21, the LL rule
+        // starts at 3.6.5).
+        assert_eq!(check(&before, "3.5.22").status, Status::Fail);
+        assert_eq!(check(&after, "3.5.22").status, Status::Ok);
         let c = check(&after, "3.6.0");
         assert_eq!(c.status, Status::Fail);
         assert_eq!(c.fix.as_deref(), Some("EDITED FIX"));
