@@ -594,56 +594,52 @@ fn sh_word(s: &str) -> String {
 }
 
 /// A download of NVIDIA's tarball that failed for want of an answer (NVIDIA's host is not
-/// reachable from every network) gets the command that installs the same release from the
-/// PyPI wheel, when the lock pins one.
-fn suggest_pypi(
+/// reachable from every network): when the lock pins the same release's PyPI wheel, the error
+/// gets the command `cmd` makes for that wheel (`what`: what it does with it).
+fn with_pypi_alternative(
     e: Error,
     lock: &crate::lock::Lock,
     pinned: &crate::verify::Pinned,
-    args: &InstallArgs,
+    what: &str,
+    cmd: impl FnOnce(&crate::verify::Pinned) -> String,
 ) -> Error {
     let Error::Http { url, msg } = e else {
         return e;
     };
-    let wheel = crate::verify::select(
-        lock,
-        &crate::verify::Selector {
-            source: Some(SourceKind::Pypi),
-            ..sel_of(pinned)
-        },
-    );
+    let wheel = crate::verify::select(lock, &crate::verify::Selector { source: Some(SourceKind::Pypi), ..sel_of(pinned) });
     match (pinned.source, wheel) {
-        (SourceKind::Nvidia, Ok(w)) => {
-            let mut cmd = format!(
-                "deepep-nix install --version {} --cuda {} --system {} --source pypi --prefix {}",
-                w.version,
-                w.cuda,
-                w.system,
-                sh_word(&args.prefix.display().to_string())
-            );
-            if let Some(r) = &args.repo.repo {
-                cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
-            }
-            if let Some(c) = &args.cache {
-                cmd += &format!(" --cache {}", sh_word(&c.display().to_string()));
-            }
-            if args.replace {
-                cmd += " --replace";
-            }
-            if args.shell == crate::install::Shell::Fish {
-                cmd += " --shell fish";
-            }
-            Error::Http {
-                url,
-                msg: format!(
-                    "{msg}; the lock also pins this release's PyPI wheel ({}), which installs the same \
-                     NVSHMEM: `{cmd}`",
-                    w.artifact.filename
-                ),
-            }
-        }
+        (SourceKind::Nvidia, Ok(w)) => Error::Http {
+            url,
+            msg: format!("{msg}; the lock also pins this release's PyPI wheel ({}), which {what}: `{}`", w.artifact.filename, cmd(&w)),
+        },
         _ => Error::Http { url, msg },
     }
+}
+
+/// [`with_pypi_alternative`] for `install`: the same install from the wheel.
+fn suggest_pypi(e: Error, lock: &crate::lock::Lock, pinned: &crate::verify::Pinned, args: &InstallArgs) -> Error {
+    with_pypi_alternative(e, lock, pinned, "installs the same NVSHMEM", |w| {
+        let mut cmd = format!(
+            "deepep-nix install --version {} --cuda {} --system {} --source pypi --prefix {}",
+            w.version,
+            w.cuda,
+            w.system,
+            sh_word(&args.prefix.display().to_string())
+        );
+        if let Some(r) = &args.repo.repo {
+            cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
+        }
+        if let Some(c) = &args.cache {
+            cmd += &format!(" --cache {}", sh_word(&c.display().to_string()));
+        }
+        if args.replace {
+            cmd += " --replace";
+        }
+        if args.shell == crate::install::Shell::Fish {
+            cmd += " --shell fish";
+        }
+        cmd
+    })
 }
 
 /// `lock` failing on NVIDIA's host (not reachable from every network): PyPI's wheels can be
@@ -661,44 +657,19 @@ fn lock_pypi_hint(e: Error, nvidia_url: &str, live: &[SourceKind]) -> Error {
     }
 }
 
-/// `verify` of NVIDIA's tarball failing for want of an answer: the command that verifies
-/// the same release's PyPI wheel, when the lock pins one.
-fn verify_pypi_hint(
-    e: Error,
-    lock: &crate::lock::Lock,
-    pinned: &crate::verify::Pinned,
-    args: &VerifyArgs,
-) -> Error {
-    let Error::Http { url, msg } = e else {
-        return e;
-    };
-    let wheel = crate::verify::select(
-        lock,
-        &crate::verify::Selector {
-            source: Some(SourceKind::Pypi),
-            ..sel_of(pinned)
-        },
-    );
-    match (pinned.source, wheel) {
-        (SourceKind::Nvidia, Ok(w)) => {
-            let mut cmd = format!(
-                "deepep-nix verify --version {} --cuda {} --system {} --source pypi",
-                w.version, w.cuda, w.system
-            );
-            if let Some(r) = &args.repo.repo {
-                cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
-            }
-            cmd += &format!(" --dest {}", sh_word(&args.dest.display().to_string()));
-            Error::Http {
-                url,
-                msg: format!(
-                    "{msg}; the lock also pins this release's PyPI wheel ({}), which holds the same NVSHMEM: `{cmd}`",
-                    w.artifact.filename
-                ),
-            }
+/// [`with_pypi_alternative`] for `verify`: verifying the same release's wheel.
+fn verify_pypi_hint(e: Error, lock: &crate::lock::Lock, pinned: &crate::verify::Pinned, args: &VerifyArgs) -> Error {
+    with_pypi_alternative(e, lock, pinned, "holds the same NVSHMEM", |w| {
+        let mut cmd = format!(
+            "deepep-nix verify --version {} --cuda {} --system {} --source pypi",
+            w.version, w.cuda, w.system
+        );
+        if let Some(r) = &args.repo.repo {
+            cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
         }
-        _ => Error::Http { url, msg },
-    }
+        cmd += &format!(" --dest {}", sh_word(&args.dest.display().to_string()));
+        cmd
+    })
 }
 
 /// The selector that picks exactly `p`.

@@ -6,7 +6,7 @@ mod common;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use deepep_nix::install::{install, Format};
 use sha2::Digest;
@@ -1606,60 +1606,58 @@ fn two_concurrent_installs_into_one_prefix_wait_and_lose_nothing() {
     }
 }
 
+/// Two installs of `whl` (into a new prefix, then an existing empty one) on a tmpfs mounted with
+/// `setup` in a user and mount namespace of its own, then `after` (shell, `$1` = the mount).
+/// Returns the output and the mount path (with the folders that must outlive it), or None where
+/// the kernel does not allow such namespaces.
+fn two_installs_on_a_tmpfs(whl: &[u8], setup: &str, after: &str) -> Option<(String, String, PathBuf, [tempfile::TempDir; 2])> {
+    let repo = repo_pinning(&good_tar(), whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, whl);
+    let mnt = files.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let system = if std::env::consts::ARCH == "x86_64" { "" } else { "--system x86_64-linux" };
+    let script = format!(
+        "set -e; {setup}
+         for p in \"$1/new/nvshmem\" \"$1/existing\"; do
+           if \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$p\" {system} >/dev/null 2>\"$1.err\"; then
+             echo installed; else echo \"exit $?\"; fi
+           cat \"$1.err\" >&2
+         done
+         {after}"
+    );
+    let out = in_mount_namespace(
+        &script,
+        &[mnt.to_str().unwrap(), env!("CARGO_BIN_EXE_deepep-nix"), repo.path().to_str().unwrap(), w.to_str().unwrap()],
+    )?;
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    Some((common::stdout(&out), common::stderr(&out), mnt, [repo, files]))
+}
+
+/// `err` names both prefixes of [`two_installs_on_a_tmpfs`] in `text` (`{p}`: the prefix, `{m}`:
+/// the mount).
+fn names_both_prefixes(err: &str, mnt: &Path, text: &str) {
+    for p in [mnt.join("new/nvshmem"), mnt.join("existing")] {
+        let want = text.replace("{p}", &p.display().to_string()).replace("{m}", &mnt.display().to_string());
+        assert!(err.contains(&want), "{want:?} not in {err}");
+    }
+}
+
 /// A read-only file system (a real tmpfs remounted read-only, in a user and mount namespace of
 /// its own): for a new prefix and an existing one, the error names the prefix, says read-only
 /// and gives the fix, not a hidden staging path. Skipped with the reason where the kernel does
 /// not allow such namespaces.
 #[test]
 fn a_read_only_file_system_is_named_with_the_prefix_and_the_fix() {
-    let whl = good_wheel();
-    let repo = repo_pinning(&good_tar(), &whl);
-    let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), WHEEL_X86, &whl);
-    let mnt = files.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let system = if std::env::consts::ARCH == "x86_64" {
-        ""
-    } else {
-        "--system x86_64-linux"
-    };
-    let script = format!(
-        "set -e; mount -t tmpfs tmpfs \"$1\"; mkdir \"$1/existing\"; mount -o remount,ro \"$1\"
-         for p in \"$1/new/nvshmem\" \"$1/existing\"; do
-           if \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$p\" {system} >/dev/null 2>\"$1.err\"; then
-             echo installed; else echo \"exit $?\"; fi
-           cat \"$1.err\" >&2
-         done"
-    );
-    let Some(out) = in_mount_namespace(
-        &script,
-        &[
-            mnt.to_str().unwrap(),
-            env!("CARGO_BIN_EXE_deepep-nix"),
-            repo.path().to_str().unwrap(),
-            w.to_str().unwrap(),
-        ],
+    let Some((out, err, mnt, _keep)) = two_installs_on_a_tmpfs(
+        &good_wheel(),
+        "mount -t tmpfs tmpfs \"$1\"; mkdir \"$1/existing\"; mount -o remount,ro \"$1\"",
+        "",
     ) else {
         return;
     };
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    assert_eq!(
-        common::stdout(&out),
-        "exit 2\nexit 2\n",
-        "{}",
-        common::stderr(&out)
-    );
-    let err = common::stderr(&out);
-    for p in [mnt.join("new/nvshmem"), mnt.join("existing")] {
-        assert!(
-            err.contains(&format!(
-                "cannot install into --prefix {}: the file system mounted at {} is read-only",
-                p.display(),
-                mnt.display()
-            )),
-            "{err}"
-        );
-    }
+    assert_eq!(out, "exit 2\nexit 2\n", "{err}");
+    names_both_prefixes(&err, &mnt, "cannot install into --prefix {p}: the file system mounted at {m} is read-only");
     assert!(
         err.contains("mount -o remount,rw")
             && !err.contains(".deepep-nix-install")
@@ -1679,55 +1677,16 @@ fn a_full_file_system_is_named_with_the_prefix_and_the_fix() {
         ),
         ("nvidia/nvshmem/lib/big", &noise(3_000_000)),
     ]);
-    let repo = repo_pinning(&good_tar(), &whl);
-    let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), WHEEL_X86, &whl);
-    let mnt = files.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let system = if std::env::consts::ARCH == "x86_64" {
-        ""
-    } else {
-        "--system x86_64-linux"
-    };
-    let script = format!(
-        "set -e; mount -t tmpfs -o size=1m tmpfs \"$1\"; mkdir \"$1/existing\"
-         for p in \"$1/new/nvshmem\" \"$1/existing\"; do
-           if \"$2\" install --repo \"$3\" --file \"$4\" --prefix \"$p\" {system} >/dev/null 2>\"$1.err\"; then
-             echo installed; else echo \"exit $?\"; fi
-           cat \"$1.err\" >&2
-         done
-         ls -A \"$1\"; ls -A \"$1/existing\""
-    );
-    let Some(out) = in_mount_namespace(
-        &script,
-        &[
-            mnt.to_str().unwrap(),
-            env!("CARGO_BIN_EXE_deepep-nix"),
-            repo.path().to_str().unwrap(),
-            w.to_str().unwrap(),
-        ],
+    let Some((out, err, mnt, _keep)) = two_installs_on_a_tmpfs(
+        &whl,
+        "mount -t tmpfs -o size=1m tmpfs \"$1\"; mkdir \"$1/existing\"",
+        "ls -A \"$1\"; ls -A \"$1/existing\"",
     ) else {
         return;
     };
-    assert!(out.status.success(), "{}", common::stderr(&out));
     // Both refused; the mount holds only the empty existing prefix afterwards.
-    assert_eq!(
-        common::stdout(&out),
-        "exit 2\nexit 2\nexisting\n",
-        "{}",
-        common::stderr(&out)
-    );
-    let err = common::stderr(&out);
-    for p in [mnt.join("new/nvshmem"), mnt.join("existing")] {
-        assert!(
-            err.contains(&format!(
-                "not enough space to install into --prefix {}: the file system mounted at {} has",
-                p.display(),
-                mnt.display()
-            )),
-            "{err}"
-        );
-    }
+    assert_eq!(out, "exit 2\nexit 2\nexisting\n", "{err}");
+    names_both_prefixes(&err, &mnt, "not enough space to install into --prefix {p}: the file system mounted at {m} has");
     assert!(
         err.contains("no space left on device")
             && err.contains("df -h")

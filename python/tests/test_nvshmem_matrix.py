@@ -176,6 +176,15 @@ def pairing_problems(pairings, releases, repo):
             out.append(f"broken rule {rid}: modes {modes!r} must be a non-empty list of {MODES}")
         if d and n:
             rules.append((rid, d, n, set(modes)))
+    # hostLimits: the same fields, applied by no reader (host-dependent); their ranges must parse
+    # and their sources must exist when they are records.
+    for i, rule in enumerate(pairings.get("hostLimits", [])):
+        rid = rule.get("id") or f"hostLimits[{i}]"
+        parse_range(f"host limit {rid}: deepep", rule.get("deepep"))
+        parse_range(f"host limit {rid}: nvshmem", rule.get("nvshmem"))
+        for src in rule.get("sources", []):
+            if src.startswith("kernels/results/") and not os.path.exists(os.path.join(repo, src.split()[0])):
+                out.append(f"host limit {rid}: source {src} does not exist")
 
     for i, g in enumerate(pairings.get("good", [])):
         dv, nv, cuda = g.get("deepep"), g.get("nvshmem"), g.get("cudaMajor")
@@ -284,7 +293,7 @@ def test_the_results_folder_check_finds_misnamed_and_invalid_records(tmp_path):
     for name, expect in [("2026-12-04-nvshmem-matrix-3.8.0.json", "is named 2026-12-03-nvshmem-matrix-<slug>.json"),
                          ("2026-12-03-bench-3.8.0.json", "is named 2026-12-03-nvshmem-matrix-<slug>.json"),
                          ("2026-12-03-nvshmem-matrix-.json", "is named"),
-                         ("2026-12-03-nvshmem-matrix-x.json", "schema 2, expected 1"),
+                         ("2026-12-03-nvshmem-matrix-x.json", "field 'schema': is 2"),
                          ("2026-12-03-nvshmem-matrix-y.json", "not JSON")]:
         assert any(p.startswith(name + ":") and expect in p for p in problems), (name, problems)
     assert len(problems) == 5, problems
@@ -298,7 +307,10 @@ def test_the_pairing_check_finds_what_is_wrong(tmp_path):
     rec = good_record()
     (tmp_path / rec_path).write_text(json.dumps(rec))
     base = load_pairings()
-    # Today's data as it is: no problem (the legacy 3.4.5 entry has no record).
+    # Today's rules and the legacy 3.4.5 entry (no record) give no problem; the entries with
+    # records are checked against the real folder by the test above.
+    base["good"] = [g for g in base["good"] if "record" not in g]
+    base.pop("hostLimits", None)
     assert pairing_problems(base, releases, str(tmp_path)) == []
 
     def with_good(entry, broken=None):

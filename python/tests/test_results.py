@@ -67,7 +67,7 @@ def test_the_repository_records_are_valid_and_the_docs_match_them():
     (lambda r: r.update(extra=1), "'extra': unknown field", "remove it"),
     (lambda r: r["results"][0].update(status="passed"), "'results[0].status'", "use one of pass, fail, skip"),
     (lambda r: r["results"][0].update(status="fail"), "'results[0].first_error'", "quote the first error line"),
-    (lambda r: r["results"][0].update(ranks=0), "'results[0].ranks'", "write the number of ranks"),
+    (lambda r: r["results"][0].update(ranks=-1), "'results[0].ranks'", "write the number of ranks"),
     (lambda r: r.update(figures=[{"name": "x", "value": "12", "unit": "us", "baseline": None,
                                   "baseline_value": None, "note": ""}]), "'figures[0].value'", "write the measured number"),
     (lambda r: r.update(figures=[{"name": "x", "value": 1.0, "unit": "us", "baseline": "NCCL",

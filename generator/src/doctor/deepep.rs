@@ -1202,7 +1202,7 @@ mod tests {
         }
         // What they say today: DeepEP <= 1.2.1 x NVSHMEM >= 3.5.19 (RC QP layout) and DeepEP
         // 1.2.1 x NVSHMEM <= 3.3.8, both breaking low-latency and internode; from the release
-        // matrix, 3.5.19-3.5.21 (no link: every mode) and >= 3.6.5 without InfiniBand (LL).
+        // matrix, 3.5.19-3.5.21 (no link: every mode). `hostLimits` are not rules.
         let covers = |dv: &str, nv: &str| -> Vec<&str> {
             rules
                 .iter()
@@ -1212,7 +1212,7 @@ mod tests {
         };
         assert_eq!(covers("1.2.1", "3.5.19"), ["rc-qp-layout-3.5.19", "ibgda-state-defined-in-host-code-3.5"]);
         assert_eq!(covers("1.2.1", "3.5.22"), ["rc-qp-layout-3.5.19"]);
-        assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19", "ll-init-fails-without-infiniband"]);
+        assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19"]);
         assert!(covers("1.2.1", "3.5.18").is_empty());
         assert!(covers("1.2.1", "3.4.5").is_empty());
         assert!(covers("1.2.2", "3.6.5").is_empty());
@@ -1221,7 +1221,6 @@ mod tests {
         for r in rules.iter() {
             let want: &[Capability] = match r.id.as_str() {
                 "ibgda-state-defined-in-host-code-3.5" => caps::ALL,
-                "ll-init-fails-without-infiniband" => &[Capability::LowLatency],
                 _ => caps::NVSHMEM,
             };
             assert_eq!(r.breaks, want, "{}", r.id);
