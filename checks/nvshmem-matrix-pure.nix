@@ -88,7 +88,8 @@ in
     expected = map (v: { version = v; deepEp = deepEpLib.pairingStatus { deepep = "1.2.1"; nvshmem = v; } != "broken"; }) (cuda13 "x86_64-linux");
   };
   nvshmemMatrixFollowsThePairingData = {
+    # 3.5.19 stays out: the 3.5 link rule (ibgda-state-defined-in-host-code-3.5) still refuses it.
     expr = map (v: elem "deep-ep" (byVersion editedPlan v).suites) [ "3.4.5" "3.5.19" "3.6.5" "3.7.0" "3.8.0" ];
-    expected = [ true true true false false ];
+    expected = [ true false true false false ];
   };
 }

@@ -116,7 +116,7 @@ def validate(path, data=None):
     m = NAME_RE.match(name)
     if not m:
         raise RecordError(f"{path}: file name '{name}' is not <YYYY-MM-DD>-<kind>-<slug>.json; fix: rename it, e.g. {data['date']}-{data['kind']}-h200.json")
-    if m.group(1) != data["date"] or not m.group(2).startswith(data["kind"] + "-"):
+    if m.group(1) != data["date"] or not m.group(2).startswith(data["kind"] + "-") or m.group(2) == data["kind"] + "-":
         raise RecordError(f"{path}: file name '{name}' does not match the record's date and kind; fix: rename it to {data['date']}-{data['kind']}-<slug>.json")
     if data["kind"] == "nvshmem-matrix" and "nvshmem" not in data:
         bad("nvshmem", "missing (a nvshmem-matrix record names the release that ran)", "add \"nvshmem\": \"X.Y.Z\"")

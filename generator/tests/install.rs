@@ -629,6 +629,17 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
     assert!(!prefix.join("include/old.h").exists());
 }
 
+/// Installs `tarball` (pinned) into `work/<sub>` of a fresh folder, expecting exit 1; returns
+/// the folder (keep it alive), `work` and stderr.
+fn failing_install_in_work(tarball: &[u8], sub: &str) -> (tempfile::TempDir, PathBuf, String) {
+    let files = tempfile::tempdir().unwrap();
+    let work = files.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = install_pinned(tarball, files.path(), &work.join(sub), &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    (files, work, common::stderr(&out))
+}
+
 #[test]
 fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
     let mut tarball = tar_xz(&[
@@ -640,13 +651,7 @@ fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
         ),
     ]);
     tarball.truncate(tarball.len() * 2 / 3);
-    let files = tempfile::tempdir().unwrap();
-    let work = files.path().join("work");
-    std::fs::create_dir(&work).unwrap();
-    let prefix = work.join("new1/new2/pfx");
-    let out = install_pinned(&tarball, files.path(), &prefix, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
-    let err = common::stderr(&out);
+    let (_files, work, err) = failing_install_in_work(&tarball, "new1/new2/pfx");
     // The truncated archive is named, not the temporary staging directory, and each cause
     // is printed once.
     assert!(
@@ -684,13 +689,8 @@ fn unpacked_size_is_bounded_and_the_flag_raises_the_bound() {
         E::File(&format!("{TOP}/lib/zeros"), &zeros, 0o644),
     ]);
     assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
-    let files = tempfile::tempdir().unwrap();
-    let work = files.path().join("work");
-    std::fs::create_dir(&work).unwrap();
+    let (files, work, err) = failing_install_in_work(&bomb, "p");
     let prefix = work.join("p");
-    let out = install_pinned(&bomb, files.path(), &prefix, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
-    let err = common::stderr(&out);
     assert!(
         err.contains("unpacks to more than") && err.contains("--max-unpacked-size"),
         "{err}"

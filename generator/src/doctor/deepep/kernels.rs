@@ -132,6 +132,16 @@ pub struct Cubins {
     pub nvshmem: Vec<Version>,
 }
 
+impl Cubins {
+    /// The architectures of the images, as the package check says them.
+    fn gpu_text(&self) -> String {
+        if self.images.is_empty() {
+            return "no GPU code found (no embedded cubin)".to_string();
+        }
+        self.images.iter().map(|i| i.name()).collect::<Vec<_>>().join(" ")
+    }
+}
+
 /// The CUDA ELF images (cubins) embedded in `bytes` (a host binary) and what they record. An
 /// image is a 64-bit little-endian ELF header with `e_machine` EM_CUDA; it extends to the end of
 /// its section or program header table. Anything malformed is skipped.
@@ -380,16 +390,7 @@ pub(super) fn check(
                 .join(", ")
         ),
     };
-    let gpu_text = if cubins.images.is_empty() {
-        "no GPU code found (no embedded cubin)".to_string()
-    } else {
-        cubins
-            .images
-            .iter()
-            .map(|i| i.name())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let gpu_text = cubins.gpu_text();
     let found = format!(
         "{}: {version_text}, this project's deep_ep-compatible package; {nvshmem_text}; GPU code {gpu_text} ({} cubins)",
         pkg.native.display(),
@@ -503,19 +504,17 @@ pub(super) fn check(
     };
     torch_check(sites, torch, built_for, checked, &subject, out);
 
-    // deepep-kernels.ibgda-plugin
-    ibgda_plugin_check(
-        host,
-        "deepep-kernels.ibgda-plugin",
-        PACKAGE,
-        loads.as_deref(),
-        out,
-    );
+    // deepep-kernels.ibgda-plugin, deepep-kernels.arch
+    plugin_and_arch_checks(host, loads.as_deref(), &cubins.images, driver, out);
+}
 
-    // deepep-kernels.arch
+/// `deepep-kernels.ibgda-plugin` (the IBGDA transport beside the host library that `loads`) and
+/// `deepep-kernels.arch` (the embedded cubins' GPU architecture), for either kind of build.
+fn plugin_and_arch_checks(host: &Host, loads: Option<&Path>, images: &[Image], driver: &DriverInfo, out: &mut Vec<Check>) {
+    ibgda_plugin_check(host, "deepep-kernels.ibgda-plugin", PACKAGE, loads, out);
     arch_check(
         "deepep-kernels.arch",
-        &cubins.images,
+        images,
         "deepep_kernels' embedded cubins",
         "no embedded cubin to read the GPU architecture from",
         driver,
@@ -549,16 +548,7 @@ impl Multi<'_> {
     ) {
         let native = self.pkg.native.display();
         let served = list_versions(self.served);
-        let gpu_text = if cubins.images.is_empty() {
-            "no GPU code found (no embedded cubin)".to_string()
-        } else {
-            cubins
-                .images
-                .iter()
-                .map(|i| i.name())
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let gpu_text = cubins.gpu_text();
         // deepep-kernels.package: the marker against the device libraries linked into the
         // cubins (when they are readable: none found is not a contradiction).
         let id = "deepep-kernels.package";
@@ -596,24 +586,7 @@ impl Multi<'_> {
         // deepep-kernels.torch-nvshmem: torch's NVSHMEM against the releases served.
         self.torch_check(checked, out);
 
-        ibgda_plugin_check(
-            self.host,
-            "deepep-kernels.ibgda-plugin",
-            PACKAGE,
-            loads.as_deref(),
-            out,
-        );
-        arch_check(
-            "deepep-kernels.arch",
-            &cubins.images,
-            "deepep_kernels' embedded cubins",
-            "no embedded cubin to read the GPU architecture from",
-            driver,
-            &|_| {
-                "deepep_kernels runs on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20) only; use upstream DeepEP built for these GPUs (docs/deepep.md)".to_string()
-            },
-            out,
-        );
+        plugin_and_arch_checks(self.host, loads.as_deref(), &cubins.images, driver, out);
     }
 
     /// The fix for a release `v` (host library at `lib`) this build does not serve; `or` is the
