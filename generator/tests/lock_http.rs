@@ -899,21 +899,9 @@ fn verify_with_nvidia_unreachable_suggests_the_pypi_wheel() {
     assert!(out.status.success(), "{}", stderr(&out));
     let dest = tempfile::tempdir().unwrap();
     let d = dest.path().to_str().unwrap();
-    let mut a = vec![
-        "verify",
-        "--repo",
-        r,
-        "--dest",
-        d,
-        "--version",
-        "3.4.5",
-        "--cuda",
-        "13",
-        "--system",
-        "x86_64-linux",
-        "--source",
-        "nvidia",
-    ];
+    let mut a = vec!["verify", "--repo", r, "--dest", d];
+    a.extend_from_slice(common::SELECT_3_4_5);
+    a.extend_from_slice(&["--source", "nvidia"]);
     a.extend_from_slice(NET);
     let out = run_in(repo.path(), &a);
     assert_eq!(out.status.code(), Some(1));
