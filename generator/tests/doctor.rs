@@ -2492,19 +2492,11 @@ fn kernels_statuses(r: &Report) -> Vec<(String, Status)> {
         .collect()
 }
 
-#[test]
-fn deepep_kernels_wheel_is_recognised_instead_of_asking_for_a_deepep_build() {
-    // The wheel next to torch 3.4.5, NVSHMEM_DIR=/opt/nvshmem (3.4.5): ready, and nothing asks
-    // for an upstream DeepEP build (before: "no deep_ep_cpp*.so ... build DeepEP", a failure
-    // blocking every capability).
-    let h = TestHost::ibgda().with_site();
-    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
-    h.install_torch_in(KSITE, "3.4.5", true);
-    let r = h.run();
-    let text = r.render_text();
+/// Every check of our wheel ok (no upstream DeepEP build asked for) and every capability ready.
+fn assert_wheel_ready(r: &Report, text: &str) {
     use Status::{Ok as O, Skip as S};
     assert_eq!(
-        kernels_statuses(&r),
+        kernels_statuses(r),
         ids(&[
             ("deepep.extension", S),
             ("deepep-kernels.package", O),
@@ -2515,7 +2507,20 @@ fn deepep_kernels_wheel_is_recognised_instead_of_asking_for_a_deepep_build() {
         ]),
         "{text}"
     );
-    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert_eq!(verdicts(r), all_ready(), "{text}");
+}
+
+#[test]
+fn deepep_kernels_wheel_is_recognised_instead_of_asking_for_a_deepep_build() {
+    // The wheel next to torch 3.4.5, NVSHMEM_DIR=/opt/nvshmem (3.4.5): ready, and nothing asks
+    // for an upstream DeepEP build (before: "no deep_ep_cpp*.so ... build DeepEP", a failure
+    // blocking every capability).
+    let h = TestHost::ibgda().with_site();
+    h.install_deepep_kernels("0.1.0", Some("3.4.5"), 90);
+    h.install_torch_in(KSITE, "3.4.5", true);
+    let r = h.run();
+    let text = r.render_text();
+    assert_wheel_ready(&r, &text);
     assert!(!text.contains("pip install --no-build-isolation"), "{text}");
     assert_eq!(
         found(&r, "deepep.extension"),
@@ -2720,20 +2725,7 @@ fn multi_release_wheel_serves_the_nvshmem_torch_loads() {
     h.install_torch_in(KSITE, "3.8.0", true);
     let r = h.run();
     let text = r.render_text();
-    use Status::{Ok as O, Skip as S};
-    assert_eq!(
-        kernels_statuses(&r),
-        ids(&[
-            ("deepep.extension", S),
-            ("deepep-kernels.package", O),
-            ("deepep-kernels.nvshmem", O),
-            ("deepep-kernels.torch-nvshmem", O),
-            ("deepep-kernels.ibgda-plugin", O),
-            ("deepep-kernels.arch", O),
-        ]),
-        "{text}"
-    );
-    assert_eq!(verdicts(&r), all_ready(), "{text}");
+    assert_wheel_ready(&r, &text);
     assert_eq!(
         found(&r, "deepep-kernels.package"),
         format!(

@@ -330,7 +330,6 @@ def main(argv):
     cmdline = "python/scripts/nvshmem-matrix.sh " + " ".join(argv)
     print("nvshmem-matrix: NVSHMEM %s from %s; suites %s; our tests at ranks %s" % (a.release, a.nvshmem, ",".join(a.suite_list), a.ranks))
     rows, figures = [], []
-    notes = []
 
     if a.dry_run:
         for s in a.suite_list:
@@ -409,25 +408,24 @@ def main(argv):
                                 "value": info["buffer_ms"], "unit": "ms", "baseline": None, "baseline_value": None, "note": ""})
 
         gpus = gpu_count(py, py_env) if a.wheel else 0
+        def ours(r, extra, tag):
+            """Our GPU tests at r ranks (a private MPS server unless --no-mps), `extra` variables
+            added; the result row, suite name suffixed with `tag`."""
+            log = os.path.join(out, "ours-ranks%d%s.log" % (r, "-retry" if extra else ""))
+            env = dict(py_env, DEEPEP_TEST_RANKS=str(r), DEEPEP_TEST_GPUS=str(max(1, min(r, gpus))), **extra)
+            with Mps(os.path.join(scratch, "mps-ours-%d%s" % (r, "-retry" if extra else "")), not a.no_mps) as mps:
+                code, secs = run_logged([py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", os.path.join(REPO, "python", "tests", "gpu")],
+                                        log, dict(env, **mps.env), a.timeout)
+            return {"suite": "ours:python/tests/gpu" + tag, "ranks": r, "status": "pass" if code == 0 else "fail", "seconds": secs,
+                    "first_error": None if code == 0 else (first_error(log) or ("timeout" if code is None else "exit %s" % code)),
+                    "detail": pytest_detail(log)}
+
         if "ours" in a.suite_list:
             for r in a.rank_list:
-                log = os.path.join(out, "ours-ranks%d.log" % r)
-                env = dict(py_env, DEEPEP_TEST_RANKS=str(r), DEEPEP_TEST_GPUS=str(max(1, min(r, gpus))))
-                with Mps(os.path.join(scratch, "mps-ours-%d" % r), not a.no_mps) as mps:
-                    env.update(mps.env)
-                    code, secs = run_logged([py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", os.path.join(REPO, "python", "tests", "gpu")],
-                                            log, env, a.timeout)
-                rows.append({"suite": "ours:python/tests/gpu", "ranks": r, "status": "pass" if code == 0 else "fail", "seconds": secs,
-                             "first_error": None if code == 0 else (first_error(log) or ("timeout" if code is None else "exit %s" % code)),
-                             "detail": pytest_detail(log)})
-                print("  ours, %d ranks: %s (%s s) %s" % (r, rows[-1]["status"], secs, rows[-1]["detail"]))
-                if code != 0 and a.retry:
-                    log = os.path.join(out, "ours-ranks%d-retry.log" % r)
-                    with Mps(os.path.join(scratch, "mps-ours-retry-%d" % r), not a.no_mps) as mps:
-                        code, secs = run_logged([py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", os.path.join(REPO, "python", "tests", "gpu")],
-                                                log, dict(env, **mps.env, **a.retry), a.timeout)
-                    rows.append({"suite": "ours:python/tests/gpu+" + retry_tag(a.retry), "ranks": r, "status": "pass" if code == 0 else "fail",
-                                 "seconds": secs, "first_error": None if code == 0 else (first_error(log) or "exit %s" % code), "detail": pytest_detail(log)})
+                rows.append(ours(r, {}, ""))
+                print("  ours, %d ranks: %s (%s s) %s" % (r, rows[-1]["status"], rows[-1]["seconds"], rows[-1]["detail"]))
+                if rows[-1]["status"] == "fail" and a.retry:
+                    rows.append(ours(r, a.retry, "+" + retry_tag(a.retry)))
 
         conf = [os.path.join(REPO, "python", "scripts", "deepep-conformance.sh")]
 
@@ -478,7 +476,7 @@ def main(argv):
 
     for r in rows:
         print("  %-40s %4s  %-4s %7.1f s  %s" % (r["suite"], r["ranks"], r["status"], r["seconds"], r["first_error"] or r["detail"]))
-    write_record(a, rows, figures, cmdline, " ".join(notes), machine=a.machine or machine_text(py))
+    write_record(a, rows, figures, cmdline, "", machine=a.machine or machine_text(py))
     return 1 if any(r["status"] == "fail" for r in rows) else 0
 
 
