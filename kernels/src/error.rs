@@ -139,6 +139,12 @@ pub enum EpError {
 pub type Result<T, E = EpError> = std::result::Result<T, E>;
 
 impl ErrorRecord {
+    /// Whether this record is a bounded wait that expired (here or in another block of the same
+    /// rank): the peer it waited for is lost to this rank's buffers, which cannot be used again.
+    pub fn is_timeout(&self) -> bool {
+        self.code == ERR_TIMEOUT || self.code == ERR_ABORTED
+    }
+
     /// Turn a recorded device error into an [`EpError`]; `None` when the record is clear.
     pub fn to_error(&self) -> Option<EpError> {
         if self.code == ERR_NONE {

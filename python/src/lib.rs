@@ -1023,9 +1023,15 @@ impl Runtime {
     }
 
     /// Release the buffers (collective: the low-latency buffer's drop and NVSHMEM finalize
-    /// synchronize all ranks).
+    /// synchronize all ranks). After a peer was lost (a bounded GPU wait expired: `peer_lost`),
+    /// local only: the NVLink buffer is freed here, the NVSHMEM buffers and NVSHMEM itself are
+    /// left allocated (their frees and finalize wait for every PE, the lost one included), and
+    /// NVSHMEM refuses to start again in this process; no barrier with the other ranks.
     fn destroy(&mut self, py: Python<'_>) -> PyResult<()> {
         self.bind()?;
+        if let Some(lost) = self.gpu.peer_lost() {
+            return self.destroy_local(py, lost);
+        }
         let gpu = self.gpu_static();
         let had_nvshmem = self.ll.is_some() || self.inter.is_some();
         let intra = self.intra.take();
@@ -1047,6 +1053,47 @@ impl Runtime {
             comm.barrier()
         })
         .map_err(py_err)
+    }
+}
+
+impl Runtime {
+    /// [`Runtime::destroy`] after `lost` (an expired wait): no collective step at all.
+    fn destroy_local(&mut self, py: Python<'_>, lost: deepep_kernels::error::ErrorRecord) -> PyResult<()> {
+        let gpu = self.gpu_static();
+        let intra = self.intra.take();
+        self.forget_nvshmem_buffers(&lost);
+        self.intra_dims = None;
+        self.ll_dims = None;
+        // every kernel of this rank ends within its wait bound; then the NVLink buffer is ours alone
+        let synced = without_gil(py, || gpu.sync("destroying the buffers after a lost peer"));
+        drop(intra);
+        gpu.clear_error();
+        match synced {
+            Err(e) if !matches!(e, EpError::GpuTimeout { .. }) => Err(py_err(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Leak the NVSHMEM buffers (their drops free collectively and would wait for the lost peer)
+    /// and give NVSHMEM up in this process.
+    fn forget_nvshmem_buffers(&mut self, lost: &deepep_kernels::error::ErrorRecord) {
+        let ll = self.ll.take();
+        let inter = self.inter.take();
+        if ll.is_some() || inter.is_some() {
+            std::mem::forget(ll);
+            std::mem::forget(inter);
+            deepep_kernels::nvshmem::abandon(&format!("rank {} lost rank {} while its buffers were in use", lost.rank, lost.peer));
+        }
+    }
+}
+
+impl Drop for Runtime {
+    /// A Runtime dropped without `destroy()` after a lost peer must not run the collective drops of
+    /// its NVSHMEM buffers (they would wait for that peer forever).
+    fn drop(&mut self) {
+        if let Some(lost) = self.gpu.peer_lost() {
+            self.forget_nvshmem_buffers(&lost);
+        }
     }
 }
 

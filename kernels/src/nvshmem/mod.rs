@@ -43,12 +43,21 @@ impl std::fmt::Debug for NvshmemRuntime {
 }
 
 static RUNTIME: Mutex<Option<Arc<NvshmemRuntime>>> = Mutex::new(None);
+/// Why NVSHMEM cannot start again in this process ([`abandon`]); None while it can.
+static ABANDONED: Mutex<Option<String>> = Mutex::new(None);
 
 /// The NVSHMEM runtime of this process, initialized on first use (collective over all ranks of
 /// `comm`; every rank must call it at the same point). `req` sets the knobs (first caller wins:
 /// NVSHMEM reads them once at init). The GPU of `gpu` is made current first.
 pub fn runtime(gpu: &Gpu, comm: &Comm, req: &knobs::KnobRequest) -> Result<Arc<NvshmemRuntime>> {
     let mut g = RUNTIME.lock().unwrap();
+    if let Some(why) = ABANDONED.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        return Err(EpError::Nvshmem(format!(
+            "NVSHMEM cannot start again in this process: {why}. NVSHMEM 3.x cannot leave a PE out: nvshmem_finalize begins \
+             with a barrier over every PE and a second init reuses the first world, so the low-latency and internode modes \
+             need new processes; a normal-mode Buffer (NVLink, CUDA IPC) of the surviving ranks works in this one"
+        )));
+    }
     if let Some(rt) = g.as_ref() {
         return Ok(rt.clone());
     }
@@ -94,6 +103,26 @@ pub fn finalize() {
             tracing::warn!("nvshmem::finalize: NVSHMEM buffers are still alive; NVSHMEM finalizes when the last one drops");
         }
     }
+}
+
+/// Give NVSHMEM up in this process after a peer was lost (`why` says which and where): the
+/// process-wide handle is leaked, not finalized (finalize starts with a barrier over every PE and
+/// would wait for the lost one forever), and [`runtime`] refuses from now on with `why` and the fix.
+/// The caller leaks its NVSHMEM buffers too (`std::mem::forget`): their drops are collective.
+/// Local only: no other rank takes part.
+pub fn abandon(why: &str) {
+    let rt = RUNTIME.lock().unwrap_or_else(|e| e.into_inner()).take();
+    std::mem::forget(rt);
+    let mut a = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+    if a.is_none() {
+        *a = Some(why.to_string());
+    }
+    tracing::warn!("NVSHMEM abandoned in this process (not finalized): {why}");
+}
+
+/// Why NVSHMEM was given up in this process ([`abandon`]), if it was.
+pub fn abandoned() -> Option<String> {
+    ABANDONED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 impl NvshmemRuntime {

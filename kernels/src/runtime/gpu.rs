@@ -24,6 +24,9 @@ pub struct Gpu {
     rank: usize,
     ordinal: usize,
     record: Arc<HostMapped<ErrorRecord>>,
+    /// The first expired wait seen on this GPU (sticky: [`Gpu::take_error`] clears the record, not
+    /// this). Set, the buffers built on this GPU wait for a peer that is gone: [`Gpu::peer_lost`].
+    lost: Mutex<Option<ErrorRecord>>,
     device_timeout_ns: AtomicU64,
     trap_on_error: AtomicBool,
     host_timeout_ns: AtomicU64,
@@ -117,6 +120,7 @@ impl Gpu {
             rank,
             ordinal,
             record,
+            lost: Mutex::new(None),
             device_timeout_ns: AtomicU64::new(device_timeout.as_nanos() as u64),
             trap_on_error: AtomicBool::new(false),
             host_timeout_ns: AtomicU64::new(host_timeout.as_nanos() as u64),
@@ -446,9 +450,28 @@ impl Gpu {
         }
     }
 
+    /// The first expired bounded wait of this GPU's kernels, if any (from the record as it is now,
+    /// or as it was when [`Gpu::take_error`] cleared it). Once set it stays set: the peer that
+    /// wait was for is lost to every buffer of this GPU, whose teardown must then be local only
+    /// (no barrier, no collective free: they would wait for that peer forever).
+    pub fn peer_lost(&self) -> Option<ErrorRecord> {
+        self.note_lost(&self.error_record());
+        *self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_lost(&self, r: &ErrorRecord) {
+        if r.is_timeout() {
+            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if lost.is_none() {
+                *lost = Some(*r);
+            }
+        }
+    }
+
     /// The recorded device error, if any, as an [`EpError`]; clears the record.
     pub fn take_error(&self) -> Option<EpError> {
         let r = self.error_record();
+        self.note_lost(&r);
         let e = r.to_error();
         if e.is_some() {
             self.clear_error();
