@@ -1074,15 +1074,16 @@ impl Runtime {
         }
     }
 
-    /// Leak the NVSHMEM buffers (their drops free collectively and would wait for the lost peer)
-    /// and give NVSHMEM up in this process.
+    /// Give the full NVSHMEM world up in this process, then drop the low-latency buffer without
+    /// any collective step (its symmetric memory is kept for a low-latency buffer of the surviving
+    /// ranks) and leak the internode one (its drop frees collectively).
     fn forget_nvshmem_buffers(&mut self, lost: &deepep_kernels::error::ErrorRecord) {
         let ll = self.ll.take();
         let inter = self.inter.take();
         if ll.is_some() || inter.is_some() {
-            std::mem::forget(ll);
-            std::mem::forget(inter);
             deepep_kernels::nvshmem::abandon(&format!("rank {} lost rank {} while its buffers were in use", lost.rank, lost.peer));
+            drop(ll);
+            std::mem::forget(inter);
         }
     }
 }

@@ -699,8 +699,18 @@ const LL_TRACE_PHASES: [(TracePhase, usize); 5] = [
 
 /// Keeps the symmetric memory (and NVSHMEM) alive while views of it exist.
 struct Shared {
-    sym: SymmetricBuffer,
+    /// Freed through [`crate::nvshmem::release_symmetric`] (kept for the surviving ranks after a
+    /// lost peer, since `nvshmem_free` would wait for that peer).
+    sym: std::mem::ManuallyDrop<SymmetricBuffer>,
     _rt: Arc<NvshmemRuntime>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: `sym` is taken once, here, and never used again.
+        let sym = unsafe { std::mem::ManuallyDrop::take(&mut self.sym) };
+        crate::nvshmem::release_symmetric(sym);
+    }
 }
 
 /// How the LL kernels reach other ranks.
@@ -759,8 +769,16 @@ impl LowLatencyBuffer<'_> {
     ) -> Result<LowLatencyBuffer<'g>> {
         let r = comm.world();
         validate::low_latency_ranks(r, num_experts)?;
-        let req = KnobRequest::low_latency(num_max, num_experts / r);
-        let rt = crate::nvshmem::runtime(gpu, comm, &req)?;
+        // After a lost peer (nvshmem::abandon) the surviving ranks reuse NVSHMEM's world and the
+        // symmetric memory kept from before: every rank of the group must be in that state.
+        let survivors = comm.all_gather_u64(crate::nvshmem::survivors_only() as u64)?;
+        if survivors.iter().any(|&s| s != survivors[0]) {
+            let lost: Vec<usize> = (0..r).filter(|&i| survivors[i] != 0).collect();
+            return Err(EpError::InvalidArgument(format!(
+                "ranks {lost:?} of this group lost a peer earlier and the others did not, so they cannot share one NVSHMEM \
+                 world; build the low-latency Buffer from processes that were all in the lost group, or all new"
+            )));
+        }
         let sms = gpu.sm_count() as usize;
         if let Some(n) = num_sms {
             if n == 0 || n > sms {
@@ -778,17 +796,42 @@ impl LowLatencyBuffer<'_> {
             200 * 1024,
             "use fewer experts per SM (more SMs) or a smaller num_max",
         )?;
+        let me = comm.rank();
+        let (rt, sym, pes) = if survivors[0] != 0 {
+            // every old kernel of every rank is done before anyone zeroes reused memory
+            gpu.sync("before reusing the low-latency memory of a lost group")?;
+            comm.barrier()?;
+            let (rt, sym) = crate::nvshmem::survivor_world(layout.total_bytes)?
+                .ok_or_else(|| EpError::Nvshmem("NVSHMEM's surviving world disappeared".into()))?;
+            let pes: Vec<usize> = comm.all_gather_u64(rt.nv().my_pe() as u64)?.into_iter().map(|p| p as usize).collect();
+            (rt, sym, pes)
+        } else {
+            let rt = crate::nvshmem::runtime(gpu, comm, &KnobRequest::low_latency(num_max, num_experts / r))?;
+            let sym = rt.nv().clone().alloc(layout.total_bytes, ALIGN)?;
+            (rt, sym, (0..r).collect())
+        };
         let module = rt.module(gpu, "low_latency")?;
-        let nv = rt.nv().clone();
-        let sym = nv.alloc(layout.total_bytes, ALIGN)?;
         gpu.memset_u8(sym.ptr(), 0, layout.total_bytes)?;
         gpu.sync("zeroing the low-latency buffer")?;
-        nv.barrier_all();
-        let me = comm.rank();
+        if survivors[0] != 0 {
+            comm.barrier()?;
+        } else {
+            rt.nv().barrier_all();
+        }
+        // rank i of this group is NVSHMEM PE pes[i] (the identity, except for the surviving ranks
+        // of a lost group, which keep their PEs of the first world)
         let peers: Vec<u64> = (0..r)
-            .map(|pe| if transport == LlTransport::Put && pe != me { 0 } else { sym.peer_ptr(pe).unwrap_or(0) })
+            .map(|i| if transport == LlTransport::Put && i != me { 0 } else { sym.peer_ptr(pes[i]).unwrap_or(0) })
             .collect();
         let all_p2p = peers.iter().all(|&p| p != 0);
+        if survivors[0] != 0 && !all_p2p {
+            return Err(EpError::Unsupported(format!(
+                "a low-latency buffer of the surviving ranks needs every peer reachable over NVLink (NVSHMEM puts address the \
+                 PEs of the first world, whose numbering the survivors no longer share); PEs {pes:?}, mapped {:?}; start new \
+                 processes for this group",
+                peers.iter().map(|&p| p != 0).collect::<Vec<_>>()
+            )));
+        }
         tracing::info!(
             rank = comm.rank(),
             bytes = layout.total_bytes,
@@ -813,7 +856,7 @@ impl LowLatencyBuffer<'_> {
             gpu,
             rank: comm.rank(),
             layout,
-            shared: Arc::new(Shared { sym, _rt: rt }),
+            shared: Arc::new(Shared { sym: std::mem::ManuallyDrop::new(sym), _rt: rt }),
             peer_table,
             all_p2p,
             dispatch_kernel,
@@ -1344,7 +1387,11 @@ impl Drop for LowLatencyBuffer<'_> {
         if let Err(e) = self.order_after_calls(self.gpu.cu_stream()).and_then(|_| self.gpu.sync("dropping the low-latency buffer")) {
             tracing::warn!("low-latency buffer drop: {e}");
         }
-        self.shared.sym.nvshmem().barrier_all();
+        // After a lost peer (nvshmem::abandon) nothing collective runs: the memory is kept for
+        // the surviving ranks (Shared's drop), whose destroy() meets through their own group.
+        if !crate::nvshmem::survivors_only() {
+            self.shared.sym.nvshmem().barrier_all();
+        }
         self.gpu.drop_mark(self.last_mark);
     }
 }

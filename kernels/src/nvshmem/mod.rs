@@ -53,9 +53,10 @@ pub fn runtime(gpu: &Gpu, comm: &Comm, req: &knobs::KnobRequest) -> Result<Arc<N
     let mut g = RUNTIME.lock().unwrap();
     if let Some(why) = ABANDONED.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         return Err(EpError::Nvshmem(format!(
-            "NVSHMEM cannot start again in this process: {why}. NVSHMEM 3.x cannot leave a PE out: nvshmem_finalize begins \
-             with a barrier over every PE and a second init reuses the first world, so the low-latency and internode modes \
-             need new processes; a normal-mode Buffer (NVLink, CUDA IPC) of the surviving ranks works in this one"
+            "NVSHMEM cannot start again in this process: {why}. NVSHMEM 3.x cannot leave a PE out (nvshmem_finalize begins \
+             with a barrier over every PE and a second init reuses the first world), so the internode mode needs new \
+             processes; low-latency buffers of the surviving ranks (in the memory the lost Buffer used) and normal-mode \
+             Buffers within one host (NVLink, CUDA IPC) work in this one"
         )));
     }
     if let Some(rt) = g.as_ref() {
@@ -105,24 +106,82 @@ pub fn finalize() {
     }
 }
 
-/// Give NVSHMEM up in this process after a peer was lost (`why` says which and where): the
-/// process-wide handle is leaked, not finalized (finalize starts with a barrier over every PE and
-/// would wait for the lost one forever), and [`runtime`] refuses from now on with `why` and the fix.
-/// The caller leaks its NVSHMEM buffers too (`std::mem::forget`): their drops are collective.
-/// Local only: no other rank takes part.
-pub fn abandon(why: &str) {
-    let rt = RUNTIME.lock().unwrap_or_else(|e| e.into_inner()).take();
-    std::mem::forget(rt);
-    let mut a = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
-    if a.is_none() {
-        *a = Some(why.to_string());
-    }
-    tracing::warn!("NVSHMEM abandoned in this process (not finalized): {why}");
+/// NVSHMEM after a lost PE ([`abandon`]): the runtime is kept, never finalized, and serves only
+/// low-latency buffers of the surviving ranks, in symmetric memory kept from before the loss.
+struct Survivors {
+    rt: Arc<NvshmemRuntime>,
+    /// Symmetric allocations of dropped low-latency buffers (`nvshmem_free` is collective over
+    /// every PE, the lost one included, so they are kept for reuse instead).
+    spare: Vec<SymmetricBuffer>,
 }
 
-/// Why NVSHMEM was given up in this process ([`abandon`]), if it was.
+static SURVIVORS: Mutex<Option<Survivors>> = Mutex::new(None);
+
+/// Give the full NVSHMEM world up in this process after a peer was lost (`why` says which and
+/// where). Nothing is finalized (finalize starts with a barrier over every PE and would wait for
+/// the lost one forever) and nothing collective runs again: [`runtime`] refuses from now on
+/// (internode buffers need the whole world), while low-latency buffers of the surviving ranks
+/// reuse the runtime and the symmetric memory of the buffers dropped since
+/// ([`survivor_world`]). Local only: no other rank takes part.
+pub fn abandon(why: &str) {
+    let rt = RUNTIME.lock().unwrap_or_else(|e| e.into_inner()).take();
+    {
+        let mut a = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+        if a.is_none() {
+            *a = Some(why.to_string());
+        }
+    }
+    let mut s = SURVIVORS.lock().unwrap_or_else(|e| e.into_inner());
+    if let (None, Some(rt)) = (s.as_ref(), rt) {
+        *s = Some(Survivors { rt, spare: Vec::new() });
+    }
+    tracing::warn!("NVSHMEM world abandoned in this process (not finalized): {why}");
+}
+
+/// Why the full NVSHMEM world was given up in this process ([`abandon`]), if it was.
 pub fn abandoned() -> Option<String> {
     ABANDONED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Keep `sym` for a later low-latency buffer of the surviving ranks (after [`abandon`]); freed
+/// normally (collectively) when NVSHMEM was not abandoned.
+pub(crate) fn release_symmetric(sym: SymmetricBuffer) {
+    let mut s = SURVIVORS.lock().unwrap_or_else(|e| e.into_inner());
+    match s.as_mut() {
+        Some(w) => w.spare.push(sym),
+        None if abandoned().is_some() => std::mem::forget(sym),
+        None => drop(sym),
+    }
+}
+
+/// The runtime and a kept symmetric allocation of at least `bytes` for a low-latency buffer of
+/// the surviving ranks, or None when NVSHMEM was not abandoned in this process.
+pub(crate) fn survivor_world(bytes: usize) -> Result<Option<(Arc<NvshmemRuntime>, SymmetricBuffer)>> {
+    let mut s = SURVIVORS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(w) = s.as_mut() else {
+        return match abandoned() {
+            Some(why) => Err(EpError::Nvshmem(format!(
+                "NVSHMEM cannot start again in this process: {why}, before NVSHMEM had started here; start new processes"
+            ))),
+            None => Ok(None),
+        };
+    };
+    let kept: Vec<usize> = w.spare.iter().map(|b| b.len()).collect();
+    let Some(i) = w.spare.iter().position(|b| b.len() >= bytes) else {
+        let why = abandoned().unwrap_or_default();
+        return Err(EpError::Nvshmem(format!(
+            "a low-latency buffer of {bytes} bytes for the surviving ranks does not fit the symmetric memory kept from before \
+             the loss ({why}; kept: {kept:?} bytes; NVSHMEM cannot allocate without the lost PE); use a num_max, hidden and \
+             expert count whose buffer is no larger than the lost Buffer's, and drop every tensor of the lost Buffer's \
+             low-latency calls first (they keep its memory)"
+        )));
+    };
+    Ok(Some((w.rt.clone(), w.spare.swap_remove(i))))
+}
+
+/// Whether NVSHMEM serves only the surviving ranks of a lost world in this process ([`abandon`]).
+pub fn survivors_only() -> bool {
+    ABANDONED.lock().unwrap_or_else(|e| e.into_inner()).is_some()
 }
 
 impl NvshmemRuntime {

@@ -5,9 +5,10 @@ Buffer on a new group of a size the mode supports and get correct results in the
 
 Normal mode: 4 ranks, rank 3 dies before its dispatch; ranks 0-2 get the error; ranks 0 and 1
 then run a 2-rank intranode Buffer. Low latency: 3 ranks, rank 2 dies before its dispatch; ranks
-0 and 1 get the error at their next call. NVSHMEM cannot start again in a process that lost a PE
-(its finalize begins with a barrier over every PE), so the survivors' new low-latency Buffer is
-refused with that reason, and their new normal-mode Buffer (CUDA IPC) works.
+0 and 1 get the error at their next call, then run a 2-rank low-latency Buffer (NVSHMEM cannot
+start again in a process that lost a PE, since its finalize begins with a barrier over every PE:
+the survivors keep its world and reuse the lost Buffer's symmetric memory) and a 2-rank
+normal-mode Buffer.
 
 The ranks are plain processes (not ``harness.run``: one of them is killed on purpose); each
 writes what it saw to a JSON file that the test reads. Run by python/scripts/gpu-run.sh."""
@@ -174,9 +175,10 @@ def ll_body(rank, world, out):
         try:
             b = Buffer(g2, 0, rdma2, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS, explicitly_destroy=True)
             _ll_round(b, g2, rank, 2, num_max, seed=23)
+            b.destroy()
             out["second_ll"] = "ok"
-        except Exception as e:  # expected: NVSHMEM refuses to start again (see the module docstring)
-            out["second_ll"] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - reported (the test asserts "ok")
+            out["second_ll"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         from deepep_kernels import _native
 
         buf2 = Buffer(g2, _native.intranode_buffer_bytes(2, 512, HIDDEN), 0, explicitly_destroy=True)
