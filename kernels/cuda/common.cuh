@@ -7,16 +7,26 @@
 #include <stdint.h>
 
 // ---- diagnostics -------------------------------------------------------------------------
-// Layout mirrored by `deepep_kernels::error::ErrorRecord` (32 bytes). Lives in host-mapped
+// Layout mirrored by `deepep_kernels::error::ErrorRecord` (40 bytes). Lives in host-mapped
 // pinned memory; all zero means "no error".
+//
+// Two kinds of record (`deepep_kernels::error::RecordKind`):
+//   * fatal: EP_ERR_TIMEOUT / EP_ERR_BAD_ARGUMENT / EP_ERR_ABORTED. The kernel gave up part of its
+//     protocol; blocks that see it (ep_aborted) give up too; the buffer cannot be used again.
+//   * EP_ERR_BAD_EXPERT_ID: a routing id that points nowhere (< -1 or >= num_experts) was treated
+//     as -1 (dropped) and the kernel ran its protocol to the end. Fields: `peer` = num_experts
+//     (valid ids are -1 or [0, peer)), `detail` = num_topk (columns of topk_idx), `channel` = -1,
+//     `bad_key` = ep_bad_key(first bad flat position, its value) (see there). A fatal record may
+//     replace it (ep_record_error); nothing replaces a fatal record.
 struct EpErrorRecord {
-    int32_t code;      // EP_ERR_*
+    int32_t code;      // EP_ERR_*; -1 while the winning writer fills the other fields
     int32_t rank;      // rank that detected the problem
     int32_t phase;     // EP_PHASE_*
     int32_t channel;   // channel / block index, -1 if not applicable
-    int32_t peer;      // rank being waited for, -1 if not applicable
-    int32_t detail;    // free-form (e.g. expected count)
+    int32_t peer;      // rank being waited for, -1 if not applicable (EP_ERR_BAD_EXPERT_ID: num_experts)
+    int32_t detail;    // free-form, e.g. the expected count (EP_ERR_BAD_EXPERT_ID: num_topk)
     uint64_t waited_ns;
+    uint64_t bad_key;  // EP_ERR_BAD_EXPERT_ID only: atomicMax of ep_bad_key over every bad id seen
 };
 
 // Passed by value (24 bytes) as the last kernel argument.
@@ -27,16 +37,18 @@ struct EpDiag {
     int32_t flags;          // EP_DIAG_* bits
 };
 
-// After recording an error, abort the kernel with `trap` (a sticky CUDA error of this context),
-// so that no later CUDA call of the process, e.g. a PyTorch read of an output this kernel did not
-// finish, can succeed. Set by the Python binding (its users read outputs through torch, which
-// never looks at the record); the Rust API checks the record on every read instead.
+// After recording a fatal error, abort the kernel with `trap` (a sticky CUDA error of this
+// context), so that no later CUDA call of the process, e.g. a PyTorch read of an output this
+// kernel did not finish, can succeed. Off by default everywhere (the Python binding sets it only
+// with DEEPEP_KERNELS_TRAP_ON_ERROR=1); without it the host reports the record at the next call.
+// A dropped bad expert id (EP_ERR_BAD_EXPERT_ID) never traps: the kernel completed normally.
 #define EP_DIAG_TRAP 1
 
 #define EP_ERR_NONE 0
 #define EP_ERR_TIMEOUT 1
 #define EP_ERR_BAD_ARGUMENT 2
 #define EP_ERR_ABORTED 3  // another block already recorded an error; this one gave up
+#define EP_ERR_BAD_EXPERT_ID 4  // not fatal: a routing id < -1 or >= num_experts, dropped
 
 // Phases: keep in sync with `deepep_kernels::error::Phase`.
 #define EP_PHASE_LAYOUT 1
@@ -63,18 +75,23 @@ __device__ __forceinline__ uint64_t ep_globaltimer() {
     return t;
 }
 
-// Has any block (of any kernel on this rank) already recorded an error?
+// Has any block (of any kernel on this rank) already recorded a FATAL error (codes 1..3)? A
+// dropped bad expert id (code 4) or a record still being written (-1) does not count: a kernel
+// that found a bad id keeps running its protocol, so its peers never stall because of it.
 __device__ __forceinline__ bool ep_aborted(const EpDiag& d) {
-    return *reinterpret_cast<volatile int32_t*>(&d.err->code) != EP_ERR_NONE;
+    const int32_t c = *reinterpret_cast<volatile int32_t*>(&d.err->code);
+    return static_cast<uint32_t>(c - EP_ERR_TIMEOUT) <= static_cast<uint32_t>(EP_ERR_ABORTED - EP_ERR_TIMEOUT);
 }
 
-// Record an error once (first writer wins) and make it visible to the host. Not inlined: the
-// error path stays out of the hot loops' register allocation (inlined, with the trap, it made
-// the intranode combine spill).
-static __device__ __noinline__ void ep_record_error(const EpDiag& d, int32_t code, int32_t phase,
-                                                int32_t channel, int32_t peer, int32_t detail,
-                                                uint64_t waited_ns) {
-    if (atomicCAS(reinterpret_cast<int32_t*>(&d.err->code), 0, -1) == 0) {
+// The body of ep_record_error (inlined into the two non-inlined recorders, so neither calls the
+// other: a nested call made the NVSHMEM builds spill).
+__device__ __forceinline__ void ep_record_error_body(const EpDiag& d, int32_t code, int32_t phase, int32_t channel,
+                                                     int32_t peer, int32_t detail, uint64_t waited_ns) {
+    int32_t* c = reinterpret_cast<int32_t*>(&d.err->code);
+    bool won = atomicCAS_system(c, 0, -1) == 0;
+    if (!won && code != EP_ERR_BAD_EXPERT_ID)
+        won = atomicCAS_system(c, EP_ERR_BAD_EXPERT_ID, -1) == EP_ERR_BAD_EXPERT_ID;
+    if (won) {
         d.err->rank = d.rank;
         d.err->phase = phase;
         d.err->channel = channel;
@@ -82,10 +99,52 @@ static __device__ __noinline__ void ep_record_error(const EpDiag& d, int32_t cod
         d.err->detail = detail;
         d.err->waited_ns = waited_ns;
         __threadfence_system();
-        *reinterpret_cast<volatile int32_t*>(&d.err->code) = code;
+        *reinterpret_cast<volatile int32_t*>(c) = code;
         __threadfence_system();
-        if (d.flags & EP_DIAG_TRAP) __trap();
+        if ((d.flags & EP_DIAG_TRAP) && code != EP_ERR_BAD_EXPERT_ID) __trap();
     }
+}
+
+// Record an error once (first writer wins; a fatal error also replaces a bad-expert-id record)
+// and make it visible to the host. Not inlined: the error path stays out of the hot loops'
+// register allocation (inlined, with the trap, it made the intranode combine spill).
+static __device__ __noinline__ void ep_record_error(const EpDiag& d, int32_t code, int32_t phase,
+                                                int32_t channel, int32_t peer, int32_t detail,
+                                                uint64_t waited_ns) {
+    ep_record_error_body(d, code, phase, channel, peer, detail, waited_ns);
+}
+
+// ---- bad expert ids ----------------------------------------------------------------------------
+// THE packing of a bad id's position and value into `EpErrorRecord::bad_key` (mirrored, and
+// tested, by `deepep_kernels::error::bad_key`):
+//     key = ((0xFFFFFFFF - min(pos, 0xFFFFFFFE)) << 32) | (uint32_t)clamp(value, INT32_MIN, INT32_MAX)
+// `pos` is the flat position in topk_idx (token * num_topk + slot). Every thread that finds a bad
+// id does an atomicMax of its key, so the SMALLEST position wins whatever the race (ties are the
+// same element, same value); the key is never 0 (the position part is at least 1).
+__device__ __forceinline__ uint64_t ep_bad_key(uint64_t pos, int64_t value) {
+    const uint64_t p = pos < 0xFFFFFFFEull ? pos : 0xFFFFFFFEull;
+    const int64_t lo = -2147483648ll, hi = 2147483647ll;
+    const int64_t v = value < lo ? lo : (value > hi ? hi : value);
+    return ((0xFFFFFFFFull - p) << 32) | static_cast<uint32_t>(static_cast<int32_t>(v));
+}
+
+// Is `e` an id that points nowhere (neither -1 nor in [0, num_experts))? One compare: e + 1
+// as unsigned is in [0, num_experts] exactly for the valid ids.
+__device__ __forceinline__ bool ep_bad_expert(int64_t e, int num_experts) {
+    return static_cast<uint64_t>(e + 1) > static_cast<uint64_t>(num_experts);
+}
+
+// A bad routing id at flat position `pos` of topk_idx ([*, num_topk]): keep the smallest position
+// in `bad_key` (atomicMax, before the record's code is set, so the host never sees the code
+// without a key), then record EP_ERR_BAD_EXPERT_ID once. The caller treats the id as -1 and
+// carries on. Not inlined (error path).
+static __device__ __noinline__ void ep_record_bad_expert(const EpDiag& d, int32_t phase, uint64_t pos, int64_t value,
+                                                     int32_t num_topk, int32_t num_experts) {
+    atomicMax(reinterpret_cast<unsigned long long*>(&d.err->bad_key),
+              static_cast<unsigned long long>(ep_bad_key(pos, value)));
+    __threadfence_system();
+    if (*reinterpret_cast<volatile int32_t*>(&d.err->code) != EP_ERR_NONE) return;  // already recorded
+    ep_record_error_body(d, EP_ERR_BAD_EXPERT_ID, phase, -1, num_experts, num_topk, 0);
 }
 
 // A bounded spin. Usage:

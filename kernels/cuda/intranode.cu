@@ -333,6 +333,11 @@ __device__ __forceinline__ void dispatch_impl(const IntranodeArgs& a, const Disp
             if (K > 0) {
                 const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<long>(t) * K + lane) : -1;
                 const float wv = lane < K ? __ldg(p.topk_w + static_cast<long>(t) * K + lane) : 0.f;
+                // An id that points nowhere (< -1 or >= E) is local to no rank below, i.e. dropped
+                // like -1; record it (first position wins) and carry on with the protocol.
+                if (ep_bad_expert(e, static_cast<int>(kR * L)))
+                    ep_record_bad_expert(diag, EP_PHASE_DISPATCH_SEND, static_cast<uint64_t>(t) * K + lane, e, K,
+                                         static_cast<int>(kR * L));
 #pragma unroll
                 for (int d = 0; d < kR; ++d) {
                     if (row[d] < 0 || lane >= K) continue;

@@ -5,7 +5,9 @@
 // Grid: ceil(E / kLayoutExpertsPerBlock) "expert" blocks + 1 "rank" block, kLayoutThreads threads.
 //   expert block b: counts selections of experts [b*32, b*32+32) over all tokens.
 //   rank block:     writes is_token_in_rank[t][r], counts tokens per rank, and checks every id is
-//                   in [-1, E) (a bad id records EP_ERR_BAD_ARGUMENT, detail = token index).
+//                   -1 or in [0, E). A bad id is dropped (treated as -1: the expert blocks skip it
+//                   as well) and recorded as EP_ERR_BAD_EXPERT_ID with its position and value
+//                   (ep_record_bad_expert, not fatal: the kernel completes normally).
 // A token goes to a rank once, however many of its experts live there (rank = expert / (E/R)).
 #include "common.cuh"
 
@@ -49,8 +51,9 @@ ep_layout(const int64_t* __restrict__ topk_idx, int32_t num_tokens, int32_t num_
         unsigned mask = 0;
         for (int k = 0; k < num_topk; ++k) {
             const int64_t e = __ldg(topk_idx + static_cast<long>(t) * num_topk + k);
-            if (e < -1 || e >= num_experts) {
-                ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_LAYOUT, -1, -1, t, 0);
+            if (ep_bad_expert(e, num_experts)) {
+                ep_record_bad_expert(diag, EP_PHASE_LAYOUT, static_cast<uint64_t>(t) * num_topk + k, e, num_topk,
+                                     num_experts);
                 continue;
             }
             if (e >= 0) mask |= 1u << static_cast<int>(e / experts_per_rank);

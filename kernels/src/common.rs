@@ -19,7 +19,8 @@ impl Poison {
     }
 
     /// Refuse to run after an earlier error, and turn a device error recorded since the last call
-    /// (e.g. a timed-out wait of a kernel nobody synchronised yet) into an error now. `what`
+    /// (e.g. a timed-out wait of a kernel nobody synchronised yet) into an error now; a dropped
+    /// bad expert id ([`EpError::BadExpertId`]) is returned once and does not poison. `what`
     /// names the buffer in the message (e.g. "this InternodeBuffer").
     pub fn check(&mut self, gpu: &Gpu, what: &str) -> Result<()> {
         if let Some(why) = &self.why {
@@ -28,6 +29,8 @@ impl Poison {
             )));
         }
         match gpu.take_error() {
+            // a dropped bad expert id: reported once, the buffer stays usable
+            Some(e) if e.is_device_argument() => Err(e),
             Some(e) => self.record(e),
             None => Ok(()),
         }

@@ -273,11 +273,34 @@ impl Tensor {
         Ok(())
     }
 
-    /// Wait for the stream, then refuse if a kernel recorded an error (an expired GPU wait leaves
-    /// its outputs incomplete while the stream itself completes without a CUDA error).
+    /// Wait for the stream, then refuse if a kernel recorded a fatal error (an expired GPU wait
+    /// leaves its outputs incomplete while the stream itself completes without a CUDA error). The
+    /// wait polls the records and returns such an error as soon as it is recorded. A dropped bad
+    /// expert id does not stop a download (the outputs are complete, without that selection); the
+    /// buffer's next call reports it.
     fn sync(&self, what: &str) -> Result<()> {
-        self.stream.synchronize().map_err(|e| EpError::Cuda { context: format!("{what}: stream synchronize"), message: format!("{:?}", e.0) })?;
-        match crate::runtime::gpu::pending_device_error() {
+        self.stream.context().bind_to_thread().map_err(|e| EpError::Cuda { context: format!("{what}: binding the context"), message: format!("{:?}", e.0) })?;
+        let mut nap = std::time::Duration::from_micros(2);
+        loop {
+            // SAFETY: a live stream (held by this tensor) of the bound context.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => break,
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    if let Some(e) = crate::runtime::gpu::pending_fatal_error() {
+                        return Err(e);
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(1));
+                }
+                other => {
+                    if let Some(e) = crate::runtime::gpu::pending_fatal_error() {
+                        return Err(e);
+                    }
+                    return cuda(&format!("{what}: stream synchronize"), other);
+                }
+            }
+        }
+        match crate::runtime::gpu::pending_fatal_error() {
             Some(e) => Err(e),
             None => Ok(()),
         }

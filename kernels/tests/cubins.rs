@@ -179,7 +179,7 @@ fn missing_cubin_error_names_the_fix() {
 
 #[test]
 fn ffi_struct_sizes_match_common_cuh() {
-    assert_eq!(std::mem::size_of::<ErrorRecord>(), 32);
+    assert_eq!(std::mem::size_of::<ErrorRecord>(), 40);
     assert_eq!(std::mem::align_of::<ErrorRecord>(), 8);
     assert_eq!(std::mem::size_of::<Diag>(), 24);
     assert_eq!(std::mem::align_of::<Diag>(), 8);

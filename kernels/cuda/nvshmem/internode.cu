@@ -273,7 +273,6 @@ internode_notify(InternodeArgs a, EpDiag diag) {
     __shared__ int s_scan[32];
     __shared__ int s_rank_pre[EP_INTERNODE_MAX_RANKS + 1];
     __shared__ int s_fail;
-    __shared__ int s_bad;
 
     const int tid = threadIdx.x, NT = blockDim.x;
     const int R = a.world, P = a.ranks_per_host, NH = a.num_hosts, C = a.num_channels;
@@ -283,7 +282,6 @@ internode_notify(InternodeArgs a, EpDiag diag) {
     for (int i = tid; i < R * C; i += NT) s_cnt[i] = 0;
     for (int i = tid; i < E; i += NT) s_ecnt[i] = 0;
     if (tid < NH) s_run[tid] = 0;
-    if (tid == 0) s_bad = -1;
 
     // Barrier: every rank finished the previous call, so the notify buffers are free.
     if (!all_rank_barrier(a, diag, &s_fail)) return;
@@ -302,8 +300,13 @@ internode_notify(InternodeArgs a, EpDiag diag) {
                 const int64_t* row = a.topk_idx + (size_t)t * K;
                 for (int k = 0; k < K; ++k) {
                     const int64_t e = row[k];
-                    if (e < 0) continue;
-                    if (e >= E) { s_bad = e > 0x7fffffff ? 0x7fffffff : (int)e; continue; }
+                    if (e < 0 || e >= E) {
+                        // -1, or an id that points nowhere: dropped (counted nowhere, sent nowhere,
+                        // and the sender writes -1 in its record); the latter is recorded.
+                        if (e != -1)
+                            ep_record_bad_expert(diag, EP_PHASE_INTERNODE_NOTIFY, (uint64_t)t * K + k, e, K, E);
+                        continue;
+                    }
                     atomicAdd(&s_ecnt[e], 1);
                     const int r = (int)(e / L);
                     bool dup = false;
@@ -346,8 +349,6 @@ internode_notify(InternodeArgs a, EpDiag diag) {
     if (tid < NH) s_hoff[tid * (C + 1) + C] = s_run[tid];
     __syncthreads();
     for (int i = tid; i < NH * (C + 1); i += NT) a.send_off[i] = s_hoff[i];
-    if (tid == 0 && s_bad >= 0)
-        ep_record_error(diag, EP_ERR_BAD_ARGUMENT, EP_PHASE_INTERNODE_NOTIFY, -1, -1, s_bad, 0);
 
     // ---- stage 1: message to every rank d: cnt[d][c] (C), records to d's host per channel (C),
     //      this rank's token count per expert of d (L).
@@ -495,7 +496,8 @@ __device__ __forceinline__ void dispatch_sender(const InternodeArgs& a, const in
                     reinterpret_cast<uint32_t*>(rec)[1] = lm;
                 }
                 for (int k = lane; k < K; k += 32) {
-                    reinterpret_cast<int32_t*>(rec + L.idx_off)[k] = (int32_t)a.topk_idx[(size_t)t * K + k];
+                    const int64_t e = a.topk_idx[(size_t)t * K + k];  // bad ids: recorded by notify
+                    reinterpret_cast<int32_t*>(rec + L.idx_off)[k] = (e >= 0 && e < a.num_experts) ? (int32_t)e : -1;
                     reinterpret_cast<float*>(rec + L.w_off)[k] =
                         a.topk_weights ? a.topk_weights[(size_t)t * K + k] : 0.0f;
                 }

@@ -228,12 +228,18 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
         __syncthreads();
         // Bin this rank's selections of the block's experts (e % G == b); order inside an expert
         // is arbitrary (contract: compare as multisets).
+        // An id that points nowhere (< -1 or >= E) is binned by no block (dropped, like -1);
+        // block 0 records it (first position wins) and every block carries on.
         for (int i = tid; i < N * K; i += LL_THREADS) {
             const int64_t e = a.topk_idx[i];
-            if (e >= 0 && e < E && static_cast<int>(e % G) == b) {
-                const int ei = static_cast<int>(e / G);
-                const int p = atomicAdd(&cnt[ei], 1);
-                if (p < NM) list[ei * NM + p] = i;
+            if (e >= 0 && e < E) {
+                if (static_cast<int>(e % G) == b) {
+                    const int ei = static_cast<int>(e / G);
+                    const int p = atomicAdd(&cnt[ei], 1);
+                    if (p < NM) list[ei * NM + p] = i;
+                }
+            } else if (e != -1 && b == 0) {
+                ep_record_bad_expert(diag, EP_PHASE_LL_DISPATCH_SEND, static_cast<uint64_t>(i), e, K, E);
             }
         }
         __syncthreads();
@@ -653,7 +659,7 @@ __device__ __forceinline__ void ll_combine_impl(const LlCombineArgs& a, const Ep
                     w[k] = 0.f;
                     if (k >= K) continue;
                     const int64_t e = a.topk_idx[t * K + k];
-                    if (e < 0) continue;
+                    if (e < 0 || e >= E) continue;  // -1, or an id dispatch dropped (and recorded)
                     const int d = static_cast<int>(e / L), le = static_cast<int>(e % L);
                     if ((d == me) != (pass == 0)) continue;
                     w[k] = a.topk_weights[t * K + k];
@@ -853,7 +859,10 @@ __device__ __forceinline__ void ll_dispatch2_impl(const LlDispatch2Args& a, cons
             int e_lane = -1;
             if (lane < K) {
                 const int64_t e = a.topk_idx[t * K + lane];
-                e_lane = (e >= 0 && e < E) ? static_cast<int>(e) : -1;
+                if (e >= 0 && e < E) e_lane = static_cast<int>(e);
+                // An id that points nowhere is sent as -1 (dropped); recorded once per token.
+                else if (e != -1 && seg == 0)
+                    ep_record_bad_expert(diag, EP_PHASE_LL_DISPATCH_SEND, static_cast<uint64_t>(t) * K + lane, e, K, E);
             }
             const uint32_t dest = __reduce_or_sync(0xffffffffu, e_lane >= 0 ? (1u << (e_lane / L)) : 0u);
             const uint64_t entry = a.off_tok_stage + (static_cast<uint64_t>(me) * NM + t) * stride;

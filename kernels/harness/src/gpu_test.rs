@@ -434,7 +434,7 @@ fn selftest_cases() -> Vec<Case> {
             let secs = t0.elapsed().as_secs_f64();
             match r {
                 Err(e) => match e.downcast_ref::<EpError>() {
-                    Some(EpError::GpuTimeout { rank, phase, channel, peer: p, waited_ms }) => {
+                    Some(EpError::GpuTimeout { rank, phase, channel, peer: p, waited_ms, .. }) => {
                         ensure(*rank == c.rank() as i32, || format!("record names rank {rank}, expected {}", c.rank()))?;
                         ensure(phase == "dispatch/recv", || format!("record names phase {phase}"))?;
                         ensure((0..3).contains(channel) && *p == peer, || format!("channel {channel} peer {p}"))?;

@@ -674,8 +674,9 @@ impl<'g> InternodeBuffer<'g> {
         while self.counters.get(0) != want {
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
-                if self.gpu.error_record().code != crate::error::ERR_NONE || start.elapsed() > limit
-                {
+                // A fatal record ends the wait at once (sync returns it without waiting for the
+                // stream); a dropped bad id does not (notify completes and publishes).
+                if self.gpu.fatal_recorded() || start.elapsed() > limit {
                     self.gpu.sync("internode notify")?;
                     if self.counters.get(0) == want {
                         break;

@@ -355,6 +355,8 @@ impl<'g> Buffer<'g> {
             )));
         }
         match self.gpu.take_error() {
+            // a dropped bad expert id: reported once, the buffer stays usable
+            Some(e) if e.is_device_argument() => Err(e),
             Some(e) => self.poison(e),
             None => Ok(()),
         }

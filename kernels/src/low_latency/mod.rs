@@ -893,7 +893,10 @@ impl LowLatencyBuffer<'_> {
             )));
         }
         if let Some(e) = self.gpu.take_error() {
-            *p = Some(e.to_string());
+            // a dropped bad expert id is reported once and leaves the buffer usable
+            if !e.is_device_argument() {
+                *p = Some(e.to_string());
+            }
             return Err(e);
         }
         Ok(())

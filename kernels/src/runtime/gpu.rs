@@ -4,7 +4,7 @@
 use super::memory::{HostMapped, Pod};
 use super::{check, drv, Comm};
 use crate::cubins::{self, Cubin};
-use crate::error::{Diag, EpError, ErrorRecord, Result, ERR_NONE};
+use crate::error::{Diag, EpError, ErrorRecord, RecordKind, Result, ERR_BAD_EXPERT_ID, ERR_NONE, ERR_WRITING};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -12,10 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Default bound of any single GPU-side wait (`DEEPEP_GPU_TIMEOUT_MS` overrides).
-pub const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Extra time the host waits beyond the device bound before it declares the GPU stuck
-/// (`DEEPEP_HOST_TIMEOUT_S` overrides the whole host bound).
-pub const HOST_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
+/// (`DEEPEP_HOST_TIMEOUT_S` overrides the whole host bound). Only a backstop: every host wait
+/// polls the diagnostic record and returns as soon as a kernel recorded a fatal error, so this
+/// margin only matters when no kernel of ours got to wait at all (a stream stuck behind other
+/// work, or grids that never started on an oversubscribed GPU).
+pub const HOST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
 /// The GPU of this rank.
 pub struct Gpu {
@@ -29,6 +32,8 @@ pub struct Gpu {
     lost: Mutex<Option<ErrorRecord>>,
     device_timeout_ns: AtomicU64,
     trap_on_error: AtomicBool,
+    /// Whether [`Gpu::take_error`] leaves fatal records in place ([`Gpu::set_sticky_errors`]).
+    sticky_errors: AtomicBool,
     host_timeout_ns: AtomicU64,
     /// This rank's share of the SMs: all of them with one rank per GPU, `device_sms / K` with
     /// `K` ranks sharing the GPU (see [`ranks_per_gpu`]).
@@ -123,6 +128,7 @@ impl Gpu {
             lost: Mutex::new(None),
             device_timeout_ns: AtomicU64::new(device_timeout.as_nanos() as u64),
             trap_on_error: AtomicBool::new(false),
+            sticky_errors: AtomicBool::new(false),
             host_timeout_ns: AtomicU64::new(host_timeout.as_nanos() as u64),
             sm_count,
             device_sms,
@@ -193,7 +199,7 @@ impl Gpu {
     pub fn device_timeout(&self) -> Duration {
         Duration::from_nanos(self.device_timeout_ns.load(Ordering::Relaxed))
     }
-    /// Change the device wait bound; the host bound becomes `d` + 30 s unless `DEEPEP_HOST_TIMEOUT_S` is set.
+    /// Change the device wait bound; the host bound becomes `d` + 5 s unless `DEEPEP_HOST_TIMEOUT_S` is set.
     pub fn set_device_timeout(&self, d: Duration) {
         self.device_timeout_ns.store(d.as_nanos() as u64, Ordering::Relaxed);
         if std::env::var_os("DEEPEP_HOST_TIMEOUT_S").is_none() {
@@ -207,17 +213,27 @@ impl Gpu {
         self.host_timeout_ns.store(d.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// Whether kernels launched from now on abort with `trap` after recording an error (default
-    /// off). Off, a kernel whose bounded wait expires records `{rank, phase, channel, peer}` and
-    /// returns, the stream completes, and every read through this crate ([`crate::tensor::Tensor`],
-    /// [`Gpu::sync`]) reports the record. On, the record is written first and then the kernel
-    /// traps: the context is unusable afterwards (every later CUDA call fails), which is what a
-    /// caller that reads outputs without this crate (PyTorch) needs to never see partial data.
+    /// Whether kernels launched from now on abort with `trap` after recording a fatal error
+    /// (default off). Off, a kernel whose bounded wait expires records `{rank, phase, channel,
+    /// peer}` and returns, the stream completes, and every read through this crate
+    /// ([`crate::tensor::Tensor`], [`Gpu::sync`]) reports the record. On, the record is written
+    /// first and then the kernel traps: the context is unusable afterwards (every later CUDA call
+    /// fails), which is what a caller that reads outputs without this crate (PyTorch) needs to
+    /// never see partial data. A dropped bad expert id ([`RecordKind::Argument`]) never traps.
     pub fn set_trap_on_device_error(&self, on: bool) {
         self.trap_on_error.store(on, Ordering::Relaxed);
     }
     pub fn trap_on_device_error(&self) -> bool {
         self.trap_on_error.load(Ordering::Relaxed)
+    }
+
+    /// Whether a fatal record (a timeout, a failed device check) stays in place when it is
+    /// reported (default off: [`Gpu::take_error`] and [`Gpu::sync`] clear every record they
+    /// report, and the buffers remember the failure themselves). On (the Python binding), every
+    /// later look at the record ([`pending_device_error`]) reports it again until
+    /// [`Gpu::clear_error`]. Argument records are always cleared when taken.
+    pub fn set_sticky_errors(&self, on: bool) {
+        self.sticky_errors.store(on, Ordering::Relaxed);
     }
 
     /// The diagnostic argument every kernel takes last (appended by [`Gpu::launch`]).
@@ -232,17 +248,18 @@ impl Gpu {
 
     /// The current content of the host-mapped error record (all zero = no error).
     pub fn error_record(&self) -> ErrorRecord {
-        let r = self.record.get(0);
-        if r.code == ERR_NONE {
-            ErrorRecord::default()
-        } else {
-            r
-        }
+        read_record(&self.record)
     }
 
     /// Clear the error record (only while no kernel of this rank runs).
     pub fn clear_error(&self) {
         self.record.set(0, ErrorRecord::default());
+    }
+
+    /// Take a recorded dropped bad expert id ([`RecordKind::Argument`]): returns it and clears
+    /// the record; a fatal record (or none) is left as it is and `None` returned.
+    pub fn take_argument_error(&self) -> Option<EpError> {
+        take_argument(&self.record)
     }
 
     /// Load (once) the embedded cubin `name`.
@@ -415,6 +432,14 @@ impl Gpu {
             match q {
                 sys::CUresult::CUDA_SUCCESS => break,
                 sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    // A fatal record ends the wait at once (the kernel that wrote it gave up, and
+                    // its other blocks follow within a few thousand polls); a dropped bad id does
+                    // not: that kernel completes its call normally.
+                    if self.fatal_recorded() {
+                        if let Some(e) = self.take_error() {
+                            return Err(e);
+                        }
+                    }
                     if start.elapsed() > host_timeout {
                         if let Some(e) = self.take_error() {
                             return Err(e);
@@ -444,10 +469,12 @@ impl Gpu {
                 }
             }
         }
-        match self.take_error() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        if self.fatal_recorded() {
+            if let Some(e) = self.take_error() {
+                return Err(e);
+            }
         }
+        Ok(())
     }
 
     /// The first expired bounded wait of this GPU's kernels, if any (from the record as it is now,
@@ -468,15 +495,24 @@ impl Gpu {
         }
     }
 
-    /// The recorded device error, if any, as an [`EpError`]; clears the record.
+    /// Whether the record holds a fatal error (a timeout or a failed device check).
+    pub fn fatal_recorded(&self) -> bool {
+        self.error_record().kind().is_some_and(RecordKind::is_fatal)
+    }
+
+    /// The recorded device error, if any, as an [`EpError`]; clears the record, except a fatal
+    /// one while [`Gpu::set_sticky_errors`] is on.
     pub fn take_error(&self) -> Option<EpError> {
         let r = self.error_record();
         self.note_lost(&r);
-        let e = r.to_error();
-        if e.is_some() {
+        let kind = r.kind()?;
+        if kind == RecordKind::Argument {
+            return self.take_argument_error().or_else(|| self.take_error());
+        }
+        if !self.sticky_errors.load(Ordering::Relaxed) {
             self.clear_error();
         }
-        e
+        r.to_error()
     }
 
     /// Synchronous host-to-device copy on this GPU's stream.
@@ -921,10 +957,85 @@ pub fn launch_timing(reset: bool) -> (u64, u64) {
 
 /// The first error recorded by a kernel of any live [`Gpu`] of this process and not yet taken by
 /// [`Gpu::sync`] / [`Gpu::take_error`]. The record is left in place: the next call into the
-/// buffer that ran the kernel still sees it (and poisons that buffer).
+/// buffer that ran the kernel still sees it (and poisons that buffer, unless it is an argument
+/// record).
 pub fn pending_device_error() -> Option<EpError> {
+    pending_record(|_| true).and_then(|(_, r)| r.to_error())
+}
+
+/// [`pending_device_error`] restricted to fatal records (timeouts, failed device checks).
+pub fn pending_fatal_error() -> Option<EpError> {
+    pending_record(RecordKind::is_fatal).and_then(|(_, r)| r.to_error())
+}
+
+/// The first error recorded by a kernel of any live [`Gpu`] of this process, with its kind. An
+/// argument record ([`RecordKind::Argument`]: a bad id was dropped, nothing else happened) is
+/// cleared, so it is reported once; a fatal record is left in place (reported again by every
+/// later look until the buffer is recreated or [`Gpu::clear_error`]).
+pub fn take_pending_device_error() -> Option<(RecordKind, EpError)> {
+    let (rec, r) = pending_record(|_| true)?;
+    let kind = r.kind()?;
+    if kind == RecordKind::Argument {
+        return match take_argument(&rec) {
+            Some(e) => Some((kind, e)),
+            // replaced by a fatal record meanwhile
+            None => pending_record(|_| true).and_then(|(_, r)| Some((r.kind()?, r.to_error()?))),
+        };
+    }
+    Some((kind, r.to_error()?))
+}
+
+fn pending_record(want: impl Fn(RecordKind) -> bool) -> Option<(Arc<HostMapped<ErrorRecord>>, ErrorRecord)> {
     let live = LIVE_RECORDS.lock().unwrap_or_else(|e| e.into_inner());
-    live.iter().filter_map(|w| w.upgrade()).find_map(|r| r.get(0).to_error())
+    live.iter().filter_map(|w| w.upgrade()).find_map(|rec| {
+        let r = read_record(&rec);
+        r.kind().is_some_and(&want).then_some((rec, r))
+    })
+}
+
+/// A consistent snapshot of a record: the code first (the device writes it last, after a system
+/// fence), then the fields. A record still being written (code -1) is re-read for up to 10 ms.
+fn read_record(rec: &HostMapped<ErrorRecord>) -> ErrorRecord {
+    let code_ptr = rec.host_ptr() as *const i32;
+    let start = Instant::now();
+    loop {
+        // SAFETY: `code` is the first field of the live host-mapped record; volatile because the
+        // GPU writes it concurrently.
+        let code = unsafe { std::ptr::read_volatile(code_ptr) };
+        if code == ERR_NONE {
+            return ErrorRecord::default();
+        }
+        if code != ERR_WRITING || start.elapsed() > Duration::from_millis(10) {
+            std::sync::atomic::fence(Ordering::Acquire);
+            let r = rec.get(0);
+            if r.code == code {
+                return r;
+            }
+            continue; // changed while reading: read again
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Clear an argument record and return it; a fatal record (or none) is left in place. `bad_key`
+/// is zeroed first, then the code is swapped 4 -> 0 atomically, so a fatal record that replaces
+/// the argument record meanwhile is never lost. (A kernel still running may record a later bad
+/// id of the same call again; it is then reported by the next look.)
+fn take_argument(rec: &HostMapped<ErrorRecord>) -> Option<EpError> {
+    let r = read_record(rec);
+    if r.kind() != Some(RecordKind::Argument) {
+        return None;
+    }
+    let base = rec.host_ptr();
+    // SAFETY: fields of the live host-mapped record; `code` is 4-byte aligned and only accessed
+    // atomically or volatile (the GPU side uses system-scope atomics on it).
+    unsafe {
+        std::ptr::write_volatile(std::ptr::addr_of_mut!((*base).bad_key), 0);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let code = std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*base).code));
+        code.compare_exchange(ERR_BAD_EXPERT_ID, ERR_NONE, Ordering::SeqCst, Ordering::SeqCst).ok()?;
+    }
+    r.to_error()
 }
 
 /// Environment variable that lets `K` ranks share each GPU on purpose (set by `--ranks-per-gpu`).

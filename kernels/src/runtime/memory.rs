@@ -177,6 +177,11 @@ impl<T: Pod> HostMapped<T> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The host address of element 0 (for field-wise volatile or atomic access; the GPU writes
+    /// this memory concurrently).
+    pub fn host_ptr(&self) -> *mut T {
+        self.host
+    }
     /// Volatile read of element `i`.
     pub fn get(&self, i: usize) -> T {
         assert!(i < self.len, "HostMapped index {i} out of range {}", self.len);

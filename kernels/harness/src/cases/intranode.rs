@@ -355,19 +355,40 @@ fn peer_missing_times_out(c: &Ctx) -> CaseResult {
     result
 }
 
-/// An expert id outside `[-1, E)` is reported by the layout kernel (device-side check).
+/// An expert id outside `[-1, E)` is dropped and reported by the layout kernel (device-side
+/// check, not fatal): the stream completes without error, the record names the first bad
+/// position and its value, and the buffer keeps working.
 fn layout_bad_expert_id(c: &Ctx) -> CaseResult {
     let mut buf = Buffer::new(c.gpu, c.comm, 16, 128)?;
     let result = (|| -> CaseResult {
         let e = 8 * c.world();
         let mut ids = vec![0i64; 16 * 2];
-        ids[13] = e as i64; // token 6
+        ids[13] = e as i64; // token 6, slot 1
+        ids[20] = -2; // token 10, slot 0: a later bad id; the first one is reported
         let idx = Tensor::from_host(c.gpu.stream(), &ids, &[16, 2])?;
-        let _lay = buf.dispatch_layout(&idx, e)?;
-        match c.gpu.sync("layout with a bad id") {
-            Err(EpError::InvalidArgument(m)) if m.contains("layout") && m.contains("detail 6") => Ok(()),
-            other => bail!("a bad expert id gave {other:?}; expected a device-side check error in phase layout naming token 6"),
+        let lay = buf.dispatch_layout(&idx, e)?;
+        c.gpu.sync("layout with a bad id")?;
+        match c.gpu.take_error() {
+            Some(EpError::BadExpertId { token: 6, slot: 1, value, num_experts, ref call, .. })
+                if value == e as i32 && num_experts == e as i32 && call == "get_dispatch_layout" => {}
+            other => bail!("a bad expert id gave {other:?}; expected BadExpertId at topk_idx[6, 1] in get_dispatch_layout"),
         }
+        if c.gpu.error_record().code != 0 {
+            bail!("taking the argument record did not clear it: {:?}", c.gpu.error_record());
+        }
+        // Dropped, i.e. counted like -1: token 6 has expert 0 only, token 10 expert 0 only.
+        let per_expert = lay.num_tokens_per_expert.to_host::<i32>()?;
+        if per_expert[0] != 30 || per_expert.iter().sum::<i32>() != 30 {
+            bail!("tokens per expert {per_expert:?}: expected 30 selections of expert 0 (32 minus the two bad ids, dropped)");
+        }
+        // The buffer stays usable: a clean layout runs and reports nothing.
+        let clean = Tensor::from_host(c.gpu.stream(), &vec![0i64; 32], &[16, 2])?;
+        buf.dispatch_layout(&clean, e)?;
+        c.gpu.sync("layout after a bad id")?;
+        if let Some(err) = c.gpu.take_error() {
+            bail!("a clean layout after a bad one reported {err}");
+        }
+        Ok(())
     })();
     c.comm.barrier()?;
     drop(buf);
