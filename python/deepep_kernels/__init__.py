@@ -9,7 +9,8 @@ here imports torch at import time, so the API shape can be inspected without tor
 from . import _native
 from .config import Config
 from .utils import EventHandle, EventOverlap
-from .buffer import Buffer, DeviceError, check_device_error
+from .buffer import Buffer, DeviceArgumentError, DeviceError, PeerTimeoutError, check_device_error
 
 __version__ = _native.__version__
-__all__ = ["Buffer", "Config", "DeviceError", "check_device_error", "EventHandle", "EventOverlap", "__version__"]
+__all__ = ["Buffer", "Config", "DeviceError", "DeviceArgumentError", "PeerTimeoutError", "check_device_error", "EventHandle",
+           "EventOverlap", "__version__"]

@@ -267,30 +267,68 @@ def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, 
 
 
 class DeviceError(RuntimeError):
-    """A kernel of this process recorded an error (an expired bounded GPU wait, with the rank,
-    phase, channel and peer it waited for, or a bad argument it found) and aborted. CUDA calls of
-    the process fail from then on (the context is lost, as with DeepEP's timeouts); create the
-    process group and the Buffer again in a new process."""
+    """A kernel of this process recorded an error in its host-mapped record. The CUDA context
+    survives (unless ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``); the subclass says what the Buffer can
+    still do: :class:`DeviceArgumentError` (bad input, dropped; the Buffer stays usable) or
+    :class:`PeerTimeoutError` (a peer stopped answering; the Buffer cannot be used again). A plain
+    ``DeviceError`` is another failed device-side check (ranks that disagree about a call) and is
+    as final as a timeout. Kernels run asynchronously: the error is raised by the next call on a
+    Buffer (or by the call itself where the host waits for the GPU, e.g. a fresh intranode
+    dispatch), or by :func:`check_device_error`."""
+
+
+class DeviceArgumentError(DeviceError, ValueError):
+    """A routing id in ``topk_idx`` points nowhere (``< -1`` or ``>= num_experts``). The kernel
+    treated that selection as ``-1`` (no expert), dropped nothing else, and completed the call
+    with its peers; the message names the call, ``topk_idx[token, slot]`` of the first bad id,
+    its value and the valid range. Raised once (the record is cleared); the Buffer and the CUDA
+    context stay usable. Fix the router output, or mask such ids to -1."""
+
+
+class PeerTimeoutError(DeviceError):
+    """A bounded GPU wait expired (``DEEPEP_GPU_TIMEOUT_MS``, default 5000): the message names this
+    rank, the call, the rank it waited for, the phase and channel. That rank probably died or
+    stopped calling. Raised by every later call on the Buffers of this process until the Buffer
+    is destroyed; call ``destroy()`` and create a new Buffer on the ranks that remain. The CUDA
+    context survives (unless ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``)."""
+
+
+def _device_error(kind: str, msg: str) -> DeviceError:
+    if kind == "argument":
+        return DeviceArgumentError(msg)
+    if kind == "timeout":
+        return PeerTimeoutError(msg)
+    return DeviceError(msg)
 
 
 def check_device_error() -> None:
-    """Raise :class:`DeviceError` if a kernel of this process recorded an error. Every ``Buffer``
-    method calls it first; call it yourself after a CUDA error from torch to learn the cause."""
-    msg = _native.device_error()
-    if msg is not None:
-        raise DeviceError(f"{msg}. The kernel aborted (CUDA calls of this process now fail); outputs of that call and "
-                          "later ones are invalid. Fix the cause (a rank that stopped calling, or ranks that cannot all run at "
-                          "once) and restart the processes")
+    """Raise what a kernel of this process recorded, if anything: :class:`DeviceArgumentError` once
+    (the record is cleared), :class:`PeerTimeoutError` or :class:`DeviceError` every time until
+    the Buffer is destroyed. Every ``Buffer`` method calls it first. Outputs of an asynchronous call
+    that recorded an error may already have been read by torch before this raises (see
+    docs/python.md, "Device-side errors")."""
+    rec = _native.take_device_error()
+    if rec is not None:
+        raise _device_error(*rec)
 
 
 def _checked(method):
-    """Run :func:`check_device_error` before the method (a call after a kernel aborted raises the
-    recorded cause instead of a bare CUDA error from torch)."""
+    """Run :func:`check_device_error` before the method; if the method fails while a fatal record
+    is pending (a host wait that ended because a kernel timed out), raise the recorded cause
+    (:class:`PeerTimeoutError` / :class:`DeviceError`) instead of the bare error."""
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         check_device_error()
-        return method(*args, **kwargs)
+        try:
+            return method(*args, **kwargs)
+        except DeviceError:
+            raise
+        except Exception as e:
+            rec = _native.take_device_error(fatal_only=True)
+            if rec is not None:
+                raise _device_error(*rec) from e
+            raise
 
     return wrapper
 

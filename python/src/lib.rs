@@ -560,9 +560,11 @@ impl Runtime {
     #[pyo3(signature = (device, rank, world, local_rank, local_world, all_gather, ranks_per_gpu = 1))]
     fn new(device: usize, rank: usize, world: usize, local_rank: usize, local_world: usize, all_gather: Py<PyAny>, ranks_per_gpu: usize) -> PyResult<Runtime> {
         let gpu = Box::new(Gpu::with_share(device, rank, ranks_per_gpu).map_err(py_err)?);
-        // torch reads our outputs without looking at the diagnostic record: a kernel whose bounded
-        // wait expires must fail the context (trap) instead of returning partial data quietly.
-        gpu.set_trap_on_device_error(true);
+        // Device errors come back through the host-mapped record, which buffer.py reports before
+        // every call (check_device_error); the context survives. DEEPEP_KERNELS_TRAP_ON_ERROR=1
+        // makes a fatal record trap instead (the context is lost; docs/python.md).
+        gpu.set_trap_on_device_error(trap_on_error_env()?);
+        gpu.set_sticky_errors(true);
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
@@ -1216,12 +1218,48 @@ fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, 
     .map_err(py_err)
 }
 
-/// The error a kernel of this process recorded (rank, phase, channel, peer of an expired GPU wait,
-/// or a bad argument it found), as text; None when no kernel recorded one. Kernels of a Runtime
-/// then trap, so CUDA calls of the process fail from then on; this names why.
+/// `DEEPEP_KERNELS_TRAP_ON_ERROR`: `1` = a kernel that records a fatal error (an expired wait, a
+/// failed device check) then traps, so no CUDA call of the process succeeds afterwards (the old
+/// behaviour); unset, empty or `0` = no trap (the default).
+fn trap_on_error_env() -> PyResult<bool> {
+    parse_trap_env(std::env::var("DEEPEP_KERNELS_TRAP_ON_ERROR").ok().as_deref()).map_err(PyValueError::new_err)
+}
+
+fn parse_trap_env(v: Option<&str>) -> Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!(
+            "DEEPEP_KERNELS_TRAP_ON_ERROR={other:?}: use 1 (a fatal device error traps and the CUDA context is lost) or 0 \
+             (the default: the error is raised by the next Buffer call and the context survives)"
+        )),
+    }
+}
+
+/// The error a kernel of this process recorded and nobody took yet, as text (a dropped bad expert
+/// id, an expired GPU wait naming rank, call, phase, channel and peer, or a failed device check);
+/// None when no kernel recorded one. Only looks: see `take_device_error`.
 #[pyfunction]
 fn device_error() -> Option<String> {
     rt::gpu::pending_device_error().map(|e| e.to_string())
+}
+
+/// `(kind, message)` of the error a kernel of this process recorded, or None. `kind` is
+/// `"argument"` (a routing id that points nowhere was dropped; the call completed normally on
+/// every rank; this clears the record, so it is returned once), `"timeout"` (a bounded GPU wait
+/// expired: a peer died or stopped calling) or `"fatal"` (another device-side check failed). A
+/// timeout or fatal record is kept: it is returned again by every later call until the Buffer is
+/// destroyed. With `fatal_only`, an argument record is neither returned nor cleared.
+#[pyfunction]
+#[pyo3(signature = (fatal_only = false))]
+fn take_device_error(fatal_only: bool) -> Option<(String, String)> {
+    if fatal_only {
+        return rt::gpu::pending_fatal_error().map(|e| {
+            let kind = if matches!(e, EpError::GpuTimeout { .. }) { "timeout" } else { "fatal" };
+            (kind.to_string(), e.to_string())
+        });
+    }
+    rt::gpu::take_pending_device_error().map(|(kind, e)| (kind.name().to_string(), e.to_string()))
 }
 
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
@@ -1263,6 +1301,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_exchange_selftest, m)?)?;
     m.add_function(wrap_pyfunction!(capture, m)?)?;
     m.add_function(wrap_pyfunction!(device_error, m)?)?;
+    m.add_function(wrap_pyfunction!(take_device_error, m)?)?;
     Ok(())
 }
 
@@ -1288,6 +1327,16 @@ mod tests {
         // an invalid configuration (3 ranks per host of 8 ranks) fits nowhere
         assert_eq!(inter_max_tokens(8, (3, 0, 2048, 24, 8, 8), usize::MAX), 0);
         assert!(inter_bytes(8, (3, 16, 2048, 24, 8, 8)).unwrap_err().to_string().contains("divide"));
+    }
+
+    #[test]
+    fn trap_env_is_opt_in_and_checked() {
+        assert!(!parse_trap_env(None).unwrap());
+        assert!(!parse_trap_env(Some("")).unwrap());
+        assert!(!parse_trap_env(Some("0")).unwrap());
+        assert!(parse_trap_env(Some("1")).unwrap());
+        let e = parse_trap_env(Some("yes")).unwrap_err();
+        assert!(e.contains("DEEPEP_KERNELS_TRAP_ON_ERROR=\"yes\"") && e.contains("use 1"), "{e}");
     }
 
     #[test]

@@ -550,22 +550,92 @@ def test_a_failing_all_gather_is_a_runtime_error_naming_it():
 
 def test_no_device_error_is_recorded_without_kernels():
     assert _native.device_error() is None
+    assert _native.take_device_error() is None
+    assert _native.take_device_error(fatal_only=True) is None
     deepep_kernels.check_device_error()  # does not raise
     assert issubclass(deepep_kernels.DeviceError, RuntimeError)
+    # bad input is a ValueError (and a DeviceError); a peer timeout is not
+    assert issubclass(deepep_kernels.DeviceArgumentError, deepep_kernels.DeviceError)
+    assert issubclass(deepep_kernels.DeviceArgumentError, ValueError)
+    assert issubclass(deepep_kernels.PeerTimeoutError, deepep_kernels.DeviceError)
+    assert not issubclass(deepep_kernels.PeerTimeoutError, ValueError)
 
 
-def test_buffer_calls_raise_the_recorded_device_error_first(monkeypatch):
-    # A recorded kernel error needs a GPU (python/tests/gpu covers the real one: a peer that stops
-    # calling); here the record's reader is replaced to check that every communication method
-    # consults it before anything else, even before argument checks.
+_COMM_METHODS = ["get_dispatch_layout", "dispatch", "combine", "low_latency_dispatch", "low_latency_combine",
+                 "get_next_low_latency_combine_buffer", "clean_low_latency_buffer", "get_local_buffer_tensor"]
+_TIMEOUT_MSG = ("rank 0: low_latency_dispatch waited 5.0 s for rank 1 (phase low-latency dispatch/recv, channel 3); rank 1 "
+                "probably died, stopped calling, or called with different arguments; this Buffer cannot be used again: call "
+                "destroy() and create a new Buffer on the ranks that remain")
+_BAD_ID_MSG = ("rank 0: topk_idx[37, 2] = 300 in low_latency_dispatch is not an expert id: ids must be -1 (no expert) or in "
+               "[0, 256)")
+
+
+class _FakeRecord:
+    """Stands in for the host-mapped record behind _native.take_device_error (a real record needs a
+    GPU kernel: python/tests/gpu/test_errors.py covers it), with the same contract: an argument
+    record is returned once and cleared, a timeout is returned every time; fatal_only never
+    returns (or clears) an argument record."""
+
+    def __init__(self, kind, msg):
+        self.kind, self.msg = kind, msg
+
+    def __call__(self, fatal_only=False):
+        if self.kind is None or (fatal_only and self.kind == "argument"):
+            return None
+        rec = (self.kind, self.msg)
+        if self.kind == "argument":
+            self.kind = None
+        return rec
+
+
+def test_buffer_calls_raise_the_recorded_timeout_first_and_every_time(monkeypatch):
+    # Every communication method consults the record before anything else, even before argument
+    # checks; a timeout stays until the Buffer is destroyed.
     import deepep_kernels.buffer as b
 
-    monkeypatch.setattr(b._native, "device_error", lambda: "rank 0: GPU wait timed out in phase 'dispatch/send' (channel 3, waiting for rank 1) after 2000.0 ms")
+    monkeypatch.setattr(b._native, "take_device_error", _FakeRecord("timeout", _TIMEOUT_MSG))
     buf = object.__new__(Buffer)
-    for name in ["get_dispatch_layout", "dispatch", "combine", "low_latency_dispatch", "low_latency_combine",
-                 "get_next_low_latency_combine_buffer", "clean_low_latency_buffer", "get_local_buffer_tensor"]:
-        with pytest.raises(deepep_kernels.DeviceError, match=r"rank 0: GPU wait timed out .*waiting for rank 1.*restart the processes"):
-            getattr(buf, name)(*([None] * len(DEEPEP_V121[name])))
+    for _ in range(2):
+        for name in _COMM_METHODS:
+            with pytest.raises(deepep_kernels.PeerTimeoutError, match=r"^rank 0: low_latency_dispatch waited 5\.0 s for rank 1 .*destroy\(\)"):
+                getattr(buf, name)(*([None] * len(DEEPEP_V121[name])))
+
+
+def test_a_bad_id_record_is_raised_once_as_a_value_error(monkeypatch):
+    import deepep_kernels.buffer as b
+
+    monkeypatch.setattr(b._native, "take_device_error", _FakeRecord("argument", _BAD_ID_MSG))
+    buf = object.__new__(Buffer)
+    with pytest.raises(deepep_kernels.DeviceArgumentError, match=r"topk_idx\[37, 2\] = 300 in low_latency_dispatch") as e:
+        buf.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
+    assert isinstance(e.value, ValueError)
+    # cleared: the next call gets past the record (and fails on its own arguments, not the record)
+    with pytest.raises(Exception) as e:
+        buf.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
+    assert not isinstance(e.value, deepep_kernels.DeviceError)
+
+
+def test_a_call_that_fails_while_a_timeout_is_pending_raises_the_timeout(monkeypatch):
+    # A host wait inside a call ends when a kernel records a timeout; the call's own error is
+    # replaced by the recorded cause (chained), here simulated by a record that appears after the
+    # check at the start of the call.
+    import deepep_kernels.buffer as b
+
+    rec = _FakeRecord(None, _TIMEOUT_MSG)
+
+    def failing(self):
+        rec.kind = "timeout"
+        raise RuntimeError("rank 0: host wait ended")
+
+    monkeypatch.setattr(b._native, "take_device_error", rec)
+    wrapped = b._checked(failing)
+    with pytest.raises(deepep_kernels.PeerTimeoutError, match="waited 5.0 s") as e:
+        wrapped(object())
+    assert "host wait ended" in str(e.value.__cause__)
+    # without a fatal record the method's own error comes through unchanged
+    rec.kind = None
+    with pytest.raises(RuntimeError, match="host wait ended"):
+        b._checked(lambda self: (_ for _ in ()).throw(RuntimeError("host wait ended")))(object())
 
 
 def test_dispatch_layout_shapes_are_checked_against_the_tokens():

@@ -227,11 +227,14 @@ impl Gpu {
         self.trap_on_error.load(Ordering::Relaxed)
     }
 
-    /// Whether a fatal record (a timeout, a failed device check) stays in place when it is
-    /// reported (default off: [`Gpu::take_error`] and [`Gpu::sync`] clear every record they
-    /// report, and the buffers remember the failure themselves). On (the Python binding), every
-    /// later look at the record ([`pending_device_error`]) reports it again until
-    /// [`Gpu::clear_error`]. Argument records are always cleared when taken.
+    /// Whether records stay in place until taken explicitly (default off). Off, [`Gpu::take_error`]
+    /// and [`Gpu::sync`] clear every record they report, and the buffers report an argument
+    /// record once at their next call and remember a fatal one themselves. On (the Python
+    /// binding, which reports the record itself before every call): a fatal record (a timeout, a
+    /// failed device check) is reported by every later look ([`pending_device_error`],
+    /// [`Gpu::take_error`]) until [`Gpu::clear_error`], and [`Gpu::take_error`] leaves argument
+    /// records alone (the binding takes them with [`take_pending_device_error`]), so a buffer
+    /// never refuses a call because of one.
     pub fn set_sticky_errors(&self, on: bool) {
         self.sticky_errors.store(on, Ordering::Relaxed);
     }
@@ -500,16 +503,21 @@ impl Gpu {
         self.error_record().kind().is_some_and(RecordKind::is_fatal)
     }
 
-    /// The recorded device error, if any, as an [`EpError`]; clears the record, except a fatal
-    /// one while [`Gpu::set_sticky_errors`] is on.
+    /// The recorded device error, if any, as an [`EpError`]; clears the record. While
+    /// [`Gpu::set_sticky_errors`] is on, a fatal record is reported but kept, and an argument
+    /// record is neither reported nor cleared here.
     pub fn take_error(&self) -> Option<EpError> {
         let r = self.error_record();
         self.note_lost(&r);
         let kind = r.kind()?;
+        let sticky = self.sticky_errors.load(Ordering::Relaxed);
         if kind == RecordKind::Argument {
+            if sticky {
+                return None;
+            }
             return self.take_argument_error().or_else(|| self.take_error());
         }
-        if !self.sticky_errors.load(Ordering::Relaxed) {
+        if !sticky {
             self.clear_error();
         }
         r.to_error()
