@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from deepep_kernels import Buffer, DeviceError, EventOverlap, _native, check_device_error
+from deepep_kernels import Buffer, EventOverlap, _native, check_device_error
 from deepep_kernels.utils import EventHandle
 from harness import gather
 
@@ -84,7 +84,7 @@ def bits(t):
 
 
 def check_equal(name, got, want):
-    # a kernel that gave up a wait traps and records why: report that, not a data mismatch
+    # a kernel that gave up a wait (or dropped a bad id) recorded why: report that, not a data mismatch
     check_device_error()
     got = got.cpu()
     check_device_error()
@@ -651,12 +651,18 @@ def _combine_copies_weighted(x, idx, w, world):
 
 def peer_stops_calling(rank, world, group):
     """A rank that stops calling: the other rank's kernel gives up its bounded wait, records
-    {rank, phase, peer}, and traps, so torch's next synchronisation fails instead of returning
-    partial rows, and the next Buffer call raises DeviceError naming the rank, phase and peer."""
+    {rank, call, phase, peer} and returns (no trap). Rank 0's next Buffer call, within the device
+    bound + 1 s of the call that waited, raises PeerTimeoutError naming the call, the phase and the
+    rank it waited for; every later call raises it again; the CUDA context still works."""
     import os
-    import torch.distributed as dist
+    import time
 
-    os.environ["DEEPEP_GPU_TIMEOUT_MS"] = "2000"  # read when the Buffer creates its runtime
+    import torch.distributed as dist
+    from deepep_kernels import PeerTimeoutError
+
+    timeout_s = 2.0
+    os.environ["DEEPEP_GPU_TIMEOUT_MS"] = str(int(timeout_s * 1000))  # read when the Buffer creates its runtime
+    os.environ.pop("DEEPEP_KERNELS_TRAP_ON_ERROR", None)
     num_experts = LOCAL_EXPERTS * world
     buf = Buffer(group, _native.intranode_buffer_bytes(world, 512, HIDDEN), 0, explicitly_destroy=True)
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -669,25 +675,33 @@ def peer_stops_calling(rank, world, group):
     check_device_error()  # nothing recorded so far
     if rank == 0:
         # a cached dispatch has no host synchronisation: the call returns, the kernel waits for
-        # rank 1, which never comes
-        out = buf.dispatch(xd, handle=handle)[0]
-        try:
-            torch.cuda.synchronize()
-            out.cpu()
-            raise AssertionError("the cached dispatch without its peer completed; its rows would be partial")
-        except DeviceError:
-            raise
-        except RuntimeError as e:  # torch's CUDA error after the trap
-            cuda_err = str(e)
+        # rank 1, which never comes, and gives up after timeout_s
+        t0 = time.monotonic()
+        buf.dispatch(xd, handle=handle)
+        torch.cuda.synchronize()  # completes: the kernel recorded the timeout and returned
         try:
             buf.get_dispatch_layout(idxd, num_experts)
             raise AssertionError("a Buffer call after the recorded timeout did not raise")
-        except DeviceError as e:
+        except PeerTimeoutError as e:
             msg = str(e)
-        assert "rank 0" in msg and "timed out" in msg and "rank 1" in msg, msg
-        print(f"rank 0: torch said: {cuda_err.splitlines()[0]}; the next call said: {msg}", flush=True)
+        elapsed = time.monotonic() - t0
+        assert msg.startswith("rank 0: dispatch waited ") and "for rank 1 (phase dispatch/" in msg, msg
+        assert "rank 1 probably died" in msg and "destroy()" in msg, msg
+        assert elapsed < timeout_s + 1.0, f"the timeout came after {elapsed:.1f} s (bound {timeout_s} s + 1 s)"
+        # reported again by every later call, not only once
+        for _ in range(2):
+            try:
+                buf.dispatch(xd, handle=handle)
+                raise AssertionError("a second call after the timeout did not raise")
+            except PeerTimeoutError as e:
+                assert str(e) == msg, (str(e), msg)
+        # the CUDA context survived: torch still computes on this GPU
+        y = torch.arange(1000, device=dev, dtype=torch.float32)
+        assert float((y * 2).sum().item()) == 999000.0
+        print(f"rank 0: after {elapsed:.2f} s the next call said: {msg}", flush=True)
     dist.barrier(group)
-    # the CUDA context of rank 0 is gone: leave without destructors (they would call CUDA)
+    # rank 0's Buffer cannot run collectives any more and rank 1's peer is gone: leave without
+    # the destructors' collective teardown (destroying a Buffer after a timeout is not covered here)
     os._exit(0)
 
 
