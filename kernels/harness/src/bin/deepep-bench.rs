@@ -103,7 +103,7 @@ struct Cli {
     /// Seed of the routing (default: fixed 1, so runs are comparable).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Bound of any GPU-side wait in milliseconds (default 10000, or DEEPEP_GPU_TIMEOUT_MS).
+    /// Bound of any GPU-side wait in milliseconds (default 5000, or DEEPEP_GPU_TIMEOUT_MS).
     #[arg(long)]
     timeout_ms: Option<u64>,
 }

@@ -39,7 +39,7 @@ struct Cli {
     /// List the case names and exit (no GPU needed).
     #[arg(long)]
     list: bool,
-    /// Bound of any GPU-side wait in milliseconds (default 10000, or DEEPEP_GPU_TIMEOUT_MS).
+    /// Bound of any GPU-side wait in milliseconds (default 5000, or DEEPEP_GPU_TIMEOUT_MS).
     #[arg(long)]
     timeout_ms: Option<u64>,
     /// Testing the launcher: this rank exits with code 3 right after the rendezvous.
