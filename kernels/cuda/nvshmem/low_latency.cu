@@ -238,7 +238,7 @@ __device__ __forceinline__ void ll_dispatch_impl(const LlDispatchArgs& a, const 
                     const int p = atomicAdd(&cnt[ei], 1);
                     if (p < NM) list[ei * NM + p] = i;
                 }
-            } else if (e != -1 && b == 0) {
+            } else if (e != -1 && b == 0) {  // valid ids pay nothing for this check
                 ep_record_bad_expert(diag, EP_PHASE_LL_DISPATCH_SEND, static_cast<uint64_t>(i), e, K, E);
             }
         }

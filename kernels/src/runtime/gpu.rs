@@ -411,8 +411,11 @@ impl Gpu {
 
     /// Wait for everything queued on this GPU's stream, bounded by the host timeout. A GPU-side
     /// wait that expired (recorded in the diagnostic record) becomes [`EpError::GpuTimeout`] naming
-    /// rank, phase and channel (the record is cleared so later work can run); no completion within
-    /// the host bound without a record becomes [`EpError::HostTimeout`] naming `what`.
+    /// rank, call, phase, channel and peer (the record is cleared so later work can run, unless
+    /// [`Gpu::set_sticky_errors`]); a fatal record set while this waits ends the wait at once (one
+    /// already set when it starts does not: the stream drains first). A dropped bad expert id is
+    /// not an error here (the buffer's next call reports it). No completion within the host bound
+    /// without a record becomes [`EpError::HostTimeout`] naming `what`.
     pub fn sync(&self, what: &str) -> Result<()> {
         self.sync_raw(self.cu_stream(), what)
     }
@@ -428,6 +431,9 @@ impl Gpu {
         check(unsafe { sys::cuEventRecord(self.done, stream) }, || format!("rank {}: cuEventRecord ({what})", self.rank))?;
         let start = Instant::now();
         let host_timeout = self.host_timeout();
+        // A fatal record that is already there (sticky, reported before) does not end this wait
+        // early: a caller about to free memory (a buffer's drop) must wait for the stream to drain.
+        let stop_on_record = !self.fatal_recorded();
         let mut nap = Duration::from_micros(2);
         loop {
             // SAFETY: valid event.
@@ -438,7 +444,7 @@ impl Gpu {
                     // A fatal record ends the wait at once (the kernel that wrote it gave up, and
                     // its other blocks follow within a few thousand polls); a dropped bad id does
                     // not: that kernel completes its call normally.
-                    if self.fatal_recorded() {
+                    if stop_on_record && self.fatal_recorded() {
                         if let Some(e) = self.take_error() {
                             return Err(e);
                         }
