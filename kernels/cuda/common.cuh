@@ -84,13 +84,14 @@ __device__ __forceinline__ bool ep_aborted(const EpDiag& d) {
 }
 
 // The body of ep_record_error (inlined into the two non-inlined recorders, so neither calls the
-// other: a nested call made the NVSHMEM builds spill).
+// other: a nested call made the NVSHMEM builds spill). Device-scope atomics on the host-mapped
+// record, as before: only this rank's kernels write it; the host reads `code` first.
 __device__ __forceinline__ void ep_record_error_body(const EpDiag& d, int32_t code, int32_t phase, int32_t channel,
                                                      int32_t peer, int32_t detail, uint64_t waited_ns) {
     int32_t* c = reinterpret_cast<int32_t*>(&d.err->code);
-    bool won = atomicCAS_system(c, 0, -1) == 0;
+    bool won = atomicCAS(c, 0, -1) == 0;
     if (!won && code != EP_ERR_BAD_EXPERT_ID)
-        won = atomicCAS_system(c, EP_ERR_BAD_EXPERT_ID, -1) == EP_ERR_BAD_EXPERT_ID;
+        won = atomicCAS(c, EP_ERR_BAD_EXPERT_ID, -1) == EP_ERR_BAD_EXPERT_ID;
     if (won) {
         d.err->rank = d.rank;
         d.err->phase = phase;

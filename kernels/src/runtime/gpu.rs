@@ -1032,9 +1032,12 @@ fn read_record(rec: &HostMapped<ErrorRecord>) -> ErrorRecord {
 }
 
 /// Clear an argument record and return it; a fatal record (or none) is left in place. `bad_key`
-/// is zeroed first, then the code is swapped 4 -> 0 atomically, so a fatal record that replaces
-/// the argument record meanwhile is never lost. (A kernel still running may record a later bad
-/// id of the same call again; it is then reported by the next look.)
+/// is zeroed first, then the code is swapped 4 -> 0 with a host compare-exchange, which fails
+/// when the code changed since it was read. Best effort while a kernel still runs: the device
+/// side uses device-scope atomics (proven on host-mapped memory; atomicity with the host is not
+/// guaranteed over PCIe), so a fatal record written in the same microsecond as this swap could
+/// be lost, and a later bad id of the same call may be recorded again (then reported by the next
+/// look). Python takes argument records at the start of a call, usually after the kernel ended.
 fn take_argument(rec: &HostMapped<ErrorRecord>) -> Option<EpError> {
     let r = read_record(rec);
     if r.kind() != Some(RecordKind::Argument) {
@@ -1042,7 +1045,7 @@ fn take_argument(rec: &HostMapped<ErrorRecord>) -> Option<EpError> {
     }
     let base = rec.host_ptr();
     // SAFETY: fields of the live host-mapped record; `code` is 4-byte aligned and only accessed
-    // atomically or volatile (the GPU side uses system-scope atomics on it).
+    // atomically or volatile (the GPU side uses atomics on it).
     unsafe {
         std::ptr::write_volatile(std::ptr::addr_of_mut!((*base).bad_key), 0);
         std::sync::atomic::fence(Ordering::SeqCst);
