@@ -444,13 +444,13 @@ impl Gpu {
                     // A fatal record ends the wait at once (the kernel that wrote it gave up, and
                     // its other blocks follow within a few thousand polls); a dropped bad id does
                     // not: that kernel completes its call normally.
-                    if stop_on_record && self.fatal_recorded() {
-                        if let Some(e) = self.take_error() {
+                    if stop_on_record {
+                        if let Some(e) = self.take_fatal_error() {
                             return Err(e);
                         }
                     }
                     if start.elapsed() > host_timeout {
-                        if let Some(e) = self.take_error() {
+                        if let Some(e) = self.take_fatal_error() {
                             return Err(e);
                         }
                         let what = if self.oversubscribed() {
@@ -469,7 +469,7 @@ impl Gpu {
                     nap = (nap * 2).min(Duration::from_millis(1));
                 }
                 other => {
-                    if let Some(e) = self.take_error() {
+                    if let Some(e) = self.take_fatal_error() {
                         return Err(e);
                     }
                     return check(other, || {
@@ -478,12 +478,19 @@ impl Gpu {
                 }
             }
         }
-        if self.fatal_recorded() {
-            if let Some(e) = self.take_error() {
-                return Err(e);
-            }
+        match self.take_fatal_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// [`Gpu::take_error`] for a fatal record only: an argument record is left alone.
+    fn take_fatal_error(&self) -> Option<EpError> {
+        if self.fatal_recorded() {
+            self.take_error()
+        } else {
+            None
+        }
     }
 
     /// The first expired bounded wait of this GPU's kernels, if any (from the record as it is now,
@@ -1010,18 +1017,26 @@ fn pending_record(want: impl Fn(RecordKind) -> bool) -> Option<(Arc<HostMapped<E
 /// A consistent snapshot of a record: the code first (the device writes it last, after a system
 /// fence), then the fields. A record still being written (code -1) is re-read for up to 10 ms.
 fn read_record(rec: &HostMapped<ErrorRecord>) -> ErrorRecord {
-    let code_ptr = rec.host_ptr() as *const i32;
+    // SAFETY: the live host-mapped record of `rec`.
+    unsafe { read_record_at(rec.host_ptr()) }
+}
+
+/// [`read_record`] on a raw record.
+///
+/// # Safety
+/// `base` points to a live, aligned [`ErrorRecord`] (written concurrently only by the GPU).
+unsafe fn read_record_at(base: *const ErrorRecord) -> ErrorRecord {
+    let code_ptr = std::ptr::addr_of!((*base).code);
     let start = Instant::now();
     loop {
-        // SAFETY: `code` is the first field of the live host-mapped record; volatile because the
-        // GPU writes it concurrently.
-        let code = unsafe { std::ptr::read_volatile(code_ptr) };
+        // volatile: the GPU writes the record concurrently
+        let code = std::ptr::read_volatile(code_ptr);
         if code == ERR_NONE {
             return ErrorRecord::default();
         }
         if code != ERR_WRITING || start.elapsed() > Duration::from_millis(10) {
             std::sync::atomic::fence(Ordering::Acquire);
-            let r = rec.get(0);
+            let r = std::ptr::read_volatile(base);
             if r.code == code {
                 return r;
             }
@@ -1039,19 +1054,24 @@ fn read_record(rec: &HostMapped<ErrorRecord>) -> ErrorRecord {
 /// be lost, and a later bad id of the same call may be recorded again (then reported by the next
 /// look). Python takes argument records at the start of a call, usually after the kernel ended.
 fn take_argument(rec: &HostMapped<ErrorRecord>) -> Option<EpError> {
-    let r = read_record(rec);
+    // SAFETY: the live host-mapped record of `rec`.
+    unsafe { take_argument_at(rec.host_ptr()) }
+}
+
+/// [`take_argument`] on a raw record.
+///
+/// # Safety
+/// `base` points to a live, aligned [`ErrorRecord`] whose `code` is only accessed atomically or
+/// volatile (the GPU side uses atomics on it).
+unsafe fn take_argument_at(base: *mut ErrorRecord) -> Option<EpError> {
+    let r = read_record_at(base);
     if r.kind() != Some(RecordKind::Argument) {
         return None;
     }
-    let base = rec.host_ptr();
-    // SAFETY: fields of the live host-mapped record; `code` is 4-byte aligned and only accessed
-    // atomically or volatile (the GPU side uses atomics on it).
-    unsafe {
-        std::ptr::write_volatile(std::ptr::addr_of_mut!((*base).bad_key), 0);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let code = std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*base).code));
-        code.compare_exchange(ERR_BAD_EXPERT_ID, ERR_NONE, Ordering::SeqCst, Ordering::SeqCst).ok()?;
-    }
+    std::ptr::write_volatile(std::ptr::addr_of_mut!((*base).bad_key), 0);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let code = std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*base).code));
+    code.compare_exchange(ERR_BAD_EXPERT_ID, ERR_NONE, Ordering::SeqCst, Ordering::SeqCst).ok()?;
     r.to_error()
 }
 
@@ -1128,6 +1148,45 @@ mod tests {
             assert_eq!(*(p[1] as *const i32), 2);
             assert_eq!((*(p[2] as *const Diag)).rank, 3);
             assert_eq!(p[0] as usize % 16, 0);
+        }
+    }
+
+    #[test]
+    fn an_argument_record_is_taken_once_and_a_fatal_one_is_left() {
+        use crate::error::{bad_key, ERR_TIMEOUT};
+        // A record in ordinary memory stands in for the host-mapped one (same layout and access).
+        let mut rec = Box::new(ErrorRecord {
+            code: ERR_BAD_EXPERT_ID,
+            rank: 1,
+            phase: crate::error::Phase::LlDispatchSend as i32,
+            channel: -1,
+            peer: 16,
+            detail: 4,
+            waited_ns: 0,
+            bad_key: bad_key(4 * 9 + 3, -7),
+        });
+        let p: *mut ErrorRecord = &mut *rec;
+        // SAFETY: `p` points to the boxed record, alive for the whole test.
+        unsafe {
+            match take_argument_at(p) {
+                Some(EpError::BadExpertId { rank: 1, token: 9, slot: 3, value: -7, num_experts: 16, ref call }) if call == "low_latency_dispatch" => {}
+                other => panic!("expected the bad id at [9, 3], got {other:?}"),
+            }
+            assert_eq!((*p).code, ERR_NONE, "taking it clears the code");
+            assert_eq!((*p).bad_key, 0, "and the key, so the next call's smallest position starts fresh");
+            assert!(take_argument_at(p).is_none(), "reported once");
+            assert_eq!(read_record_at(p), ErrorRecord::default());
+            // A timeout is never taken by this path, and stays as it is.
+            let timeout = ErrorRecord { code: ERR_TIMEOUT, rank: 0, phase: 4, channel: 2, peer: 1, detail: 0, waited_ns: 5_000_000_000, bad_key: 0 };
+            *p = timeout;
+            assert!(take_argument_at(p).is_none());
+            assert_eq!(read_record_at(p), timeout);
+            // A record still being written is read again until it settles (here never: the
+            // reader gives up after 10 ms and reports it as it is).
+            (*p).code = ERR_WRITING;
+            let t = Instant::now();
+            assert_eq!(read_record_at(p).code, ERR_WRITING);
+            assert!(t.elapsed() >= Duration::from_millis(10));
         }
     }
 
