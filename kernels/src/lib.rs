@@ -4,7 +4,8 @@
 //! - [`error`]: error type and the GPU diagnostic record (rank / phase / channel on timeout).
 //! - [`cubins`]: the embedded sm_90a cubins and their build manifest (from `build.rs`).
 //! - [`reference`](mod@reference): the CPU oracle of the dispatch/combine contract (pure Rust).
-//! - [`validate`]: argument checks run before any launch.
+//! - [`validate`]: argument checks run before any launch; [`args`]: the checks of the Python
+//!   entry points on the tensors as passed (real shapes, strides, dtype, device).
 //! - [`runtime`]: rendezvous, launcher, CUDA context/module/launch helpers, IPC, NCCL, timing.
 //! - [`config`], [`tensor`], [`common`]: intranode configuration and buffer layout, device
 //!   tensors, the stream/event and poisoning helpers the families share.
@@ -37,5 +38,6 @@ pub mod nvshmem;
 pub mod reference;
 pub mod runtime;
 pub mod tensor;
+pub mod args;
 pub mod trace;
 pub mod validate;

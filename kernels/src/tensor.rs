@@ -219,6 +219,14 @@ impl Tensor {
         Tensor { storage: Storage::View { keep, generation }, stream: stream.clone(), info, span_bytes }
     }
 
+    /// A view of memory owned by someone else, described by `info` as the caller's tensor is
+    /// (real shape and element strides, e.g. a column-major view): the doorway of the Python
+    /// extension builds the kernels' tensors this way from the tensors passed in.
+    pub fn view_info(stream: &Arc<CudaStream>, keep: Arc<dyn Any + Send + Sync>, info: TensorInfo) -> Tensor {
+        let span_bytes = span_of(&info.shape, &info.strides, info.dtype.size());
+        Tensor { storage: Storage::View { keep, generation: None }, stream: stream.clone(), info, span_bytes }
+    }
+
     pub fn info(&self) -> &TensorInfo {
         &self.info
     }

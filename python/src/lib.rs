@@ -1,10 +1,13 @@
 //! `deepep_kernels._native`: the PyO3 extension under the `deepep_kernels` Python package.
 //!
-//! This layer only moves device addresses, shapes and CUDA handles between Python and the
-//! `deepep-kernels` crate; the `deep_ep`-compatible API (argument names, return tuples,
-//! `torch` allocation of outputs) lives in `python/deepep_kernels/buffer.py`. Nothing here links
-//! libtorch: tensors arrive as `data_ptr()` integers and the caller's CUDA stream as the raw
-//! `CUstream` handle (`torch.cuda.current_stream().cuda_stream`).
+//! The `Runtime` methods take the caller's tensors themselves: [`doorway`] reads each one as it
+//! is (address, real shape, strides, dtype, device) and the kernels crate's checks
+//! (`deepep_kernels::args`) refuse what the kernels cannot take, before any launch; the kernels
+//! then get tensors of the real shapes. The `deep_ep`-compatible API (argument names, return
+//! tuples, `torch` allocation of outputs, streams) lives in `python/deepep_kernels/buffer.py`;
+//! `python/deepep_kernels/_native.pyi` describes this module. Nothing here links libtorch: torch
+//! tensors are read by their attributes, other arrays through DLPack, and the caller's CUDA
+//! stream arrives as the raw `CUstream` handle.
 //!
 //! Streams: every kernel runs on the [`Gpu`]'s own non-blocking stream (DeepEP's "comm stream",
 //! exposed as `comm_stream()`); the Python layer orders it against the caller's stream with the
@@ -16,6 +19,9 @@
 //! `cuDevicePrimaryCtxRetain`), the same context PyTorch uses, so pointers and events are
 //! shared with torch without copies.
 
+mod doorway;
+
+use deepep_kernels::args::{self as checks, Arg, CombineDims, LlCombineDims};
 use deepep_kernels::config::{buffer_size_hint, BufferLayout, Config};
 use deepep_kernels::error::EpError;
 use deepep_kernels::internode::{self as inter, InternodeBuffer, InternodeConfig, SymLayout};
@@ -31,7 +37,7 @@ use std::sync::Arc;
 
 /// Python exception for a crate error: bad arguments are `ValueError`, unsupported requests
 /// `NotImplementedError`, everything else (CUDA, NVSHMEM, timeouts, rendezvous) `RuntimeError`.
-fn py_err(e: EpError) -> PyErr {
+pub(crate) fn py_err(e: EpError) -> PyErr {
     match e {
         EpError::InvalidArgument(m) => PyValueError::new_err(m),
         EpError::Unsupported(m) => PyNotImplementedError::new_err(m),
@@ -164,6 +170,10 @@ impl Exchange for PyExchange {
 struct Handle {
     inner: IntraHandle,
     runtime_id: u64,
+    /// The NVLink buffer's generation at the dispatch (a re-created buffer refuses the handle).
+    generation: u64,
+    /// Rows of the dispatch's outputs: num_worst_tokens when given, else the received count.
+    num_rows: usize,
 }
 
 #[pymethods]
@@ -183,6 +193,10 @@ impl Handle {
     #[getter]
     fn num_experts(&self) -> usize {
         self.inner.num_experts
+    }
+    #[getter]
+    fn num_rows(&self) -> usize {
+        self.num_rows
     }
     /// `rank_prefix_matrix` (DeepEP's first handle element) as a host list, row-major `[R, R]`.
     fn rank_prefix_matrix(&self) -> Vec<i32> {
@@ -204,6 +218,8 @@ impl Handle {
 struct NativeDispatch {
     out: DispatchOutput,
     runtime_id: u64,
+    generation: u64,
+    num_rows: usize,
 }
 
 #[pymethods]
@@ -240,7 +256,7 @@ impl NativeDispatch {
         self.out.num_recv_tokens_per_expert.clone()
     }
     fn handle(&self) -> Handle {
-        Handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+        Handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id, generation: self.generation, num_rows: self.num_rows }
     }
 }
 
@@ -249,6 +265,8 @@ impl NativeDispatch {
 struct NativeLlHandle {
     inner: LlHandle,
     runtime_id: u64,
+    /// The low-latency buffer's generation at the dispatch.
+    generation: u64,
 }
 
 #[pymethods]
@@ -295,6 +313,8 @@ const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reuse
 struct NativeHook {
     hook: Option<LlHook>,
     runtime_id: u64,
+    /// The low-latency buffer's generation at the call: a re-created or destroyed buffer refuses it.
+    generation: u64,
 }
 
 /// What an internode dispatch hands to combine / the next cached dispatch.
@@ -426,9 +446,35 @@ struct Runtime {
     /// CUDA graph is being captured right after it was recorded).
     joins: Vec<Event>,
     next_join: usize,
+    /// The Buffer's `num_nvl_bytes`, `num_rdma_bytes` and `low_latency_mode` (`set_buffer_sizes`).
+    num_nvl_bytes: usize,
+    num_rdma_bytes: usize,
+    low_latency_mode: bool,
+    /// Called (no arguments) before the low-latency buffer is re-created for other sizes: the
+    /// Python layer drops what refers to the old one (handles, cached views).
+    on_ll_release: Option<Py<PyAny>>,
+    /// Bumped whenever the NVLink buffer is (re-)created / the low-latency buffer is re-created
+    /// or destroyed: handles and hooks of an older generation are refused.
+    intra_generation: u64,
+    ll_generation: u64,
+    /// Shared by the views of the caller's tensors (they own nothing).
+    no_owner: Arc<dyn std::any::Any + Send + Sync>,
     gpu: Box<Gpu>,
 }
 
+/// A kernels-crate view of a caller's tensor as the doorway read it (real shape and strides).
+fn view(gpu: &Gpu, keep: &Arc<dyn std::any::Any + Send + Sync>, a: &Arg) -> Tensor {
+    Tensor::view_info(gpu.stream(), keep.clone(), a.info())
+}
+
+/// The first `rows` rows of a caller's tensor (a prefix of its first dimension).
+fn rows_of(gpu: &Gpu, keep: &Arc<dyn std::any::Any + Send + Sync>, a: &Arg, rows: usize) -> Tensor {
+    let mut info = a.info();
+    info.shape[0] = rows.min(info.shape[0]);
+    Tensor::view_info(gpu.stream(), keep.clone(), info)
+}
+
+/// Internode only (not converted to the doorway yet): a contiguous view the caller describes.
 fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
     Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
 }
@@ -543,6 +589,27 @@ impl Runtime {
         ll.set_stream(if direct { wait_for.map(as_stream) } else { None });
         Ok(direct)
     }
+    fn device_index(&self) -> usize {
+        self.gpu.ordinal()
+    }
+    /// The low-latency buffer for these sizes, created (collectively) when it is missing or was
+    /// created for others: the size check against `num_rdma_bytes` first, then the Python
+    /// layer's release callback, then the creation.
+    fn ensure_ll(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
+        if self.ll.is_some() && self.ll_dims == Some((num_max, hidden, num_experts)) {
+            return Ok(());
+        }
+        if !self.low_latency_mode {
+            return Err(PyValueError::new_err("low-latency calls need Buffer(..., low_latency_mode=True)"));
+        }
+        let world = self.comm.world();
+        let need = LlLayout::new(world, num_experts, num_max, hidden, self.gpu.sm_count() as usize).map_err(py_err)?.total_bytes;
+        checks::ll_capacity(need, self.num_rdma_bytes, num_max, hidden, num_experts, world).map_err(py_err)?;
+        if let Some(cb) = &self.on_ll_release {
+            cb.call0(py)?;
+        }
+        self.ll_create(py, num_max, hidden, num_experts)
+    }
     fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
         if id != self.id {
             return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
@@ -568,7 +635,40 @@ impl Runtime {
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
         let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let joins = (0..JOIN_EVENTS).map(|_| Event::create()).collect::<PyResult<Vec<_>>>()?;
-        Ok(Runtime { intra: None, inter: None, intra_dims: None, ll: None, ll_dims: None, comm, id, joins, next_join: 0, gpu })
+        Ok(Runtime {
+            intra: None,
+            inter: None,
+            intra_dims: None,
+            ll: None,
+            ll_dims: None,
+            comm,
+            id,
+            joins,
+            next_join: 0,
+            num_nvl_bytes: 0,
+            num_rdma_bytes: 0,
+            low_latency_mode: false,
+            on_ll_release: None,
+            intra_generation: 0,
+            ll_generation: 0,
+            no_owner: Arc::new(()),
+            gpu,
+        })
+    }
+
+    /// The Buffer's sizes and mode, for the capacity checks; `on_ll_release` (no arguments) runs
+    /// before the low-latency buffer is re-created for other sizes.
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None))]
+    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>) {
+        self.num_nvl_bytes = num_nvl_bytes;
+        self.num_rdma_bytes = num_rdma_bytes;
+        self.low_latency_mode = low_latency_mode;
+        self.on_ll_release = on_ll_release;
+    }
+    /// Generation of the NVLink buffer (bumped by each `intranode_create`).
+    #[getter]
+    fn intranode_generation(&self) -> u64 {
+        self.intra_generation
     }
 
     #[getter]
@@ -629,6 +729,7 @@ impl Runtime {
         let b = without_gil(py, || intranode::Buffer::with_arena(gpu, comm, max_tokens, hidden, arena)).map_err(py_err)?;
         self.intra = Some(b);
         self.intra_dims = Some((max_tokens, hidden));
+        self.intra_generation += 1;
         Ok(())
     }
     /// (max_tokens, hidden) of the NVLink buffer, if created.
@@ -640,134 +741,170 @@ impl Runtime {
         self.intra.as_ref().and_then(|b| b.arena_usage())
     }
 
-    /// Layout counts of `topk_idx` (i64 `[n, k]` at `topk_ptr`), launched on the comm stream.
-    fn get_dispatch_layout(&mut self, topk_ptr: u64, n: usize, k: usize, num_experts: usize, out: (u64, u64, u64)) -> PyResult<()> {
-        self.bind()?;
+    /// Layout counts of `topk_idx` (i64 `[n, k]`) into the caller's `num_tokens_per_rank` (i32
+    /// `[world]`), `num_tokens_per_expert` (i32 `[num_experts]`) and `is_token_in_rank` (bool
+    /// `[n, world]`), launched on the comm stream.
+    fn get_dispatch_layout(&mut self, topk_idx: &Bound<'_, PyAny>, num_experts: usize, num_tokens_per_rank: &Bound<'_, PyAny>, num_tokens_per_expert: &Bound<'_, PyAny>, is_token_in_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         let r = self.comm.world();
+        let a = doorway::parse_dispatch_layout(topk_idx, (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank), num_experts, r, self.device_index())?;
+        self.bind()?;
         let gpu = self.gpu_static();
-        let t = tensor_of(gpu, topk_ptr, DType::I64, &[n, k]);
+        let keep = self.no_owner.clone();
+        let t = view(gpu, &keep, &a.topk_idx);
         // the caller's torch tensors: the kernel writes them directly (no allocation, no copy)
         let layout = Layout {
-            num_tokens_per_rank: tensor_of(gpu, out.0, DType::I32, &[r]),
-            num_tokens_per_expert: tensor_of(gpu, out.1, DType::I32, &[num_experts]),
-            is_token_in_rank: tensor_of(gpu, out.2, DType::Bool, &[n, r]),
-            num_tokens: n,
+            num_tokens_per_rank: view(gpu, &keep, &a.per_rank),
+            num_tokens_per_expert: view(gpu, &keep, &a.per_expert),
+            is_token_in_rank: view(gpu, &keep, &a.in_rank),
+            num_tokens: a.topk_idx.shape[0],
             num_experts,
         };
         self.intra()?.dispatch_layout_into(&t, &layout).map_err(py_err)
     }
 
-    /// Intranode dispatch on the comm stream. `x`: (ptr, dtype, n, hidden); `scales`: (ptr,
-    /// num_scales, column_major) for FP8; fresh routing: `topk` = (idx_ptr, weights_ptr, k) and
-    /// `layout` = (num_tokens_per_rank_ptr, num_tokens_per_expert_ptr, is_token_in_rank_ptr,
-    /// num_experts); or a cached `handle`. A fresh dispatch blocks the host (GIL released) until
-    /// the received counts are known, like DeepEP without `num_worst_tokens`.
+    /// Intranode dispatch on the comm stream of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with
+    /// `scales` f32 `[n, hidden/128]`, row- or column-major): fresh with the layout tensors of
+    /// `get_dispatch_layout` (and `topk_idx` / `topk_weights` `[n, k]`, or neither), or cached
+    /// with a `handle`. A fresh dispatch blocks the host (GIL released) until the received counts
+    /// are known, like DeepEP without `num_worst_tokens`; `num_worst_tokens` (fresh only) is the
+    /// row count of the caller's padded outputs and must cover what this rank received.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, scales, topk, layout, handle, expert_alignment, num_sms, owned=false))]
+    #[pyo3(signature = (x, scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank, handle, expert_alignment, num_sms, owned=false, num_worst_tokens=0))]
     fn dispatch(
         &mut self,
         py: Python<'_>,
-        x: (u64, String, usize, usize),
-        scales: Option<(u64, usize, bool)>,
-        topk: Option<(u64, u64, usize)>,
-        layout: Option<(u64, u64, u64, usize)>,
+        x: &Bound<'_, PyAny>,
+        scales: Option<&Bound<'_, PyAny>>,
+        topk_idx: Option<&Bound<'_, PyAny>>,
+        topk_weights: Option<&Bound<'_, PyAny>>,
+        num_tokens_per_rank: Option<&Bound<'_, PyAny>>,
+        num_tokens_per_expert: Option<&Bound<'_, PyAny>>,
+        is_token_in_rank: Option<&Bound<'_, PyAny>>,
         handle: Option<PyRef<'_, Handle>>,
         expert_alignment: usize,
         num_sms: usize,
         owned: bool,
+        num_worst_tokens: usize,
     ) -> PyResult<NativeDispatch> {
+        let r = self.comm.world();
+        let topk = match (topk_idx, topk_weights) {
+            (Some(i), Some(w)) => Some((i, w)),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")),
+        };
+        let layout = match (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank, handle.as_ref()) {
+            (Some(pr), Some(pe), Some(ir), None) => Some((pr, pe, ir)),
+            (None, None, None, Some(_)) => {
+                if topk.is_some() {
+                    return Err(PyValueError::new_err("a cached dispatch (handle given) takes no topk_idx / topk_weights"));
+                }
+                if num_worst_tokens > 0 {
+                    return Err(PyValueError::new_err("num_worst_tokens applies to a fresh dispatch (with topk_idx), not a cached one"));
+                }
+                None
+            }
+            (_, _, _, None) => {
+                return Err(PyValueError::new_err("a fresh dispatch needs num_tokens_per_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)"))
+            }
+            _ => return Err(PyValueError::new_err("dispatch needs either the layout tensors (fresh) or a handle (cached), not both")),
+        };
+        let a = doorway::parse_dispatch(x, scales, topk, layout, r, self.device_index())?;
+        let (n, h) = (a.plan.num_tokens, a.plan.hidden);
+        if let Some(hd) = handle.as_ref() {
+            self.check_owner(hd.runtime_id, "handle")?;
+            checks::normal_generation(hd.generation, self.intra_generation, false).map_err(py_err)?;
+        }
+        let (max_tokens, _) = self.intra_dims.ok_or_else(|| PyRuntimeError::new_err("the intranode buffer is not created (destroyed, or num_nvl_bytes was 0)"))?;
+        let need = buffer_size_hint(r, n.max(1), h).unwrap_or(0);
+        checks::nvl_capacity(n, max_tokens, h, r, self.num_nvl_bytes, need).map_err(py_err)?;
         self.bind()?;
         let gpu = self.gpu_static();
-        let (xp, xd, n, h) = x;
-        let xt = tensor_of(gpu, xp, parse_dtype(&xd)?, &[n, h]);
-        let st = match scales {
-            Some((p, s, false)) => Some(tensor_of(gpu, p, DType::F32, &[n, s])),
-            Some((p, s, true)) => Some(tensor_of(gpu, p, DType::F32, &[s, n]).t().map_err(py_err)?),
-            None => None,
-        };
+        let keep = self.no_owner.clone();
+        let xt = view(gpu, &keep, &a.x);
+        let st = a.scales.as_ref().map(|s| view(gpu, &keep, s));
         let config = Config::with_sms(self.fit_sms(num_sms));
         let id = self.id;
-        let r = self.comm.world();
-        // the caller's layout tensors (from get_dispatch_layout) for a fresh dispatch
-        let layout_of = |(pr, pe, itr, e): (u64, u64, u64, usize)| Layout {
-            num_tokens_per_rank: tensor_of(gpu, pr, DType::I32, &[r]),
-            num_tokens_per_expert: tensor_of(gpu, pe, DType::I32, &[e]),
-            is_token_in_rank: tensor_of(gpu, itr, DType::Bool, &[n, r]),
-            num_tokens: n,
-            num_experts: e,
+        let generation = self.intra_generation;
+        let out = match (&a.layout, handle) {
+            (Some((pr, pe, ir)), None) => {
+                let e = pe.shape[0];
+                let lay = Layout {
+                    num_tokens_per_rank: view(gpu, &keep, pr),
+                    num_tokens_per_expert: view(gpu, &keep, pe),
+                    is_token_in_rank: view(gpu, &keep, ir),
+                    num_tokens: n,
+                    num_experts: e,
+                };
+                let tk = a.topk.as_ref().map(|(i, w)| (view(gpu, &keep, i), view(gpu, &keep, w)));
+                let mut args = match tk.as_ref() {
+                    Some((idx, w)) => DispatchArgs::fresh(&xt, &lay, idx, w),
+                    // DeepEP's dispatch without top-k: rows go by is_token_in_rank alone
+                    None => DispatchArgs::fresh_without_topk(&xt, &lay),
+                }
+                .expert_alignment(expert_alignment)
+                .config(config)
+                .owned(owned);
+                if let Some(s) = st.as_ref() {
+                    args = args.scales(s);
+                }
+                let buf = self.intra()?;
+                without_gil(py, || buf.dispatch(args)).map_err(py_err)?
+            }
+            (None, Some(hd)) => {
+                let mut args = DispatchArgs::cached(&xt, &hd.inner).config(config).owned(owned);
+                if let Some(s) = st.as_ref() {
+                    args = args.scales(s);
+                }
+                let buf = self.intra()?;
+                without_gil(py, || buf.dispatch(args)).map_err(py_err)?
+            }
+            _ => unreachable!("layout xor handle was matched above"),
         };
-        let out = match (topk, layout, handle) {
-            (Some((ip, wp, k)), Some(l), None) => {
-                let lay = layout_of(l);
-                let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
-                let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
-                let mut a = DispatchArgs::fresh(&xt, &lay, &idx, &w).expert_alignment(expert_alignment).config(config).owned(owned);
-                if let Some(s) = st.as_ref() {
-                    a = a.scales(s);
-                }
-                let buf = self.intra()?;
-                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
-            }
-            (None, Some(l), None) => {
-                // DeepEP's dispatch without top-k: rows go by is_token_in_rank alone
-                let lay = layout_of(l);
-                let mut a = DispatchArgs::fresh_without_topk(&xt, &lay).expert_alignment(expert_alignment).config(config).owned(owned);
-                if let Some(s) = st.as_ref() {
-                    a = a.scales(s);
-                }
-                let buf = self.intra()?;
-                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
-            }
-            (None, None, Some(hd)) => {
-                self.check_owner(hd.runtime_id, "handle")?;
-                let mut a = DispatchArgs::cached(&xt, &hd.inner).config(config).owned(owned);
-                if let Some(s) = st.as_ref() {
-                    a = a.scales(s);
-                }
-                let buf = self.intra()?;
-                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
-            }
-            _ => return Err(PyValueError::new_err("dispatch needs either a layout (fresh, with or without topk) or a handle (cached), not both")),
-        };
-        Ok(NativeDispatch { out, runtime_id: id })
+        let m = out.recv_x.shape()[0];
+        if num_worst_tokens > 0 && m > num_worst_tokens {
+            return Err(PyValueError::new_err(format!(
+                "num_worst_tokens={num_worst_tokens} but this rank received {m} tokens; raise num_worst_tokens (at most num_ranks * num_tokens)"
+            )));
+        }
+        Ok(NativeDispatch { out, runtime_id: id, generation, num_rows: if num_worst_tokens > 0 { num_worst_tokens } else { m } })
     }
 
-    /// Intranode combine of bf16 `y` (`[m, hidden]`) into the caller's `out` (bf16 `[N, hidden]`)
-    /// and, with `weights` = (ptr, k), `out_weights` (f32 `[N, k]`), on the comm stream.
+    /// Intranode combine of bf16 `x` (`[rows, hidden]`, rows as the handle's dispatch produced;
+    /// padding rows past the received count take no part) into the caller's `out` (bf16
+    /// `[N, hidden]`) and, with `topk_weights` (f32, one row per dispatched row), `out_weights`
+    /// (f32 `[N, k]`), on the comm stream. `bias`: None, a tensor or a pair (bf16 `[N, hidden]`).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (y, m, hidden, handle, weights, bias0, bias1, out, out_weights, num_sms))]
+    #[pyo3(signature = (x, handle, topk_weights, bias, out, out_weights, num_sms))]
     fn combine(
         &mut self,
-        y: u64,
-        m: usize,
-        hidden: usize,
+        x: &Bound<'_, PyAny>,
         handle: PyRef<'_, Handle>,
-        weights: Option<(u64, usize)>,
-        bias0: Option<u64>,
-        bias1: Option<u64>,
-        out: u64,
-        out_weights: Option<u64>,
+        topk_weights: Option<&Bound<'_, PyAny>>,
+        bias: Option<&Bound<'_, PyAny>>,
+        out: &Bound<'_, PyAny>,
+        out_weights: Option<&Bound<'_, PyAny>>,
         num_sms: usize,
     ) -> PyResult<()> {
+        let d = CombineDims { num_tokens: handle.inner.num_tokens, num_recv_tokens: handle.inner.num_recv_tokens, num_rows: handle.num_rows, hidden: None };
+        let a = doorway::parse_combine(x, topk_weights, bias, out, out_weights, d, self.device_index())?;
         self.check_owner(handle.runtime_id, "handle")?;
+        checks::normal_generation(handle.generation, self.intra_generation, false).map_err(py_err)?;
         self.bind()?;
         let gpu = self.gpu_static();
-        let n = handle.inner.num_tokens;
-        let yt = tensor_of(gpu, y, DType::Bf16, &[m, hidden]);
-        let wt = weights.map(|(p, k)| tensor_of(gpu, p, DType::F32, &[m, k]));
-        let b0 = bias0.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
-        let b1 = bias1.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
-        let ot = tensor_of(gpu, out, DType::Bf16, &[n, hidden]);
-        let owt = match (weights, out_weights) {
-            (Some((_, k)), Some(p)) => Some(tensor_of(gpu, p, DType::F32, &[n, k])),
-            (None, None) => None,
-            _ => return Err(PyValueError::new_err("combine: out_weights must be given exactly when weights are")),
-        };
-        let mut a = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms)));
+        let keep = self.no_owner.clone();
+        // rows past the received count (num_worst_tokens padding) take no part, as in DeepEP
+        let m = handle.inner.num_recv_tokens;
+        let yt = rows_of(gpu, &keep, &a.x, m);
+        let wt = a.topk_weights.as_ref().map(|w| rows_of(gpu, &keep, w, m));
+        let b0 = a.bias[0].as_ref().map(|b| view(gpu, &keep, b));
+        let b1 = a.bias[1].as_ref().map(|b| view(gpu, &keep, b));
+        let ot = view(gpu, &keep, &a.out);
+        let owt = a.out_weights.as_ref().map(|o| view(gpu, &keep, o));
+        let mut args = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms)));
         if let Some(w) = wt.as_ref() {
-            a = a.weights(w);
+            args = args.weights(w);
         }
-        self.intra()?.combine_into(a, &ot, owt.as_ref()).map_err(py_err)?;
+        self.intra()?.combine_into(args, &ot, owt.as_ref()).map_err(py_err)?;
         Ok(())
     }
 
@@ -894,6 +1031,7 @@ impl Runtime {
             without_gil(py, move || drop(old));
         }
         self.ll_dims = None;
+        self.ll_generation += 1;
         let gpu = self.gpu_static();
         let comm = &self.comm;
         let b = without_gil(py, || LowLatencyBuffer::new(gpu, comm, num_max, hidden, num_experts, None)).map_err(py_err)?;
@@ -901,29 +1039,58 @@ impl Runtime {
         self.ll_dims = Some((num_max, hidden, num_experts));
         Ok(())
     }
+    /// The low-latency buffer for these sizes (`clean_low_latency_buffer`): created, collectively,
+    /// when missing or created for other sizes, after the size check against `num_rdma_bytes`.
+    fn ll_ensure(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
+        self.bind()?;
+        self.ensure_ll(py, num_max, hidden, num_experts)
+    }
+    /// Generation of the low-latency buffer (bumped by each re-creation and by `destroy`).
+    #[getter]
+    fn ll_generation(&self) -> u64 {
+        self.ll_generation
+    }
     /// (num_max_dispatch_tokens_per_rank, hidden, num_experts) of the low-latency buffer.
     fn ll_dims(&self) -> Option<(usize, usize, usize)> {
         self.ll_dims
     }
 
-    /// Low-latency dispatch of bf16 `x` (`[n, hidden]`) by `topk_idx` (i64 `[n, k]`). No host
-    /// wait. In the same call (one crossing from Python), the joins DeepEP makes around its launch
-    /// on the comm stream: the kernel runs after the work queued on `wait_for` and `join_back`
-    /// waits for it (raw streams; None = no join). When both are the same stream the kernel is
-    /// simply launched on that stream (the same order, no event joins); otherwise on the comm
-    /// stream between the two joins. Low-latency calls stay ordered among themselves whichever
-    /// stream each ran on (`LowLatencyBuffer::set_stream`). Returns `(recv_x address, handle,
-    /// hook)`: the outputs live at fixed places of the dispatch's buffer half, which
-    /// `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
+    /// Low-latency dispatch of bf16 `x` (`[n, hidden]`, `n <= num_max`) by `topk_idx` (i64
+    /// `[n, k]`), creating the low-latency buffer for (num_max, hidden, num_experts) first when
+    /// needed (collective). No host wait. In the same call (one crossing from Python), the joins
+    /// DeepEP makes around its launch on the comm stream: the kernel runs after the work queued on
+    /// `wait_for` and `join_back` waits for it (raw streams; None = no join). When both are the
+    /// same stream the kernel is simply launched on that stream (the same order, no event joins);
+    /// otherwise on the comm stream between the two joins. Low-latency calls stay ordered among
+    /// themselves whichever stream each ran on (`LowLatencyBuffer::set_stream`). `stats` (i32
+    /// `[local experts]`) is only checked here; the caller adds the counts. Returns `(recv_x
+    /// address, handle, hook)`: the outputs live at fixed places of the dispatch's buffer half,
+    /// which `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, n, hidden, topk, k, use_fp8, round_scale, use_ue8m0, return_hook, wait_for = None, join_back = None))]
-    fn ll_dispatch(&mut self, x: u64, n: usize, hidden: usize, topk: u64, k: usize, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>)> {
+    #[pyo3(signature = (x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, return_hook, stats = None, wait_for = None, join_back = None))]
+    fn ll_dispatch(
+        &mut self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        topk_idx: &Bound<'_, PyAny>,
+        num_max: usize,
+        num_experts: usize,
+        use_fp8: bool,
+        round_scale: bool,
+        use_ue8m0: bool,
+        return_hook: bool,
+        stats: Option<&Bound<'_, PyAny>>,
+        wait_for: Option<u64>,
+        join_back: Option<u64>,
+    ) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>)> {
+        let a = doorway::parse_ll_dispatch(x, topk_idx, stats, num_max, num_experts, self.comm.world(), self.device_index())?;
         self.bind()?;
+        self.ensure_ll(py, num_max, a.plan.hidden, num_experts)?;
         let direct = self.ll_stream(wait_for, join_back)?;
         let gpu = self.gpu_static();
-        let id = self.id;
-        let xt = tensor_of(gpu, x, DType::Bf16, &[n, hidden]);
-        let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
+        let (id, generation) = (self.id, self.ll_generation);
+        let xt = view(gpu, &self.no_owner, &a.x);
+        let it = view(gpu, &self.no_owner, &a.topk_idx);
         let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
         let out = self.ll()?.dispatch(&xt, &it, opts).map_err(py_err)?;
         if !direct {
@@ -931,8 +1098,8 @@ impl Runtime {
         }
         Ok((
             out.packed_recv_x.ptr(),
-            NativeLlHandle { inner: out.handle, runtime_id: id },
-            out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }),
+            NativeLlHandle { inner: out.handle, runtime_id: id, generation },
+            out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation }),
         ))
     }
 
@@ -957,28 +1124,47 @@ impl Runtime {
         Ok((lay.recv_x_shape().to_vec(), scales, base + d.recv_count as u64))
     }
 
-    /// Low-latency combine of bf16 `y` (`[L, R·num_max, hidden]`) into the caller's bf16 `out`
-    /// (`[n, hidden]`) with this rank's `topk_idx` / `topk_weights` (`[n, k]`), on the comm stream;
-    /// `wait_for` / `join_back` as for `ll_dispatch`.
+    /// Low-latency combine of bf16 `x` (`[L, R·num_max, hidden]`; with `zero_copy`, the buffer
+    /// `get_next_low_latency_combine_buffer` handed out is read instead and x only has to have its
+    /// shape) into the caller's bf16 `out` (`[n, hidden]`) with this rank's `topk_idx` /
+    /// `topk_weights` (`[n, k]`), on the comm stream; `handle` None: its buffer was released
+    /// (refused); `wait_for` / `join_back` as for `ll_dispatch`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (y, topk, weights, handle, out, return_hook, wait_for = None, join_back = None))]
-    fn ll_combine(&mut self, y: u64, topk: u64, weights: u64, handle: PyRef<'_, NativeLlHandle>, out: u64, return_hook: bool, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<Option<NativeHook>> {
-        self.bind()?;
+    #[pyo3(signature = (x, topk_idx, topk_weights, handle, out, return_hook, wait_for = None, join_back = None, zero_copy = None))]
+    fn ll_combine(
+        &mut self,
+        x: &Bound<'_, PyAny>,
+        topk_idx: &Bound<'_, PyAny>,
+        topk_weights: &Bound<'_, PyAny>,
+        handle: Option<PyRef<'_, NativeLlHandle>>,
+        out: &Bound<'_, PyAny>,
+        return_hook: bool,
+        wait_for: Option<u64>,
+        join_back: Option<u64>,
+        zero_copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<NativeHook>> {
+        let handle = handle.ok_or_else(|| PyValueError::new_err("this low-latency handle's buffer was destroyed or re-created; dispatch again"))?;
         self.check_owner(handle.runtime_id, "low-latency handle")?;
+        checks::ll_generation(handle.generation, self.ll_generation, "handle").map_err(py_err)?;
+        let (l, rows) = {
+            let lay = self.ll()?.layout();
+            (lay.num_local_experts(), lay.num_ranks * lay.num_max)
+        };
+        let d = LlCombineDims { num_tokens: handle.inner.num_tokens, num_topk: handle.inner.num_topk, hidden: handle.inner.hidden, local_experts: l, rows };
+        let a = doorway::parse_ll_combine(x, topk_idx, topk_weights, Some(out), zero_copy, d, self.device_index())?;
+        self.bind()?;
         let direct = self.ll_stream(wait_for, join_back)?;
         let gpu = self.gpu_static();
-        let id = self.id;
-        let (n, k, h) = (handle.inner.num_tokens, handle.inner.num_topk, handle.inner.hidden);
-        let lay: LlLayout = self.ll()?.layout().clone();
-        let yt = tensor_of(gpu, y, DType::Bf16, &[lay.num_local_experts(), lay.num_ranks * lay.num_max, h]);
-        let it = tensor_of(gpu, topk, DType::I64, &[n, k]);
-        let wt = tensor_of(gpu, weights, DType::F32, &[n, k]);
-        let ot = tensor_of(gpu, out, DType::Bf16, &[n, h]);
+        let (id, generation) = (self.id, self.ll_generation);
+        let yt = view(gpu, &self.no_owner, &a.x);
+        let it = view(gpu, &self.no_owner, &a.topk_idx);
+        let wt = view(gpu, &self.no_owner, &a.topk_weights);
+        let ot = view(gpu, &self.no_owner, a.out.as_ref().expect("out is required here"));
         let r = self.ll()?.combine_into(&yt, &it, &wt, &handle.inner, &ot, return_hook).map_err(py_err)?;
         if !direct {
             self.join_to(join_back)?;
         }
-        Ok(r.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id }))
+        Ok(r.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation }))
     }
 
     /// Launch the receive half of a hooked low-latency call on the comm stream (once);
@@ -987,6 +1173,7 @@ impl Runtime {
     fn ll_recv(&mut self, mut hook: PyRefMut<'_, NativeHook>, wait_for: Option<u64>, join_back: Option<u64>) -> PyResult<()> {
         self.bind()?;
         self.check_owner(hook.runtime_id, "hook")?;
+        checks::ll_generation(hook.generation, self.ll_generation, "hook").map_err(py_err)?;
         let h = hook.hook.take().ok_or_else(|| PyRuntimeError::new_err("this receive hook was already called; each hook runs once"))?;
         let direct = self.ll_stream(wait_for, join_back)?;
         self.ll()?.recv(h).map_err(py_err)?;
@@ -1041,6 +1228,7 @@ impl Runtime {
         let ll = self.ll.take();
         self.intra_dims = None;
         self.ll_dims = None;
+        self.ll_generation += 1;
         let comm = &self.comm;
         without_gil(py, move || -> deepep_kernels::Result<()> {
             gpu.sync("destroying the buffers")?;
@@ -1302,6 +1490,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(capture, m)?)?;
     m.add_function(wrap_pyfunction!(device_error, m)?)?;
     m.add_function(wrap_pyfunction!(take_device_error, m)?)?;
+    m.add_function(wrap_pyfunction!(doorway::check_call, m)?)?;
+    m.add_function(wrap_pyfunction!(doorway::checked_methods, m)?)?;
+    m.add_function(wrap_pyfunction!(doorway::read_tensor, m)?)?;
     Ok(())
 }
 
