@@ -142,12 +142,6 @@ def _torch():
     return torch
 
 
-def _ok(t, dtype, ndim: int) -> bool:
-    """The common case of :func:`_need` in one expression (a plain CUDA tensor of ``dtype`` and
-    ``ndim`` dims, contiguous); anything else goes through ``_need``, which names what is wrong."""
-    return t.__class__ is _TORCH.Tensor and t.dtype is dtype and t.is_cuda and t.dim() == ndim and t.is_contiguous()
-
-
 def _check_layout_shapes(n: int, ranks: int, hosts: Optional[int], topk_shape, weights_shape, per_rank_shape, per_rdma_rank_shape,
                          in_rank_shape, per_expert_shape) -> None:
     """The shapes of a fresh dispatch's routing tensors for ``n`` tokens on ``ranks`` ranks
@@ -170,27 +164,6 @@ def _check_layout_shapes(n: int, ranks: int, hosts: Optional[int], topk_shape, w
         raise ValueError(f"num_tokens_per_expert has {per_expert_shape[0]} experts, not a multiple of the {ranks} ranks")
 
 
-def _check_ll_combine_shapes(x_shape, topk_shape, weights_shape, out_shape, num_tokens: int, num_topk: int, hidden: int,
-                             local_experts: int, rows: int) -> None:
-    """The shapes low_latency_combine needs, from its handle's dispatch: x (the expert outputs)
-    ``[local_experts, rows = ranks * num_max_dispatch_tokens_per_rank, hidden]`` as recv_x,
-    topk_idx and topk_weights ``[num_tokens, num_topk]`` as given to the dispatch, out (None:
-    allocated) ``[num_tokens, hidden]``. The kernel reads and writes by these sizes, so anything
-    else would read or write past a tensor: ValueError naming the tensor and the shape it needs
-    (DeepEP asserts the same in its C++)."""
-    packed = (local_experts, rows, hidden)
-    if x_shape != packed:
-        raise ValueError(f"low_latency_combine: x is {list(x_shape)}, but the handle's dispatch packed {list(packed)} "
-                         "([local experts, ranks * num_max_dispatch_tokens_per_rank, hidden]): pass the expert outputs in the "
-                         "layout of that dispatch's recv_x")
-    for name, shape in (("topk_idx", topk_shape), ("topk_weights", weights_shape)):
-        if shape != (num_tokens, num_topk):
-            raise ValueError(f"low_latency_combine: {name} is {list(shape)}, but the handle's dispatch had {num_tokens} tokens "
-                             f"with top-{num_topk}: pass that dispatch's topk_idx and one weight per top-k slot ([{num_tokens}, {num_topk}])")
-    if out_shape is not None and out_shape != (num_tokens, hidden):
-        raise ValueError(f"low_latency_combine: out is {list(out_shape)}, must be [{num_tokens}, {hidden}] (the dispatch's tokens x hidden)")
-
-
 class _Raw:
     """A device range exposed through ``__cuda_array_interface__`` (wrapped zero-copy by
     ``torch.as_tensor``); keeps ``owner`` alive as long as the tensor lives."""
@@ -209,6 +182,15 @@ def _view(ptr: int, dtype, shape, owner: Any, device):
         return torch.empty(shape, dtype=dtype, device=device)
     raw = torch.as_tensor(_Raw(ptr, nbytes, owner), device=device)
     return raw.view(dtype).view(shape)
+
+
+def _dim(t, i: int) -> Optional[int]:
+    """``t.shape[i]`` for sizing outputs before the native call, None when ``t`` has no such
+    dimension (the native call then refuses ``t``, naming what is wrong)."""
+    try:
+        return int(t.shape[i])
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def _dtype_name(t) -> str:
@@ -601,6 +583,18 @@ class Buffer:
         self._runtime = _native.Runtime(
             self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes, self._ranks_per_gpu
         )
+        import weakref
+
+        me_ref = weakref.ref(self)
+
+        def release_ll_refs() -> None:
+            b = me_ref()
+            if b is not None:
+                b._release_ll_refs()
+
+        # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's; it
+        # calls back before re-creating so that handles and views let go of the old buffer
+        self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, release_ll_refs)
         self._generation = 0
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
@@ -611,16 +605,8 @@ class Buffer:
         # and reused; they hold no reference to the Rust
         # buffer, so no view can delay the collective free of the symmetric memory.
         self._ll_views: dict = {}
-        # (num_max, hidden, num_experts) of the low-latency buffer as created (None: none yet)
-        self._ll_key = None
-        # Counts the low-latency buffers dropped (destroy() or a re-creation for other sizes): a
-        # receive hook of an older buffer refuses to run (its kernel arguments point into freed
-        # symmetric memory).
-        self._ll_generation = 0
         # Low-latency handles handed out (weakly): destroy() releases their hold on the
         # symmetric memory before freeing it collectively.
-        import weakref
-
         self._ll_handles = weakref.WeakSet()
 
     # --- helpers -----------------------------------------------------------------------------
@@ -720,32 +706,9 @@ class Buffer:
             rt.intranode_create(want[0], want[1], _recv_arena_from_env())
             self._generation += 1
 
-    def _check_capacity(self, n: int, hidden: int) -> None:
-        max_tokens, _ = self._rt().intranode_dims()
-        if n > max_tokens:
-            need = _native.intranode_buffer_bytes(self.group_size, n, hidden)
-            raise ValueError(f"dispatch of {n} tokens: num_nvl_bytes={self.num_nvl_bytes} holds {max_tokens} tokens of hidden {hidden} "
-                             f"per rank on {self.group_size} ranks; create the Buffer with num_nvl_bytes >= {need} "
-                             f"(or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing it with Config.get_nvl_buffer_size_hint)")
-
     def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
-        if not self.low_latency_mode:
-            raise ValueError("low-latency calls need Buffer(..., low_latency_mode=True)")
-        rt = self._rt()
-        key = (num_max, hidden, num_experts)
-        if self._ll_key == key:
-            return
-        if rt.ll_dims() == key:
-            self._ll_key = key
-            return
-        need = _native.ll_buffer_bytes(self.group_size, num_experts, num_max, hidden, rt.sm_count)
-        if need > self.num_rdma_bytes:
-            raise ValueError(f"num_rdma_bytes={self.num_rdma_bytes} is too small for the low-latency buffer of {num_max} tokens, hidden {hidden}, "
-                             f"{num_experts} experts on {self.group_size} ranks ({need} bytes); size it with "
-                             "Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)")
-        self._release_ll_refs()
-        rt.ll_create(num_max, hidden, num_experts)
-        self._ll_key = key
+        # the Runtime checks the mode and num_rdma_bytes and (re-)creates the buffer collectively
+        self._rt().ll_ensure(num_max, hidden, num_experts)
 
     # --- static API --------------------------------------------------------------------------
     @staticmethod
@@ -792,8 +755,6 @@ class Buffer:
         for h in list(self._ll_handles):
             h.native = None
         self._ll_views.clear()
-        self._ll_key = None
-        self._ll_generation += 1
 
     def destroy(self) -> None:
         if not self.explicitly_destroy:
@@ -835,20 +796,19 @@ class Buffer:
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
-        _need(topk_idx, "topk_idx", torch.int64, 2)
         if self._internode:
+            _need(topk_idx, "topk_idx", torch.int64, 2)
             return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
         self._ensure_intranode(None)
         rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        n, k = topk_idx.shape
-        r = self.group_size
+        n, r = _dim(topk_idx, 0) or 0, self.group_size
         with self._alloc_ctx(allocate_on_comm_stream):
             per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
             per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
             in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
-        # the layout kernel writes the torch tensors directly, on the comm stream
-        rt.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts, (per_rank.data_ptr(), per_expert.data_ptr(), in_rank.data_ptr()))
+        # the native call checks topk_idx; the layout kernel writes the torch tensors directly
+        rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank)
         ev = self._end(async_finish, (topk_idx, per_rank, per_expert, in_rank))
         return per_rank, None, per_expert, in_rank, ev
 
@@ -865,85 +825,51 @@ class Buffer:
         if internode and num_worst_tokens:
             raise _unsupported("num_worst_tokens in the internode mode",
                                "like DeepEP's internode dispatch, it always syncs with the host for the received count; pass num_worst_tokens=0")
-        torch = _torch()
         x, x_scales = x if isinstance(x, tuple) else (x, None)
-        _need(x, "x", (torch.bfloat16, torch.float8_e4m3fn) if x_scales is not None else torch.bfloat16, 2)
-        if x_scales is None and x.dtype != torch.bfloat16:
-            raise ValueError(f"x must be bfloat16, or a (float8_e4m3fn x, float32 scales) tuple; got {x.dtype}")
         if not isinstance(expert_alignment, int) or expert_alignment < 1:
             raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
-        config = self.get_dispatch_config(self.group_size) if config is None else config
-        n, hidden = x.shape
-        scales_arg = None
-        if x_scales is not None:
-            if x.dtype != torch.float8_e4m3fn:
-                raise ValueError("with scales, x must be float8_e4m3fn")
-            if x_scales.dtype != torch.float32 or x_scales.dim() != 2 or x_scales.shape[0] != n:
-                raise ValueError(f"x scales must be float32 [num_tokens={n}, hidden/128], got {x_scales.dtype} {tuple(x_scales.shape)}")
-            if x_scales.is_contiguous():
-                scales_arg = (x_scales.data_ptr(), x_scales.shape[1], False)
-            elif x_scales.t().is_contiguous():
-                scales_arg = (x_scales.data_ptr(), x_scales.shape[1], True)
-            else:
-                raise ValueError(f"x scales must be row-major or column-major, got strides {x_scales.stride()}")
-        if internode:
-            return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
-                                            previous_event, async_finish, allocate_on_comm_stream)
-        rt = self._rt()
-        if handle is not None:
-            if topk_idx is not None or topk_weights is not None:
-                raise ValueError("a cached dispatch (handle given) takes no topk_idx / topk_weights")
-            if num_worst_tokens:
-                raise ValueError("num_worst_tokens applies to a fresh dispatch (with topk_idx), not a cached one")
-            if not isinstance(handle, Handle):
-                raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
-            self._ensure_intranode(hidden)
-            self._check_capacity(n, hidden)
-            if handle.buffer_generation != self._generation:
-                raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
-            self._begin(previous_event, async_finish, allocate_on_comm_stream)
-            padded = handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0
-            nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, None, handle.native, 1, config.num_sms,
-                             self._owned_outputs(padded))
-            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, padded, allocate_on_comm_stream)
-            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
-
-        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
-            raise ValueError("a fresh dispatch needs num_tokens_per_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)")
-        if (topk_idx is None) != (topk_weights is None):
-            raise ValueError("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")
-        k = None
-        if topk_idx is not None:
-            _need(topk_idx, "topk_idx", torch.int64, 2)
-            _need(topk_weights, "topk_weights", torch.float32, 2)
-            k = topk_idx.shape[1]
-        _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
-        _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
-        _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
-        _check_layout_shapes(n, self.group_size, None, None if topk_idx is None else topk_idx.shape,
-                             None if topk_weights is None else topk_weights.shape, num_tokens_per_rank.shape, None,
-                             is_token_in_rank.shape, num_tokens_per_expert.shape)
-        num_experts = num_tokens_per_expert.shape[0]
         if num_worst_tokens < 0:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
+        config = self.get_dispatch_config(self.group_size) if config is None else config
+        if internode:
+            return self._internode_dispatch_checked(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                                    num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
+                                                    previous_event, async_finish, allocate_on_comm_stream)
+        if handle is not None and not isinstance(handle, Handle):
+            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+        # the NVLink buffer for this hidden (collective re-creation when it changes); the native
+        # call checks every tensor (dtype, shapes against each other, contiguity, device), the
+        # handle's buffer generation and the token capacity before anything launches
+        hidden = _dim(x, 1)
         self._ensure_intranode(hidden)
-        self._check_capacity(n, hidden)
+        rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nd = rt.dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
-                         (topk_idx.data_ptr(), topk_weights.data_ptr(), k) if k is not None else None,
-                         (num_tokens_per_rank.data_ptr(), num_tokens_per_expert.data_ptr(), is_token_in_rank.data_ptr(), num_experts),
-                         None, expert_alignment, config.num_sms, self._owned_outputs(num_worst_tokens))
-        if num_worst_tokens and nd.num_recv_tokens > num_worst_tokens:
-            raise ValueError(f"num_worst_tokens={num_worst_tokens} but this rank received {nd.num_recv_tokens} tokens; raise num_worst_tokens "
-                             "(at most num_ranks * num_tokens)")
-        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, num_worst_tokens, allocate_on_comm_stream)
+        padded = num_worst_tokens if handle is None else (handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0)
+        nd = rt.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
+                         None if handle is None else handle.native, expert_alignment, config.num_sms, self._owned_outputs(padded),
+                         num_worst_tokens if handle is None else 0)
+        k = _dim(topk_idx, 1) if topk_idx is not None else None
+        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, padded, allocate_on_comm_stream)
+        if handle is not None:
+            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
         counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
         h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens, keep=is_token_in_rank, device=self._device)
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
+
+    def _internode_dispatch_checked(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                    num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event,
+                                    async_finish, allocate_on_comm_stream):
+        """The internode dispatch's own argument checks (not yet moved to the native doorway)."""
+        torch = _torch()
+        _need(x, "x", (torch.bfloat16, torch.float8_e4m3fn) if x_scales is not None else torch.bfloat16, 2)
+        if x_scales is None and x.dtype != torch.bfloat16:
+            raise ValueError(f"x must be bfloat16, or a (float8_e4m3fn x, float32 scales) tuple; got {x.dtype}")
+        return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                        num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
+                                        previous_event, async_finish, allocate_on_comm_stream)
 
     def _owned_outputs(self, num_worst_tokens: int) -> bool:
         """Whether this intranode dispatch should write its rows into a region of the receive
@@ -997,35 +923,17 @@ class Buffer:
             return self._internode_combine(x, handle, topk_weights, bias, previous_event, async_finish, allocate_on_comm_stream)
         if not isinstance(handle, Handle):
             raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
-        _need(x, "x", torch.bfloat16, 2)
-        m, hidden = x.shape
-        if m not in (handle.num_recv_tokens, handle.num_rows):
-            raise ValueError(f"combine: x has {m} rows but the handle's dispatch produced {handle.num_rows} "
-                             f"({handle.num_recv_tokens} received); pass the expert outputs in the order of recv_x")
-        # rows past the received count (num_worst_tokens padding) take no part, as in DeepEP
-        m = handle.num_recv_tokens
-        x = x[:m]
-        if handle.buffer_generation != self._generation:
-            raise ValueError("this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again")
-        n = handle.num_tokens
-        b0, b1 = _unpack_bias(bias, n, hidden)
-        k = None
-        if topk_weights is not None:
-            _need(topk_weights, "topk_weights", torch.float32, 2)
-            if topk_weights.shape[0] not in (m, handle.num_rows):
-                raise ValueError(f"topk_weights must have {handle.num_rows} rows (one per dispatched row), got {topk_weights.shape[0]}")
-            topk_weights = topk_weights[:m]
-            k = topk_weights.shape[1]
+        # outputs sized from the handle and the arguments; the native call checks x, topk_weights,
+        # bias and these against the handle (and its buffer generation) before launching
+        n, hidden = handle.num_tokens, _dim(x, 1) or 0
+        k = _dim(topk_weights, 1) if topk_weights is not None else None
         config = self.get_combine_config(self.group_size) if config is None else config
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         with self._alloc_ctx(allocate_on_comm_stream):
             out = torch.empty((n, hidden), dtype=torch.bfloat16, device=self._device)
             out_w = torch.empty((n, k), dtype=torch.float32, device=self._device) if k is not None else None
-        self._rt().combine(x.data_ptr(), m, hidden, handle.native,
-                           (topk_weights.data_ptr(), k) if k is not None else None,
-                           b0.data_ptr() if b0 is not None else None, b1.data_ptr() if b1 is not None else None,
-                           out.data_ptr(), out_w.data_ptr() if out_w is not None else None, config.num_sms)
-        ev = self._end(async_finish, (x, topk_weights, b0, b1, out, out_w))
+        self._rt().combine(x, handle.native, topk_weights, bias, out, out_w, config.num_sms)
+        ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
         return out, out_w, ev
 
     # --- internode normal mode (the group spans hosts) ---------------------------------------
@@ -1252,35 +1160,19 @@ class Buffer:
                              async_finish: bool = False, return_recv_hook: bool = False):
         if dispatch_wait_recv_cost_stats is not None:
             raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
-        torch = _torch()
-        if not _ok(x, torch.bfloat16, 2):
-            _need(x, "x", torch.bfloat16, 2)
-        if not _ok(topk_idx, torch.int64, 2):
-            _need(topk_idx, "topk_idx", torch.int64, 2)
-        n, hidden = x.shape
-        num_topk = topk_idx.shape[1]
-        if topk_idx.shape[0] != n:
-            raise ValueError(f"topk_idx has {topk_idx.shape[0]} rows but x has {n}")
-        if n > num_max_dispatch_tokens_per_rank:
-            raise ValueError(f"x has {n} tokens, more than num_max_dispatch_tokens_per_rank={num_max_dispatch_tokens_per_rank}")
-        local_experts = num_experts // self.group_size
-        if cumulative_local_expert_recv_stats is not None:
-            _need(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats", torch.int32, 1)
-            if cumulative_local_expert_recv_stats.shape[0] != local_experts:
-                raise ValueError(f"cumulative_local_expert_recv_stats must be [{local_experts}] (local experts)")
-        self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
-        rt = self._rt()
         stats = cumulative_local_expert_recv_stats
         cur = self._cur()
-        # One crossing into Rust: the comm stream waits for the current one, the kernel launches
-        # and (without async_finish) the current stream waits for the comm stream, so the caller
-        # may reuse x and topk_idx right away (with a hook too: the send half reads them; DeepEP
-        # launches a hooked call on the current stream itself). The stats are added on the
-        # current stream after that join (DeepEP adds them in its kernel), after the receive half
-        # with a hook; with async_finish on the comm stream before the event.
-        join_back = cur if not async_finish else None
-        recv_ptr, native_handle, native_hook = rt.ll_dispatch(x.data_ptr(), n, hidden, topk_idx.data_ptr(), num_topk, use_fp8,
-                                                              round_scale, use_ue8m0, return_recv_hook, cur, join_back)
+        # One crossing into Rust: the checks (x, topk_idx, stats: dtype, shapes, contiguity,
+        # device), the buffer for these sizes (created collectively when needed), the comm stream
+        # waiting for the current one, the launch and (without async_finish) the current stream
+        # waiting for the comm stream, so the caller may reuse x and topk_idx right away (with a
+        # hook too: the send half reads them; DeepEP launches a hooked call on the current stream
+        # itself). The stats are added on the current stream after that join (DeepEP adds them in
+        # its kernel), after the receive half with a hook; with async_finish on the comm stream
+        # before the event.
+        recv_ptr, native_handle, native_hook, n, hidden = self._rt().ll_dispatch(
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook, stats, cur,
+            cur if not async_finish else None)
         recv_x, recv_scales, recv_count = self._ll_outputs(recv_ptr, use_fp8, use_ue8m0)
         handle = LowLatencyHandle(native_handle, num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
                                   num_tokens=n)
@@ -1293,7 +1185,7 @@ class Buffer:
             return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, EventOverlap(None), hook
         if async_finish:
             if stats is not None:
-                with torch.cuda.stream(self._comm_torch_stream()):
+                with _torch().cuda.stream(self._comm_torch_stream()):
                     stats.add_(recv_count)
             ev = self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
         else:
@@ -1327,15 +1219,14 @@ class Buffer:
         """The receive half of a hooked call: joins the current stream both ways around the launch,
         then adds the dispatch's counts to ``stats`` (when given) on the current stream. Refuses
         (ValueError) once the low-latency buffer of its call was destroyed or re-created."""
-        generation = self._ll_generation
+        rt = self._rt()
 
         def hook() -> None:
             check_device_error()  # a hook is called like a Buffer method: report a recorded error first
-            if self._ll_generation != generation:
-                raise ValueError("this receive hook's low-latency buffer was destroyed or re-created since its call "
-                                 "(clean_low_latency_buffer or a low-latency call with other sizes, or destroy()); dispatch again")
             cur = self._cur()
-            self._rt().ll_recv(native_hook, cur, cur)
+            # the Runtime refuses (ValueError) a hook whose low-latency buffer was destroyed or
+            # re-created since its call: its kernel arguments point into freed symmetric memory
+            rt.ll_recv(native_hook, cur, cur)
             if stats is not None:
                 stats.add_(recv_count)
 
@@ -1348,38 +1239,24 @@ class Buffer:
             raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
         if combine_wait_recv_cost_stats is not None:
             raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
-        torch = _torch()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
-        if handle.native is None:
-            raise ValueError("this low-latency handle's buffer was destroyed or re-created; dispatch again")
-        if not _ok(x, torch.bfloat16, 3):
-            _need(x, "x", torch.bfloat16, 3)
+        zc = None
         if zero_copy:
             # DeepEP's zero-copy combine reads the expert outputs from the buffer that
             # get_next_low_latency_combine_buffer handed out (x only has to have its shape)
-            if self._next_combine_last is None:
+            zc = self._next_combine_last
+            if zc is None:
                 raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
                                  "call it and write the outputs there first (or pass zero_copy=False)")
-            if tuple(self._next_combine_last.shape) != tuple(x.shape):
-                raise ValueError(f"zero_copy=True: x has shape {tuple(x.shape)} but the combine buffer handed out has "
-                                 f"{tuple(self._next_combine_last.shape)}; pass expert outputs of the handle's layout")
-            x = self._next_combine_last
-        if not _ok(topk_idx, torch.int64, 2):
-            _need(topk_idx, "topk_idx", torch.int64, 2)
-        if not _ok(topk_weights, torch.float32, 2):
-            _need(topk_weights, "topk_weights", torch.float32, 2)
-        n = handle.num_tokens
-        if out is not None and not _ok(out, torch.bfloat16, 2):
-            _need(out, "out", torch.bfloat16, 2)
-        _check_ll_combine_shapes(x.shape, topk_idx.shape, topk_weights.shape, None if out is None else out.shape, n,
-                                 handle.native.num_topk, handle.hidden, handle.num_experts // self.group_size,
-                                 self.group_size * handle.num_max_dispatch_tokens_per_rank)
         if out is None:
-            out = torch.empty((n, handle.hidden), dtype=torch.bfloat16, device=self._device)
+            out = _torch().empty((handle.num_tokens, handle.hidden), dtype=_torch().bfloat16, device=self._device)
         cur = self._cur()
-        native_hook = self._rt().ll_combine(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), handle.native, out.data_ptr(),
-                                            return_recv_hook, cur, cur if not async_finish else None)
+        # one crossing: the checks of x, topk_idx, topk_weights and out against the handle's
+        # dispatch (and of the handle's buffer), the joins and the launch
+        native_hook = self._rt().ll_combine(x, topk_idx, topk_weights, handle.native, out, return_recv_hook, cur,
+                                            cur if not async_finish else None, zc)
+        x = x if zc is None else zc
         if async_finish:
             ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
         else:

@@ -17,7 +17,8 @@
 # Needs: python3 with venv, a C compiler, network to PyPI the first time. The pinned CUDA 13.0 /
 # NVSHMEM 3.4.5 pip toolchain is installed into .toolchain/ first when missing
 # (scripts/install-toolchain.sh; CUDA_HOME / NVSHMEM_DIR, when set, are used instead); maturin and
-# pytest at pinned versions go into target/pyvenv. No torch, no libtorch, no GPU.
+# pytest and numpy (the CPU tests pass real arrays to the native checks through DLPack) at pinned
+# versions go into target/pyvenv. No torch, no libtorch, no GPU.
 # Output: target/wheels/deepep_kernels-<version>-cp39-abi3-manylinux_*_x86_64.whl (stripped)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -86,11 +87,11 @@ fi
 export DEEPEP_NVSHMEM_RELEASES=${DEEPEP_NVSHMEM_RELEASES:-}
 [ -z "$DEEPEP_NVSHMEM_RELEASES" ] || echo "build-wheel: DEEPEP_NVSHMEM_RELEASES=$DEEPEP_NVSHMEM_RELEASES" >&2
 
-# 2. maturin + pytest (pinned) in target/pyvenv.
+# 2. maturin + pytest + numpy (pinned) in target/pyvenv.
 venv="$repo/target/pyvenv"
-if [ ! -x "$venv/bin/maturin" ] || [ ! -x "$venv/bin/pytest" ]; then
-  python3 -m venv "$venv" || die "python3 -m venv failed; install venv support (apt-get install python3-venv)"
-  "$venv/bin/pip" install --quiet maturin==1.16.0 pytest==9.2.0
+if [ ! -x "$venv/bin/maturin" ] || [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c "import numpy" 2>/dev/null; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || die "python3 -m venv failed; install venv support (apt-get install python3-venv)"
+  "$venv/bin/pip" install --quiet maturin==1.16.0 pytest==9.2.0 numpy==2.2.6
 fi
 
 # 3. Reproducibility: the wheel's bytes depend on the commit, not on where the checkout is.

@@ -10,7 +10,10 @@ One rank on GPU 0 (a gloo group of one). Steps:
 
 - ``api dispatch FP8`` / ``api dispatch BF16`` / ``api combine BF16``: ``Buffer.low_latency_*``
   as a user calls it (all steps below together);
-- ``python checks``: the argument checks of the dispatch (``_need`` x2, shapes, ``_ensure_ll``);
+- ``read tensor (attributes)`` / ``read tensor (DLPack)``: the native doorway reading one torch
+  tensor (address, shape, strides, dtype, device) by attribute reads, the default, or through
+  ``__dlpack__()`` (torch's is Python code): the argument checks themselves run in Rust inside
+  the native calls below;
 - ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
 - ``current stream``: reading torch's current raw stream;
 - ``native dispatch FP8, current stream``: the one crossing into Rust as the API makes it
@@ -98,20 +101,17 @@ def main(argv=None):
         cur = buf._cur()
         comm = rt.comm_stream()
 
-        def checks():
-            B._need(x, "x", torch.bfloat16, 2)
-            B._need(idx, "topk_idx", torch.int64, 2)
-            nn, hh = x.shape
-            if idx.shape[0] != nn or nn > n:
-                raise AssertionError
-            buf._ensure_ll(n, hh, e)
+        def read_attrs():
+            _native.read_tensor(x)
+
+        def read_dlpack():
+            _native.read_tensor(x, dlpack=True)
 
         def native_dispatch(mode):
             # mode: "current" (as the API calls it), "comm" (no joins), "joins" (comm + both joins)
             def f():
                 wf = cur if mode != "comm" else None
-                r = rt.ll_dispatch(x.data_ptr(), n, h, idx.data_ptr(), k, True, False, False, False,
-                                   wf, cur if mode == "current" else None)
+                r = rt.ll_dispatch(x, idx, n, e, True, False, False, False, None, wf, cur if mode == "current" else None)
                 if mode == "joins":
                     rt.stream_wait_comm(cur)
                 return r
@@ -129,8 +129,7 @@ def main(argv=None):
         def native_combine(mode):
             def f():
                 wf = cur if mode != "comm" else None
-                rt.ll_combine(y.data_ptr(), idx.data_ptr(), w.data_ptr(), handle.native, out.data_ptr(), False,
-                              wf, cur if mode == "current" else None)
+                rt.ll_combine(y, idx, w, handle.native, out, False, wf, cur if mode == "current" else None)
                 if mode == "joins":
                     rt.stream_wait_comm(cur)
             return f
@@ -153,7 +152,8 @@ def main(argv=None):
             ("api dispatch FP8", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=True)),
             ("api dispatch BF16", lambda: buf.low_latency_dispatch(x, idx, n, e, use_fp8=False)),
             ("api combine BF16", lambda: buf.low_latency_combine(y, idx, w, handle, out=out)),
-            ("python checks", checks),
+            ("read tensor (attributes)", read_attrs),
+            ("read tensor (DLPack)", read_dlpack),
             ("device error check", B.check_device_error),
             ("current stream", buf._cur),
             ("native dispatch FP8, current stream", native_dispatch("current")),

@@ -1064,7 +1064,7 @@ impl Runtime {
     /// otherwise on the comm stream between the two joins. Low-latency calls stay ordered among
     /// themselves whichever stream each ran on (`LowLatencyBuffer::set_stream`). `stats` (i32
     /// `[local experts]`) is only checked here; the caller adds the counts. Returns `(recv_x
-    /// address, handle, hook)`: the outputs live at fixed places of the dispatch's buffer half,
+    /// address, handle, hook, tokens, hidden)`: the outputs live at fixed places of the dispatch's buffer half,
     /// which `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, return_hook, stats = None, wait_for = None, join_back = None))]
@@ -1082,7 +1082,7 @@ impl Runtime {
         stats: Option<&Bound<'_, PyAny>>,
         wait_for: Option<u64>,
         join_back: Option<u64>,
-    ) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>)> {
+    ) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>, usize, usize)> {
         let a = doorway::parse_ll_dispatch(x, topk_idx, stats, num_max, num_experts, self.comm.world(), self.device_index())?;
         self.bind()?;
         self.ensure_ll(py, num_max, a.plan.hidden, num_experts)?;
@@ -1100,6 +1100,8 @@ impl Runtime {
             out.packed_recv_x.ptr(),
             NativeLlHandle { inner: out.handle, runtime_id: id, generation },
             out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation }),
+            a.plan.num_tokens,
+            a.plan.hidden,
         ))
     }
 
