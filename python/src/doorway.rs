@@ -417,11 +417,14 @@ pub fn checked_methods() -> Vec<&'static str> {
     CHECKED_METHODS.to_vec()
 }
 
+/// (address, shape, element strides, dtype name, device) as [`read_tensor`] returns them.
+type TensorRead = (u64, Vec<usize>, Vec<i64>, String, String);
+
 /// Read `obj` with the attribute reader (`dlpack=False`) or through DLPack and return (address,
 /// shape, strides, dtype name, device): the doorway's reader alone, for host_profile.py and tests.
 #[pyfunction]
 #[pyo3(signature = (obj, dlpack = false))]
-pub fn read_tensor(obj: &Bound<'_, PyAny>, dlpack: bool) -> PyResult<(u64, Vec<usize>, Vec<i64>, String, String)> {
+pub fn read_tensor(obj: &Bound<'_, PyAny>, dlpack: bool) -> PyResult<TensorRead> {
     let a = read_with("tensor", obj, if dlpack { Path::DLPack } else { Path::Attributes })?;
     let dtype = match &a.dtype {
         Ok(d) => args::torch_name(*d).trim_start_matches("torch.").to_string(),

@@ -1256,6 +1256,7 @@ impl Runtime {
         self.forget_nvshmem_buffers(&lost);
         self.intra_dims = None;
         self.ll_dims = None;
+        self.ll_generation += 1;
         // every kernel of this rank ends within its wait bound; then the NVLink buffer is ours alone
         let synced = without_gil(py, || gpu.sync("destroying the buffers after a lost peer"));
         drop(intra);
