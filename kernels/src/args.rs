@@ -525,7 +525,9 @@ pub fn combine(x: &Arg, topk_weights: Option<&Arg>, bias: [Option<&Arg>; 2], out
 pub fn normal_generation(of: u64, now: u64, internode: bool) -> Result<()> {
     if of != now {
         return bad(if internode {
-            "this handle's internode buffer was re-created since; dispatch fresh again".to_string()
+            "this handle's internode buffer was re-created since (a fresh dispatch with a larger hidden, top-k or expert count, or \
+             another Config.num_sms); dispatch fresh again"
+                .to_string()
         } else {
             "this handle's NVLink buffer was re-created since (a dispatch with another hidden size); dispatch fresh again".to_string()
         });

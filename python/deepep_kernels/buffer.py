@@ -142,28 +142,6 @@ def _torch():
     return torch
 
 
-def _check_layout_shapes(n: int, ranks: int, hosts: Optional[int], topk_shape, weights_shape, per_rank_shape, per_rdma_rank_shape,
-                         in_rank_shape, per_expert_shape) -> None:
-    """The shapes of a fresh dispatch's routing tensors for ``n`` tokens on ``ranks`` ranks
-    (``hosts``: the internode mode's host count, None within one host; ``topk_shape`` None: a
-    dispatch without top-k): topk_idx / topk_weights ``[n, k]``, num_tokens_per_rank ``[ranks]``,
-    num_tokens_per_rdma_rank ``[hosts]``, is_token_in_rank ``[n, ranks]``, num_tokens_per_expert
-    a multiple of ``ranks``. The kernels read them by these sizes, so a tensor of another batch or
-    group would be read past its end: ValueError naming it (DeepEP asserts the same)."""
-    want = []
-    if topk_shape is not None:
-        k = topk_shape[1]  # topk_idx is 2-D (checked by _need before)
-        want += [("topk_idx", topk_shape, (n, k)), ("topk_weights", weights_shape, (n, k))]
-    want += [("num_tokens_per_rank", per_rank_shape, (ranks,)), ("is_token_in_rank", in_rank_shape, (n, ranks))]
-    if hosts is not None:
-        want.append(("num_tokens_per_rdma_rank", per_rdma_rank_shape, (hosts,)))
-    for name, got, shape in want:
-        if tuple(got) != shape:
-            raise ValueError(f"{name} must be {list(shape)} (from get_dispatch_layout for these {n} tokens), got {list(got)}")
-    if per_expert_shape[0] % ranks != 0:
-        raise ValueError(f"num_tokens_per_expert has {per_expert_shape[0]} experts, not a multiple of the {ranks} ranks")
-
-
 class _Raw:
     """A device range exposed through ``__cuda_array_interface__`` (wrapped zero-copy by
     ``torch.as_tensor``); keeps ``owner`` alive as long as the tensor lives."""
@@ -191,43 +169,6 @@ def _dim(t, i: int) -> Optional[int]:
         return int(t.shape[i])
     except (AttributeError, IndexError, TypeError):
         return None
-
-
-def _dtype_name(t) -> str:
-    return str(t.dtype).replace("torch.", "")
-
-
-def _need(t, what: str, dtype, ndim: int) -> None:
-    torch = _torch()
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"{what} must be on a CUDA device (got {t.device}); move it with .cuda()")
-    if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
-        raise ValueError(f"{what} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{what} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); call .contiguous() first")
-
-
-def _unpack_bias(bias, n: int, hidden: int):
-    """DeepEP's ``bias``: None, a tensor, or a pair; each bf16 ``[n, hidden]``."""
-    torch = _torch()
-    if bias is None:
-        b0 = b1 = None
-    elif isinstance(bias, tuple):
-        if len(bias) != 2:
-            raise ValueError(f"bias must be a tensor or a pair of tensors, got a {len(bias)}-tuple")
-        b0, b1 = bias
-    else:
-        b0, b1 = bias, None
-    for b, name in ((b0, "bias[0]"), (b1, "bias[1]")):
-        if b is not None:
-            _need(b, name, torch.bfloat16, 2)
-            if tuple(b.shape) != (n, hidden):
-                raise ValueError(f"{name} must be [{n}, {hidden}], got {tuple(b.shape)}")
-    return b0, b1
 
 
 def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool, environ=None) -> dict:
@@ -356,19 +297,16 @@ class Handle:
     ``send_head`` ``[5]`` raise ``NotImplementedError``. The handle keeps what it needs alive
     (the layout's ``is_token_in_rank``), so it stays valid after later dispatches, as DeepEP's."""
 
-    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "buffer_generation", "_keep",
-                 "_device", "_prefix")
+    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "_keep", "_device", "_prefix")
 
-    def __init__(self, native: _native.Handle, hidden: int, generation: int, num_worst_tokens: int = 0, keep=None,
-                 device=None) -> None:
+    def __init__(self, native: _native.Handle, hidden: int, keep=None, device=None) -> None:
         self.native = native
         self.num_recv_tokens = native.num_recv_tokens
         # rows of the dispatch outputs (num_worst_tokens when given, as in DeepEP)
-        self.num_rows = num_worst_tokens or native.num_recv_tokens
+        self.num_rows = native.num_rows
         self.num_tokens = native.num_tokens
         self.num_topk = native.num_topk
         self.hidden = hidden
-        self.buffer_generation = generation
         # the layout tensor the kernels read at combine time (the native handle holds its address)
         self._keep = keep
         self._device = device
@@ -402,16 +340,14 @@ class InternodeHandle:
     (= ``[-4]``) ``recv_gbl_rank_prefix_sum`` (int32 ``[R]``: rows from ranks ``0..i``); the other
     elements (channel matrices, source metadata, send heads) raise ``NotImplementedError``."""
 
-    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "buffer_generation", "_keep", "_device",
-                 "_prefix")
+    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "_keep", "_device", "_prefix")
 
-    def __init__(self, native, generation: int, keep=None, device=None) -> None:
+    def __init__(self, native, keep=None, device=None) -> None:
         self.native = native
         self.num_recv_tokens = native.num_recv_tokens
         self.num_tokens = native.num_tokens
         self.num_topk = native.num_topk
         self.hidden = native.hidden
-        self.buffer_generation = generation
         self._keep = keep
         self._device = device
         self._prefix = None
@@ -594,8 +530,8 @@ class Buffer:
 
         # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's; it
         # calls back before re-creating so that handles and views let go of the old buffer
-        self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, release_ll_refs)
-        self._generation = 0
+        self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, release_ll_refs,
+                                       self._ranks_per_host if self._internode else 0)
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
@@ -704,7 +640,6 @@ class Buffer:
         if dims != want:
             # Collective: every rank dispatches the same hidden, so every rank re-creates here.
             rt.intranode_create(want[0], want[1], _recv_arena_from_env())
-            self._generation += 1
 
     def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
         # the Runtime checks the mode and num_rdma_bytes and (re-)creates the buffer collectively
@@ -797,7 +732,6 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         torch = _torch()
         if self._internode:
-            _need(topk_idx, "topk_idx", torch.int64, 2)
             return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
         self._ensure_intranode(None)
         rt = self._rt()
@@ -832,9 +766,9 @@ class Buffer:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
         config = self.get_dispatch_config(self.group_size) if config is None else config
         if internode:
-            return self._internode_dispatch_checked(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                                                    num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
-                                                    previous_event, async_finish, allocate_on_comm_stream)
+            return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
+                                            previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None and not isinstance(handle, Handle):
             raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
         # the NVLink buffer for this hidden (collective re-creation when it changes); the native
@@ -854,22 +788,10 @@ class Buffer:
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
         counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
-        h = Handle(nd.handle(), hidden, self._generation, num_worst_tokens, keep=is_token_in_rank, device=self._device)
+        h = Handle(nd.handle(), hidden, keep=is_token_in_rank, device=self._device)
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
-
-    def _internode_dispatch_checked(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                                    num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event,
-                                    async_finish, allocate_on_comm_stream):
-        """The internode dispatch's own argument checks (not yet moved to the native doorway)."""
-        torch = _torch()
-        _need(x, "x", (torch.bfloat16, torch.float8_e4m3fn) if x_scales is not None else torch.bfloat16, 2)
-        if x_scales is None and x.dtype != torch.bfloat16:
-            raise ValueError(f"x must be bfloat16, or a (float8_e4m3fn x, float32 scales) tuple; got {x.dtype}")
-        return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                                        num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
-                                        previous_event, async_finish, allocate_on_comm_stream)
 
     def _owned_outputs(self, num_worst_tokens: int) -> bool:
         """Whether this intranode dispatch should write its rows into a region of the receive
@@ -946,7 +868,7 @@ class Buffer:
         r, nh = self.group_size, self._num_hosts
         if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % r != 0:
             raise ValueError(f"num_experts={num_experts!r} must be a positive multiple of the {r} ranks")
-        n = topk_idx.shape[0]
+        n = _dim(topk_idx, 0) or 0
         local = num_experts // r
         self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
@@ -955,6 +877,9 @@ class Buffer:
             per_host = torch.empty((nh,), dtype=torch.int32, device=self._device)
             per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
             in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
+        # topk_idx through the same native checks as the intranode layout's
+        _native.check_call("get_dispatch_layout", {"world": r, "num_experts": num_experts, "device": self._device_index}, topk_idx,
+                           per_rank, per_expert, in_rank)
         with torch.cuda.stream(self._comm_torch_stream()):
             valid = topk_idx >= 0
             # column r collects the unused (-1) slots and is dropped
@@ -969,129 +894,53 @@ class Buffer:
         ev = self._end(async_finish, (topk_idx, per_rank, per_host, per_expert, in_rank))
         return per_rank, per_host, per_expert, in_rank, ev
 
-    def _ensure_internode(self, hidden: int, topk: int, local_experts: int, num_sms: int) -> None:
-        """Create (collectively) the internode buffer, or re-create it when this fresh dispatch
-        needs a larger hidden / top-k / experts per rank or another SM count. Its token capacity is
-        the most that the Buffer's memory holds: num_rdma_bytes + num_nvl_bytes (DeepEP keeps a
-        ring buffer of num_nvl_bytes for the NVLink hop; ours runs that hop inside the symmetric
-        buffer, so the memory granted for it goes there too)."""
-        rt = self._rt()
-        max_topk = _native.internode_limits()[1]
-        if topk > max_topk:
-            raise ValueError(f"top-k {topk} exceeds the internode kernels' limit of {max_topk}; route each token to at most {max_topk} experts")
-        sms = rt.internode_fit_sms(num_sms)
-        dims = rt.internode_dims()
-        if dims is not None:
-            _, _, h, s, k, le = dims
-            if hidden <= h and topk <= k and local_experts <= le and sms == s:
-                return
-            hidden, topk, local_experts = max(hidden, h), max(topk, k), max(local_experts, le)
-        # A dispatch without top-k routes one slot per rank: size for that from the start, so that
-        # it never re-creates the buffer under the handles of earlier dispatches (which DeepEP's
-        # fixed buffer keeps valid; a few bytes per token)
-        topk = max(topk, min(self.group_size, max_topk))
-        rph = self._ranks_per_host
-        cap = _native.internode_max_tokens(self.group_size, rph, hidden, sms, topk, local_experts, self._internode_bytes())
-        if cap == 0:
-            need = _native.internode_buffer_bytes(self.group_size, rph, 1, hidden, sms, topk, local_experts)
-            raise ValueError(f"num_rdma_bytes + num_nvl_bytes = {self._internode_bytes()} cannot hold one token of hidden {hidden} "
-                             f"(top-k {topk}, {local_experts} experts per rank) for {self.group_size} ranks in hosts of {rph} "
-                             f"(needs >= {need}); size num_rdma_bytes with Config.get_rdma_buffer_size_hint")
-        rt.internode_create((rph, cap, hidden, sms, topk, local_experts))
-        self._generation += 1
-
-    def _check_internode_capacity(self, n: int, hidden: int) -> None:
-        rph, cap, h, sms, k, le = self._rt().internode_dims()
-        if n > cap:
-            need = _native.internode_buffer_bytes(self.group_size, rph, n, h, sms, k, le)
-            raise ValueError(f"dispatch of {n} tokens: num_rdma_bytes + num_nvl_bytes = {self._internode_bytes()} holds {cap} tokens "
-                             f"of hidden {h} per rank on {self.group_size} ranks in hosts of {rph}; create the Buffer with "
-                             f"num_rdma_bytes + num_nvl_bytes >= {need} (or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before sizing "
-                             "num_rdma_bytes with Config.get_rdma_buffer_size_hint)")
-
-    def _internode_bytes(self) -> int:
-        # the internode symmetric buffer's budget: all the memory the caller granted the Buffer
-        return self.num_rdma_bytes + self.num_nvl_bytes
-
     def _internode_dispatch(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish,
                             allocate_on_comm_stream):
         torch = _torch()
-        if not isinstance(expert_alignment, int) or expert_alignment < 1:
-            raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
-        config = self.get_dispatch_config(self.group_size) if config is None else config
-        n, hidden = x.shape
-        scales_arg = None
-        if x_scales is not None:
-            if x.dtype != torch.float8_e4m3fn:
-                raise ValueError("with scales, x must be float8_e4m3fn")
-            if x_scales.dtype != torch.float32 or x_scales.dim() != 2 or x_scales.shape[0] != n:
-                raise ValueError(f"x scales must be float32 [num_tokens={n}, hidden/128], got {x_scales.dtype} {tuple(x_scales.shape)}")
+        rt = self._rt()
+        if handle is not None and not isinstance(handle, InternodeHandle):
+            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+        if x_scales is not None and hasattr(x_scales, "is_contiguous") and not x_scales.is_contiguous():
             # the internode kernels read row-major scales: a column-major tensor is copied (on the
             # current stream, which the comm stream waits for)
             x_scales = x_scales.contiguous()
-            scales_arg = (x_scales.data_ptr(), x_scales.shape[1])
-        rt = self._rt()
+        with_topk = topk_idx is not None or topk_weights is not None
+        if handle is None and not with_topk:
+            # DeepEP's dispatch without top-k: rows go to the ranks of is_token_in_rank. The internode
+            # kernels route by top-k ids, so route each token to the first local expert of every rank
+            # it goes to (one slot per rank, -1 elsewhere); no top-k output comes back, and the
+            # per-expert counts come from the ranks' num_tokens_per_expert, as in DeepEP. The layout
+            # tensors are checked first (the same native checks), then the routing is made from them.
+            r = self.group_size
+            _native.check_call("internode_dispatch", {"world": r, "hosts": self._num_hosts, "device": self._device_index}, x, x_scales,
+                               None, None, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank)
+            if r > _native.internode_limits()[1]:
+                raise _unsupported(f"dispatch without top-k on {r} ranks in the internode mode",
+                                   f"it routes one slot per rank and the kernels take at most {_native.internode_limits()[1]}; pass topk_idx")
+            n, local = is_token_in_rank.shape[0], num_tokens_per_expert.shape[0] // r
+            first = torch.arange(r, dtype=torch.int64, device=self._device) * local
+            topk_idx = torch.where(is_token_in_rank, first.expand(n, r), torch.full((n, r), -1, dtype=torch.int64, device=self._device))
+            topk_weights = torch.zeros((n, r), dtype=torch.float32, device=self._device)
+        # the native call checks every tensor (against each other and the hosts), creates or grows
+        # the internode buffer (collective) and checks its token capacity before launching
+        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        nd = rt.internode_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
+                                   is_token_in_rank, None if handle is None else handle.native, expert_alignment, config.num_sms)
+        hidden = x.shape[1]
         if handle is not None:
-            if topk_idx is not None or topk_weights is not None:
-                raise ValueError("a cached dispatch (handle given) takes no topk_idx / topk_weights")
-            if not isinstance(handle, InternodeHandle):
-                raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
-            if handle.buffer_generation != self._generation:
-                raise ValueError("this handle's internode buffer was re-created since (a fresh dispatch with a larger hidden, top-k or "
-                                 "expert count, or another Config.num_sms); dispatch fresh again")
-            self._begin(previous_event, async_finish, allocate_on_comm_stream)
-            nd = rt.internode_dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg, None, handle.native, 1)
             recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, 0, allocate_on_comm_stream, views=False)
             del nd  # its tensors are freed stream-ordered on the comm stream, after the copies
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
-
-        if num_tokens_per_rank is None or num_tokens_per_rdma_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
-            raise ValueError("a fresh internode dispatch needs num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank and "
-                             "num_tokens_per_expert (from get_dispatch_layout)")
-        if (topk_idx is None) != (topk_weights is None):
-            raise ValueError("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")
-        with_topk = topk_idx is not None
-        if not with_topk:
-            # DeepEP's dispatch without top-k: rows go to the ranks of is_token_in_rank. The internode
-            # kernels route by top-k ids, so route each token to the first local expert of every rank
-            # it goes to (one slot per rank, -1 elsewhere); no top-k output comes back, and the
-            # per-expert counts come from the ranks' num_tokens_per_expert, as in DeepEP.
-            _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
-            _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
-            r = self.group_size
-            if num_tokens_per_expert.shape[0] % r != 0:
-                raise ValueError(f"num_tokens_per_expert has {num_tokens_per_expert.shape[0]} experts, not a multiple of the {r} ranks")
-            if r > _native.internode_limits()[1]:
-                raise _unsupported(f"dispatch without top-k on {r} ranks in the internode mode",
-                                   f"it routes one slot per rank and the kernels take at most {_native.internode_limits()[1]}; pass topk_idx")
-            local = num_tokens_per_expert.shape[0] // r
-            first = torch.arange(r, dtype=torch.int64, device=self._device) * local
-            topk_idx = torch.where(is_token_in_rank, first.expand(n, r), torch.full((n, r), -1, dtype=torch.int64, device=self._device))
-            topk_weights = torch.zeros((n, r), dtype=torch.float32, device=self._device)
-        _need(topk_idx, "topk_idx", torch.int64, 2)
-        _need(topk_weights, "topk_weights", torch.float32, 2)
-        _need(num_tokens_per_rank, "num_tokens_per_rank", torch.int32, 1)
-        _need(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank", torch.int32, 1)
-        _need(num_tokens_per_expert, "num_tokens_per_expert", torch.int32, 1)
-        _need(is_token_in_rank, "is_token_in_rank", torch.bool, 2)
-        _check_layout_shapes(n, self.group_size, self._num_hosts, topk_idx.shape, topk_weights.shape, num_tokens_per_rank.shape,
-                             num_tokens_per_rdma_rank.shape, is_token_in_rank.shape, num_tokens_per_expert.shape)
         k = topk_idx.shape[1]
-        num_experts = num_tokens_per_expert.shape[0]
-        self._ensure_internode(hidden, k, num_experts // self.group_size, config.num_sms)
-        self._check_internode_capacity(n, hidden)
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nd = rt.internode_dispatch((x.data_ptr(), _dtype_name(x), n, hidden), scales_arg,
-                                   (topk_idx.data_ptr(), topk_weights.data_ptr(), k, num_experts), None, expert_alignment)
         recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k if with_topk else None, 0, allocate_on_comm_stream,
                                                                views=False)
         if with_topk:
             counts = list(nd.num_recv_tokens_per_expert)
         else:
             counts = self._counts_from_layout(num_tokens_per_expert, expert_alignment)
-        h = InternodeHandle(nd.handle(), self._generation, keep=is_token_in_rank, device=self._device)
+        h = InternodeHandle(nd.handle(), keep=is_token_in_rank, device=self._device)
         del nd
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                       num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
@@ -1114,25 +963,11 @@ class Buffer:
     def _internode_combine(self, x, handle: InternodeHandle, topk_weights, bias, previous_event, async_finish: bool,
                            allocate_on_comm_stream: bool):
         torch = _torch()
-        _need(x, "x", torch.bfloat16, 2)
-        m, hidden = x.shape
-        if m != handle.num_recv_tokens or hidden != handle.hidden:
-            raise ValueError(f"combine: x is {list(x.shape)} but the handle's dispatch received [{handle.num_recv_tokens}, {handle.hidden}]; "
-                             "pass the expert outputs in the order and width of recv_x")
-        if handle.buffer_generation != self._generation:
-            raise ValueError("this handle's internode buffer was re-created since; dispatch fresh again")
-        n = handle.num_tokens
-        b0, b1 = _unpack_bias(bias, n, hidden)
-        k = None
-        if topk_weights is not None:
-            _need(topk_weights, "topk_weights", torch.float32, 2)
-            if topk_weights.shape[0] != m:
-                raise ValueError(f"topk_weights must have {m} rows (one per received row), got {topk_weights.shape[0]}")
-            k = topk_weights.shape[1]
-        rt = self._rt()
+        # the native call checks x, topk_weights and bias against the handle (and its buffer)
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nc = rt.internode_combine(x.data_ptr(), m, hidden, handle.native, (topk_weights.data_ptr(), k) if k is not None else None,
-                                  b0.data_ptr() if b0 is not None else None, b1.data_ptr() if b1 is not None else None)
+        nc = self._rt().internode_combine(x, handle.native, topk_weights, bias)
+        n, hidden = handle.num_tokens, handle.hidden
+        k = topk_weights.shape[1] if topk_weights is not None else None
         dev = self._device
         with self._alloc_ctx(allocate_on_comm_stream):
             out = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
@@ -1142,7 +977,7 @@ class Buffer:
             if k is not None:
                 out_w.copy_(_view(nc.combined_topk_weights_ptr, torch.float32, (n, k), nc, dev))
         del nc  # freed stream-ordered on the comm stream, after the copies
-        ev = self._end(async_finish, (x, topk_weights, b0, b1, out, out_w))
+        ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
         return out, out_w, ev
 
 

@@ -322,8 +322,42 @@ pub struct CombineArgsIn {
     pub x: Arg,
     pub topk_weights: Option<Arg>,
     pub bias: [Option<Arg>; 2],
-    pub out: Arg,
+    /// The caller's output (None for the internode combine, whose outputs are the kernels').
+    pub out: Option<Arg>,
     pub out_weights: Option<Arg>,
+}
+
+/// The tensors of an internode dispatch: `layout` = (num_tokens_per_rank,
+/// num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank) over `hosts` hosts, None for
+/// a cached dispatch.
+#[allow(clippy::type_complexity)]
+pub fn parse_internode_dispatch<'py>(
+    x: &Bound<'py, PyAny>,
+    scales: Option<&Bound<'py, PyAny>>,
+    topk: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>)>,
+    layout: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>, &Bound<'py, PyAny>, &Bound<'py, PyAny>)>,
+    world: usize,
+    hosts: usize,
+    device: usize,
+) -> PyResult<DispatchArgsIn> {
+    let x = read("x", x)?;
+    let scales = read_opt("x scales", scales)?;
+    let topk = match topk {
+        Some((i, w)) => Some((read("topk_idx", i)?, read("topk_weights", w)?)),
+        None => None,
+    };
+    let layout = match layout {
+        Some((pr, ph, pe, ir)) => Some((
+            read("num_tokens_per_rank", pr)?,
+            read("num_tokens_per_rdma_rank", ph)?,
+            read("num_tokens_per_expert", pe)?,
+            read("is_token_in_rank", ir)?,
+        )),
+        None => None,
+    };
+    let routing = layout.as_ref().map(|(pr, ph, pe, ir)| Routing { topk: topk.as_ref().map(|(i, w)| (i, w)), per_rank: pr, per_rdma_rank: Some((ph, hosts)), per_expert: pe, in_rank: ir });
+    let plan = args::dispatch(&x, scales.as_ref(), routing, world, device).map_err(py_err)?;
+    Ok(DispatchArgsIn { x, scales, topk, layout: layout.map(|(pr, _, pe, ir)| (pr, pe, ir)), plan })
 }
 
 /// DeepEP's `bias`: None, a tensor, or a pair of tensors.
@@ -340,6 +374,16 @@ fn unpack_bias<'py>(bias: Option<&Bound<'py, PyAny>>) -> PyResult<[Option<Bound<
 }
 
 #[allow(clippy::too_many_arguments)]
+/// An internode combine's tensors (its outputs are the kernels crate's, copied out by the caller).
+pub fn parse_combine_no_out(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny>>, bias: Option<&Bound<'_, PyAny>>, d: CombineDims, device: usize) -> PyResult<CombineArgsIn> {
+    let x = read("x", x)?;
+    let topk_weights = read_opt("topk_weights", topk_weights)?;
+    let [b0, b1] = unpack_bias(bias)?;
+    let bias = [read_opt("bias[0]", b0.as_ref())?, read_opt("bias[1]", b1.as_ref())?];
+    args::combine(&x, topk_weights.as_ref(), [bias[0].as_ref(), bias[1].as_ref()], None, None, d, device).map_err(py_err)?;
+    Ok(CombineArgsIn { x, topk_weights, bias, out: None, out_weights: None })
+}
+
 pub fn parse_combine(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny>>, bias: Option<&Bound<'_, PyAny>>, out: &Bound<'_, PyAny>, out_weights: Option<&Bound<'_, PyAny>>, d: CombineDims, device: usize) -> PyResult<CombineArgsIn> {
     let x = read("x", x)?;
     let topk_weights = read_opt("topk_weights", topk_weights)?;
@@ -348,11 +392,11 @@ pub fn parse_combine(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny
     let out = read("out", out)?;
     let out_weights = read_opt("out_weights", out_weights)?;
     args::combine(&x, topk_weights.as_ref(), [bias[0].as_ref(), bias[1].as_ref()], Some(&out), out_weights.as_ref(), d, device).map_err(py_err)?;
-    Ok(CombineArgsIn { x, topk_weights, bias, out, out_weights })
+    Ok(CombineArgsIn { x, topk_weights, bias, out: Some(out), out_weights })
 }
 
 /// The tensor-taking `Runtime` methods whose argument checks [`check_call`] runs.
-pub const CHECKED_METHODS: [&str; 5] = ["ll_dispatch", "ll_combine", "get_dispatch_layout", "dispatch", "combine"];
+pub const CHECKED_METHODS: [&str; 7] = ["ll_dispatch", "ll_combine", "get_dispatch_layout", "dispatch", "combine", "internode_dispatch", "internode_combine"];
 
 fn state_usize(state: &Bound<'_, PyDict>, key: &str) -> PyResult<usize> {
     state
@@ -403,6 +447,21 @@ pub fn check_call(method: &str, state: &Bound<'_, PyDict>, args: &Bound<'_, PyTu
         "combine" => {
             let d = CombineDims { num_tokens: s("num_tokens")?, num_recv_tokens: s("num_recv_tokens")?, num_rows: s("num_rows")?, hidden: None };
             parse_combine(need(method, &a, 0)?, arg(&a, 1), arg(&a, 2), need(method, &a, 3)?, arg(&a, 4), d, device)?;
+        }
+        "internode_dispatch" => {
+            let topk = match (arg(&a, 2), arg(&a, 3)) {
+                (Some(i), Some(w)) => Some((i, w)),
+                _ => None,
+            };
+            let layout = match (arg(&a, 4), arg(&a, 5), arg(&a, 6), arg(&a, 7)) {
+                (Some(pr), Some(ph), Some(pe), Some(ir)) => Some((pr, ph, pe, ir)),
+                _ => None,
+            };
+            parse_internode_dispatch(need(method, &a, 0)?, arg(&a, 1), topk, layout, s("world")?, s("hosts")?, device)?;
+        }
+        "internode_combine" => {
+            let d = CombineDims { num_tokens: s("num_tokens")?, num_recv_tokens: s("num_recv_tokens")?, num_rows: s("num_recv_tokens")?, hidden: Some(s("hidden")?) };
+            parse_combine_no_out(need(method, &a, 0)?, arg(&a, 1), arg(&a, 2), d, device)?;
         }
         other => {
             return Err(PyValueError::new_err(format!("check_call: unknown method {other:?}; one of {}", CHECKED_METHODS.join(", "))));

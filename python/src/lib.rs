@@ -64,18 +64,6 @@ fn without_gil<T, F: FnOnce() -> T>(py: Python<'_>, f: F) -> T {
     out.0
 }
 
-fn parse_dtype(name: &str) -> PyResult<DType> {
-    Ok(match name {
-        "bfloat16" => DType::Bf16,
-        "float32" => DType::F32,
-        "int32" => DType::I32,
-        "int64" => DType::I64,
-        "uint8" => DType::U8,
-        "float8_e4m3fn" => DType::Fp8E4m3,
-        "bool" => DType::Bool,
-        other => return Err(PyValueError::new_err(format!("dtype {other} is not one the kernels take (bfloat16, float8_e4m3fn, float32, int32, int64, bool)"))),
-    })
-}
 
 /// A CUDA event in the current (primary) context. `EventOverlap.event` holds one.
 #[pyclass(module = "deepep_kernels._native")]
@@ -322,6 +310,8 @@ struct NativeHook {
 struct InterHandle {
     inner: inter::Handle,
     runtime_id: u64,
+    /// The internode buffer's generation at the dispatch.
+    generation: u64,
 }
 
 #[pymethods]
@@ -364,6 +354,7 @@ impl InterHandle {
 struct NativeInterDispatch {
     out: inter::DispatchOutput,
     runtime_id: u64,
+    generation: u64,
 }
 
 #[pymethods]
@@ -394,7 +385,7 @@ impl NativeInterDispatch {
         self.out.num_recv_tokens_per_expert.clone()
     }
     fn handle(&self) -> InterHandle {
-        InterHandle { inner: self.out.handle.clone(), runtime_id: self.runtime_id }
+        InterHandle { inner: self.out.handle.clone(), runtime_id: self.runtime_id, generation: self.generation }
     }
 }
 
@@ -456,7 +447,10 @@ struct Runtime {
     /// Bumped whenever the NVLink buffer is (re-)created / the low-latency buffer is re-created
     /// or destroyed: handles and hooks of an older generation are refused.
     intra_generation: u64,
+    inter_generation: u64,
     ll_generation: u64,
+    /// Ranks per (real or emulated) host of the internode mode (0: not in that mode).
+    ranks_per_host: usize,
     /// Shared by the views of the caller's tensors (they own nothing).
     no_owner: Arc<dyn std::any::Any + Send + Sync>,
     gpu: Box<Gpu>,
@@ -474,10 +468,6 @@ fn rows_of(gpu: &Gpu, keep: &Arc<dyn std::any::Any + Send + Sync>, a: &Arg, rows
     Tensor::view_info(gpu.stream(), keep.clone(), info)
 }
 
-/// Internode only (not converted to the doorway yet): a contiguous view the caller describes.
-fn tensor_of(gpu: &Gpu, ptr: u64, dtype: DType, shape: &[usize]) -> Tensor {
-    Tensor::view(gpu.stream(), Arc::new(()), ptr, dtype, shape, None)
-}
 
 /// `(recv_x shape, scales, recv_count address)` of a low-latency dispatch's outputs, scales being
 /// None (BF16) or `(address, dtype name, physical shape)` (`Runtime::ll_output_views`).
@@ -610,6 +600,61 @@ impl Runtime {
         }
         self.ll_create(py, num_max, hidden, num_experts)
     }
+    /// The internode buffer for a fresh dispatch of rows of `hidden`, top-`topk` and
+    /// `local_experts` experts per rank on `num_sms` SMs: created (collectively) when missing, or
+    /// re-created when this dispatch needs a larger hidden / top-k / experts per rank or another
+    /// SM count. Its token capacity is the most the Buffer's memory holds: num_rdma_bytes +
+    /// num_nvl_bytes (DeepEP keeps a ring buffer of num_nvl_bytes for the NVLink hop; ours runs
+    /// that hop inside the symmetric buffer, so the memory granted for it goes there too).
+    fn ensure_inter(&mut self, py: Python<'_>, hidden: usize, topk: usize, local_experts: usize, num_sms: usize) -> PyResult<()> {
+        let max_topk = inter::plan::MAX_TOPK;
+        if topk > max_topk {
+            return Err(PyValueError::new_err(format!("top-k {topk} exceeds the internode kernels' limit of {max_topk}; route each token to at most {max_topk} experts")));
+        }
+        let sms = self.gpu.fit_sms_even(num_sms);
+        let (mut hidden, mut topk, mut local_experts) = (hidden, topk, local_experts);
+        if let Some(c) = self.inter.as_ref().map(|b| *b.config()) {
+            if hidden <= c.hidden && topk <= c.max_topk && local_experts <= c.max_local_experts && sms == c.num_sms {
+                return Ok(());
+            }
+            (hidden, topk, local_experts) = (hidden.max(c.hidden), topk.max(c.max_topk), local_experts.max(c.max_local_experts));
+        }
+        // A dispatch without top-k routes one slot per rank: size for that from the start, so that
+        // it never re-creates the buffer under the handles of earlier dispatches (which DeepEP's
+        // fixed buffer keeps valid; a few bytes per token)
+        let world = self.comm.world();
+        topk = topk.max(world.min(max_topk));
+        let (rph, bytes) = (self.ranks_per_host, self.num_rdma_bytes + self.num_nvl_bytes);
+        let cap = inter_max_tokens(world, (rph, 0, hidden, sms, topk, local_experts), bytes);
+        if cap == 0 {
+            let need = inter_bytes(world, (rph, 1, hidden, sms, topk, local_experts)).map_err(py_err)?;
+            return Err(PyValueError::new_err(format!(
+                "num_rdma_bytes + num_nvl_bytes = {bytes} cannot hold one token of hidden {hidden} (top-k {topk}, {local_experts} experts per \
+                 rank) for {world} ranks in hosts of {rph} (needs >= {need}); size num_rdma_bytes with Config.get_rdma_buffer_size_hint"
+            )));
+        }
+        self.internode_create(py, (rph, cap, hidden, sms, topk, local_experts))?;
+        self.inter_generation += 1;
+        Ok(())
+    }
+    /// `n` tokens fit the internode buffer.
+    fn inter_capacity(&self, n: usize) -> PyResult<()> {
+        let c = *self.inter.as_ref().ok_or_else(|| PyRuntimeError::new_err("the internode buffer is not created (destroyed, or the group is within one host)"))?.config();
+        if n > c.max_tokens_per_rank {
+            let world = self.comm.world();
+            let need = inter_bytes(world, (c.ranks_per_host, n, c.hidden, c.num_sms, c.max_topk, c.max_local_experts)).unwrap_or(0);
+            return Err(PyValueError::new_err(format!(
+                "dispatch of {n} tokens: num_rdma_bytes + num_nvl_bytes = {} holds {} tokens of hidden {} per rank on {world} ranks in hosts \
+                 of {}; create the Buffer with num_rdma_bytes + num_nvl_bytes >= {need} (or set DEEPEP_KERNELS_MAX_TOKENS >= {n} before \
+                 sizing num_rdma_bytes with Config.get_rdma_buffer_size_hint)",
+                self.num_rdma_bytes + self.num_nvl_bytes,
+                c.max_tokens_per_rank,
+                c.hidden,
+                c.ranks_per_host
+            )));
+        }
+        Ok(())
+    }
     fn check_owner(&self, id: u64, what: &str) -> PyResult<()> {
         if id != self.id {
             return Err(PyValueError::new_err(format!("this {what} comes from another Buffer; pass the handle of a dispatch on this Buffer")));
@@ -650,7 +695,9 @@ impl Runtime {
             low_latency_mode: false,
             on_ll_release: None,
             intra_generation: 0,
+            inter_generation: 0,
             ll_generation: 0,
+            ranks_per_host: 0,
             no_owner: Arc::new(()),
             gpu,
         })
@@ -658,8 +705,10 @@ impl Runtime {
 
     /// The Buffer's sizes and mode, for the capacity checks; `on_ll_release` (no arguments) runs
     /// before the low-latency buffer is re-created for other sizes.
-    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None))]
-    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>) {
+    /// `ranks_per_host`: the internode mode's hosts (0 within one host).
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None, ranks_per_host = 0))]
+    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>, ranks_per_host: usize) {
+        self.ranks_per_host = ranks_per_host;
         self.num_nvl_bytes = num_nvl_bytes;
         self.num_rdma_bytes = num_rdma_bytes;
         self.low_latency_mode = low_latency_mode;
@@ -898,7 +947,7 @@ impl Runtime {
         let wt = a.topk_weights.as_ref().map(|w| rows_of(gpu, &keep, w, m));
         let b0 = a.bias[0].as_ref().map(|b| view(gpu, &keep, b));
         let b1 = a.bias[1].as_ref().map(|b| view(gpu, &keep, b));
-        let ot = view(gpu, &keep, &a.out);
+        let ot = view(gpu, &keep, a.out.as_ref().expect("parse_combine reads out"));
         let owt = a.out_weights.as_ref().map(|o| view(gpu, &keep, o));
         let mut args = CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms)));
         if let Some(w) = wt.as_ref() {
@@ -948,79 +997,118 @@ impl Runtime {
         self.gpu.fit_sms_even(num_sms)
     }
 
-    /// Internode dispatch on the comm stream. `x`: (ptr, dtype, n, hidden); `scales`: (ptr,
-    /// num_scales) f32 row-major for FP8; fresh routing: `topk` = (idx_ptr, weights_ptr, k,
-    /// num_experts); or a cached `handle`. A fresh dispatch blocks the host (GIL released) until
-    /// the notify kernel published the received counts, like DeepEP's internode dispatch.
-    #[pyo3(signature = (x, scales, topk, handle, expert_alignment))]
+    /// Internode dispatch on the comm stream of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with
+    /// row-major `scales` f32 `[n, hidden/128]`): fresh with `topk_idx` / `topk_weights` `[n, k]`
+    /// and the layout tensors of `get_dispatch_layout` (checked; the notify kernel recomputes the
+    /// routing from `topk_idx`), creating or growing the internode buffer first (collective), or
+    /// cached with a `handle`. A fresh dispatch blocks the host (GIL released) until the notify
+    /// kernel published the received counts, like DeepEP's internode dispatch.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, handle, expert_alignment, num_sms))]
     fn internode_dispatch(
         &mut self,
         py: Python<'_>,
-        x: (u64, String, usize, usize),
-        scales: Option<(u64, usize)>,
-        topk: Option<(u64, u64, usize, usize)>,
+        x: &Bound<'_, PyAny>,
+        scales: Option<&Bound<'_, PyAny>>,
+        topk_idx: Option<&Bound<'_, PyAny>>,
+        topk_weights: Option<&Bound<'_, PyAny>>,
+        num_tokens_per_rank: Option<&Bound<'_, PyAny>>,
+        num_tokens_per_rdma_rank: Option<&Bound<'_, PyAny>>,
+        num_tokens_per_expert: Option<&Bound<'_, PyAny>>,
+        is_token_in_rank: Option<&Bound<'_, PyAny>>,
         handle: Option<PyRef<'_, InterHandle>>,
         expert_alignment: usize,
+        num_sms: usize,
     ) -> PyResult<NativeInterDispatch> {
-        self.bind()?;
-        let gpu = self.gpu_static();
-        let id = self.id;
-        let (xp, xd, n, h) = x;
-        let xt = tensor_of(gpu, xp, parse_dtype(&xd)?, &[n, h]);
-        let st = scales.map(|(p, s)| tensor_of(gpu, p, DType::F32, &[n, s]));
-        let out = match (topk, handle) {
-            (Some((ip, wp, k, e)), None) => {
-                let idx = tensor_of(gpu, ip, DType::I64, &[n, k]);
-                let w = tensor_of(gpu, wp, DType::F32, &[n, k]);
-                let mut a = inter::DispatchArgs::fresh(&xt, &idx, &w, e).expert_alignment(expert_alignment);
-                if let Some(s) = st.as_ref() {
-                    a = a.scales(s);
+        let (world, rph) = (self.comm.world(), self.ranks_per_host.max(1));
+        let layout = match (num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, handle.as_ref()) {
+            (Some(pr), Some(ph), Some(pe), Some(ir), None) => Some((pr, ph, pe, ir)),
+            (None, None, None, None, Some(_)) => {
+                if topk_idx.is_some() || topk_weights.is_some() {
+                    return Err(PyValueError::new_err("a cached dispatch (handle given) takes no topk_idx / topk_weights"));
                 }
-                let buf = self.inter()?;
-                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+                None
             }
-            (None, Some(hd)) => {
-                self.check_owner(hd.runtime_id, "handle")?;
-                let mut a = inter::DispatchArgs::cached(&xt, &hd.inner);
-                if let Some(s) = st.as_ref() {
-                    a = a.scales(s);
-                }
-                let buf = self.inter()?;
-                without_gil(py, || buf.dispatch(a)).map_err(py_err)?
+            (_, _, _, _, None) => {
+                return Err(PyValueError::new_err(
+                    "a fresh internode dispatch needs num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)",
+                ))
             }
-            _ => return Err(PyValueError::new_err("internode dispatch needs either topk (fresh) or a handle (cached), not both")),
+            _ => return Err(PyValueError::new_err("dispatch needs either the layout tensors (fresh) or a handle (cached), not both")),
         };
-        Ok(NativeInterDispatch { out, runtime_id: id })
+        let topk = match (topk_idx, topk_weights, layout.is_some()) {
+            (Some(i), Some(w), true) => Some((i, w)),
+            (None, None, _) => None,
+            _ => return Err(PyValueError::new_err("an internode fresh dispatch takes topk_idx and topk_weights together")),
+        };
+        let a = doorway::parse_internode_dispatch(x, scales, topk, layout, world, world / rph, self.device_index())?;
+        let (n, h) = (a.plan.num_tokens, a.plan.hidden);
+        if a.plan.scales_column_major == Some(true) {
+            return Err(PyValueError::new_err("the internode kernels read row-major x scales; pass x_scales.contiguous()"));
+        }
+        self.bind()?;
+        let id = self.id;
+        let out = match handle {
+            None => {
+                let (k, e) = (a.plan.num_topk.unwrap_or(0), a.plan.num_experts.unwrap_or(0));
+                if layout.is_some() && a.topk.is_none() {
+                    return Err(PyValueError::new_err("the internode kernels route by top-k ids: pass topk_idx and topk_weights"));
+                }
+                self.ensure_inter(py, h, k, e / world, num_sms)?;
+                self.inter_capacity(n)?;
+                let gpu = self.gpu_static();
+                let keep = self.no_owner.clone();
+                let xt = view(gpu, &keep, &a.x);
+                let st = a.scales.as_ref().map(|s| view(gpu, &keep, s));
+                let (ia, wa) = a.topk.as_ref().expect("checked above");
+                let (idx, w) = (view(gpu, &keep, ia), view(gpu, &keep, wa));
+                let mut args = inter::DispatchArgs::fresh(&xt, &idx, &w, e).expert_alignment(expert_alignment);
+                if let Some(s) = st.as_ref() {
+                    args = args.scales(s);
+                }
+                let buf = self.inter()?;
+                without_gil(py, || buf.dispatch(args)).map_err(py_err)?
+            }
+            Some(hd) => {
+                self.check_owner(hd.runtime_id, "handle")?;
+                checks::normal_generation(hd.generation, self.inter_generation, true).map_err(py_err)?;
+                self.inter_capacity(n)?;
+                let gpu = self.gpu_static();
+                let keep = self.no_owner.clone();
+                let xt = view(gpu, &keep, &a.x);
+                let st = a.scales.as_ref().map(|s| view(gpu, &keep, s));
+                let mut args = inter::DispatchArgs::cached(&xt, &hd.inner);
+                if let Some(s) = st.as_ref() {
+                    args = args.scales(s);
+                }
+                let buf = self.inter()?;
+                without_gil(py, || buf.dispatch(args)).map_err(py_err)?
+            }
+        };
+        Ok(NativeInterDispatch { out, runtime_id: id, generation: self.inter_generation })
     }
 
-    /// Internode combine of bf16 `y` (`[m, hidden]`, rows in the order of the dispatch's
-    /// `recv_x`) with optional `weights` = (ptr, k) f32 `[m, k]` and biases (bf16 `[N, hidden]`),
-    /// on the comm stream. Never blocks the host.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (y, m, hidden, handle, weights, bias0, bias1))]
-    fn internode_combine(
-        &mut self,
-        y: u64,
-        m: usize,
-        hidden: usize,
-        handle: PyRef<'_, InterHandle>,
-        weights: Option<(u64, usize)>,
-        bias0: Option<u64>,
-        bias1: Option<u64>,
-    ) -> PyResult<NativeInterCombine> {
+    /// Internode combine of bf16 `x` (`[m, hidden]`, rows in the order and width of the
+    /// dispatch's `recv_x`) with optional `topk_weights` (f32 `[m, k]`) and `bias` (None, a tensor
+    /// or a pair; bf16 `[N, hidden]`), on the comm stream. Never blocks the host.
+    #[pyo3(signature = (x, handle, topk_weights, bias))]
+    fn internode_combine(&mut self, x: &Bound<'_, PyAny>, handle: PyRef<'_, InterHandle>, topk_weights: Option<&Bound<'_, PyAny>>, bias: Option<&Bound<'_, PyAny>>) -> PyResult<NativeInterCombine> {
+        let d = CombineDims { num_tokens: handle.inner.num_tokens, num_recv_tokens: handle.inner.num_recv_tokens, num_rows: handle.inner.num_recv_tokens, hidden: Some(handle.inner.hidden) };
+        let a = doorway::parse_combine_no_out(x, topk_weights, bias, d, self.device_index())?;
         self.check_owner(handle.runtime_id, "handle")?;
+        checks::normal_generation(handle.generation, self.inter_generation, true).map_err(py_err)?;
         self.bind()?;
         let gpu = self.gpu_static();
-        let n = handle.inner.num_tokens;
-        let yt = tensor_of(gpu, y, DType::Bf16, &[m, hidden]);
-        let wt = weights.map(|(p, k)| tensor_of(gpu, p, DType::F32, &[m, k]));
-        let b0 = bias0.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
-        let b1 = bias1.map(|p| tensor_of(gpu, p, DType::Bf16, &[n, hidden]));
-        let mut a = inter::CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref());
+        let keep = self.no_owner.clone();
+        let yt = view(gpu, &keep, &a.x);
+        let wt = a.topk_weights.as_ref().map(|w| view(gpu, &keep, w));
+        let b0 = a.bias[0].as_ref().map(|b| view(gpu, &keep, b));
+        let b1 = a.bias[1].as_ref().map(|b| view(gpu, &keep, b));
+        let mut args = inter::CombineArgs::new(&yt, &handle.inner).bias(b0.as_ref(), b1.as_ref());
         if let Some(w) = wt.as_ref() {
-            a = a.weights(w);
+            args = args.weights(w);
         }
-        let out = self.inter()?.combine(a).map_err(py_err)?;
+        let out = self.inter()?.combine(args).map_err(py_err)?;
         Ok(NativeInterCombine { out })
     }
 
@@ -1531,12 +1619,5 @@ mod tests {
         assert!(parse_trap_env(Some("1")).unwrap());
         let e = parse_trap_env(Some("yes")).unwrap_err();
         assert!(e.contains("DEEPEP_KERNELS_TRAP_ON_ERROR=\"yes\"") && e.contains("use 1"), "{e}");
-    }
-
-    #[test]
-    fn dtype_names_map_to_kernel_dtypes() {
-        assert_eq!(parse_dtype("bfloat16").unwrap(), DType::Bf16);
-        assert_eq!(parse_dtype("float8_e4m3fn").unwrap(), DType::Fp8E4m3);
-        assert!(parse_dtype("float16").is_err());
     }
 }

@@ -96,6 +96,13 @@ CASES = {
     "combine": (dict(num_tokens=N, num_recv_tokens=M, num_rows=M),
                 [("x", "bfloat16", (M, H)), ("topk_weights", "float32", (M, K)), ("bias[0]", "bfloat16", (N, H)), ("out", "bfloat16", (N, H)),
                  ("out_weights", "float32", (N, K))]),
+    "internode_dispatch": (dict(world=R * 2, hosts=2),
+                           [("x", "float8_e4m3fn", (N, H)), ("x scales", "float32", (N, H // 128)), ("topk_idx", "int64", (N, K)),
+                            ("topk_weights", "float32", (N, K)), ("num_tokens_per_rank", "int32", (R * 2,)),
+                            ("num_tokens_per_rdma_rank", "int32", (2,)), ("num_tokens_per_expert", "int32", (E,)),
+                            ("is_token_in_rank", "bool", (N, R * 2))]),
+    "internode_combine": (dict(num_tokens=N, num_recv_tokens=M, hidden=H),
+                          [("x", "bfloat16", (M, H)), ("topk_weights", "float32", (M, K)), ("bias[0]", "bfloat16", (N, H))]),
 }
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_}
 
