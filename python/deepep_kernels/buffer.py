@@ -531,7 +531,8 @@ class Buffer:
         # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's; it
         # calls back before re-creating so that handles and views let go of the old buffer
         self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, release_ll_refs,
-                                       self._ranks_per_host if self._internode else 0)
+                                       self._ranks_per_host if self._internode else 0,
+                                       _recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
@@ -616,7 +617,8 @@ class Buffer:
 
         return contextlib.nullcontext()
 
-    def _ensure_intranode(self, hidden: Optional[int]) -> None:
+    def _check_normal_mode(self) -> None:
+        """Refuse the normal (intranode) mode where this Buffer cannot run it."""
         if self._num_hosts > 1:
             if self.low_latency_mode:
                 raise _unsupported("normal (non-low-latency) dispatch across hosts in a Buffer with low_latency_mode=True",
@@ -626,20 +628,6 @@ class Buffer:
                              "num_rdma_bytes > 0; create the Buffer with num_rdma_bytes=Config.get_rdma_buffer_size_hint(hidden_bytes, num_ranks)")
         if self.num_nvl_bytes == 0:
             raise ValueError("this Buffer has num_nvl_bytes=0; create it with num_nvl_bytes from Config.get_nvl_buffer_size_hint for normal dispatch")
-        rt = self._rt()
-        dims = rt.intranode_dims()
-        if hidden is None:
-            if dims is not None:
-                return
-            hidden = int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168"))
-        want = (_native.intranode_max_tokens(self.group_size, hidden, self.num_nvl_bytes), hidden)
-        if want[0] == 0:
-            need = _native.intranode_buffer_bytes(self.group_size, 1, hidden)
-            raise ValueError(f"num_nvl_bytes={self.num_nvl_bytes} cannot hold one token of hidden {hidden} for {self.group_size} ranks "
-                             f"(needs >= {need}); size it with Config.get_nvl_buffer_size_hint")
-        if dims != want:
-            # Collective: every rank dispatches the same hidden, so every rank re-creates here.
-            rt.intranode_create(want[0], want[1], _recv_arena_from_env())
 
     def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
         # the Runtime checks the mode and num_rdma_bytes and (re-)creates the buffer collectively
@@ -733,8 +721,12 @@ class Buffer:
         torch = _torch()
         if self._internode:
             return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
-        self._ensure_intranode(None)
+        self._check_normal_mode()
         rt = self._rt()
+        if rt.intranode_dims() is None:
+            # the NVLink buffer for the hidden of the dispatches to come (a dispatch with another
+            # hidden re-creates it, collectively)
+            rt.intranode_ensure(int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168")))
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         n, r = _dim(topk_idx, 0) or 0, self.group_size
         with self._alloc_ctx(allocate_on_comm_stream):
@@ -771,18 +763,17 @@ class Buffer:
                                             previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None and not isinstance(handle, Handle):
             raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
-        # the NVLink buffer for this hidden (collective re-creation when it changes); the native
-        # call checks every tensor (dtype, shapes against each other, contiguity, device), the
-        # handle's buffer generation and the token capacity before anything launches
-        hidden = _dim(x, 1)
-        self._ensure_intranode(hidden)
+        self._check_normal_mode()
         rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         padded = num_worst_tokens if handle is None else (handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0)
         nd = rt.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                          None if handle is None else handle.native, expert_alignment, config.num_sms, self._owned_outputs(padded),
                          num_worst_tokens if handle is None else 0)
-        k = _dim(topk_idx, 1) if topk_idx is not None else None
+        # the native call checked every tensor (dtype, shapes against each other, contiguity,
+        # device), made the NVLink buffer for this hidden (collectively, when it changed) and
+        # checked the handle's buffer generation and the token capacity before launching
+        hidden, k = x.shape[1], (topk_idx.shape[1] if topk_idx is not None else None)
         recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, padded, allocate_on_comm_stream)
         if handle is not None:
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))

@@ -451,6 +451,8 @@ struct Runtime {
     ll_generation: u64,
     /// Ranks per (real or emulated) host of the internode mode (0: not in that mode).
     ranks_per_host: usize,
+    /// Bytes of the intranode receive arena (None: twice the fixed receive region).
+    recv_arena: Option<usize>,
     /// Shared by the views of the caller's tensors (they own nothing).
     no_owner: Arc<dyn std::any::Any + Send + Sync>,
     gpu: Box<Gpu>,
@@ -600,6 +602,24 @@ impl Runtime {
         }
         self.ll_create(py, num_max, hidden, num_experts)
     }
+    /// The NVLink buffer for rows of `hidden`: created (collectively: every rank dispatches the
+    /// same hidden) for the most tokens `num_nvl_bytes` holds, when missing or made for another
+    /// hidden.
+    fn ensure_intra(&mut self, py: Python<'_>, hidden: usize) -> PyResult<()> {
+        if self.intra.is_some() && matches!(self.intra_dims, Some((_, h)) if h == hidden) {
+            return Ok(());
+        }
+        let world = self.comm.world();
+        let max_tokens = intranode_max_tokens(world, hidden, self.num_nvl_bytes);
+        if max_tokens == 0 {
+            let need = buffer_size_hint(world, 1, hidden).map_err(py_err)?;
+            return Err(PyValueError::new_err(format!(
+                "num_nvl_bytes={} cannot hold one token of hidden {hidden} for {world} ranks (needs >= {need}); size it with Config.get_nvl_buffer_size_hint",
+                self.num_nvl_bytes
+            )));
+        }
+        self.intranode_create(py, max_tokens, hidden, self.recv_arena)
+    }
     /// The internode buffer for a fresh dispatch of rows of `hidden`, top-`topk` and
     /// `local_experts` experts per rank on `num_sms` SMs: created (collectively) when missing, or
     /// re-created when this dispatch needs a larger hidden / top-k / experts per rank or another
@@ -698,6 +718,7 @@ impl Runtime {
             inter_generation: 0,
             ll_generation: 0,
             ranks_per_host: 0,
+            recv_arena: None,
             no_owner: Arc::new(()),
             gpu,
         })
@@ -705,10 +726,12 @@ impl Runtime {
 
     /// The Buffer's sizes and mode, for the capacity checks; `on_ll_release` (no arguments) runs
     /// before the low-latency buffer is re-created for other sizes.
-    /// `ranks_per_host`: the internode mode's hosts (0 within one host).
-    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None, ranks_per_host = 0))]
-    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>, ranks_per_host: usize) {
+    /// `ranks_per_host`: the internode mode's hosts (0 within one host); `recv_arena_bytes`: the
+    /// intranode receive arena (None: twice the fixed receive region).
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None, ranks_per_host = 0, recv_arena_bytes = None))]
+    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>, ranks_per_host: usize, recv_arena_bytes: Option<usize>) {
         self.ranks_per_host = ranks_per_host;
+        self.recv_arena = recv_arena_bytes;
         self.num_nvl_bytes = num_nvl_bytes;
         self.num_rdma_bytes = num_rdma_bytes;
         self.low_latency_mode = low_latency_mode;
@@ -781,6 +804,11 @@ impl Runtime {
         self.intra_generation += 1;
         Ok(())
     }
+    /// The NVLink buffer for rows of `hidden` (see `dispatch`), e.g. before the first layout.
+    fn intranode_ensure(&mut self, py: Python<'_>, hidden: usize) -> PyResult<()> {
+        self.bind()?;
+        self.ensure_intra(py, hidden)
+    }
     /// (max_tokens, hidden) of the NVLink buffer, if created.
     fn intranode_dims(&self) -> Option<(usize, usize)> {
         self.intra_dims
@@ -814,7 +842,8 @@ impl Runtime {
     /// Intranode dispatch on the comm stream of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with
     /// `scales` f32 `[n, hidden/128]`, row- or column-major): fresh with the layout tensors of
     /// `get_dispatch_layout` (and `topk_idx` / `topk_weights` `[n, k]`, or neither), or cached
-    /// with a `handle`. A fresh dispatch blocks the host (GIL released) until the received counts
+    /// with a `handle`. The NVLink buffer is (re-)created for `x`'s hidden first when needed
+    /// (collective). A fresh dispatch blocks the host (GIL released) until the received counts
     /// are known, like DeepEP without `num_worst_tokens`; `num_worst_tokens` (fresh only) is the
     /// row count of the caller's padded outputs and must cover what this rank received.
     #[allow(clippy::too_many_arguments)]
@@ -861,12 +890,16 @@ impl Runtime {
         let (n, h) = (a.plan.num_tokens, a.plan.hidden);
         if let Some(hd) = handle.as_ref() {
             self.check_owner(hd.runtime_id, "handle")?;
+        }
+        self.bind()?;
+        // the buffer for this hidden first (a re-creation makes older handles stale), then the handle
+        self.ensure_intra(py, h)?;
+        if let Some(hd) = handle.as_ref() {
             checks::normal_generation(hd.generation, self.intra_generation, false).map_err(py_err)?;
         }
         let (max_tokens, _) = self.intra_dims.ok_or_else(|| PyRuntimeError::new_err("the intranode buffer is not created (destroyed, or num_nvl_bytes was 0)"))?;
         let need = buffer_size_hint(r, n.max(1), h).unwrap_or(0);
         checks::nvl_capacity(n, max_tokens, h, r, self.num_nvl_bytes, need).map_err(py_err)?;
-        self.bind()?;
         let gpu = self.gpu_static();
         let keep = self.no_owner.clone();
         let xt = view(gpu, &keep, &a.x);
@@ -1039,7 +1072,7 @@ impl Runtime {
         let topk = match (topk_idx, topk_weights, layout.is_some()) {
             (Some(i), Some(w), true) => Some((i, w)),
             (None, None, _) => None,
-            _ => return Err(PyValueError::new_err("an internode fresh dispatch takes topk_idx and topk_weights together")),
+            _ => return Err(PyValueError::new_err("pass topk_idx and topk_weights together (or neither: a dispatch without top-k, as in DeepEP)")),
         };
         let a = doorway::parse_internode_dispatch(x, scales, topk, layout, world, world / rph, self.device_index())?;
         let (n, h) = (a.plan.num_tokens, a.plan.hidden);
