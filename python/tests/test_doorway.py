@@ -203,3 +203,34 @@ def test_reader_reads_numpy_through_dlpack_and_capsules_without_consuming_them()
     cap = d.__dlpack__()
     assert _native.read_tensor(cap)[1:] == ([2, 8], [8, 1], "bfloat16", "cuda:0")
     assert _native.read_tensor(cap)[1] == [2, 8]  # still readable: not consumed
+
+
+def test_the_stub_file_describes_every_class_method_and_function():
+    # _native.pyi stays true to the module: the same classes, public methods/attributes and
+    # functions (a method added in Rust without its stub, or a stale stub, fails here)
+    tree = ast.parse(open(PYI).read())
+    stub_classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    stub_funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    real_classes = {k for k, v in vars(_native).items() if isinstance(v, type)}
+    real_funcs = {k for k, v in vars(_native).items() if callable(v) and not isinstance(v, type)}
+    assert set(stub_classes) == real_classes
+    assert stub_funcs == real_funcs
+    for name, node in stub_classes.items():
+        stub = {f.name for f in node.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")}
+        stub |= {a.target.id for a in node.body if isinstance(a, ast.AnnAssign)}
+        real = {a for a in dir(getattr(_native, name)) if not a.startswith("_")}
+        assert stub == real, (name, sorted(stub ^ real))
+
+
+def test_versioned_dlpack_capsules_are_read_too():
+    class Versioned(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                    ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+    d = Dl("int64", [3, 5])
+    v = Versioned(1, 0, None, None, 0, d.managed.dl_tensor)
+    cap = _capsule_new(ctypes.addressof(v), b"dltensor_versioned", None)
+    assert _native.read_tensor(cap)[1:] == ([3, 5], [5, 1], "int64", "cuda:0")
+    used = _capsule_new(ctypes.addressof(v), b"used_dltensor", None)
+    with pytest.raises(ValueError, match="already consumed"):
+        _native.read_tensor(used)
