@@ -117,14 +117,18 @@ _COMBINE_CONFIGS = {
 _DEFAULT_LL_GRID = 132
 
 
+_RAW_STREAM = None
+
+
 def _current_raw_stream(device_index: int) -> int:
     """The raw ``CUstream`` of torch's current stream on ``device_index``, without building a
-    ``torch.cuda.Stream`` object (microseconds per call on a path that runs every decode step)."""
-    torch = _torch()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+    ``torch.cuda.Stream`` object (microseconds per call on a path that runs every decode step);
+    torch's reader is looked up once."""
+    global _RAW_STREAM
+    if _RAW_STREAM is None:
+        torch = _torch()
+        _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return _RAW_STREAM(device_index)
 
 
 _TORCH = None
