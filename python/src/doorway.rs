@@ -158,13 +158,18 @@ struct Torch {
 }
 
 static TORCH: GILOnceCell<Torch> = GILOnceCell::new();
+static SYS_MODULES: GILOnceCell<Py<PyDict>> = GILOnceCell::new();
 
-/// torch's classes and dtype objects, once torch is imported by the caller (never imported here).
+/// torch's classes and dtype objects, once torch is imported by the caller (never imported here;
+/// until then, one dictionary lookup in `sys.modules` per call).
 fn torch(py: Python<'_>) -> Option<&'static Torch> {
     if let Some(t) = TORCH.get(py) {
         return Some(t);
     }
-    let m = py.import("sys").ok()?.getattr("modules").ok()?.get_item("torch").ok()?;
+    let modules = SYS_MODULES
+        .get_or_try_init(py, || -> PyResult<Py<PyDict>> { Ok(py.import("sys")?.getattr("modules")?.downcast_into::<PyDict>()?.unbind()) })
+        .ok()?;
+    let m = modules.bind(py).get_item("torch").ok()??;
     let mut dtypes = Vec::new();
     for (name, d) in [("bfloat16", DType::Bf16), ("float32", DType::F32), ("int32", DType::I32), ("int64", DType::I64), ("uint8", DType::U8), ("float8_e4m3fn", DType::Fp8E4m3), ("bool", DType::Bool)] {
         if let Ok(o) = m.getattr(name) {
