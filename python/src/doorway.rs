@@ -181,14 +181,22 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
     TORCH.get(py)
 }
 
+/// The integers of a tuple (torch.Size is one), read item by item (no sequence protocol).
+fn ints(o: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match o.downcast::<PyTuple>() {
+        Ok(t) => t.iter().map(|v| v.extract::<i64>()).collect(),
+        Err(_) => o.extract(),
+    }
+}
+
 fn read_torch(py: Python<'_>, t: &Torch, obj: &Bound<'_, PyAny>) -> PyResult<Arg> {
     let dt = obj.getattr(intern!(py, "dtype"))?;
     let dtype = match t.dtypes.iter().find(|(o, _)| o.bind(py).is(&dt)) {
         Some((_, d)) => Ok(*d),
         None => Err(dt.str()?.to_string()),
     };
-    let shape: Vec<usize> = obj.getattr(intern!(py, "shape"))?.extract()?;
-    let strides: Vec<i64> = obj.call_method0(intern!(py, "stride"))?.extract()?;
+    let shape: Vec<usize> = ints(&obj.getattr(intern!(py, "shape"))?)?.into_iter().map(|v| v.max(0) as usize).collect();
+    let strides = ints(&obj.call_method0(intern!(py, "stride"))?)?;
     let ptr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
     let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
         Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract::<i64>()?.max(0) as usize)
