@@ -705,18 +705,9 @@ class Buffer:
     def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
         """This rank's raw NVLink (or low-latency symmetric) buffer from byte ``offset`` as a
         1-D ``dtype`` tensor, or its first ``size.numel()`` elements shaped ``size``."""
-        torch = _torch()
-        ptr, nbytes = self._rt().local_buffer(use_rdma_buffer)
-        if offset < 0 or offset > nbytes:
-            raise ValueError(f"offset {offset} is outside the {nbytes}-byte buffer")
-        elem = dtype.itemsize
-        t = _view(ptr + offset, dtype, ((nbytes - offset) // elem,), self, self._device)
-        if size is None:
-            return t
-        size = torch.Size(size)
-        if t.numel() < size.numel():
-            raise ValueError(f"size {tuple(size)} needs {size.numel()} elements but the buffer holds {t.numel()} from offset {offset}")
-        return t[: size.numel()].view(size)
+        shape = None if size is None else tuple(_torch().Size(size))
+        ptr, count = self._rt().local_buffer(use_rdma_buffer, offset, dtype.itemsize, shape)
+        return _view(ptr, dtype, (count,) if shape is None else shape, self, self._device)
 
     # --- intranode normal mode ---------------------------------------------------------------
     @_checked

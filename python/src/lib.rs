@@ -1318,13 +1318,32 @@ impl Runtime {
         }
     }
 
-    /// (device address, bytes) of the local NVLink buffer (`rdma=False`) or symmetric buffer.
-    fn local_buffer(&self, rdma: bool) -> PyResult<(u64, usize)> {
-        if rdma {
-            self.ll.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no low-latency (RDMA) buffer: create the Buffer with low_latency_mode=True and run clean_low_latency_buffer or a low-latency dispatch first"))
+    /// The part of the local NVLink buffer (`rdma=False`) or symmetric buffer from byte `offset`
+    /// as elements of `elem_bytes`: `(device address, element count)`, the count being all that
+    /// fits, or the product of `shape` when given (refused when it does not fit).
+    #[pyo3(signature = (rdma, offset = 0, elem_bytes = 1, shape = None))]
+    fn local_buffer(&self, rdma: bool, offset: i64, elem_bytes: usize, shape: Option<Vec<usize>>) -> PyResult<(u64, usize)> {
+        let (ptr, nbytes) = if rdma {
+            self.ll.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no low-latency (RDMA) buffer: create the Buffer with low_latency_mode=True and run clean_low_latency_buffer or a low-latency dispatch first"))?
         } else {
-            self.intra.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no NVLink buffer: create the Buffer with num_nvl_bytes > 0 and run a dispatch first"))
+            self.intra.as_ref().map(|b| b.local_buffer()).ok_or_else(|| PyRuntimeError::new_err("no NVLink buffer: create the Buffer with num_nvl_bytes > 0 and run a dispatch first"))?
+        };
+        if offset < 0 || offset as u64 > nbytes as u64 {
+            return Err(PyValueError::new_err(format!("offset {offset} is outside the {nbytes}-byte buffer")));
         }
+        let off = offset as usize;
+        let fits = (nbytes - off) / elem_bytes.max(1);
+        let count = match shape {
+            Some(s) => {
+                let numel: usize = s.iter().product();
+                if numel > fits {
+                    return Err(PyValueError::new_err(format!("size {s:?} needs {numel} elements but the buffer holds {fits} from offset {offset}")));
+                }
+                numel
+            }
+            None => fits,
+        };
+        Ok((ptr + off as u64, count))
     }
 
     /// Wait for the comm stream (GIL released).
