@@ -112,7 +112,7 @@ let
       torch' = if plan.rebuildTorch then torch.override { withNvshmem = false; } else torch;
       kernelsPy = deepEpPython.callPackage ./deepep-kernels-python/package.nix { nvshmem = kernelsNvshmem; inherit cudaPackages; };
     in
-    deepEpPython.python.withPackages (ps: [ torch' ps.pytest kernelsPy ]) // {
+    deepEpPython.python.withPackages (ps: [ torch' ps.pytest ps.numpy kernelsPy ]) // {
       deepepKernels = kernelsPy;
       torch = torch';
       oneNvshmem = plan // { torchNvshmem = if torchNvshmem == null then null else torchNvshmem.version; };

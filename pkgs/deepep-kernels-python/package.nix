@@ -37,6 +37,7 @@
 , symlinkJoin
 , autoAddDriverRunpath
 , pytestCheckHook
+, numpy
 , python
 , binutils
 , # This repository's NVSHMEM package (pkgs/nvshmem); null = the kernels without NVSHMEM
@@ -119,8 +120,9 @@ buildPythonPackage {
   # is loaded only when a GPU is used).
   pythonImportsCheck = [ "deepep_kernels" ];
 
-  # python/tests/test_api.py: the CPU tests CI runs on the wheel (no GPU, no torch).
-  nativeCheckInputs = [ pytestCheckHook binutils ];
+  # python/tests: the CPU tests CI runs on the wheel (no GPU, no torch; numpy for the arrays
+  # test_doorway.py passes to the native checks).
+  nativeCheckInputs = [ pytestCheckHook binutils numpy ];
   preCheck = ''
     cd python
   '';
