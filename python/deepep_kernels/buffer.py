@@ -3,7 +3,9 @@
 Same names, arguments, return tuples and semantics as DeepEP's ``deep_ep/buffer.py`` for what
 Megatron-LM (``fused_a2a.py``), vLLM (DeepEP all2all managers) and SGLang (DeepEP dispatcher)
 use. Differences are listed in docs/python.md; anything not supported raises
-``NotImplementedError`` naming it.
+``NotImplementedError`` naming it. The tensors go to the native module as they are, which checks
+them (dtype, shapes against each other and the handle, contiguity, device: kernels/src/args.rs)
+and sizes the buffers before anything launches; this file allocates outputs and orders streams.
 
 Streams: kernels run on the Buffer's comm stream (``get_comm_stream()``). Before each call the
 comm stream waits for ``previous_event`` or, without one, for the current stream; after it, the
