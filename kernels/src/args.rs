@@ -159,11 +159,13 @@ fn placed(args: &[(&str, Option<&Arg>)], device: usize) -> Result<()> {
     Ok(())
 }
 
-/// `DeepEP`'s FP8 scales of `n` tokens: f32 `[n, S]`, row-major or column-major. Returns whether
-/// they are column-major.
-fn scales(a: &Arg, n: usize) -> Result<bool> {
-    if !matches!(a.dtype, Ok(DType::F32)) || a.shape.len() != 2 || a.shape[0] != n {
-        return bad(format!("x scales must be float32 [num_tokens={n}, hidden/128], got {} {}", a.dtype_name(), shape_str(&a.shape)));
+/// `DeepEP`'s FP8 scales of `n` tokens of `hidden` channels: f32 `[n, hidden/128]`, row-major or
+/// column-major (a `hidden` that is no multiple of 128 is the kernels' FP8 check's to refuse).
+/// Returns whether they are column-major.
+fn scales(a: &Arg, n: usize, hidden: usize) -> Result<bool> {
+    let groups_ok = hidden % 128 != 0 || a.shape.get(1) == Some(&(hidden / 128));
+    if !matches!(a.dtype, Ok(DType::F32)) || a.shape.len() != 2 || a.shape[0] != n || !groups_ok {
+        return bad(format!("x scales must be float32 [num_tokens={n}, hidden/128={}], got {} {}", hidden / 128, a.dtype_name(), shape_str(&a.shape)));
     }
     Ok(!a.is_contiguous() && a.is_column_major())
 }
@@ -368,7 +370,7 @@ pub fn dispatch(x: &Arg, scales: Option<&Arg>, routing: Option<Routing<'_>>, wor
         kind("x", x, &[DType::Bf16], 2)?;
     }
     let (n, hidden) = (x.shape[0], x.shape[1]);
-    let column_major = scales.map(|s| self::scales(s, n)).transpose()?;
+    let column_major = scales.map(|s| self::scales(s, n, hidden)).transpose()?;
     let mut plan = DispatchPlan { num_tokens: n, hidden, scales_column_major: column_major, num_topk: None, num_experts: None };
     let Some(r) = routing else {
         contiguous("x", x)?;

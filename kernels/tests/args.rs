@@ -60,6 +60,8 @@ fn dispatch_routing_and_scales() {
     let r = args::Routing { topk: Some((&idx, &w)), per_rank: &pr, per_rdma_rank: None, per_expert: &pe, in_rank: &ir };
     assert_eq!(args::dispatch(&x, Some(&row), Some(r), 4, 0).unwrap().scales_column_major, Some(false));
     assert_eq!(args::dispatch(&x, Some(&col), Some(r), 4, 0).unwrap().scales_column_major, Some(true));
+    let three = cuda(DType::F32, &[6, 3]);
+    assert!(err(args::dispatch(&x, Some(&three), Some(r), 4, 0)).contains("x scales must be float32 [num_tokens=6, hidden/128=2], got torch.float32 [6, 3]"));
     let neither = Arg { strides: vec![4, 1], ..row };
     assert!(err(args::dispatch(&x, Some(&neither), Some(r), 4, 0)).contains("x scales must be row-major or column-major"));
     let idx5 = cuda(DType::I64, &[5, 8]);
