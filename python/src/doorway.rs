@@ -80,17 +80,19 @@ fn dl_dtype(code: u8, bits: u8, lanes: u16) -> Result<DType, String> {
         (6, 8, 1) => DType::Bool,
         (10, 8, 1) => DType::Fp8E4m3,
         _ => {
-            let base = match code {
-                0 => "int",
-                1 => "uint",
-                2 => "float",
-                4 => "bfloat",
-                5 => "complex",
-                6 => "bool",
-                7..=14 => "float8 (DLPack code ",
-                _ => "DLPack type code ",
+            let name = match code {
+                0 => format!("int{bits}"),
+                1 => format!("uint{bits}"),
+                2 => format!("float{bits}"),
+                4 => format!("bfloat{bits}"),
+                5 => format!("complex{bits}"),
+                6 => format!("bool of {bits} bits"),
+                7..=17 => {
+                    let names = ["float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"];
+                    names[(code - 7) as usize].to_string()
+                }
+                other => format!("DLPack type code {other} of {bits} bits"),
             };
-            let name = if (7..=14).contains(&code) || code > 14 || code == 3 { format!("{base}{code}) of {bits} bits") } else { format!("{base}{bits}") };
             return Err(if lanes == 1 { name } else { format!("{name}x{lanes}") });
         }
     })
@@ -505,3 +507,21 @@ pub fn read_tensor(obj: &Bound<'_, PyAny>, dlpack: bool) -> PyResult<TensorRead>
     Ok((a.ptr, a.shape, a.strides, dtype, a.device.to_string()))
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dlpack_dtypes_map_to_kernel_dtypes_or_name_themselves() {
+        assert_eq!(dl_dtype(4, 16, 1), Ok(DType::Bf16));
+        assert_eq!(dl_dtype(10, 8, 1), Ok(DType::Fp8E4m3));
+        assert_eq!(dl_dtype(6, 8, 1), Ok(DType::Bool));
+        assert_eq!(dl_dtype(2, 16, 1), Err("float16".to_string()));
+        assert_eq!(dl_dtype(12, 8, 1), Err("float8_e5m2".to_string()));
+        assert_eq!(dl_dtype(2, 32, 4), Err("float32x4".to_string()));
+        assert_eq!(dl_dtype(99, 8, 1), Err("DLPack type code 99 of 8 bits".to_string()));
+        assert_eq!(dl_device(2, 3), Device::Cuda(3));
+        assert_eq!(dl_device(1, 0), Device::Cpu);
+    }
+}
