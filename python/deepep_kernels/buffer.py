@@ -248,7 +248,9 @@ def _checked(method):
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        check_device_error()
+        rec = _native.take_device_error()  # check_device_error() inlined: this runs on every call
+        if rec is not None:
+            raise _device_error(*rec)
         try:
             return method(*args, **kwargs)
         except DeviceError:
@@ -260,6 +262,11 @@ def _checked(method):
             raise
 
     return wrapper
+
+
+# What a low-latency call without async_finish returns as its event (DeepEP returns an
+# EventOverlap without an event; one shared instance saves an object per call: it holds nothing).
+_NO_EVENT = EventOverlap(None)
 
 
 def _unsupported(name: str, why: str) -> NotImplementedError:
@@ -1005,7 +1012,7 @@ class Buffer:
             if async_finish:
                 return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
                     self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
-            return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, EventOverlap(None), hook
+            return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, _NO_EVENT, hook
         if async_finish:
             if stats is not None:
                 with _torch().cuda.stream(self._comm_torch_stream()):
@@ -1014,7 +1021,7 @@ class Buffer:
         else:
             if stats is not None:
                 stats.add_(recv_count)
-            ev = EventOverlap(None)
+            ev = _NO_EVENT
         return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
 
     def _ll_outputs(self, recv_ptr: int, use_fp8: bool, use_ue8m0: bool):
@@ -1073,7 +1080,8 @@ class Buffer:
                 raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
                                  "call it and write the outputs there first (or pass zero_copy=False)")
         if out is None:
-            out = _torch().empty((handle.num_tokens, handle.hidden), dtype=_torch().bfloat16, device=self._device)
+            torch = _torch()
+            out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
         cur = self._cur()
         # one crossing: the checks of x, topk_idx, topk_weights and out against the handle's
         # dispatch (and of the handle's buffer), the joins and the launch
@@ -1083,7 +1091,7 @@ class Buffer:
         if async_finish:
             ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
         else:
-            ev = EventOverlap(None)
+            ev = _NO_EVENT
         hook = self._make_hook(native_hook) if return_recv_hook else None
         return out, ev, hook
 

@@ -183,6 +183,15 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
     TORCH.get(py)
 }
 
+/// Row-major element strides of `shape` (what torch's `stride()` returns for a contiguous tensor).
+fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut st = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * shape[i + 1].max(1) as i64;
+    }
+    st
+}
+
 /// The integers of a tuple (torch.Size is one), read item by item (no sequence protocol).
 fn ints(o: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     match o.downcast::<PyTuple>() {
@@ -198,17 +207,23 @@ fn read_torch(py: Python<'_>, t: &Torch, obj: &Bound<'_, PyAny>) -> PyResult<Arg
         None => Err(dt.str()?.to_string()),
     };
     let shape: Vec<usize> = ints(&obj.getattr(intern!(py, "shape"))?)?.into_iter().map(|v| v.max(0) as usize).collect();
-    let strides = ints(&obj.call_method0(intern!(py, "stride"))?)?;
-    let ptr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
-    let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
-        Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract::<i64>()?.max(0) as usize)
+    // The common case costs one boolean call: strides are read (a tuple built by torch) only for
+    // a tensor that is not contiguous, whose strides the checks then name.
+    let strides = if obj.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+        contiguous_strides(&shape)
     } else {
-        let d = obj.getattr(intern!(py, "device"))?.str()?.to_string();
-        if d == "cpu" {
-            Device::Cpu
-        } else {
-            Device::Other(d)
-        }
+        ints(&obj.call_method0(intern!(py, "stride"))?)?
+    };
+    let ptr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    // get_device(): the CUDA ordinal, -1 for CPU (and meta) tensors: one call instead of is_cuda +
+    // get_device. (Other accelerators' tensors, which also answer an ordinal, do not exist in a
+    // process with a CUDA Buffer.) The device's name is read only on the refusal path.
+    let device = match obj.call_method0(intern!(py, "get_device"))?.extract::<i64>()? {
+        d if d >= 0 => Device::Cuda(d as usize),
+        _ => match obj.getattr(intern!(py, "device"))?.str()?.to_string() {
+            d if d == "cpu" => Device::Cpu,
+            d => Device::Other(d),
+        },
     };
     Ok(Arg { dtype, shape, strides, ptr, device })
 }
