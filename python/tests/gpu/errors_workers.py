@@ -190,3 +190,43 @@ def combine_ignores_bad_ids(rank, world, group):
     check_device_error()
     buf.destroy()
 
+
+
+def internode_dispatch_bad_id(rank, world, group):
+    """The internode (two-hop) dispatch, hosts emulated (one rank per host), with a valid layout
+    and a topk_idx holding ids that point nowhere: its notify kernel recomputes the routing from
+    topk_idx, drops the bad selections, records the first one; rows go where the clean routing
+    says; the next call (the combine) raises once; then a valid round matches."""
+    import os
+
+    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = "1"
+    os.environ["DEEPEP_KERNELS_MAX_TOKENS"] = "256"
+    num_experts = LOCAL_EXPERTS * world
+    rdma = Buffer.get_dispatch_config(world).get_rdma_buffer_size_hint(HIDDEN * 2, world)
+    buf = Buffer(group, 0, rdma, explicitly_destroy=True)
+    assert buf._internode
+    dev = _dev()
+    n = 40 + 3 * rank
+    value = num_experts + 7
+    for seed, bad_value in ((15, value), (16, None)):
+        x, idx, w = make_routing(rank, world, n, num_experts, seed=seed)
+        bad, dropped = _with_bad_ids(idx, bad_value) if bad_value is not None else (idx, idx)
+        all_x, all_idx, all_w = zip(*gather(group, (x, dropped, w)))
+        per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(dropped.to(dev), num_experts)
+        check_device_error()  # the layout (computed from the clean routing) raised nothing
+        rx, ri, rw, counts, handle, _ = buf.dispatch(x.to(dev), num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_host,
+                                                     is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                                     topk_idx=bad.to(dev), topk_weights=w.to(dev))
+        torch.cuda.synchronize()
+        ex, _, ei, ew, ecounts, _ = expected_recv(all_x, all_idx, all_w, rank, world, num_experts)
+        assert torch.equal(rx.cpu().view(torch.int16), ex.view(torch.int16)), f"internode recv_x (bad id {bad_value})"
+        assert torch.equal(ri.cpu(), ei), (bad_value, ri.cpu(), ei)
+        assert torch.equal(rw.cpu(), ew), f"internode recv_topk_weights (bad id {bad_value})"
+        assert counts == ecounts, (bad_value, counts, ecounts)
+        if bad_value is not None:
+            _expect_argument_error("internode dispatch", bad_value, num_experts, lambda: buf.combine(rx, handle, topk_weights=rw))
+        else:
+            cx, _, _ = buf.combine(rx, handle, topk_weights=rw)
+            check_equal("valid internode combine", cx, _combine_copies_weighted(x, idx, w, world))
+            check_device_error()
+    buf.destroy()
