@@ -330,15 +330,21 @@ pub struct DispatchArgsIn {
     pub plan: DispatchPlan,
 }
 
-/// The tensors of a normal dispatch: `layout` = (num_tokens_per_rank, num_tokens_per_expert,
-/// is_token_in_rank), None for a cached dispatch.
-pub fn parse_dispatch<'py>(x: &Bound<'py, PyAny>, scales: Option<&Bound<'py, PyAny>>, topk: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>)>, layout: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>, &Bound<'py, PyAny>)>, world: usize, device: usize) -> PyResult<DispatchArgsIn> {
-    let x = read("x", x)?;
-    let scales = read_opt("x scales", scales)?;
+/// A dispatch's `x`, its FP8 scales and its (topk_idx, topk_weights), each read as it is.
+#[allow(clippy::type_complexity)]
+fn read_x_topk<'py>(x: &Bound<'py, PyAny>, scales: Option<&Bound<'py, PyAny>>, topk: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>)>) -> PyResult<(Arg, Option<Arg>, Option<(Arg, Arg)>)> {
+    let (x, scales) = (read("x", x)?, read_opt("x scales", scales)?);
     let topk = match topk {
         Some((i, w)) => Some((read("topk_idx", i)?, read("topk_weights", w)?)),
         None => None,
     };
+    Ok((x, scales, topk))
+}
+
+/// The tensors of a normal dispatch: `layout` = (num_tokens_per_rank, num_tokens_per_expert,
+/// is_token_in_rank), None for a cached dispatch.
+pub fn parse_dispatch<'py>(x: &Bound<'py, PyAny>, scales: Option<&Bound<'py, PyAny>>, topk: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>)>, layout: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>, &Bound<'py, PyAny>)>, world: usize, device: usize) -> PyResult<DispatchArgsIn> {
+    let (x, scales, topk) = read_x_topk(x, scales, topk)?;
     let layout = match layout {
         Some((pr, pe, ir)) => Some((read("num_tokens_per_rank", pr)?, read("num_tokens_per_expert", pe)?, read("is_token_in_rank", ir)?)),
         None => None,
@@ -370,12 +376,7 @@ pub fn parse_internode_dispatch<'py>(
     hosts: usize,
     device: usize,
 ) -> PyResult<DispatchArgsIn> {
-    let x = read("x", x)?;
-    let scales = read_opt("x scales", scales)?;
-    let topk = match topk {
-        Some((i, w)) => Some((read("topk_idx", i)?, read("topk_weights", w)?)),
-        None => None,
-    };
+    let (x, scales, topk) = read_x_topk(x, scales, topk)?;
     let layout = match layout {
         Some((pr, ph, pe, ir)) => Some((
             read("num_tokens_per_rank", pr)?,

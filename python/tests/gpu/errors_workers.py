@@ -46,6 +46,17 @@ def _expect_argument_error(call, value, num_experts, fn):
     return msg
 
 
+def _check_ll_combine(out, x, idx, w):
+    """A low-latency combine of unchanged rows (y = recv_x) is sum_k w[t, k] * x[t] over the
+    selections of idx that are not -1."""
+    n = x.shape[0]
+    acc = torch.zeros(n, HIDDEN)
+    for k in range(idx.shape[1]):
+        sel = idx[:, k] >= 0
+        acc += torch.where(sel[:, None], w[:, k : k + 1] * x.float(), torch.zeros(n, HIDDEN))
+    torch.testing.assert_close(out.cpu().float(), acc.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+
+
 def _dev():
     return torch.device("cuda", torch.cuda.current_device())
 
@@ -156,11 +167,7 @@ def low_latency_bad_ids(rank, world, group):
         for le, rows in enumerate(want):
             assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"valid rows of local expert {le}"
         out, _, _ = buf.low_latency_combine(rx, idx.to(dev), w.to(dev), h)
-        acc = torch.zeros(n, HIDDEN)
-        for k in range(idx.shape[1]):
-            sel = idx[:, k] >= 0
-            acc += torch.where(sel[:, None], w[:, k : k + 1] * x.float(), torch.zeros(n, HIDDEN))
-        torch.testing.assert_close(out.cpu().float(), acc.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+        _check_ll_combine(out, x, idx, w)
         check_device_error()
     buf.destroy()
 
@@ -182,14 +189,9 @@ def combine_ignores_bad_ids(rank, world, group):
     with pytest.raises(DeviceArgumentError):
         check_device_error()
     out, _, _ = buf.low_latency_combine(rx, bad.to(dev), w.to(dev), h)
-    acc = torch.zeros(n, HIDDEN)
-    for k in range(idx.shape[1]):
-        sel = dropped[:, k] >= 0
-        acc += torch.where(sel[:, None], w[:, k : k + 1] * x.float(), torch.zeros(n, HIDDEN))
-    torch.testing.assert_close(out.cpu().float(), acc.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    _check_ll_combine(out, x, dropped, w)
     check_device_error()
     buf.destroy()
-
 
 
 def internode_dispatch_bad_id(rank, world, group):
