@@ -232,3 +232,87 @@ def internode_dispatch_bad_id(rank, world, group):
             check_equal("valid internode combine", cx, _combine_copies_weighted(x, idx, w, world))
             check_device_error()
     buf.destroy()
+
+
+def _refused(what, fn, names):
+    """`fn` (a Buffer call with one wrong argument) is refused before any launch with a
+    ValueError / TypeError whose message names the argument (one of `names`)."""
+    try:
+        fn()
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        assert any(n in msg for n in names), f"{what}: the message does not name {names}: {msg}"
+        return msg
+    raise AssertionError(f"{what}: accepted")
+
+
+def bad_arguments_refused(rank, world, group):
+    """Every class of wrong argument, through the API on live Buffers (intranode and low latency):
+    a wrong dtype, a CPU tensor, a non-contiguous tensor, a tensor of another batch, FP8 scales
+    of the wrong shape, a handle of another Buffer, more tokens than the buffer holds; each is
+    refused by the extension's checks with an error naming the argument, no kernel runs (every
+    rank passes the same wrong call, so the ranks stay in step), and valid rounds afterwards
+    match their expectations: the process and the Buffers stay usable."""
+    num_experts = LOCAL_EXPERTS * world
+    dev = _dev()
+    n = 48
+    buf = Buffer(group, _native.intranode_buffer_bytes(world, 64, HIDDEN), 0, explicitly_destroy=True)
+    other = Buffer(group, _native.intranode_buffer_bytes(world, 64, HIDDEN), 0, explicitly_destroy=True)
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=51)
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxd, num_experts)
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    msgs = []
+    msgs.append(_refused("layout, float ids", lambda: buf.get_dispatch_layout(idxd.float(), num_experts), ["topk_idx"]))
+    msgs.append(_refused("layout, CPU ids", lambda: buf.get_dispatch_layout(idx, num_experts), ["topk_idx"]))
+    nc = torch.empty(idxd.shape[1], n, dtype=torch.int64, device=dev).t()
+    nc.copy_(idxd)
+    msgs.append(_refused("layout, non-contiguous ids", lambda: buf.get_dispatch_layout(nc, num_experts), ["topk_idx"]))
+    msgs.append(_refused("dispatch, float32 x", lambda: buf.dispatch(xd.float(), topk_idx=idxd, topk_weights=wd, **layout), ["x"]))
+    msgs.append(_refused("dispatch, x of another batch", lambda: buf.dispatch(xd[: n - 1], topk_idx=idxd[: n - 1], topk_weights=wd[: n - 1], **layout),
+                         ["is_token_in_rank", "num_tokens_per_rank", "topk_idx"]))
+    msgs.append(_refused("dispatch, weights [n, k-1]", lambda: buf.dispatch(xd, topk_idx=idxd, topk_weights=wd[:, :-1].contiguous(), **layout),
+                         ["topk_weights"]))
+    xq = xd.to(torch.float8_e4m3fn)
+    bad_scales = torch.ones(n, HIDDEN // 128 + 1, dtype=torch.float32, device=dev)
+    msgs.append(_refused("dispatch, FP8 scales [n, hidden/128 + 1]", lambda: buf.dispatch((xq, bad_scales), topk_idx=idxd, topk_weights=wd, **layout),
+                         ["scales"]))
+    big = make_routing(rank, world, 200, num_experts, seed=52)
+    bl = buf.get_dispatch_layout(big[1].to(dev), num_experts)
+    msgs.append(_refused("dispatch, more tokens than num_nvl_bytes holds",
+                         lambda: buf.dispatch(big[0].to(dev), topk_idx=big[1].to(dev), topk_weights=big[2].to(dev), num_tokens_per_rank=bl[0],
+                                              is_token_in_rank=bl[3], num_tokens_per_expert=bl[2]), ["num_nvl_bytes"]))
+    # a handle of another Buffer
+    op, _, oe, oi, _ = other.get_dispatch_layout(idxd, num_experts)
+    orx, _, orw, _, oh, _ = other.dispatch(xd, topk_idx=idxd, topk_weights=wd, num_tokens_per_rank=op, is_token_in_rank=oi, num_tokens_per_expert=oe)
+    msgs.append(_refused("combine, handle of another Buffer", lambda: buf.combine(orx, oh, topk_weights=orw), ["handle", "Buffer"]))
+    check_device_error()  # nothing reached a kernel
+    _valid_intranode_round(buf, rank, world, group, num_experts, seed=53)
+    _valid_intranode_round(other, rank, world, group, num_experts, seed=54)
+    other.destroy()
+    buf.destroy()
+
+    num_max = 32
+    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
+    ll = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS, explicitly_destroy=True)
+    x, idx, w = make_routing(rank, world, 20, num_experts, seed=55)
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    msgs.append(_refused("low_latency_dispatch, float32 x", lambda: ll.low_latency_dispatch(xd.float(), idxd, num_max, num_experts), ["x"]))
+    msgs.append(_refused("low_latency_dispatch, int32 ids", lambda: ll.low_latency_dispatch(xd, idxd.int(), num_max, num_experts), ["topk_idx"]))
+    msgs.append(_refused("low_latency_dispatch, CPU x", lambda: ll.low_latency_dispatch(x, idxd, num_max, num_experts), ["x"]))
+    x40, i40, _ = make_routing(rank, world, num_max + 8, num_experts, seed=56)
+    msgs.append(_refused("low_latency_dispatch, more tokens than num_max", lambda: ll.low_latency_dispatch(x40.to(dev), i40.to(dev), num_max, num_experts),
+                         ["num_max", "tokens"]))
+    check_device_error()
+    all_x, all_idx = zip(*gather(group, (x, idx)))
+    want = ll_expected(all_x, all_idx, rank, world, num_experts)
+    rx, cnt, h, _, _ = ll.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)
+    assert cnt.cpu().tolist() == [len(r) for r in want]
+    for le, rows in enumerate(want):
+        assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"valid rows of local expert {le} after the refusals"
+    out, _, _ = ll.low_latency_combine(rx, idxd, wd, h)
+    _check_ll_combine(out, x, idx, w)
+    check_device_error()
+    ll.destroy()
+    if rank == 0:
+        print("refusals:", *msgs, sep="\n  ", flush=True)

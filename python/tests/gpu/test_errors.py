@@ -38,3 +38,7 @@ def test_low_latency_dispatch_drops_and_reports_ids_out_of_range():
 
 def test_low_latency_combine_adds_nothing_for_a_dropped_id():
     harness.run(errors_workers.combine_ignores_bad_ids)
+
+
+def test_every_kind_of_wrong_argument_is_refused_and_the_buffers_stay_usable():
+    harness.run(errors_workers.bad_arguments_refused)
