@@ -200,7 +200,10 @@ pub fn ll_dispatch(x: &Arg, topk_idx: &Arg, stats: Option<&Arg>, num_max: usize,
         return bad(format!("topk_idx has {} rows but x has {n}", topk_idx.shape[0]));
     }
     if n > num_max {
-        return bad(format!("x has {n} tokens, more than num_max_dispatch_tokens_per_rank={num_max}"));
+        return bad(format!(
+            "x has {n} tokens, more than num_max_dispatch_tokens_per_rank={num_max}; dispatch at most {num_max} tokens per call, or size \
+             the Buffer for more (num_rdma_bytes from Buffer.get_low_latency_rdma_size_hint with the larger count) and pass that count"
+        ));
     }
     let local = num_experts / world.max(1);
     if let Some(s) = stats {
@@ -407,7 +410,8 @@ pub fn dispatch(x: &Arg, scales: Option<&Arg>, routing: Option<Routing<'_>>, wor
     }
     for (name, a, shape) in &want {
         if &a.shape != shape {
-            return bad(format!("{name} must be {} (from get_dispatch_layout for these {n} tokens), got {}", shape_str(shape), shape_str(&a.shape)));
+            let from = if name.starts_with("topk_") { "one row per token of x" } else { "from get_dispatch_layout for these tokens" };
+            return bad(format!("{name} must be {} ({from}: {n} tokens), got {}", shape_str(shape), shape_str(&a.shape)));
         }
     }
     let e = r.per_expert.shape[0];

@@ -66,7 +66,7 @@ fn dispatch_routing_and_scales() {
     assert!(err(args::dispatch(&x, Some(&neither), Some(r), 4, 0)).contains("x scales must be row-major or column-major"));
     let idx5 = cuda(DType::I64, &[5, 8]);
     let bad = args::Routing { topk: Some((&idx5, &w)), ..r };
-    assert!(err(args::dispatch(&x, Some(&col), Some(bad), 4, 0)).contains("topk_idx must be [6, 8] (from get_dispatch_layout for these 6 tokens), got [5, 8]"));
+    assert!(err(args::dispatch(&x, Some(&col), Some(bad), 4, 0)).contains("topk_idx must be [6, 8] (one row per token of x: 6 tokens), got [5, 8]"));
     let pe30 = cuda(DType::I32, &[30]);
     let bad = args::Routing { per_expert: &pe30, ..r };
     assert!(err(args::dispatch(&x, Some(&col), Some(bad), 4, 0)).contains("num_tokens_per_expert has 30 experts, not a multiple of the 4 ranks"));

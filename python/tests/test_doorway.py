@@ -170,7 +170,7 @@ def test_shape_messages_keep_their_wording():
     # the GPU tests match these beginnings (python/tests/gpu/workers.py)
     args = good("dispatch")
     args[2] = cuda("int64", N - 1, K)
-    with pytest.raises(ValueError, match=rf"^topk_idx must be \[{N}, {K}\] \(from get_dispatch_layout for these {N} tokens\), got \[{N - 1}, {K}\]"):
+    with pytest.raises(ValueError, match=rf"^topk_idx must be \[{N}, {K}\] \(one row per token of x: {N} tokens\), got \[{N - 1}, {K}\]"):
         call("dispatch", args)
     args = good("ll_combine")
     args[3] = cuda("bfloat16", N, H // 2)
