@@ -1368,12 +1368,7 @@ fn json_report_round_trips() {
     assert_eq!(verdicts[0]["ready"], true);
     assert_eq!(verdicts[3]["capability"], "internode-cpu-ibgda");
     assert_eq!(verdicts[3]["blocked_by"], serde_json::json!(["infiniband"]));
-    let stream = json["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == "params.stream-memops")
-        .unwrap();
+    let stream = json_check(&json, "params.stream-memops");
     assert_eq!(stream["status"], "fail");
     assert_eq!(stream["needed_by"], serde_json::json!(["internode-ibgda"]));
     assert!(stream["fix"]
@@ -1387,6 +1382,36 @@ fn json_report_round_trips() {
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_deepep-nix"))
+}
+
+/// `deepep-nix doctor --root ROOT --json` with one `--python-site` per site, in an environment
+/// holding only the NVSHMEM prefix `/opt/nvshmem` (NVSHMEM_DIR and LD_LIBRARY_PATH): its exit
+/// code and JSON report.
+fn doctor_json_with_nvshmem(root: &str, sites: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut cmd = bin();
+    cmd.args(["doctor", "--root", root, "--json"]);
+    for s in sites {
+        cmd.args(["--python-site", s]);
+    }
+    let out = cmd
+        .env_clear()
+        .env("NVSHMEM_DIR", "/opt/nvshmem")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), json)
+}
+
+/// The check `id` of a JSON report.
+fn json_check<'a>(json: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {json}"))
 }
 
 #[test]
@@ -1416,12 +1441,7 @@ fn binary_exit_codes_and_usage_errors() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["root"], root);
     // nvidia-smi is not run for another root: NVLink unverified.
-    let nvlink = json["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == "nvlink")
-        .unwrap();
+    let nvlink = json_check(&json, "nvlink");
     assert_eq!(
         nvlink["found"],
         "NVLink not verified: not run: --root describes another host"
@@ -2133,22 +2153,8 @@ fn deepep_checks_in_json_and_from_the_binary() {
         &[(2, 90)],
     );
     let root = h.root.path().to_str().unwrap().to_string();
-    let out = bin()
-        .args(["doctor", "--root", &root, "--json", "--python-site", SITE])
-        .env_clear()
-        .env("NVSHMEM_DIR", "/opt/nvshmem")
-        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
-        .output()
-        .unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let checks = json["checks"].as_array().unwrap();
-    let get = |id: &str| {
-        checks
-            .iter()
-            .find(|c| c["id"] == id)
-            .unwrap_or_else(|| panic!("no {id}"))
-    };
+    let (_, json) = doctor_json_with_nvshmem(&root, &[SITE]);
+    let get = |id: &str| json_check(&json, id);
     assert_eq!(get("deepep.nvshmem")["status"], "ok");
     assert_eq!(
         get("deepep.pairing")["needed_by"],
@@ -2163,12 +2169,7 @@ fn deepep_checks_in_json_and_from_the_binary() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ext = json["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == "deepep.extension")
-        .unwrap();
+    let ext = json_check(&json, "deepep.extension");
     assert_eq!(ext["status"], "fail");
     assert!(ext["fix"].as_str().unwrap().contains("--python-site"));
 }
@@ -2297,27 +2298,8 @@ fn several_python_sites_from_the_binary_in_json() {
     h.install_torch_in(TORCH_SITE, "3.4.5", true);
     let root = h.root.path().to_str().unwrap().to_string();
     let torch_check = |sites: &[&str]| {
-        let mut cmd = bin();
-        cmd.args(["doctor", "--root", &root, "--json"]);
-        for s in sites {
-            cmd.args(["--python-site", s]);
-        }
-        let out = cmd
-            .env_clear()
-            .env("NVSHMEM_DIR", "/opt/nvshmem")
-            .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
-            .output()
-            .unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-        let check = json["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["id"] == "deepep.torch-nvshmem")
-            .unwrap_or_else(|| panic!("no deepep.torch-nvshmem in {json}"))
-            .clone();
-        (out.status.code(), check)
+        let (code, json) = doctor_json_with_nvshmem(&root, sites);
+        (code, json_check(&json, "deepep.torch-nvshmem").clone())
     };
     // Both sites: torch seen and compared.
     let (code, c) = torch_check(&[SITE, TORCH_SITE]);
@@ -2829,28 +2811,14 @@ fn multi_release_wheel_refuses_an_nvshmem_it_does_not_serve_and_names_the_fix() 
     );
 
     let root = h.root.path().to_str().unwrap().to_string();
-    let out = bin()
-        .args(["doctor", "--root", &root, "--json", "--python-site", KSITE])
-        .env_clear()
-        .env("NVSHMEM_DIR", "/opt/nvshmem")
-        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib")
-        .output()
-        .unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let c = json["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == "deepep-kernels.torch-nvshmem")
-        .unwrap()
-        .clone();
+    let (code, json) = doctor_json_with_nvshmem(&root, &[KSITE]);
+    let c = json_check(&json, "deepep-kernels.torch-nvshmem");
     assert_eq!(c["status"], "fail");
     assert_eq!(c["fix"], fix.as_str());
     assert!(c["found"].as_str().unwrap().starts_with(
         "this deepep_kernels build serves NVSHMEM 3.3.20, 3.4.5, 3.8.0; torch loads 3.7.1"
     ));
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(code, Some(1));
 
     // A wheel that serves 3.7.1 too: ready.
     h.install_deepep_kernels_serving(
