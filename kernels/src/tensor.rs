@@ -101,10 +101,12 @@ impl TensorInfo {
     }
 }
 
-fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major element strides of `shape`, as torch's `stride()` gives them for a contiguous tensor
+/// (a zero-size dimension counts as 1, so a stride is never 0).
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
     }
     strides
 }

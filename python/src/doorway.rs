@@ -114,11 +114,7 @@ unsafe fn read_dltensor(t: &DLTensor) -> Arg {
     let nd = t.ndim.max(0) as usize;
     let shape: Vec<usize> = if nd == 0 { vec![] } else { std::slice::from_raw_parts(t.shape, nd).iter().map(|&s| s.max(0) as usize).collect() };
     let strides: Vec<i64> = if t.strides.is_null() {
-        let mut st = vec![1i64; nd];
-        for i in (0..nd.saturating_sub(1)).rev() {
-            st[i] = st[i + 1] * shape[i + 1] as i64;
-        }
-        st
+        contiguous_strides(&shape)
     } else {
         std::slice::from_raw_parts(t.strides, nd).to_vec()
     };
@@ -183,13 +179,9 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
     TORCH.get(py)
 }
 
-/// Row-major element strides of `shape` (what torch's `stride()` returns for a contiguous tensor).
+/// `tensor::contiguous_strides` as the signed strides of an [`Arg`] (same allocation).
 fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
-    let mut st = vec![1i64; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        st[i] = st[i + 1] * shape[i + 1].max(1) as i64;
-    }
-    st
+    deepep_kernels::tensor::contiguous_strides(shape).into_iter().map(|s| s as i64).collect()
 }
 
 /// The integers of a tuple (torch.Size is one), read item by item (no sequence protocol).

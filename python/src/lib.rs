@@ -1393,7 +1393,7 @@ impl Runtime {
     fn destroy_local(&mut self, py: Python<'_>, lost: deepep_kernels::error::ErrorRecord) -> PyResult<()> {
         let gpu = self.gpu_static();
         let intra = self.intra.take();
-        self.forget_nvshmem_buffers(&lost);
+        self.abandon_nvshmem_buffers(&lost);
         self.intra_dims = None;
         self.ll_dims = None;
         self.ll_generation += 1;
@@ -1410,7 +1410,7 @@ impl Runtime {
     /// Give the full NVSHMEM world up in this process, then drop the low-latency buffer without
     /// any collective step (its symmetric memory is kept for a low-latency buffer of the surviving
     /// ranks) and leak the internode one (its drop frees collectively).
-    fn forget_nvshmem_buffers(&mut self, lost: &deepep_kernels::error::ErrorRecord) {
+    fn abandon_nvshmem_buffers(&mut self, lost: &deepep_kernels::error::ErrorRecord) {
         let ll = self.ll.take();
         let inter = self.inter.take();
         if ll.is_some() || inter.is_some() {
@@ -1426,7 +1426,7 @@ impl Drop for Runtime {
     /// its NVSHMEM buffers (they would wait for that peer forever).
     fn drop(&mut self) {
         if let Some(lost) = self.gpu.peer_lost() {
-            self.forget_nvshmem_buffers(&lost);
+            self.abandon_nvshmem_buffers(&lost);
         }
     }
 }
