@@ -24,54 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import workers
-from workers import HIDDEN, LOCAL_EXPERTS, TOPK, make_routing
+from errors_workers import _valid_intranode_round, _valid_ll_round
+from workers import HIDDEN, LOCAL_EXPERTS, make_routing
 
 # The bound the issue asks for by default (DEEPEP_GPU_TIMEOUT_MS unset: 5 s), plus the time a
 # time-sliced GPU shared by several ranks needs to notice and return.
 BOUND_S = 5.0
 SLACK_S = 3.0
-
-
-def _gather(group, obj):
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group)
-    return out
-
-
-def _intranode_round(buf, group, rank, world, seed):
-    """One fresh dispatch + combine on ``buf`` checked against the CPU expectation."""
-    num_experts = LOCAL_EXPERTS * world
-    dev = torch.device("cuda", torch.cuda.current_device())
-    x, idx, w = make_routing(rank, world, 48, num_experts, seed=seed)
-    all_x, all_idx, all_w = zip(*_gather(group, (x, idx, w)))
-    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
-    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxd, num_experts)
-    rx, ri, rw, counts, handle, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                                 num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
-    want_x, _, want_i, want_w, want_counts, _ = workers.expected_recv(all_x, all_idx, all_w, rank, world, num_experts)
-    workers.check_equal("recv_x", rx, want_x)
-    workers.check_equal("recv_topk_idx", ri, want_i)
-    assert counts == want_counts, (counts, want_counts)
-    out, _, _ = buf.combine(rx, handle)
-    torch.cuda.synchronize()
-    sends = in_rank.cpu()
-    workers.check_equal("combined x", out, workers.combined_copies(x, sends))
-
-
-def _ll_round(buf, group, rank, world, num_max, seed):
-    num_experts = LOCAL_EXPERTS * world
-    dev = torch.device("cuda", torch.cuda.current_device())
-    x, idx, w = make_routing(rank, world, 16, num_experts, seed=seed)
-    all_x, all_idx = zip(*_gather(group, (x, idx)))
-    want = workers.ll_expected(all_x, all_idx, rank, world, num_experts)
-    rx, cnt, h, _, _ = buf.low_latency_dispatch(x.to(dev), idx.to(dev), num_max, num_experts, use_fp8=False)
-    assert cnt.cpu().tolist() == [len(r) for r in want]
-    for le, rows in enumerate(want):
-        assert workers.row_keys(rx[le, : len(rows)].cpu()) == workers.row_keys(rows)
-    out, _, _ = buf.low_latency_combine(rx, idx.to(dev), w.to(dev), h)
-    torch.cuda.synchronize()
-    return out
 
 
 def _survivor_checks(rank, lost, err, elapsed, call_words):
@@ -96,7 +55,7 @@ def _second_group_round(rank, out):
 
     g2 = dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
     buf2 = Buffer(g2, _native.intranode_buffer_bytes(2, 512, HIDDEN), 0, explicitly_destroy=True)
-    _intranode_round(buf2, g2, rank, 2, seed=12)
+    _valid_intranode_round(buf2, rank, 2, g2, LOCAL_EXPERTS * 2, seed=12)
     buf2.destroy()
     out["second_buffer_ok"] = True
 
@@ -107,7 +66,7 @@ def normal_body(rank, world, out):
     dev = torch.device("cuda", torch.cuda.current_device())
     group = dist.group.WORLD
     buf = Buffer(group, _native.intranode_buffer_bytes(world, 512, HIDDEN), 0, explicitly_destroy=True)
-    _intranode_round(buf, group, rank, world, seed=11)
+    _valid_intranode_round(buf, rank, world, group, LOCAL_EXPERTS * world, seed=11)
     out["warmup_ok"] = True
     dist.barrier()
     lost = world - 1
@@ -148,7 +107,7 @@ def ll_body(rank, world, out):
     num_experts, num_max = LOCAL_EXPERTS * world, 32
     rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
     buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS, explicitly_destroy=True)
-    _ll_round(buf, group, rank, world, num_max, seed=21)
+    _valid_ll_round(buf, rank, world, group, num_experts, num_max, 16, seed=21)
     out["warmup_ok"] = True
     dist.barrier()
     lost = world - 1
@@ -174,7 +133,7 @@ def ll_body(rank, world, out):
         rdma2 = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, 2, LOCAL_EXPERTS * 2)
         try:
             b = Buffer(g2, 0, rdma2, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS, explicitly_destroy=True)
-            _ll_round(b, g2, rank, 2, num_max, seed=23)
+            _valid_ll_round(b, rank, 2, g2, LOCAL_EXPERTS * 2, num_max, 16, seed=23)
             b.destroy()
             out["second_ll"] = "ok"
         except Exception as e:  # noqa: BLE001 - reported (the test asserts "ok")
@@ -182,7 +141,7 @@ def ll_body(rank, world, out):
         from deepep_kernels import _native
 
         buf2 = Buffer(g2, _native.intranode_buffer_bytes(2, 512, HIDDEN), 0, explicitly_destroy=True)
-        _intranode_round(buf2, g2, rank, 2, seed=24)
+        _valid_intranode_round(buf2, rank, 2, g2, LOCAL_EXPERTS * 2, seed=24)
         buf2.destroy()
         out["second_buffer_ok"] = True
 

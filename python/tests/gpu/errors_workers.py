@@ -85,6 +85,22 @@ def _valid_intranode_round(buf, rank, world, group, num_experts, seed):
     check_device_error()
 
 
+def _valid_ll_round(buf, rank, world, group, num_experts, num_max, n, seed):
+    """A BF16 low-latency dispatch + combine of clean routing (``n`` tokens per rank): received
+    rows and counts against ll_expected, the combine against its torch expectation."""
+    dev = _dev()
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=seed)
+    all_x, all_idx = zip(*gather(group, (x, idx)))
+    want = ll_expected(all_x, all_idx, rank, world, num_experts)
+    rx, cnt, h, _, _ = buf.low_latency_dispatch(x.to(dev), idx.to(dev), num_max, num_experts, use_fp8=False)
+    assert cnt.cpu().tolist() == [len(r) for r in want], (cnt.cpu().tolist(), [len(r) for r in want])
+    for le, rows in enumerate(want):
+        assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"valid rows of local expert {le}"
+    out, _, _ = buf.low_latency_combine(rx, idx.to(dev), w.to(dev), h)
+    _check_ll_combine(out, x, idx, w)
+    check_device_error()
+
+
 def layout_bad_ids(rank, world, group):
     """get_dispatch_layout with ids = num_experts, then with ids = -2: counts as if -1, the next
     call raises once, a valid round works."""
@@ -158,17 +174,7 @@ def low_latency_bad_ids(rank, world, group):
         _expect_argument_error("low_latency_dispatch", value, num_experts,
                                lambda: buf.low_latency_combine(rx, bad.to(dev), w.to(dev), h))
 
-        # a valid round on the same Buffer
-        x, idx, w = make_routing(rank, world, n, num_experts, seed=31 + i)
-        all_x, all_idx = zip(*gather(group, (x, idx)))
-        want = ll_expected(all_x, all_idx, rank, world, num_experts)
-        rx, cnt, h, _, _ = buf.low_latency_dispatch(x.to(dev), idx.to(dev), num_max, num_experts, use_fp8=False)
-        assert cnt.cpu().tolist() == [len(r) for r in want]
-        for le, rows in enumerate(want):
-            assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"valid rows of local expert {le}"
-        out, _, _ = buf.low_latency_combine(rx, idx.to(dev), w.to(dev), h)
-        _check_ll_combine(out, x, idx, w)
-        check_device_error()
+        _valid_ll_round(buf, rank, world, group, num_experts, num_max, n, seed=31 + i)  # on the same Buffer
     buf.destroy()
 
 
@@ -304,15 +310,7 @@ def bad_arguments_refused(rank, world, group):
     msgs.append(_refused("low_latency_dispatch, more tokens than num_max", lambda: ll.low_latency_dispatch(x40.to(dev), i40.to(dev), num_max, num_experts),
                          ["num_max", "tokens"]))
     check_device_error()
-    all_x, all_idx = zip(*gather(group, (x, idx)))
-    want = ll_expected(all_x, all_idx, rank, world, num_experts)
-    rx, cnt, h, _, _ = ll.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)
-    assert cnt.cpu().tolist() == [len(r) for r in want]
-    for le, rows in enumerate(want):
-        assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows), f"valid rows of local expert {le} after the refusals"
-    out, _, _ = ll.low_latency_combine(rx, idxd, wd, h)
-    _check_ll_combine(out, x, idx, w)
-    check_device_error()
+    _valid_ll_round(ll, rank, world, group, num_experts, num_max, 20, seed=55)  # the same routing, now valid
     ll.destroy()
     if rank == 0:
         print("refusals:", *msgs, sep="\n  ", flush=True)
