@@ -256,17 +256,25 @@ def _checked(method):
         except DeviceError:
             raise
         except Exception as e:
-            rec = _native.take_device_error(fatal_only=True)
-            if rec is not None:
-                raise _device_error(*rec) from e
+            _raise_recorded_cause(e)
             raise
 
     return wrapper
 
 
+def _raise_recorded_cause(e: Exception) -> None:
+    """The failure path of :func:`_checked`: a call that failed while a fatal record is pending
+    raises the recorded cause instead (chained to ``e``)."""
+    rec = _native.take_device_error(fatal_only=True)
+    if rec is not None:
+        raise _device_error(*rec) from e
+
+
 # What a low-latency call without async_finish returns as its event (DeepEP returns an
 # EventOverlap without an event; one shared instance saves an object per call: it holds nothing).
 _NO_EVENT = EventOverlap(None)
+
+_DESTROYED = "this Buffer was destroyed; create a new one"
 
 
 def _unsupported(name: str, why: str) -> NotImplementedError:
@@ -401,10 +409,10 @@ class LowLatencyHandle:
     dispatch that reuses its receive half first copies the routing combine needs into the handle,
     so indexing or combining an older handle works. ValueError only where that copy could not be
     made: the reusing dispatch ran inside a CUDA graph capture, or this dispatch's receive hook had
-    not run yet (docs/python.md)."""
+    not run yet (docs/python.md); and once the low-latency buffer was destroyed or re-created (the
+    handle does not keep its memory)."""
 
-    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "num_tokens", "_device", "_copies",
-                 "__weakref__")
+    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "num_tokens", "_device", "_copies")
 
     def __init__(self, native, num_max: int, hidden: int, num_experts: int, device=None, num_tokens: int = 0) -> None:
         self.native = native
@@ -413,7 +421,7 @@ class LowLatencyHandle:
         self.hidden = hidden
         self.num_experts = num_experts
         self._device = device
-        self._copies = [None, None]
+        self._copies = None  # [src_info, layout_range] once indexed
 
     def __len__(self) -> int:
         return len(_LL_HANDLE_ELEMENTS)
@@ -426,10 +434,10 @@ class LowLatencyHandle:
             return self.hidden
         if i == 4:
             return self.num_experts
+        if self._copies is None:
+            self._copies = [None, None]
         if self._copies[i] is None:
             torch = _torch()
-            if self.native is None:
-                raise ValueError("this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone")
             # (ptr, shape) in the dispatch's half, or in the handle's own copy once a later
             # dispatch reused the half (ValueError when that copy could not be made)
             ptr, shape = self.native.src_info() if i == 0 else self.native.layout_range()
@@ -555,9 +563,6 @@ class Buffer:
         # and reused; they hold no reference to the Rust
         # buffer, so no view can delay the collective free of the symmetric memory.
         self._ll_views: dict = {}
-        # Low-latency handles handed out (weakly): destroy() releases their hold on the
-        # symmetric memory before freeing it collectively.
-        self._ll_handles = weakref.WeakSet()
 
     # --- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -580,7 +585,7 @@ class Buffer:
         # every public method checks the device error record first (@_checked), once per call
         rt = self._runtime
         if rt is None:
-            raise RuntimeError("this Buffer was destroyed; create a new one")
+            raise RuntimeError(_DESTROYED)
         return rt
 
     def _cur(self) -> int:
@@ -688,8 +693,7 @@ class Buffer:
 
     # --- buffer-level API --------------------------------------------------------------------
     def _release_ll_refs(self) -> None:
-        for h in list(self._ll_handles):
-            h.native = None
+        # (the handles hold no reference to the symmetric memory: theirs refuse once it is gone)
         self._ll_views.clear()
 
     def destroy(self) -> None:
@@ -983,46 +987,58 @@ class Buffer:
         separate from the NVLink one and self-resetting, so nothing else needs cleaning."""
         self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
-    @_checked
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
-        if dispatch_wait_recv_cost_stats is not None:
-            raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
-        stats = cumulative_local_expert_recv_stats
-        cur = self._cur()
-        # One crossing into Rust: the checks (x, topk_idx, stats: dtype, shapes, contiguity,
-        # device), the buffer for these sizes (created collectively when needed), the comm stream
-        # waiting for the current one, the launch and (without async_finish) the current stream
-        # waiting for the comm stream, so the caller may reuse x and topk_idx right away (with a
-        # hook too: the send half reads them; DeepEP launches a hooked call on the current stream
-        # itself). The stats are added on the current stream after that join (DeepEP adds them in
-        # its kernel), after the receive half with a hook; with async_finish on the comm stream
-        # before the event.
-        recv_ptr, native_handle, native_hook, n, hidden = self._rt().ll_dispatch(
-            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook, stats, cur,
-            cur if not async_finish else None)
-        recv_x, recv_scales, recv_count = self._ll_outputs(recv_ptr, use_fp8, use_ue8m0)
-        handle = LowLatencyHandle(native_handle, num_max_dispatch_tokens_per_rank, hidden, num_experts, device=self._device,
-                                  num_tokens=n)
-        self._ll_handles.add(handle)
-        if return_recv_hook:
-            hook = self._make_hook(native_hook, stats, recv_count)
+        # @_checked, inlined on the two low-latency calls (they run every decode step): a recorded
+        # error first, and a failure while a fatal record is pending raises that record
+        rec = _native.take_device_error()
+        if rec is not None:
+            raise _device_error(*rec)
+        try:
+            if dispatch_wait_recv_cost_stats is not None:
+                raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+            stats = cumulative_local_expert_recv_stats
+            rt = self._runtime
+            if rt is None:
+                raise RuntimeError(_DESTROYED)
+            cur = _current_raw_stream(self._device_index)
+            # One crossing into Rust: the checks (x, topk_idx, stats: dtype, shapes, contiguity,
+            # device), the buffer for these sizes (created collectively when needed), the comm stream
+            # waiting for the current one, the launch and (without async_finish) the current stream
+            # waiting for the comm stream, so the caller may reuse x and topk_idx right away (with a
+            # hook too: the send half reads them; DeepEP launches a hooked call on the current stream
+            # itself). The stats are added on the current stream after that join (DeepEP adds them in
+            # its kernel), after the receive half with a hook; with async_finish on the comm stream
+            # before the event.
+            recv_ptr, native_handle, native_hook, n, hidden = rt.ll_dispatch(
+                x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook, stats, cur,
+                cur if not async_finish else None)
+            views = self._ll_views.get((recv_ptr, use_fp8, use_ue8m0 and use_fp8))
+            recv_x, recv_scales, recv_count = views if views is not None else self._ll_outputs(recv_ptr, use_fp8, use_ue8m0)
+            handle = LowLatencyHandle(native_handle, num_max_dispatch_tokens_per_rank, hidden, num_experts, self._device, n)
+            if return_recv_hook:
+                hook = self._make_hook(native_hook, stats, recv_count)
+                if async_finish:
+                    return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
+                        self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
+                return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, _NO_EVENT, hook
             if async_finish:
-                return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
-                    self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
-            return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, _NO_EVENT, hook
-        if async_finish:
-            if stats is not None:
-                with _torch().cuda.stream(self._comm_torch_stream()):
+                if stats is not None:
+                    with _torch().cuda.stream(self._comm_torch_stream()):
+                        stats.add_(recv_count)
+                ev = self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
+            else:
+                if stats is not None:
                     stats.add_(recv_count)
-            ev = self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
-        else:
-            if stats is not None:
-                stats.add_(recv_count)
-            ev = _NO_EVENT
-        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
+                ev = _NO_EVENT
+            return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, ev, None
+        except DeviceError:
+            raise
+        except Exception as e:
+            _raise_recorded_cause(e)
+            raise
 
     def _ll_outputs(self, recv_ptr: int, use_fp8: bool, use_ue8m0: bool):
         """Views of one low-latency dispatch's outputs (made once per buffer half and format, then
@@ -1062,38 +1078,49 @@ class Buffer:
 
         return hook
 
-    @_checked
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
-        if use_logfmt:
-            raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
-        if combine_wait_recv_cost_stats is not None:
-            raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
-        if not isinstance(handle, LowLatencyHandle):
-            raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
-        zc = None
-        if zero_copy:
-            # DeepEP's zero-copy combine reads the expert outputs from the buffer that
-            # get_next_low_latency_combine_buffer handed out (x only has to have its shape)
-            zc = self._next_combine_last
-            if zc is None:
-                raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
-                                 "call it and write the outputs there first (or pass zero_copy=False)")
-        if out is None:
-            torch = _torch()
-            out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
-        cur = self._cur()
-        # one crossing: the checks of x, topk_idx, topk_weights and out against the handle's
-        # dispatch (and of the handle's buffer), the joins and the launch
-        native_hook = self._rt().ll_combine(x, topk_idx, topk_weights, handle.native, out, return_recv_hook, cur,
-                                            cur if not async_finish else None, zc)
-        x = x if zc is None else zc
-        if async_finish:
-            ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
-        else:
-            ev = _NO_EVENT
-        hook = self._make_hook(native_hook) if return_recv_hook else None
-        return out, ev, hook
+        rec = _native.take_device_error()  # @_checked, inlined (as low_latency_dispatch)
+        if rec is not None:
+            raise _device_error(*rec)
+        try:
+            if use_logfmt:
+                raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
+            if combine_wait_recv_cost_stats is not None:
+                raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
+            if not isinstance(handle, LowLatencyHandle):
+                raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
+            zc = None
+            if zero_copy:
+                # DeepEP's zero-copy combine reads the expert outputs from the buffer that
+                # get_next_low_latency_combine_buffer handed out (x only has to have its shape)
+                zc = self._next_combine_last
+                if zc is None:
+                    raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
+                                     "call it and write the outputs there first (or pass zero_copy=False)")
+            if out is None:
+                torch = _torch()
+                out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
+            rt = self._runtime
+            if rt is None:
+                raise RuntimeError(_DESTROYED)
+            cur = _current_raw_stream(self._device_index)
+            # one crossing: the checks of x, topk_idx, topk_weights and out against the handle's
+            # dispatch (and of the handle's buffer), the joins and the launch
+            native_hook = rt.ll_combine(x, topk_idx, topk_weights, handle.native, out, return_recv_hook, cur,
+                                                cur if not async_finish else None, zc)
+            x = x if zc is None else zc
+            if async_finish:
+                ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
+            else:
+                ev = _NO_EVENT
+            hook = self._make_hook(native_hook) if return_recv_hook else None
+            return out, ev, hook
+        except DeviceError:
+            raise
+        except Exception as e:
+            _raise_recorded_cause(e)
+            raise
 
     @_checked
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle):

@@ -14,6 +14,8 @@ One rank on GPU 0 (a gloo group of one). Steps:
   tensor (address, shape, strides, dtype, device) by attribute reads, the default, or through
   ``__dlpack__()`` (torch's is Python code): the argument checks themselves run in Rust inside
   the native calls below;
+- ``torch x.dtype`` ... ``torch x.get_device()``: each attribute read of the attribute reader
+  alone, from Python (the extension makes the same calls through the C API);
 - ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
 - ``current stream``: reading torch's current raw stream;
 - ``native dispatch FP8, current stream``: the one crossing into Rust as the API makes it
@@ -23,7 +25,7 @@ One rank on GPU 0 (a gloo group of one). Steps:
   current one and the current one for the comm stream (event record + stream wait each way; the
   second join is one more crossing);
 - ``output views``: the cached torch views of the outputs;
-- ``handle object``: the Python handle and its weak registration;
+- ``handle object``: the Python handle;
 - ``native combine, ...``: as for dispatch;
 - ``cupy launch`` / ``cupy cooperative launch``: an empty kernel of the same grid (the SM count)
   and block (512 threads) launched through cupy, plain and cooperative: the driver's floor.
@@ -123,8 +125,7 @@ def main(argv=None):
             buf._ll_outputs(r[0], True, False)
 
         def handle_obj():
-            hd = B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
-            buf._ll_handles.add(hd)
+            B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
 
         def native_combine(mode):
             def f():
@@ -154,6 +155,11 @@ def main(argv=None):
             ("api combine BF16", lambda: buf.low_latency_combine(y, idx, w, handle, out=out)),
             ("read tensor (attributes)", read_attrs),
             ("read tensor (DLPack)", read_dlpack),
+            ("torch x.dtype", lambda: x.dtype),
+            ("torch x.shape", lambda: x.shape),
+            ("torch x.is_contiguous()", lambda: x.is_contiguous()),
+            ("torch x.data_ptr()", lambda: x.data_ptr()),
+            ("torch x.get_device()", lambda: x.get_device()),
             ("device error check", B.check_device_error),
             ("current stream", buf._cur),
             ("native dispatch FP8, current stream", native_dispatch("current")),

@@ -233,7 +233,8 @@ pub fn read_with(what: &str, obj: &Bound<'_, PyAny>, path: Path) -> PyResult<Arg
     let py = obj.py();
     if path == Path::Attributes {
         if let Some(t) = torch(py) {
-            if obj.is_instance(t.tensor.bind(py))? {
+            // exactly torch.Tensor (a pointer comparison), else a subclass (nn.Parameter, ...)
+            if obj.get_type().is(t.tensor.bind(py)) || obj.is_instance(t.tensor.bind(py))? {
                 return read_torch(py, t, obj);
             }
         }

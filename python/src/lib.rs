@@ -274,11 +274,11 @@ impl NativeLlHandle {
     /// (device address, shape) of DeepEP's `src_info` (i32 `[L, R·num_max]`): in the dispatch's
     /// receive half, or in the handle's own copy once a later dispatch reused the half.
     fn src_info(&self) -> PyResult<(u64, Vec<usize>)> {
-        own_region(&self.inner.src_info())
+        self.region(self.inner.src_info())
     }
     /// (device address, shape) of DeepEP's `layout_range` (i64 `[L, R]`, `begin << 32 | count`).
     fn layout_range(&self) -> PyResult<(u64, Vec<usize>)> {
-        own_region(&self.inner.layout_range())
+        self.region(self.inner.layout_range())
     }
     /// The raw stream that frees the handle's own copy (None while it reads the buffer): a reader
     /// of `src_info()` / `layout_range()` on another stream makes it wait for that read.
@@ -287,9 +287,14 @@ impl NativeLlHandle {
     }
 }
 
-fn own_region(t: &Tensor) -> PyResult<(u64, Vec<usize>)> {
-    t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
-    Ok((t.ptr(), t.shape().to_vec()))
+impl NativeLlHandle {
+    fn region(&self, t: Tensor) -> PyResult<(u64, Vec<usize>)> {
+        if self.inner.buffer_released() {
+            return Err(PyValueError::new_err("this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone"));
+        }
+        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
+        Ok((t.ptr(), t.shape().to_vec()))
+    }
 }
 
 const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reused by a later dispatch before its routing could be \

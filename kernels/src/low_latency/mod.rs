@@ -18,7 +18,7 @@
 
 pub mod raw;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::nvshmem::knobs::KnobRequest;
@@ -569,10 +569,14 @@ pub struct LlHandle {
     pub num_tokens: usize,
     pub num_topk: usize,
     pub hidden: usize,
-    /// Views of `src_info` / `layout_range` in the half (valid until it is reused).
+    /// Views of `src_info` / `layout_range` in the half (valid until it is reused). They do not
+    /// keep the symmetric memory: a handle may outlive its buffer (whose drop is collective), and
+    /// then refuses ([`LlHandle::buffer_released`]).
     src_info: Tensor,
     layout_range: Tensor,
     copy: Arc<CopyCell>,
+    /// The generation counter of the half (`RELEASED` once the buffer is dropped).
+    counter: Arc<AtomicU64>,
 }
 
 impl LlHandle {
@@ -584,6 +588,11 @@ impl LlHandle {
     /// `[L, R]` i64: `(begin << 32) | count` of each source's rows (as [`LlHandle::src_info`]).
     pub fn layout_range(&self) -> Tensor {
         self.own_view(&self.layout_range, |r| r.layout_range)
+    }
+    /// Whether the buffer of this handle's dispatch was dropped (destroyed or re-created) and the
+    /// handle holds no copy of its routing: its `src_info` / `layout_range` are then gone.
+    pub fn buffer_released(&self) -> bool {
+        self.copy.get().is_none() && self.counter.load(Ordering::Acquire) == RELEASED
     }
     /// Whether the handle reads its own copy (a later dispatch reused its half).
     pub fn is_copied(&self) -> bool {
@@ -662,6 +671,8 @@ pub struct LowLatencyBuffer<'g> {
     /// then waits for every origin to have started it before writing into its buffer.
     combine_hooked: [bool; 2],
     generations: [Arc<AtomicU64>; 2],
+    /// The owner of the handles' views, which do not keep the symmetric memory.
+    no_owner: Arc<dyn std::any::Any + Send + Sync>,
     /// The handle of the latest dispatch into each half (weakly): the next dispatch into the half
     /// copies its routing first if it is still alive.
     live: [std::sync::Weak<CopyCell>; 2],
@@ -677,6 +688,10 @@ pub struct LowLatencyBuffer<'g> {
     last: u64,
     last_mark: sys::CUevent,
     last_captured: bool,
+    /// The last launch is not marked yet: its stream lives as long as the buffer (the legacy
+    /// default stream, torch's default, or the Gpu's own), so the event is recorded there only
+    /// when a call on another stream needs it (one event record less per call on one stream).
+    mark_pending: AtomicBool,
     /// Phase timestamps of the last combine kernel, when tracing is on.
     trace: Option<DeviceBuffer>,
     /// Set when a kernel of this rank recorded a GPU-side error: the outputs of that call are
@@ -871,12 +886,14 @@ impl LowLatencyBuffer<'_> {
             combine_calls: 0,
             combine_hooked: [false; 2],
             generations: [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))],
+            no_owner: Arc::new(()),
             live: [std::sync::Weak::new(), std::sync::Weak::new()],
             recv_pending: [false; 2],
             stream: None,
             last: gpu.cu_stream() as u64,
             last_mark: gpu.new_mark()?,
             last_captured: false,
+            mark_pending: AtomicBool::new(false),
             trace: None,
             poisoned: std::sync::Mutex::new(None),
         })
@@ -1011,7 +1028,11 @@ impl LowLatencyBuffer<'_> {
     }
 
     fn view(&self, off: usize, dtype: DType, shape: &[usize], half: usize, generation: u64) -> Tensor {
-        let keep: Arc<dyn std::any::Any + Send + Sync> = self.shared.clone();
+        self.view_kept(self.shared.clone(), off, dtype, shape, half, generation)
+    }
+
+    /// [`LowLatencyBuffer::view`] keeping `keep` alive instead of the symmetric memory.
+    fn view_kept(&self, keep: Arc<dyn std::any::Any + Send + Sync>, off: usize, dtype: DType, shape: &[usize], half: usize, generation: u64) -> Tensor {
         Tensor::view(
             self.gpu.stream(),
             keep,
@@ -1075,7 +1096,24 @@ impl LowLatencyBuffer<'_> {
         if waiter as u64 == self.last || self.gpu.capturing(waiter)? != self.last_captured {
             return Ok(());
         }
+        self.flush_mark()?;
         self.gpu.wait_mark(waiter, self.last_mark)
+    }
+
+    /// Record the last launch's pending mark on its stream (see `mark_pending`).
+    fn flush_mark(&self) -> Result<()> {
+        if self.mark_pending.swap(false, Ordering::Relaxed) {
+            self.gpu.bind()?;
+            self.gpu.mark(self.last_mark, self.last as sys::CUstream)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `s` lives as long as this buffer whoever made the call: the legacy default stream
+    /// (0, or `CU_STREAM_LEGACY`) or the Gpu's own. (Not the per-thread default stream, which
+    /// is another stream on another thread, nor a caller's stream, which its owner may destroy.)
+    fn outlives_calls(&self, s: sys::CUstream) -> bool {
+        matches!(s as u64, 0 | 1) || s == self.gpu.cu_stream()
     }
 
     /// The stream of this call, after ordering it behind the previous call. A capturing stream
@@ -1084,8 +1122,15 @@ impl LowLatencyBuffer<'_> {
     fn enter(&mut self) -> Result<sys::CUstream> {
         let s = launch_stream(self.stream, self.gpu.cu_stream() as u64) as sys::CUstream;
         let captured = self.gpu.capturing(s)?;
-        if s as u64 != self.last && captured == self.last_captured {
-            self.gpu.wait_mark(s, self.last_mark)?;
+        if s as u64 != self.last {
+            if captured == self.last_captured {
+                self.flush_mark()?;
+                self.gpu.wait_mark(s, self.last_mark)?;
+            } else {
+                // across a capture's boundary the caller orders the calls (no record on the old
+                // stream: on the legacy one it would break a capture in global mode)
+                self.mark_pending.store(false, Ordering::Relaxed);
+            }
         }
         self.last = s as u64;
         self.last_captured = captured;
@@ -1096,6 +1141,11 @@ impl LowLatencyBuffer<'_> {
     /// call on another stream waits for that mark.
     fn go(&self, k: &Kernel, smem: usize, args: Args, s: sys::CUstream) -> Result<()> {
         self.gpu.launch_in(k, &self.launch_cfg(smem), args, s)?;
+        if !self.last_captured && self.outlives_calls(s) {
+            self.mark_pending.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.mark_pending.store(false, Ordering::Relaxed);
         self.gpu.mark(self.last_mark, s)
     }
 
@@ -1216,9 +1266,10 @@ impl LowLatencyBuffer<'_> {
             num_tokens: n,
             num_topk: k,
             hidden: h,
-            src_info: self.view(d.src_info, DType::I32, &[l, rnm], half, generation),
-            layout_range: self.view(d.layout_range, DType::I64, &[l, lay.num_ranks], half, generation),
+            src_info: self.view_kept(self.no_owner.clone(), d.src_info, DType::I32, &[l, rnm], half, generation),
+            layout_range: self.view_kept(self.no_owner.clone(), d.layout_range, DType::I64, &[l, lay.num_ranks], half, generation),
             copy: copy.clone(),
+            counter: self.generations[half].clone(),
         };
         self.live[half] = Arc::downgrade(&copy);
         self.recv_pending[half] = opts.return_hook;
@@ -1395,6 +1446,10 @@ impl Drop for LowLatencyBuffer<'_> {
         if !crate::nvshmem::survivors_only() {
             self.shared.sym.nvshmem().barrier_all();
         }
+        // every view of a half (the handles' too) is invalid from now on
+        for g in &self.generations {
+            g.store(RELEASED, Ordering::Release);
+        }
         self.gpu.drop_mark(self.last_mark);
     }
 }
@@ -1405,6 +1460,9 @@ impl Drop for LowLatencyBuffer<'_> {
 fn launch_stream(chosen: Option<u64>, own: u64) -> u64 {
     chosen.unwrap_or(own)
 }
+
+/// The generation of both halves once the buffer is dropped (no dispatch reaches it).
+const RELEASED: u64 = u64::MAX;
 
 /// `LL_ORIGIN_BATCH` of `low_latency.cuh`.
 pub const LL_ORIGIN_BATCH: usize = 8;

@@ -455,11 +455,16 @@ def low_latency(rank, world, group):
     del graph
     torch.cuda.synchronize()
     # a receive hook whose buffer is destroyed before it is called refuses instead of launching
-    # into the freed memory
+    # into the freed memory; so does indexing a handle whose routing lived in that memory (the
+    # handle does not keep the buffer: its collective free is not delayed)
+    _, _, kept, _, _ = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)
     _, _, _, _, pending = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False, return_recv_hook=True)
     buf.destroy()
     with pytest.raises(ValueError, match="this receive hook's low-latency buffer was destroyed or re-created"):
         pending()
+    with pytest.raises(ValueError, match="this low-latency handle's buffer was destroyed or re-created"):
+        kept[0]
+    assert kept[2] == num_max  # the scalars stay
 
 
 def deepep_semantics(rank, world, group):
