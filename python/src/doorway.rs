@@ -153,6 +153,11 @@ fn read_capsule(what: &str, cap: &Bound<'_, PyCapsule>) -> PyResult<Arg> {
 struct Torch {
     tensor: Py<PyAny>,
     dtypes: Vec<(Py<PyAny>, DType)>,
+    /// `torch.Tensor.is_contiguous` / `.data_ptr` / `.get_device`, called with the tensor as their
+    /// argument when it is exactly a `torch.Tensor`: the same C functions as `x.data_ptr()`, without
+    /// a bound method object per call (the limited API has no vectorcall of a method by name).
+    /// A subclass may override them in Python, so its tensors are asked by name.
+    methods: [Py<PyAny>; 3],
 }
 
 static TORCH: GILOnceCell<Torch> = GILOnceCell::new();
@@ -174,7 +179,10 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
             dtypes.push((o.unbind(), d));
         }
     }
-    let t = Torch { tensor: m.getattr("Tensor").ok()?.unbind(), dtypes };
+    let tensor = m.getattr("Tensor").ok()?;
+    let method = |name: &str| tensor.getattr(name).ok().map(Bound::unbind);
+    let methods = [method("is_contiguous")?, method("data_ptr")?, method("get_device")?];
+    let t = Torch { tensor: tensor.unbind(), dtypes, methods };
     let _ = TORCH.set(py, t);
     TORCH.get(py)
 }
@@ -192,7 +200,15 @@ fn ints(o: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     }
 }
 
-fn read_torch(py: Python<'_>, t: &Torch, obj: &Bound<'_, PyAny>) -> PyResult<Arg> {
+fn read_torch<'py>(py: Python<'py>, t: &Torch, obj: &Bound<'py, PyAny>, exact: bool) -> PyResult<Arg> {
+    // is_contiguous(), data_ptr(), get_device() of `obj`
+    let call = |i: usize, name: &Bound<'py, pyo3::types::PyString>| -> PyResult<Bound<'py, PyAny>> {
+        if exact {
+            t.methods[i].bind(py).call1((obj,))
+        } else {
+            obj.call_method0(name)
+        }
+    };
     let dt = obj.getattr(intern!(py, "dtype"))?;
     let dtype = match t.dtypes.iter().find(|(o, _)| o.bind(py).is(&dt)) {
         Some((_, d)) => Ok(*d),
@@ -201,16 +217,16 @@ fn read_torch(py: Python<'_>, t: &Torch, obj: &Bound<'_, PyAny>) -> PyResult<Arg
     let shape: Vec<usize> = ints(&obj.getattr(intern!(py, "shape"))?)?.into_iter().map(|v| v.max(0) as usize).collect();
     // The common case costs one boolean call: strides are read (a tuple built by torch) only for
     // a tensor that is not contiguous, whose strides the checks then name.
-    let strides = if obj.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+    let strides = if call(0, intern!(py, "is_contiguous"))?.is_truthy()? {
         contiguous_strides(&shape)
     } else {
         ints(&obj.call_method0(intern!(py, "stride"))?)?
     };
-    let ptr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let ptr: u64 = call(1, intern!(py, "data_ptr"))?.extract()?;
     // get_device(): the CUDA ordinal, -1 for CPU (and meta) tensors: one call instead of is_cuda +
     // get_device. (Other accelerators' tensors, which also answer an ordinal, do not exist in a
     // process with a CUDA Buffer.) The device's name is read only on the refusal path.
-    let device = match obj.call_method0(intern!(py, "get_device"))?.extract::<i64>()? {
+    let device = match call(2, intern!(py, "get_device"))?.extract::<i64>()? {
         d if d >= 0 => Device::Cuda(d as usize),
         _ => match obj.getattr(intern!(py, "device"))?.str()?.to_string() {
             d if d == "cpu" => Device::Cpu,
@@ -234,8 +250,11 @@ pub fn read_with(what: &str, obj: &Bound<'_, PyAny>, path: Path) -> PyResult<Arg
     if path == Path::Attributes {
         if let Some(t) = torch(py) {
             // exactly torch.Tensor (a pointer comparison), else a subclass (nn.Parameter, ...)
-            if obj.get_type().is(t.tensor.bind(py)) || obj.is_instance(t.tensor.bind(py))? {
-                return read_torch(py, t, obj);
+            if obj.get_type().is(t.tensor.bind(py)) {
+                return read_torch(py, t, obj, true);
+            }
+            if obj.is_instance(t.tensor.bind(py))? {
+                return read_torch(py, t, obj, false);
             }
         }
     }

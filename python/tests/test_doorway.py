@@ -1,8 +1,9 @@
 """The native doorway: every tensor-taking ``Runtime`` method reads the tensors it is given and
 the kernels crate refuses wrong ones (python/src/doorway.rs, kernels/src/args.rs).
 
-CI has no CUDA and no torch, so the GPU path (torch tensors read by attributes, then a launch)
-is not exercised here: the lead runs python/tests/gpu. These tests call ``_native.check_call``,
+CI has no CUDA and no torch, so the GPU path (real torch tensors, then a launch) is not exercised
+here: python/tests/gpu runs it; the attribute reader itself is run on a stand-in torch module in a
+separate interpreter (the last test). The other tests call ``_native.check_call``,
 which runs the very parse function each ``Runtime`` method runs before launching, on real numpy
 arrays (read through DLPack) and on DLPack capsules over numpy memory: bfloat16 and fp8 do not
 exist in numpy, and a capsule may also describe the memory as CUDA's, so that an argument set the
@@ -234,3 +235,90 @@ def test_versioned_dlpack_capsules_are_read_too():
     used = _capsule_new(ctypes.addressof(v), b"used_dltensor", None)
     with pytest.raises(ValueError, match="already consumed"):
         _native.read_tensor(used)
+
+
+# A stand-in for torch (CI has none: the real one is read on the GPU machine, python/tests/gpu):
+# a module named torch whose Tensor answers the attributes the reader asks for. Run in a fresh
+# interpreter, since the extension caches the torch module it first sees for the process.
+_FAKE_TORCH = r'''
+import json, sys, types
+
+torch = types.ModuleType("torch")
+class _DType:
+    def __init__(self, name):
+        self.name = name
+    def __str__(self):
+        return "torch." + self.name
+for n in ("bfloat16", "float32", "int32", "int64", "uint8", "float8_e4m3fn", "bool", "float16"):
+    setattr(torch, n, _DType(n))
+
+class Tensor:
+    def __init__(self, dtype, shape, strides, ptr, dev):
+        self.dtype, self.shape, self._strides, self._ptr, self._dev = dtype, tuple(shape), tuple(strides), ptr, dev
+    def is_contiguous(self):
+        want, acc = [], 1
+        for n in reversed(self.shape):
+            want.insert(0, acc)
+            acc *= max(n, 1)
+        return tuple(want) == self._strides
+    def stride(self):
+        return self._strides
+    def data_ptr(self):
+        return self._ptr
+    def get_device(self):
+        return self._dev
+    @property
+    def device(self):
+        return "cpu" if self._dev < 0 else f"cuda:{self._dev}"
+
+class Moved(Tensor):
+    """A subclass overriding data_ptr in Python: the reader must ask it by name."""
+    def data_ptr(self):
+        return self._ptr + 64
+
+torch.Tensor = Tensor
+sys.modules["torch"] = torch
+from deepep_kernels import _native
+
+out = {}
+out["plain"] = _native.read_tensor(Tensor(torch.bfloat16, (4, 8), (8, 1), 0x1000, 0))
+out["strided"] = _native.read_tensor(Tensor(torch.int64, (6, 3), (1, 6), 0x2000, 1))
+out["cpu"] = _native.read_tensor(Tensor(torch.float32, (5,), (1,), 0x3000, -1))
+out["half"] = _native.read_tensor(Tensor(torch.float16, (2, 2), (2, 1), 0x4000, 0))
+out["subclass"] = _native.read_tensor(Moved(torch.bfloat16, (4, 8), (8, 1), 0x1000, 0))
+state = {"world": 2, "num_max": 16, "num_experts": 8, "device": 0}
+idx = Tensor(torch.int64, (6, 4), (4, 1), 0x5000, 0)
+_native.check_call("ll_dispatch", state, Tensor(torch.bfloat16, (6, 256), (256, 1), 0x6000, 0), idx, None)
+out["accepted"] = True
+for name, x in (("float32 x", Tensor(torch.float32, (6, 256), (256, 1), 0x6000, 0)),
+                ("cpu x", Tensor(torch.bfloat16, (6, 256), (256, 1), 0x6000, -1)),
+                ("strided x", Tensor(torch.bfloat16, (6, 256), (1, 6), 0x6000, 0))):
+    try:
+        _native.check_call("ll_dispatch", state, x, idx, None)
+        out[name] = None
+    except (ValueError, TypeError) as e:
+        out[name] = str(e)
+print(json.dumps(out))
+'''
+
+
+def test_torch_tensors_are_read_by_attributes_and_checked(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    # the installed package this process tests (not the source tree: run from an empty folder)
+    site = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+    env = {**os.environ, "PYTHONPATH": site}
+    r = subprocess.run([sys.executable, "-c", _FAKE_TORCH], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["plain"] == [0x1000, [4, 8], [8, 1], "bfloat16", "cuda:0"]
+    assert out["strided"] == [0x2000, [6, 3], [1, 6], "int64", "cuda:1"]  # strides read only when not contiguous
+    assert out["cpu"] == [0x3000, [5], [1], "float32", "cpu"]
+    assert "float16" in out["half"][3]  # a dtype the kernels do not take keeps its name for the message
+    assert out["subclass"][0] == 0x1000 + 64  # a subclass's own data_ptr is honoured
+    assert out["accepted"] is True
+    assert out["float32 x"] == "x must be torch.bfloat16, got torch.float32"
+    assert out["cpu x"].startswith("x must be on a CUDA device (got cpu)"), out["cpu x"]
+    assert out["strided x"].startswith("x must be contiguous (shape [6, 256], strides [1, 6])"), out["strided x"]
