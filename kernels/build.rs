@@ -55,6 +55,9 @@ struct Built {
     res: BTreeMap<String, Res>,
 }
 
+/// An NVSHMEM release the cubins are built for: its version and its install folder.
+type Release = ((u32, u32, u32), PathBuf);
+
 fn main() {
     let manifest = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let workspace = manifest.parent().unwrap().to_path_buf();
@@ -82,7 +85,7 @@ fn main() {
     let nvshmem_version = nvshmem.as_ref().map(|d| nvshmem_version(d));
     // Every release the NVSHMEM cubins are built for: NVSHMEM_DIR's first (the default), then
     // DEEPEP_NVSHMEM_RELEASES in ascending version order; one prefix per release.
-    let releases: Vec<((u32, u32, u32), PathBuf)> = match (&nvshmem, nvshmem_version) {
+    let releases: Vec<Release> = match (&nvshmem, nvshmem_version) {
         (Some(dir), Some(v)) => extra_releases(dir, v),
         _ => {
             if env("DEEPEP_NVSHMEM_RELEASES").is_some() {
@@ -119,7 +122,7 @@ fn main() {
         common.extend(extra.split_whitespace().map(String::from));
     }
 
-    let mut jobs: Vec<(PathBuf, Option<((u32, u32, u32), PathBuf)>)> = plain.iter().map(|p| (p.clone(), None)).collect();
+    let mut jobs: Vec<(PathBuf, Option<Release>)> = plain.iter().map(|p| (p.clone(), None)).collect();
     for r in &releases {
         jobs.extend(nvs_sources.iter().map(|p| (p.clone(), Some(r.clone()))));
     }
@@ -235,7 +238,7 @@ fn find_nvshmem(workspace: &Path) -> Option<PathBuf> {
 /// The releases to build the NVSHMEM cubins for: `dir` (NVSHMEM_DIR, version `v`) first, then
 /// each prefix of `DEEPEP_NVSHMEM_RELEASES` (colon separated) in ascending version order. A prefix
 /// without headers or device library, or two prefixes of one release, stop the build.
-fn extra_releases(dir: &Path, v: (u32, u32, u32)) -> Vec<((u32, u32, u32), PathBuf)> {
+fn extra_releases(dir: &Path, v: (u32, u32, u32)) -> Vec<Release> {
     let mut out = vec![(v, dir.to_path_buf())];
     let Some(list) = env("DEEPEP_NVSHMEM_RELEASES") else { return out };
     let mut extra: Vec<((u32, u32, u32), PathBuf)> = Vec::new();

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Runs every test that needs neither a GPU nor network beyond the package registries:
 #   1. installs the pinned CUDA 13.0 pip toolchain + NVSHMEM 3.4.5 wheel into .toolchain/
-#   2. cargo tests of the whole workspace (generator, doctor, kernels CPU tests, cubin checks, the
-#      kernels' harness crate kernels/harness: launcher across processes, bench unit tests)
+#   2. cargo clippy of the whole workspace, warnings as errors (in target/clippy, removed after it:
+#      no disk on top of the test build), then cargo tests of the whole workspace (generator,
+#      doctor, kernels CPU tests, cubin checks, the kernels' harness crate kernels/harness:
+#      launcher across processes, bench unit tests)
 #   3. the generator's determinism check on the committed files (lock --offline --check) and
 #      verify --file on the real wheel
 #   4. Nix (scripts/nix-checks.sh): parse, pure evaluation tests, the flake against the stand-in
 #      nixpkgs, deadnix, formatter; on Nix >= 2.18 (a new enough Nix on PATH, else Debian 13's 2.26
 #      unpacked into target/tools/ by scripts/debian-nix.sh)
 #   5. the Python wheel (python/, maturin abi3, dev profile) and its CPU tests with pytest (no torch)
-# Prints a final line "total: N passed, M failed" that counts every suite (cargo tests, the two
-# generator checks, each Nix check, pytest) and exits non-zero on any failure.
+# Prints a final line "total: N passed, M failed" that counts every suite (clippy, cargo tests,
+# the two generator checks, each Nix check, pytest) and exits non-zero on any failure.
 #
 # Usage: scripts/test-all.sh [--help]
 set -euo pipefail
 for a in "$@"; do
   case "$a" in
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-all: unknown argument '$a' (it takes none; --help prints what it runs)" >&2; exit 2 ;;
   esac
 done
@@ -55,14 +57,19 @@ step "cargo fetch --locked (every crate of Cargo.lock, for every platform)"
 # CARGO_HOME.
 cargo fetch --locked
 
+# Each of these steps counts as one test in the total; a failure is counted, not a stop.
+gen_passed=0; gen_failed=0
+step "cargo clippy --workspace --all-targets -- -D warnings"
+if cargo clippy --workspace --all-targets --locked --target-dir target/clippy -- -D warnings; then gen_passed=$((gen_passed + 1)); else
+  echo "FAIL  cargo clippy (fix the lints above; a false positive gets an #[allow] with its reason)"; gen_failed=$((gen_failed + 1)); fi
+rm -rf target/clippy
+
 step "cargo test --workspace"
 set +e
 cargo test --workspace --all-targets --locked 2>&1 | tee "$log_dir/cargo.log"
 cargo_rc=${PIPESTATUS[0]}
 set -e
 
-# Each of these steps counts as one test in the total; a failure is counted, not a stop.
-gen_passed=0; gen_failed=0
 step "deepep-nix lock --offline --check (committed Nix data is reproducible)"
 if cargo run --quiet --locked -p deepep-nix -- lock --offline --check; then gen_passed=$((gen_passed + 1)); else
   echo "FAIL  deepep-nix lock --offline --check"; gen_failed=$((gen_failed + 1)); fi
@@ -101,7 +108,7 @@ py_failed=$( (echo "$py_summary" | grep -Eo '[0-9]+ (failed|error)' || true) | a
 py_passed=${py_passed:-0}
 if [ "$py_rc" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi
 echo "python: $py_passed passed, $py_failed failed ($py_summary)"
-echo "generator checks: $gen_passed passed, $gen_failed failed"
+echo "clippy and generator checks: $gen_passed passed, $gen_failed failed"
 echo "nix: $nix_passed passed, $nix_failed failed"
 passed=$((passed + gen_passed + nix_passed + py_passed))
 failed=$((failed + gen_failed + nix_failed + py_failed))

@@ -1953,7 +1953,7 @@ fn deepep_pairing_check_applies_every_rule_of_pairings_json() {
 /// Whether the pairings.json range `range` (`atLeast` / `atMost`, inclusive) holds version `v`.
 fn covers(range: &serde_json::Value, v: &str) -> bool {
     let key = |x: &str| -> Vec<u32> { x.split('.').map(|p| p.parse().unwrap()).collect() };
-    range["atLeast"].as_str().is_none_or(|lo| key(v) >= key(lo)) && range["atMost"].as_str().is_none_or(|hi| key(v) <= key(hi))
+    range["atLeast"].as_str().map_or(true, |lo| key(v) >= key(lo)) && range["atMost"].as_str().map_or(true, |hi| key(v) <= key(hi))
 }
 
 #[test]

@@ -378,11 +378,11 @@ impl Checker {
                 let before = text[..i]
                     .chars()
                     .next_back()
-                    .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'));
+                    .map_or(true, |c| !(c.is_alphanumeric() || c == '-' || c == '_'));
                 let after = text[i + top.len()..]
                     .chars()
                     .next()
-                    .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'));
+                    .map_or(true, |c| !(c.is_alphanumeric() || c == '-' || c == '_'));
                 before && after
             });
             if !found {

@@ -124,8 +124,10 @@ fn family_parameter_structs_match_the_kernels() {
     use deepep_kernels::internode::plan::InternodeArgs;
     use deepep_kernels::low_latency::{LlCombine2Args, LlCombineArgs, LlDispatch2Args, LlDispatchArgs};
     let diag = sa::<Diag>();
-    // kernel name prefix -> parameter types in order (longest prefixes first)
-    let table: Vec<(&str, &str, Vec<(usize, usize)>)> = vec![
+    // module, kernel name prefix -> (size, alignment) of each parameter type in order (longest
+    // prefixes first)
+    type Row = (&'static str, &'static str, Vec<(usize, usize)>);
+    let table: Vec<Row> = vec![
         ("intranode", "ep_intranode_notify", vec![sa::<IntranodeArgs>(), sa::<NotifyParams>(), diag]),
         ("intranode", "ep_intranode_dispatch_", vec![sa::<IntranodeArgs>(), sa::<DispatchParams>(), diag]),
         ("intranode", "ep_intranode_combine_", vec![sa::<IntranodeArgs>(), sa::<CombineParams>(), diag]),

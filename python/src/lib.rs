@@ -1538,11 +1538,14 @@ fn nvshmem_host_check() -> PyResult<(String, String)> {
     Ok((lib.path().display().to_string(), lib.version().to_string()))
 }
 
+/// What [`_exchange_selftest`] gathered: (all-gather of the data, broadcast, all-gather of the ranks).
+type ExchangeSelftest = (Vec<Vec<u8>>, Vec<u8>, Vec<u64>);
+
 /// Diagnostic (no GPU): build the [`Comm`] a `Runtime` would use over `all_gather` and run, with
 /// the GIL released as in the buffer calls, an all-gather of `data`, a broadcast from rank
 /// `world - 1`, a barrier and an all-gather of `rank` as u64. Returns (gathered, broadcast, ranks).
 #[pyfunction]
-fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, all_gather: Py<PyAny>) -> PyResult<(Vec<Vec<u8>>, Vec<u8>, Vec<u64>)> {
+fn _exchange_selftest(py: Python<'_>, rank: usize, world: usize, data: Vec<u8>, all_gather: Py<PyAny>) -> PyResult<ExchangeSelftest> {
     let comm = Comm::with_exchange(rank, world, rank, world, Arc::new(PyExchange { f: all_gather })).map_err(py_err)?;
     without_gil(py, || -> deepep_kernels::Result<_> {
         let all = comm.all_gather(&data)?;

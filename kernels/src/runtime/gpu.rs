@@ -319,20 +319,20 @@ impl Gpu {
     /// `stream` of this context: later
     /// waits on it order after the work queued on `stream` so far, even if `stream` is destroyed
     /// in between (the reason to keep an event rather than the stream handle).
-    pub fn mark(&self, mark: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    pub(crate) fn mark(&self, mark: sys::CUevent, stream: sys::CUstream) -> Result<()> {
         // SAFETY: our event and a live stream of this context (caller's contract).
         check(unsafe { sys::cuEventRecord(mark, stream) }, || format!("rank {}: cuEventRecord", self.rank))
     }
 
     /// `waiter` waits for the last [`Gpu::mark`] of `mark`.
-    pub fn wait_mark(&self, waiter: sys::CUstream, mark: sys::CUevent) -> Result<()> {
+    pub(crate) fn wait_mark(&self, waiter: sys::CUstream, mark: sys::CUevent) -> Result<()> {
         self.bind()?;
         // SAFETY: as above.
         check(unsafe { sys::cuStreamWaitEvent(waiter, mark, 0) }, || format!("rank {}: cuStreamWaitEvent", self.rank))
     }
 
     /// Destroy an event of [`Gpu::new_mark`].
-    pub fn drop_mark(&self, mark: sys::CUevent) {
+    pub(crate) fn drop_mark(&self, mark: sys::CUevent) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: our event, not used afterwards (caller's contract).
             unsafe { sys::cuEventDestroy_v2(mark) };
@@ -340,7 +340,7 @@ impl Gpu {
     }
 
     /// Whether the raw stream `stream` of this GPU's context is being captured into a CUDA graph.
-    pub fn capturing(&self, stream: sys::CUstream) -> Result<bool> {
+    pub(crate) fn capturing(&self, stream: sys::CUstream) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: a live stream of this context (caller's contract); `status` is a valid out-pointer.
         check(unsafe { sys::cuStreamIsCapturing(stream, &mut status) }, || {
@@ -350,7 +350,7 @@ impl Gpu {
     }
 
     /// Asynchronous byte fill on the raw stream `stream` of this GPU's context.
-    pub fn memset_u8_in(&self, dst: u64, v: u8, bytes: usize, stream: sys::CUstream) -> Result<()> {
+    pub(crate) fn memset_u8_in(&self, dst: u64, v: u8, bytes: usize, stream: sys::CUstream) -> Result<()> {
         self.bind()?;
         // SAFETY: caller guarantees the range.
         check(unsafe { sys::cuMemsetD8Async(dst, v, bytes, stream) }, || format!("rank {}: memset of {bytes} bytes", self.rank))

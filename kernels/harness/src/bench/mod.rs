@@ -800,7 +800,7 @@ mod tests {
         assert_eq!(deepep_stat(&[]).reps, 0);
         assert_eq!((DEEPEP_WARMUP, DEEPEP_REPS, DEEPEP_KINETO_CALLS), (50, 50, 30));
         // The call separator is a u32 memset, never mistaken for an L2 flush (>= 64 MB).
-        assert!(MARKER_BYTES % 4 == 0 && MARKER_BYTES < 64 << 20);
+        const { assert!(MARKER_BYTES % 4 == 0 && MARKER_BYTES < 64 << 20) };
         assert_eq!(gbps_of(2_000_000, 1000.0), 2.0);
         assert_eq!(gbps_of(1, 0.0), 0.0);
     }
