@@ -471,7 +471,9 @@ def deepep_semantics(rank, world, group):
     """What DeepEP's own test files taught us (python/scripts/deepep-conformance.sh): handles are
     indexable with DeepEP's element order, dispatch works without top-k, an intranode handle
     outlives later dispatches and the caller's layout tensors, the low-latency handle's src_info /
-    layout_range describe the packed rows, and a zero-copy combine reads the handed-out buffer."""
+    layout_range describe the packed rows, and a zero-copy combine reads the handed-out buffer.
+    Also: low-latency calls on different streams stay ordered, including a combine on a stream
+    that never waited for its dispatch's stream."""
     import gc
 
     import pytest
@@ -636,6 +638,21 @@ def deepep_semantics(rank, world, group):
         del cs  # cupy destroys the stream here
         check_equal("combine after the previous call's stream was destroyed", ll.low_latency_combine(ye, lidxd, lwd, he)[0],
                     want_d.cpu())
+    # no ordering by the caller at all: a dispatch on the default stream queued behind a long
+    # sleep, then its combine on a side stream that never waited for the default stream. The
+    # combine must wait for the dispatch through the buffer's ordering event (on the default
+    # stream it is recorded only when a call on another stream comes): without it the combine
+    # would read the dispatch's rows before they exist, or wait for peers that cannot start.
+    torch.cuda.synchronize()
+    gather(group, "unordered")
+    later = torch.cuda.Stream()
+    torch.cuda._sleep(50_000_000)  # tens of ms of GPU time on the default stream
+    rl, _, hl, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
+    with torch.cuda.stream(later):
+        out_l = ll.low_latency_combine(rl, lidxd, lwd, hl)[0]
+    later.synchronize()
+    check_equal("combine on a stream that never waited for its dispatch's stream", out_l, want_d.cpu())
+    torch.cuda.synchronize()
     # zero-copy: the combine reads the handed-out buffer, not x's data (DeepEP's semantics)
     rz, _, hz, _, _ = ll.low_latency_dispatch(lxd, lidxd, num_max, num_experts, use_fp8=False)
     zb = ll.get_next_low_latency_combine_buffer(hz)
