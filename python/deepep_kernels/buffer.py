@@ -26,7 +26,6 @@ stream); docs/python.md, "Internode mode".
 from __future__ import annotations
 
 import functools
-import math
 import os
 import socket
 from typing import Any, Callable, List, Optional, Tuple, Union
@@ -148,24 +147,8 @@ def _torch():
     return torch
 
 
-class _Raw:
-    """A device range exposed through ``__cuda_array_interface__`` (wrapped zero-copy by
-    ``torch.as_tensor``); keeps ``owner`` alive as long as the tensor lives."""
-
-    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
-        self._owner = owner
-
-
-def _view(ptr: int, dtype, shape, owner: Any, device):
-    torch = _torch()
-    shape = tuple(int(s) for s in shape)
-    elem = dtype.itemsize
-    nbytes = math.prod(shape) * elem
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype, device=device)
-    raw = torch.as_tensor(_Raw(ptr, nbytes, owner), device=device)
-    return raw.view(dtype).view(shape)
+# A torch view of device memory (ptr, dtype, shape, owner kept alive, CUDA device index).
+_view = _native.view
 
 
 def _dim(t, i: int) -> Optional[int]:
@@ -222,23 +205,11 @@ class PeerTimeoutError(DeviceError):
     context survives (unless ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``)."""
 
 
-def _device_error(kind: str, msg: str) -> DeviceError:
-    if kind == "argument":
-        return DeviceArgumentError(msg)
-    if kind == "timeout":
-        return PeerTimeoutError(msg)
-    return DeviceError(msg)
-
-
-def check_device_error() -> None:
-    """Raise what a kernel of this process recorded, if anything: :class:`DeviceArgumentError` once
-    (the record is cleared), :class:`PeerTimeoutError` or :class:`DeviceError` every time until
-    the Buffer is destroyed. Every ``Buffer`` method calls it first. Outputs of an asynchronous call
-    that recorded an error may already have been read by torch before this raises (see
-    docs/python.md, "Device-side errors")."""
-    rec = _native.take_device_error()
-    if rec is not None:
-        raise _device_error(*rec)
+_native._register_error_types(DeviceError, DeviceArgumentError, PeerTimeoutError)
+# Raise what a kernel of this process recorded, if anything (python/src/lib.rs): DeviceArgumentError
+# once (the record is cleared), PeerTimeoutError or DeviceError every time until the Buffer is
+# destroyed. Every Buffer method calls it first.
+check_device_error = _native.check_device_error
 
 
 def _checked(method):
@@ -248,9 +219,7 @@ def _checked(method):
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        rec = _native.take_device_error()  # check_device_error() inlined: this runs on every call
-        if rec is not None:
-            raise _device_error(*rec)
+        check_device_error()
         try:
             return method(*args, **kwargs)
         except DeviceError:
@@ -265,9 +234,9 @@ def _checked(method):
 def _raise_recorded_cause(e: Exception) -> None:
     """The failure path of :func:`_checked`: a call that failed while a fatal record is pending
     raises the recorded cause instead (chained to ``e``)."""
-    rec = _native.take_device_error(fatal_only=True)
-    if rec is not None:
-        raise _device_error(*rec) from e
+    cause = _native.recorded_cause()
+    if cause is not None:
+        raise cause from e
 
 
 # What a low-latency call without async_finish returns as its event (DeepEP returns an
@@ -281,173 +250,10 @@ def _unsupported(name: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"deepep_kernels does not support {name}: {why}")
 
 
-# DeepEP v1.2.1's handle tuples, element by element (deep_ep/buffer.py): what each index holds.
-_INTRANODE_HANDLE_ELEMENTS = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
-                              "is_token_in_rank", "send_head")
-_INTERNODE_HANDLE_ELEMENTS = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
-                              "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
-                              "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
-_LL_HANDLE_ELEMENTS = ("src_info", "layout_range", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts")
-
-
-def _handle_index(i, elements: Tuple[str, ...], kind: str) -> int:
-    if not isinstance(i, int) or isinstance(i, bool):
-        raise TypeError(f"{kind} handle indices must be integers (DeepEP's handle is a {len(elements)}-tuple), got {type(i).__name__}")
-    n = len(elements)
-    if not -n <= i < n:
-        raise IndexError(f"{kind} handle index {i} out of range (DeepEP's handle is a {n}-tuple: {', '.join(elements)})")
-    return i % n
-
-
-def _no_channel_element(kind: str, elements: Tuple[str, ...], i: int) -> NotImplementedError:
-    return _unsupported(f"{kind} handle element [{i}] ({elements[i]})",
-                        "our kernels have no DeepEP channels or ring buffers, so this element has no equivalent; "
-                        f"indexable elements: {', '.join(f'[{j}] {e}' for j, e in enumerate(elements) if e in _HANDLE_SUPPORTED)}")
-
-
-_HANDLE_SUPPORTED = {"rank_prefix_matrix", "recv_src_idx", "is_token_in_rank", "recv_gbl_rank_prefix_sum", "src_info", "layout_range",
-                     "num_max_dispatch_tokens_per_rank", "hidden", "num_experts"}
-
-
-class Handle:
-    """The communication handle of an intranode dispatch: pass it to ``combine`` or to a cached
-    ``dispatch``. Indexable like DeepEP's 6-tuple for the elements our kernels have: ``[0]``
-    ``rank_prefix_matrix`` (int32 ``[R, R]``: rows ``[0]..[i]`` summed, the rows rank ``j``
-    received from ranks ``0..i``), ``[3]`` ``recv_src_idx`` (int32 ``[M]``) and ``[4]``
-    ``is_token_in_rank`` (bool ``[N, R]``); the channel matrices ``[1]``, ``[2]`` and
-    ``send_head`` ``[5]`` raise ``NotImplementedError``. The handle keeps what it needs alive
-    (the layout's ``is_token_in_rank``), so it stays valid after later dispatches, as DeepEP's."""
-
-    __slots__ = ("native", "num_recv_tokens", "num_rows", "hidden", "num_tokens", "num_topk", "_keep", "_device", "_prefix")
-
-    def __init__(self, native: _native.Handle, hidden: int, keep=None, device=None) -> None:
-        self.native = native
-        self.num_recv_tokens = native.num_recv_tokens
-        # rows of the dispatch outputs (num_worst_tokens when given, as in DeepEP)
-        self.num_rows = native.num_rows
-        self.num_tokens = native.num_tokens
-        self.num_topk = native.num_topk
-        self.hidden = hidden
-        # the layout tensor the kernels read at combine time (the native handle holds its address)
-        self._keep = keep
-        self._device = device
-        self._prefix = None
-
-    def __len__(self) -> int:
-        return len(_INTRANODE_HANDLE_ELEMENTS)
-
-    def __getitem__(self, i):
-        i = _handle_index(i, _INTRANODE_HANDLE_ELEMENTS, "intranode")
-        if i == 0:
-            if self._prefix is None:
-                torch = _torch()
-                flat = self.native.rank_prefix_matrix()
-                r = math.isqrt(len(flat))
-                self._prefix = torch.tensor(flat, dtype=torch.int32, device=self._device).view(r, r)
-            return self._prefix
-        if i == 3:
-            return _view(self.native.recv_src_idx_ptr(), _torch().int32, (self.num_recv_tokens,), self.native, self._device)
-        if i == 4:
-            return self._keep
-        raise _no_channel_element("intranode", _INTRANODE_HANDLE_ELEMENTS, i)
-
-    def __repr__(self) -> str:
-        return f"deepep_kernels.Handle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, hidden={self.hidden})"
-
-
-class InternodeHandle:
-    """The communication handle of an internode dispatch: pass it to ``combine`` or to a cached
-    ``dispatch``. Indexable like DeepEP's 10-tuple for ``[0]`` ``is_token_in_rank`` and ``[6]``
-    (= ``[-4]``) ``recv_gbl_rank_prefix_sum`` (int32 ``[R]``: rows from ranks ``0..i``); the other
-    elements (channel matrices, source metadata, send heads) raise ``NotImplementedError``."""
-
-    __slots__ = ("native", "num_recv_tokens", "num_tokens", "num_topk", "hidden", "_keep", "_device", "_prefix")
-
-    def __init__(self, native, keep=None, device=None) -> None:
-        self.native = native
-        self.num_recv_tokens = native.num_recv_tokens
-        self.num_tokens = native.num_tokens
-        self.num_topk = native.num_topk
-        self.hidden = native.hidden
-        self._keep = keep
-        self._device = device
-        self._prefix = None
-
-    def __len__(self) -> int:
-        return len(_INTERNODE_HANDLE_ELEMENTS)
-
-    def __getitem__(self, i):
-        i = _handle_index(i, _INTERNODE_HANDLE_ELEMENTS, "internode")
-        if i == 0 and self._keep is not None:
-            return self._keep
-        if i == 6:
-            if self._prefix is None:
-                torch = _torch()
-                # recv_off is [R][C+1]: the last entry of source i's row is where its rows end, which
-                # is DeepEP's inclusive prefix sum over source ranks (rows grouped by source rank)
-                off = self.native.recv_offsets()  # exactly [R][C+1] values
-                r = self._keep.shape[1]
-                c1 = len(off) // r
-                if c1 * r != len(off):
-                    raise RuntimeError(f"internode handle: {len(off)} receive offsets for {r} ranks (expected a multiple)")
-                self._prefix = torch.tensor([off[i * c1 + c1 - 1] for i in range(r)], dtype=torch.int32, device=self._device)
-            return self._prefix
-        raise _no_channel_element("internode", _INTERNODE_HANDLE_ELEMENTS, i)
-
-    def __repr__(self) -> str:
-        return (f"deepep_kernels.InternodeHandle(num_tokens={self.num_tokens}, num_recv_tokens={self.num_recv_tokens}, "
-                f"hidden={self.hidden})")
-
-
-class LowLatencyHandle:
-    """The handle of a low-latency dispatch: pass it to ``low_latency_combine``. Indexable like
-    DeepEP's 5-tuple: ``[0]`` ``src_info`` (int32 ``[L, R*num_max]``: each received row's token
-    index at its source), ``[1]`` ``layout_range`` (int64 ``[L, R]``: ``begin << 32 | count`` of
-    each source's rows), ``[2]`` num_max_dispatch_tokens_per_rank, ``[3]`` hidden, ``[4]``
-    num_experts. ``[0]`` and ``[1]`` are torch-owned copies made when first indexed (they cost
-    nothing when never indexed). Self-contained as in DeepEP: while the handle is alive, the
-    dispatch that reuses its receive half first copies the routing combine needs into the handle,
-    so indexing or combining an older handle works. ValueError only where that copy could not be
-    made: the reusing dispatch ran inside a CUDA graph capture, or this dispatch's receive hook had
-    not run yet (docs/python.md); and once the low-latency buffer was destroyed or re-created (the
-    handle does not keep its memory)."""
-
-    __slots__ = ("native", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts", "num_tokens", "_device", "_copies")
-
-    def __init__(self, native, num_max: int, hidden: int, num_experts: int, device=None, num_tokens: int = 0) -> None:
-        self.native = native
-        self.num_tokens = num_tokens
-        self.num_max_dispatch_tokens_per_rank = num_max
-        self.hidden = hidden
-        self.num_experts = num_experts
-        self._device = device
-        self._copies = None  # [src_info, layout_range] once indexed
-
-    def __len__(self) -> int:
-        return len(_LL_HANDLE_ELEMENTS)
-
-    def __getitem__(self, i):
-        i = _handle_index(i, _LL_HANDLE_ELEMENTS, "low-latency")
-        if i == 2:
-            return self.num_max_dispatch_tokens_per_rank
-        if i == 3:
-            return self.hidden
-        if i == 4:
-            return self.num_experts
-        if self._copies is None:
-            self._copies = [None, None]
-        if self._copies[i] is None:
-            torch = _torch()
-            # (ptr, shape) in the dispatch's half, or in the handle's own copy once a later
-            # dispatch reused the half (ValueError when that copy could not be made)
-            ptr, shape = self.native.src_info() if i == 0 else self.native.layout_range()
-            dtype = torch.int32 if i == 0 else torch.int64
-            self._copies[i] = _view(ptr, dtype, shape, None, self._device).clone()
-            freer = self.native.copy_stream()
-            if freer is not None:
-                # the own copy is freed stream-ordered on the comm stream: order that after this read
-                _native.Event.recorded_on(_current_raw_stream(self._device.index)).wait_on(freer)
-        return self._copies[i]
+# The handles, indexable like DeepEP v1.2.1's handle tuples (python/src/handles.rs).
+Handle = _native.Handle
+InternodeHandle = _native.InternodeHandle
+LowLatencyHandle = _native.LowLatencyHandle
 
 
 class Buffer:
@@ -508,6 +314,7 @@ class Buffer:
         # torch.cuda.set_device before creating the Buffer; several ranks may share one GPU).
         self._device_index = torch.cuda.current_device()
         self._device = torch.device("cuda", self._device_index)
+        _current_raw_stream(self._device_index)  # looks torch's reader up once (_RAW_STREAM)
 
         # Where every rank runs: ranks on this host and this rank's index among them.
         where = [tuple(w) for w in all_gather_object((socket.gethostname(), self._device_index))]
@@ -540,29 +347,13 @@ class Buffer:
         self._runtime = _native.Runtime(
             self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes, self._ranks_per_gpu
         )
-        import weakref
-
-        me_ref = weakref.ref(self)
-
-        def release_ll_refs() -> None:
-            b = me_ref()
-            if b is not None:
-                b._release_ll_refs()
-
-        # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's; it
-        # calls back before re-creating so that handles and views let go of the old buffer
-        self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, release_ll_refs,
-                                       self._ranks_per_host if self._internode else 0,
+        # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's
+        self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, self._ranks_per_host if self._internode else 0,
                                        _recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
         self._next_combine_last = None
-        # Views of a low-latency dispatch's outputs, by (receive address, FP8, scale dtype), i.e. per
-        # buffer half and output format: made once (outside any CUDA-graph capture when warmed up)
-        # and reused; they hold no reference to the Rust
-        # buffer, so no view can delay the collective free of the symmetric memory.
-        self._ll_views: dict = {}
 
     # --- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -692,16 +483,10 @@ class Buffer:
         return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
 
     # --- buffer-level API --------------------------------------------------------------------
-    def _release_ll_refs(self) -> None:
-        # (the handles hold no reference to the symmetric memory: theirs refuse once it is gone)
-        self._ll_views.clear()
-
     def destroy(self) -> None:
         if not self.explicitly_destroy:
             raise RuntimeError("`explicitly_destroy` flag must be set to call destroy()")
-        rt = self._rt()
-        self._release_ll_refs()
-        rt.destroy()
+        self._rt().destroy()
         self._runtime = None
         self._comm_stream_obj = None
         self._next_combine_buffers = []
@@ -720,7 +505,7 @@ class Buffer:
         1-D ``dtype`` tensor, or its first ``size.numel()`` elements shaped ``size``."""
         shape = None if size is None else tuple(_torch().Size(size))
         ptr, count = self._rt().local_buffer(use_rdma_buffer, offset, dtype.itemsize, shape)
-        return _view(ptr, dtype, (count,) if shape is None else shape, self, self._device)
+        return _view(ptr, dtype, (count,) if shape is None else shape, self, self._device_index)
 
     # --- intranode normal mode ---------------------------------------------------------------
     @_checked
@@ -776,7 +561,7 @@ class Buffer:
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         padded = num_worst_tokens if handle is None else (handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0)
         nd = rt.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
-                         None if handle is None else handle.native, expert_alignment, config.num_sms, self._owned_outputs(padded),
+                         handle, expert_alignment, config.num_sms, self._owned_outputs(padded),
                          num_worst_tokens if handle is None else 0)
         # the native call checked every tensor (dtype, shapes against each other, contiguity,
         # device), made the NVLink buffer for this hidden (collectively, when it changed) and
@@ -787,7 +572,7 @@ class Buffer:
             ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
         counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
-        h = Handle(nd.handle(), hidden, keep=is_token_in_rank, device=self._device)
+        h = nd.handle(is_token_in_rank)
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
                                       recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
@@ -810,27 +595,28 @@ class Buffer:
         rows = num_worst_tokens if num_worst_tokens else m
         dev = self._device
         scales = nd.recv_scales
+        di = self._device_index
         if views and (self._dispatch_views or nd.in_arena):
             if rows != m:
                 raise _unsupported(f"num_worst_tokens with {DISPATCH_VIEWS_ENV}=1",
                                    "views of the NVLink buffer cannot be padded to the worst-case row count; unset it for this call's Buffer")
             # views of the receive region: valid until the next dispatch on this Buffer
-            return (_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, dev),
-                    _view(scales[0], torch.float32, (m, scales[1]), nd, dev) if scales is not None else None,
-                    _view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, dev) if k is not None else None,
-                    _view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, dev) if k is not None else None)
+            return (_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, di),
+                    _view(scales[0], torch.float32, (m, scales[1]), nd, di) if scales is not None else None,
+                    _view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, di) if k is not None else None,
+                    _view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, di) if k is not None else None)
         with self._alloc_ctx(allocate_on_comm_stream):
             recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=dev)
             recv_scales = torch.empty((rows, scales[1]), dtype=torch.float32, device=dev) if scales is not None else None
             recv_idx = torch.empty((rows, k), dtype=torch.int64, device=dev) if k is not None else None
             recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev) if k is not None else None
         with torch.cuda.stream(self._comm_torch_stream()):
-            recv_x[:m].copy_(_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, dev))
+            recv_x[:m].copy_(_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, di))
             if scales is not None:
-                recv_scales[:m].copy_(_view(scales[0], torch.float32, (m, scales[1]), nd, dev))
+                recv_scales[:m].copy_(_view(scales[0], torch.float32, (m, scales[1]), nd, di))
             if k is not None:
-                recv_idx[:m].copy_(_view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, dev))
-                recv_w[:m].copy_(_view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, dev))
+                recv_idx[:m].copy_(_view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, di))
+                recv_w[:m].copy_(_view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, di))
                 if rows > m:
                     recv_idx[m:].fill_(-1)
                     recv_w[m:].zero_()
@@ -853,7 +639,7 @@ class Buffer:
         with self._alloc_ctx(allocate_on_comm_stream):
             out = torch.empty((n, hidden), dtype=torch.bfloat16, device=self._device)
             out_w = torch.empty((n, k), dtype=torch.float32, device=self._device) if k is not None else None
-        self._rt().combine(x, handle.native, topk_weights, bias, out, out_w, config.num_sms)
+        self._rt().combine(x, handle, topk_weights, bias, out, out_w, config.num_sms)
         ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
         return out, out_w, ev
 
@@ -925,7 +711,7 @@ class Buffer:
         # the internode buffer (collective) and checks its token capacity before launching
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         nd = rt.internode_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
-                                   is_token_in_rank, None if handle is None else handle.native, expert_alignment, config.num_sms)
+                                   is_token_in_rank, handle, expert_alignment, config.num_sms)
         hidden = x.shape[1]
         if handle is not None:
             recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, 0, allocate_on_comm_stream, views=False)
@@ -939,7 +725,7 @@ class Buffer:
             counts = list(nd.num_recv_tokens_per_expert)
         else:
             counts = self._counts_from_layout(num_tokens_per_expert, expert_alignment)
-        h = InternodeHandle(nd.handle(), keep=is_token_in_rank, device=self._device)
+        h = nd.handle(is_token_in_rank)
         del nd
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                       num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
@@ -964,17 +750,17 @@ class Buffer:
         torch = _torch()
         # the native call checks x, topk_weights and bias against the handle (and its buffer)
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nc = self._rt().internode_combine(x, handle.native, topk_weights, bias)
+        nc = self._rt().internode_combine(x, handle, topk_weights, bias)
         n, hidden = handle.num_tokens, handle.hidden
         k = topk_weights.shape[1] if topk_weights is not None else None
-        dev = self._device
+        dev, di = self._device, self._device_index
         with self._alloc_ctx(allocate_on_comm_stream):
             out = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
             out_w = torch.empty((n, k), dtype=torch.float32, device=dev) if k is not None else None
         with torch.cuda.stream(self._comm_torch_stream()):
-            out.copy_(_view(nc.combined_x_ptr, torch.bfloat16, (n, hidden), nc, dev))
+            out.copy_(_view(nc.combined_x_ptr, torch.bfloat16, (n, hidden), nc, di))
             if k is not None:
-                out_w.copy_(_view(nc.combined_topk_weights_ptr, torch.float32, (n, k), nc, dev))
+                out_w.copy_(_view(nc.combined_topk_weights_ptr, torch.float32, (n, k), nc, di))
         del nc  # freed stream-ordered on the comm stream, after the copies
         ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
         return out, out_w, ev
@@ -991,11 +777,9 @@ class Buffer:
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
-        # @_checked, inlined on the two low-latency calls (they run every decode step): a recorded
-        # error first, and a failure while a fatal record is pending raises that record
-        rec = _native.take_device_error()
-        if rec is not None:
-            raise _device_error(*rec)
+        # @_checked, inlined on the two low-latency calls (they run every decode step): the native
+        # call raises a recorded device error first, and a failure while a fatal record is pending
+        # raises that record
         try:
             if dispatch_wait_recv_cost_stats is not None:
                 raise _unsupported("dispatch_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
@@ -1003,21 +787,18 @@ class Buffer:
             rt = self._runtime
             if rt is None:
                 raise RuntimeError(_DESTROYED)
-            cur = _current_raw_stream(self._device_index)
+            cur = _RAW_STREAM(self._device_index)
             # One crossing into Rust: the checks (x, topk_idx, stats: dtype, shapes, contiguity,
             # device), the buffer for these sizes (created collectively when needed), the comm stream
             # waiting for the current one, the launch and (without async_finish) the current stream
             # waiting for the comm stream, so the caller may reuse x and topk_idx right away (with a
             # hook too: the send half reads them; DeepEP launches a hooked call on the current stream
-            # itself). The stats are added on the current stream after that join (DeepEP adds them in
-            # its kernel), after the receive half with a hook; with async_finish on the comm stream
-            # before the event.
-            recv_ptr, native_handle, native_hook, n, hidden = rt.ll_dispatch(
+            # itself); the outputs are cached views of the buffer half. The stats are added on the
+            # current stream after that join (DeepEP adds them in its kernel), after the receive half
+            # with a hook; with async_finish on the comm stream before the event.
+            recv_x, recv_scales, recv_count, handle, native_hook = rt.ll_dispatch(
                 x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook, stats, cur,
                 cur if not async_finish else None)
-            views = self._ll_views.get((recv_ptr, use_fp8, use_ue8m0 and use_fp8))
-            recv_x, recv_scales, recv_count = views if views is not None else self._ll_outputs(recv_ptr, use_fp8, use_ue8m0)
-            handle = LowLatencyHandle(native_handle, num_max_dispatch_tokens_per_rank, hidden, num_experts, self._device, n)
             if return_recv_hook:
                 hook = self._make_hook(native_hook, stats, recv_count)
                 if async_finish:
@@ -1040,27 +821,6 @@ class Buffer:
             _raise_recorded_cause(e)
             raise
 
-    def _ll_outputs(self, recv_ptr: int, use_fp8: bool, use_ue8m0: bool):
-        """Views of one low-latency dispatch's outputs (made once per buffer half and format, then
-        cached). They have no owner: the memory lives as long as the low-latency buffer (until
-        destroy() or its re-creation, which drop the cached views)."""
-        key = (recv_ptr, use_fp8, use_ue8m0 and use_fp8)
-        views = self._ll_views.get(key)
-        if views is None:
-            torch = _torch()
-            shape, sc, count_ptr = self._rt().ll_output_views(recv_ptr, use_fp8, use_ue8m0)
-            shape = tuple(shape)
-            recv_x = _view(recv_ptr, torch.float8_e4m3fn if use_fp8 else torch.bfloat16, shape, None, self._device)
-            recv_scales = None
-            if sc is not None:
-                sp, sd, sshape = sc
-                phys = _view(sp, torch.int32 if sd == "int32" else torch.float32, tuple(sshape), None, self._device)
-                recv_scales = phys.transpose(1, 2)  # [L, R*num_max, S] with the last two dims column-major, as DeepEP
-            recv_count = _view(count_ptr, torch.int32, (shape[0],), None, self._device)
-            views = (recv_x, recv_scales, recv_count)
-            self._ll_views[key] = views
-        return views
-
     def _make_hook(self, native_hook, stats=None, recv_count=None) -> Callable[[], None]:
         """The receive half of a hooked call: joins the current stream both ways around the launch,
         then adds the dispatch's counts to ``stats`` (when given) on the current stream. Refuses
@@ -1080,16 +840,11 @@ class Buffer:
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
-        rec = _native.take_device_error()  # @_checked, inlined (as low_latency_dispatch)
-        if rec is not None:
-            raise _device_error(*rec)
-        try:
+        try:  # @_checked, inlined (as low_latency_dispatch)
             if use_logfmt:
                 raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
             if combine_wait_recv_cost_stats is not None:
                 raise _unsupported("combine_wait_recv_cost_stats", "the kernels record no per-peer wait times; pass None")
-            if not isinstance(handle, LowLatencyHandle):
-                raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
             zc = None
             if zero_copy:
                 # DeepEP's zero-copy combine reads the expert outputs from the buffer that
@@ -1098,24 +853,23 @@ class Buffer:
                 if zc is None:
                     raise ValueError("zero_copy=True reads the expert outputs from get_next_low_latency_combine_buffer(handle); "
                                      "call it and write the outputs there first (or pass zero_copy=False)")
-            if out is None:
-                torch = _torch()
-                out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
             rt = self._runtime
             if rt is None:
                 raise RuntimeError(_DESTROYED)
-            cur = _current_raw_stream(self._device_index)
-            # one crossing: the checks of x, topk_idx, topk_weights and out against the handle's
-            # dispatch (and of the handle's buffer), the joins and the launch
-            native_hook = rt.ll_combine(x, topk_idx, topk_weights, handle.native, out, return_recv_hook, cur,
-                                                cur if not async_finish else None, zc)
-            x = x if zc is None else zc
+            if out is None:
+                if not isinstance(handle, LowLatencyHandle):
+                    raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
+                torch = _torch()
+                out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
+            cur = _RAW_STREAM(self._device_index)
+            # one crossing: the checks of the handle, x, topk_idx, topk_weights and out against the
+            # handle's dispatch (and of the handle's buffer), the joins and the launch
+            native_hook = rt.ll_combine(x, topk_idx, topk_weights, handle, out, return_recv_hook, cur, cur if not async_finish else None, zc)
             if async_finish:
-                ev = self._end(True, (x, topk_idx, topk_weights, out), record=False)
+                ev = self._end(True, (x if zc is None else zc, topk_idx, topk_weights, out), record=False)
             else:
                 ev = _NO_EVENT
-            hook = self._make_hook(native_hook) if return_recv_hook else None
-            return out, ev, hook
+            return out, ev, self._make_hook(native_hook) if return_recv_hook else None
         except DeviceError:
             raise
         except Exception as e:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the deepep_kernels wheel (PyO3 + maturin, abi3 for CPython >= 3.9, x86_64) and,
+# Build the deepep_kernels wheel (PyO3 + maturin, abi3 for CPython >= 3.10, x86_64) and,
 # optionally, install it into a test venv and run the CPU tests.
 #
 # Usage: python/scripts/build-wheel.sh [--release|--dev] [--nvshmem-releases LIST] [--test] [--help]
@@ -19,7 +19,7 @@
 # (scripts/install-toolchain.sh; CUDA_HOME / NVSHMEM_DIR, when set, are used instead); maturin and
 # pytest and numpy (the CPU tests pass real arrays to the native checks through DLPack) at pinned
 # versions go into target/pyvenv. No torch, no libtorch, no GPU.
-# Output: target/wheels/deepep_kernels-<version>-cp39-abi3-manylinux_*_x86_64.whl (stripped)
+# Output: target/wheels/deepep_kernels-<version>-cp310-abi3-manylinux_*_x86_64.whl (stripped)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 profile=(--release)
@@ -136,7 +136,7 @@ fi
 # 4. Build.
 rm -f "$repo"/target/wheels/deepep_kernels-*.whl
 (cd python && "$venv/bin/maturin" build "${profile[@]}" --locked -o "$repo/target/wheels" "${extra_rustc[@]}")
-wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp39-abi3-*.whl)
+wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*.whl)
 echo "wheel: $wheel ($(stat -c %s "$wheel") bytes, sha256 $(sha256sum "$wheel" | cut -d' ' -f1))"
 if [ "$run_tests" = 1 ]; then
   "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"

@@ -3,7 +3,7 @@
 # no network, no Rust needed).
 #
 # Usage: python/scripts/gpu-run.sh WHEEL_OR_DIR [RANKS...]
-#   WHEEL_OR_DIR  the deepep_kernels-*-cp39-abi3-*.whl built by python/scripts/build-wheel.sh
+#   WHEEL_OR_DIR  the deepep_kernels-*-cp310-abi3-*.whl built by python/scripts/build-wheel.sh
 #                 (or the folder holding it, e.g. target/wheels)
 #   RANKS         rank counts to run (default: 2 4 8). 2 ranks use up to two GPUs; 4 and 8 ranks
 #                 run on ONE GPU (oversubscribed; DEEPEP_TEST_GPUS=1), exchanging through gloo.
@@ -27,7 +27,7 @@ py=${PYTHON:-python3}
 [ $# -ge 1 ] || { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
-  wheel=$(ls "$src"/deepep_kernels-*-cp39-abi3-*.whl 2>/dev/null | head -n1)
+  wheel=$(ls "$src"/deepep_kernels-*-cp310-abi3-*.whl 2>/dev/null | head -n1)
 else
   wheel=$src
 fi

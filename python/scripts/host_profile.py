@@ -16,16 +16,16 @@ One rank on GPU 0 (a gloo group of one). Steps:
   the native calls below;
 - ``torch x.dtype`` ... ``torch x.get_device()``: each attribute read of the attribute reader
   alone, from Python (the extension makes the same calls through the C API);
-- ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue);
+- ``device error check``: ``check_device_error()`` (the ``@_checked`` prologue; the two
+  low-latency calls make it inside their native call);
 - ``current stream``: reading torch's current raw stream;
 - ``native dispatch FP8, current stream``: the one crossing into Rust as the API makes it
-  (the kernel launched directly on the current stream);
+  (the kernel launched directly on the current stream; it returns the cached output views and
+  the handle object);
 - ``native dispatch FP8, comm stream, no joins``: launched on the comm stream, no stream join;
 - ``native dispatch FP8, comm stream + 2 joins``: DeepEP's pattern, the comm stream waits for the
   current one and the current one for the comm stream (event record + stream wait each way; the
   second join is one more crossing);
-- ``output views``: the cached torch views of the outputs;
-- ``handle object``: the Python handle;
 - ``native combine, ...``: as for dispatch;
 - ``cupy launch`` / ``cupy cooperative launch``: an empty kernel of the same grid (the SM count)
   and block (512 threads) launched through cupy, plain and cooperative: the driver's floor.
@@ -121,16 +121,10 @@ def main(argv=None):
 
         r = native_dispatch("current")()
 
-        def views():
-            buf._ll_outputs(r[0], True, False)
-
-        def handle_obj():
-            B.LowLatencyHandle(None, n, h, e, device=dev, num_tokens=n)
-
         def native_combine(mode):
             def f():
                 wf = cur if mode != "comm" else None
-                rt.ll_combine(y, idx, w, handle.native, out, False, wf, cur if mode == "current" else None)
+                rt.ll_combine(y, idx, w, handle, out, False, wf, cur if mode == "current" else None)
                 if mode == "joins":
                     rt.stream_wait_comm(cur)
             return f
@@ -165,8 +159,6 @@ def main(argv=None):
             ("native dispatch FP8, current stream", native_dispatch("current")),
             ("native dispatch FP8, comm, no joins", native_dispatch("comm")),
             ("native dispatch FP8, comm + 2 joins", native_dispatch("joins")),
-            ("output views", views),
-            ("handle object", handle_obj),
             ("native combine, current stream", native_combine("current")),
             ("native combine, comm, no joins", native_combine("comm")),
             ("native combine, comm + 2 joins", native_combine("joins")),

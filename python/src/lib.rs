@@ -20,17 +20,20 @@
 //! shared with torch without copies.
 
 mod doorway;
+mod handles;
+
+use handles::{Handle, InterHandle, LlPyHandle};
 
 use deepep_kernels::args::{self as checks, Arg, CombineDims, LlCombineDims};
 use deepep_kernels::config::{buffer_size_hint, BufferLayout, Config};
 use deepep_kernels::error::EpError;
 use deepep_kernels::internode::{self as inter, InternodeBuffer, InternodeConfig, SymLayout};
-use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Handle as IntraHandle, Layout};
-use deepep_kernels::low_latency::{LlDispatchOpts, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
+use deepep_kernels::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Layout};
+use deepep_kernels::low_latency::{LlDispatchOpts, LlHook, LlLayout, LowLatencyBuffer};
 use deepep_kernels::runtime::{self as rt, Comm, Exchange, Gpu};
 use deepep_kernels::tensor::{DType, Tensor};
 use cudarc::driver::sys;
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use std::sync::Arc;
@@ -153,53 +156,6 @@ impl Exchange for PyExchange {
     }
 }
 
-/// What a fresh or cached intranode dispatch hands to combine / the next cached dispatch.
-#[pyclass(module = "deepep_kernels._native", frozen)]
-struct Handle {
-    inner: IntraHandle,
-    runtime_id: u64,
-    /// The NVLink buffer's generation at the dispatch (a re-created buffer refuses the handle).
-    generation: u64,
-    /// Rows of the dispatch's outputs: num_worst_tokens when given, else the received count.
-    num_rows: usize,
-}
-
-#[pymethods]
-impl Handle {
-    #[getter]
-    fn num_tokens(&self) -> usize {
-        self.inner.num_tokens
-    }
-    #[getter]
-    fn num_recv_tokens(&self) -> usize {
-        self.inner.num_recv_tokens
-    }
-    #[getter]
-    fn num_topk(&self) -> usize {
-        self.inner.num_topk
-    }
-    #[getter]
-    fn num_experts(&self) -> usize {
-        self.inner.num_experts
-    }
-    #[getter]
-    fn num_rows(&self) -> usize {
-        self.num_rows
-    }
-    /// `rank_prefix_matrix` (DeepEP's first handle element) as a host list, row-major `[R, R]`.
-    fn rank_prefix_matrix(&self) -> Vec<i32> {
-        let r = (self.inner.count_matrix.len() as f64).sqrt() as usize;
-        self.inner.rank_prefix_matrix(r)
-    }
-    /// Device address of `recv_src_idx` (i32 `[M]`) and of `is_token_in_rank` (bool `[N, R]`).
-    fn recv_src_idx_ptr(&self) -> u64 {
-        self.inner.recv_src_idx.ptr()
-    }
-    fn is_token_in_rank_ptr(&self) -> u64 {
-        self.inner.is_token_in_rank.ptr()
-    }
-}
-
 /// Views of one intranode dispatch's outputs in the NVLink buffer: in an arena region while this
 /// object lives (`in_arena`), else in the fixed receive region until the next dispatch.
 #[pyclass(module = "deepep_kernels._native")]
@@ -208,6 +164,7 @@ struct NativeDispatch {
     runtime_id: u64,
     generation: u64,
     num_rows: usize,
+    device: usize,
 }
 
 #[pymethods]
@@ -243,63 +200,13 @@ impl NativeDispatch {
     fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
         self.out.num_recv_tokens_per_expert.clone()
     }
-    fn handle(&self) -> Handle {
-        Handle { inner: self.out.handle.clone(), runtime_id: self.runtime_id, generation: self.generation, num_rows: self.num_rows }
+    /// The dispatch's handle, keeping `is_token_in_rank` (the caller's layout tensor, which the
+    /// combine reads) alive.
+    fn handle(&self, is_token_in_rank: Py<PyAny>) -> Handle {
+        let hidden = self.out.recv_x.shape()[1];
+        Handle::new(self.out.handle.clone(), self.runtime_id, self.generation, self.num_rows, hidden, self.device, is_token_in_rank)
     }
 }
-
-/// The low-latency dispatch handle (self-contained: see `LlHandle`).
-#[pyclass(module = "deepep_kernels._native")]
-struct NativeLlHandle {
-    inner: LlHandle,
-    runtime_id: u64,
-    /// The low-latency buffer's generation at the dispatch.
-    generation: u64,
-}
-
-#[pymethods]
-impl NativeLlHandle {
-    #[getter]
-    fn num_tokens(&self) -> usize {
-        self.inner.num_tokens
-    }
-    #[getter]
-    fn num_topk(&self) -> usize {
-        self.inner.num_topk
-    }
-    #[getter]
-    fn hidden(&self) -> usize {
-        self.inner.hidden
-    }
-    /// (device address, shape) of DeepEP's `src_info` (i32 `[L, R·num_max]`): in the dispatch's
-    /// receive half, or in the handle's own copy once a later dispatch reused the half.
-    fn src_info(&self) -> PyResult<(u64, Vec<usize>)> {
-        self.region(self.inner.src_info())
-    }
-    /// (device address, shape) of DeepEP's `layout_range` (i64 `[L, R]`, `begin << 32 | count`).
-    fn layout_range(&self) -> PyResult<(u64, Vec<usize>)> {
-        self.region(self.inner.layout_range())
-    }
-    /// The raw stream that frees the handle's own copy (None while it reads the buffer): a reader
-    /// of `src_info()` / `layout_range()` on another stream makes it wait for that read.
-    fn copy_stream(&self) -> Option<u64> {
-        self.inner.copy_memory().map(|m| m.stream().cu_stream() as u64)
-    }
-}
-
-impl NativeLlHandle {
-    fn region(&self, t: Tensor) -> PyResult<(u64, Vec<usize>)> {
-        if self.inner.buffer_released() {
-            return Err(PyValueError::new_err("this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone"));
-        }
-        t.check_valid().map_err(|_| PyValueError::new_err(LL_HANDLE_REUSED))?;
-        Ok((t.ptr(), t.shape().to_vec()))
-    }
-}
-
-const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reused by a later dispatch before its routing could be \
-     kept (that dispatch ran inside a CUDA graph capture, or the handle's receive hook had not run yet): index the handle \
-     (handle[0], handle[1]) and combine with it before dispatching twice more, or call the hook first";
 
 /// The receive half of a low-latency call made with `return_recv_hook` (launch once).
 #[pyclass(module = "deepep_kernels._native")]
@@ -310,48 +217,6 @@ struct NativeHook {
     generation: u64,
 }
 
-/// What an internode dispatch hands to combine / the next cached dispatch.
-#[pyclass(module = "deepep_kernels._native", frozen)]
-struct InterHandle {
-    inner: inter::Handle,
-    runtime_id: u64,
-    /// The internode buffer's generation at the dispatch.
-    generation: u64,
-}
-
-#[pymethods]
-impl InterHandle {
-    #[getter]
-    fn num_tokens(&self) -> usize {
-        self.inner.num_tokens
-    }
-    #[getter]
-    fn num_recv_tokens(&self) -> usize {
-        self.inner.num_recv_tokens
-    }
-    #[getter]
-    fn num_topk(&self) -> usize {
-        self.inner.num_topk
-    }
-    #[getter]
-    fn num_experts(&self) -> usize {
-        self.inner.num_experts
-    }
-    #[getter]
-    fn hidden(&self) -> usize {
-        self.inner.hidden
-    }
-    /// Device address of `recv_src_idx` (i32 `[M]`: each received row's token index at its source).
-    fn recv_src_idx_ptr(&self) -> u64 {
-        self.inner.recv_src_idx.ptr()
-    }
-    /// `recv_off` as a host list: `[R][C+1]` first output row per source rank and channel (the
-    /// last entry of a source's row is where its rows end). Synchronises with the device.
-    fn recv_offsets(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
-        without_gil(py, || self.inner.recv_offsets()).map_err(py_err)
-    }
-}
-
 /// One internode dispatch's outputs: tensors owned by the kernels crate (stream-ordered
 /// allocations on the comm stream, freed stream-ordered there when this object drops). The
 /// Python layer copies them into torch tensors on the comm stream, then drops this object.
@@ -360,6 +225,7 @@ struct NativeInterDispatch {
     out: inter::DispatchOutput,
     runtime_id: u64,
     generation: u64,
+    device: usize,
 }
 
 #[pymethods]
@@ -389,8 +255,9 @@ impl NativeInterDispatch {
     fn num_recv_tokens_per_expert(&self) -> Vec<usize> {
         self.out.num_recv_tokens_per_expert.clone()
     }
-    fn handle(&self) -> InterHandle {
-        InterHandle { inner: self.out.handle.clone(), runtime_id: self.runtime_id, generation: self.generation }
+    /// The dispatch's handle, keeping `is_token_in_rank` (the caller's) alive.
+    fn handle(&self, is_token_in_rank: Py<PyAny>) -> InterHandle {
+        InterHandle::new(self.out.handle.clone(), self.runtime_id, self.generation, self.device, is_token_in_rank)
     }
 }
 
@@ -423,7 +290,7 @@ impl NativeInterCombine {
 macro_rules! thread_safe {
     ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
 }
-thread_safe!(Handle, NativeDispatch, NativeLlHandle, NativeHook, InterHandle, NativeInterDispatch, NativeInterCombine, Runtime);
+thread_safe!(Handle, NativeDispatch, LlPyHandle, NativeHook, InterHandle, NativeInterDispatch, NativeInterCombine, Runtime);
 
 static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -446,9 +313,9 @@ struct Runtime {
     num_nvl_bytes: usize,
     num_rdma_bytes: usize,
     low_latency_mode: bool,
-    /// Called (no arguments) before the low-latency buffer is re-created for other sizes: the
-    /// Python layer drops what refers to the old one (handles, cached views).
-    on_ll_release: Option<Py<PyAny>>,
+    /// Torch views of the low-latency outputs by (packed_recv_x address, FP8, UE8M0): see
+    /// `Runtime::ll_views`; emptied whenever the low-latency buffer goes.
+    ll_view_cache: std::collections::HashMap<(u64, bool, bool), [Py<PyAny>; 3]>,
     /// Bumped whenever the NVLink buffer is (re-)created / the low-latency buffer is re-created
     /// or destroyed: handles and hooks of an older generation are refused.
     intra_generation: u64,
@@ -476,9 +343,8 @@ fn rows_of(gpu: &Gpu, keep: &Arc<dyn std::any::Any + Send + Sync>, a: &Arg, rows
 }
 
 
-/// `(recv_x shape, scales, recv_count address)` of a low-latency dispatch's outputs, scales being
-/// None (BF16) or `(address, dtype name, physical shape)` (`Runtime::ll_output_views`).
-type LlOutputViews = (Vec<usize>, Option<(u64, String, Vec<usize>)>, u64);
+/// What `Runtime::ll_dispatch` returns: `(recv_x, recv_scales or None, recv_count, handle, hook)`.
+type LlDispatchResult = (Py<PyAny>, Py<PyAny>, Py<PyAny>, LlPyHandle, Option<NativeHook>);
 
 /// The internode configuration the Python layer asks for: `(ranks_per_host, max_tokens, hidden,
 /// num_sms, max_topk, max_local_experts)`.
@@ -525,6 +391,42 @@ fn inter_max_tokens(world: usize, d: InterDims, bytes: usize) -> usize {
 const JOIN_EVENTS: usize = 8;
 
 impl Runtime {
+    /// Torch views `[recv_x, recv_scales (None for BF16), recv_count]` of the outputs of the
+    /// low-latency dispatch whose `packed_recv_x` is at `recv_x`, made once per buffer half and
+    /// format (outside any CUDA-graph capture when warmed up) and cached. They own nothing: the
+    /// memory lives as long as the low-latency buffer, whose re-creation or destroy drops the
+    /// cache (`drop_ll_views`), so no view can delay the collective free of the symmetric memory.
+    fn ll_views(&mut self, py: Python<'_>, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<[Py<PyAny>; 3]> {
+        if let Some(v) = self.ll_view_cache.get(&(recv_x, use_fp8, use_ue8m0)) {
+            return Ok([v[0].clone_ref(py), v[1].clone_ref(py), v[2].clone_ref(py)]);
+        }
+        let device = self.device_index();
+        let ll = self.ll()?;
+        let (base, _) = ll.local_buffer();
+        let lay = ll.layout();
+        let half = recv_x
+            .checked_sub(base)
+            .and_then(|off| lay.dispatch_half_at(off))
+            .ok_or_else(|| PyRuntimeError::new_err(format!("{recv_x:#x} is not the packed_recv_x of a low-latency dispatch on this Buffer")))?;
+        let d = &lay.dispatch[half];
+        let name = |n: &str| pyo3::types::PyString::new(py, n).into_any();
+        let shape = lay.recv_x_shape().to_vec();
+        let x = handles::torch_view(py, recv_x, &name(if use_fp8 { "float8_e4m3fn" } else { "bfloat16" }), &shape, None, device)?;
+        let scales = if use_fp8 {
+            let (dtype, sshape) = lay.recv_scales_layout(use_ue8m0);
+            let phys = handles::torch_view(py, base + d.scales as u64, &name(if dtype == DType::I32 { "int32" } else { "float32" }), &sshape, None, device)?;
+            // [L, R*num_max, S] with the last two dims column-major, as DeepEP
+            phys.call_method1("transpose", (1, 2))?.unbind()
+        } else {
+            py.None()
+        };
+        let count = handles::torch_view(py, base + d.recv_count as u64, &name("int32"), &shape[..1], None, device)?;
+        let v = [x.unbind(), scales, count.unbind()];
+        let out = [v[0].clone_ref(py), v[1].clone_ref(py), v[2].clone_ref(py)];
+        self.ll_view_cache.insert((recv_x, use_fp8, use_ue8m0), v);
+        Ok(out)
+    }
+
     /// Make this rank's (primary) context current on the calling thread: PyTorch may call from
     /// threads where no CUDA call ran yet.
     fn bind(&self) -> PyResult<()> {
@@ -590,8 +492,7 @@ impl Runtime {
         self.gpu.ordinal()
     }
     /// The low-latency buffer for these sizes, created (collectively) when it is missing or was
-    /// created for others: the size check against `num_rdma_bytes` first, then the Python
-    /// layer's release callback, then the creation.
+    /// created for others: the size check against `num_rdma_bytes` first, then the creation.
     fn ensure_ll(&mut self, py: Python<'_>, num_max: usize, hidden: usize, num_experts: usize) -> PyResult<()> {
         if self.ll.is_some() && self.ll_dims == Some((num_max, hidden, num_experts)) {
             return Ok(());
@@ -602,9 +503,6 @@ impl Runtime {
         let world = self.comm.world();
         let need = LlLayout::new(world, num_experts, num_max, hidden, self.gpu.sm_count() as usize).map_err(py_err)?.total_bytes;
         checks::ll_capacity(need, self.num_rdma_bytes, num_max, hidden, num_experts, world).map_err(py_err)?;
-        if let Some(cb) = &self.on_ll_release {
-            cb.call0(py)?;
-        }
         self.ll_create(py, num_max, hidden, num_experts)
     }
     /// The NVLink buffer for rows of `hidden`: created (collectively: every rank dispatches the
@@ -718,7 +616,7 @@ impl Runtime {
             num_nvl_bytes: 0,
             num_rdma_bytes: 0,
             low_latency_mode: false,
-            on_ll_release: None,
+            ll_view_cache: Default::default(),
             intra_generation: 0,
             inter_generation: 0,
             ll_generation: 0,
@@ -729,18 +627,16 @@ impl Runtime {
         })
     }
 
-    /// The Buffer's sizes and mode, for the capacity checks; `on_ll_release` (no arguments) runs
-    /// before the low-latency buffer is re-created for other sizes.
+    /// The Buffer's sizes and mode, for the capacity checks.
     /// `ranks_per_host`: the internode mode's hosts (0 within one host); `recv_arena_bytes`: the
     /// intranode receive arena (None: twice the fixed receive region).
-    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, on_ll_release = None, ranks_per_host = 0, recv_arena_bytes = None))]
-    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, on_ll_release: Option<Py<PyAny>>, ranks_per_host: usize, recv_arena_bytes: Option<usize>) {
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, ranks_per_host = 0, recv_arena_bytes = None))]
+    fn set_buffer_sizes(&mut self, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, ranks_per_host: usize, recv_arena_bytes: Option<usize>) {
         self.ranks_per_host = ranks_per_host;
         self.recv_arena = recv_arena_bytes;
         self.num_nvl_bytes = num_nvl_bytes;
         self.num_rdma_bytes = num_rdma_bytes;
         self.low_latency_mode = low_latency_mode;
-        self.on_ll_release = on_ll_release;
     }
     /// Generation of the NVLink buffer (bumped by each `intranode_create`).
     #[getter]
@@ -953,7 +849,7 @@ impl Runtime {
                 "num_worst_tokens={num_worst_tokens} but this rank received {m} tokens; raise num_worst_tokens (at most num_ranks * num_tokens)"
             )));
         }
-        Ok(NativeDispatch { out, runtime_id: id, generation, num_rows: if num_worst_tokens > 0 { num_worst_tokens } else { m } })
+        Ok(NativeDispatch { out, runtime_id: id, generation, num_rows: if num_worst_tokens > 0 { num_worst_tokens } else { m }, device: self.device_index() })
     }
 
     /// Intranode combine of bf16 `x` (`[rows, hidden]`, rows as the handle's dispatch produced;
@@ -1123,7 +1019,7 @@ impl Runtime {
                 without_gil(py, || buf.dispatch(args)).map_err(py_err)?
             }
         };
-        Ok(NativeInterDispatch { out, runtime_id: id, generation: self.inter_generation })
+        Ok(NativeInterDispatch { out, runtime_id: id, generation: self.inter_generation, device: self.device_index() })
     }
 
     /// Internode combine of bf16 `x` (`[m, hidden]`, rows in the order and width of the
@@ -1158,6 +1054,7 @@ impl Runtime {
         }
         self.ll_dims = None;
         self.ll_generation += 1;
+        self.ll_view_cache.clear();
         let gpu = self.gpu_static();
         let comm = &self.comm;
         let b = without_gil(py, || LowLatencyBuffer::new(gpu, comm, num_max, hidden, num_experts, None)).map_err(py_err)?;
@@ -1189,9 +1086,11 @@ impl Runtime {
     /// same stream the kernel is simply launched on that stream (the same order, no event joins);
     /// otherwise on the comm stream between the two joins. Low-latency calls stay ordered among
     /// themselves whichever stream each ran on (`LowLatencyBuffer::set_stream`). `stats` (i32
-    /// `[local experts]`) is only checked here; the caller adds the counts. Returns `(recv_x
-    /// address, handle, hook, tokens, hidden)`: the outputs live at fixed places of the dispatch's buffer half,
-    /// which `ll_output_views(recv_x address, ...)` describes once (the caller caches the views).
+    /// `[local experts]`) is only checked here; the caller adds the counts. A device error a
+    /// kernel recorded is raised first (`check_device_error`). Returns `(recv_x, recv_scales,
+    /// recv_count, handle, hook)`: the outputs are torch views of fixed places of the dispatch's
+    /// buffer half, made once per half and format and cached until the buffer is destroyed or
+    /// re-created (they keep nothing alive); `recv_scales` is None for BF16.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, return_hook, stats = None, wait_for = None, join_back = None))]
     fn ll_dispatch(
@@ -1208,13 +1107,14 @@ impl Runtime {
         stats: Option<&Bound<'_, PyAny>>,
         wait_for: Option<u64>,
         join_back: Option<u64>,
-    ) -> PyResult<(u64, NativeLlHandle, Option<NativeHook>, usize, usize)> {
+    ) -> PyResult<LlDispatchResult> {
+        check_device_error(py)?;
         let a = doorway::parse_ll_dispatch(x, topk_idx, stats, num_max, num_experts, self.comm.world(), self.device_index())?;
         self.bind()?;
         self.ensure_ll(py, num_max, a.plan.hidden, num_experts)?;
         let direct = self.ll_stream(wait_for, join_back)?;
         let gpu = self.gpu_static();
-        let (id, generation) = (self.id, self.ll_generation);
+        let (id, generation, device) = (self.id, self.ll_generation, self.device_index());
         let xt = view(gpu, &self.no_owner, &a.x);
         let it = view(gpu, &self.no_owner, &a.topk_idx);
         let opts = LlDispatchOpts { use_fp8, round_scale, use_ue8m0, return_hook };
@@ -1222,34 +1122,14 @@ impl Runtime {
         if !direct {
             self.join_to(join_back)?;
         }
+        let [recv_x, recv_scales, recv_count] = self.ll_views(py, out.packed_recv_x.ptr(), use_fp8, use_ue8m0 && use_fp8)?;
         Ok((
-            out.packed_recv_x.ptr(),
-            NativeLlHandle { inner: out.handle, runtime_id: id, generation },
+            recv_x,
+            recv_scales,
+            recv_count,
+            LlPyHandle::new(out.handle, id, generation, num_max, num_experts, device),
             out.hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation }),
-            a.plan.num_tokens,
-            a.plan.hidden,
         ))
-    }
-
-    /// Where the outputs of a low-latency dispatch whose `packed_recv_x` is at `recv_x` live:
-    /// `(recv_x shape, scales, recv_count address)`, scales being None (BF16) or `(address, "float32"
-    /// or "int32", physical shape)` (`[L, H/128, R*num_max]` f32, `[L, H/512, R*num_max]` i32 UE8M0).
-    /// The memory belongs to the low-latency buffer (valid until it is destroyed or re-created).
-    fn ll_output_views(&mut self, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<LlOutputViews> {
-        let ll = self.ll()?;
-        let (base, _) = ll.local_buffer();
-        let lay = ll.layout();
-        let half = recv_x
-            .checked_sub(base)
-            .and_then(|off| lay.dispatch_half_at(off))
-            .ok_or_else(|| PyValueError::new_err(format!("{recv_x:#x} is not the packed_recv_x of a low-latency dispatch on this Buffer")))?;
-        let d = &lay.dispatch[half];
-        let scales = use_fp8.then(|| {
-            let (dtype, shape) = lay.recv_scales_layout(use_ue8m0);
-            let name = if dtype == DType::I32 { "int32" } else { "float32" };
-            (base + d.scales as u64, name.to_string(), shape.to_vec())
-        });
-        Ok((lay.recv_x_shape().to_vec(), scales, base + d.recv_count as u64))
     }
 
     /// Low-latency combine of bf16 `x` (`[L, R·num_max, hidden]`; with `zero_copy`, the buffer
@@ -1264,14 +1144,18 @@ impl Runtime {
         x: &Bound<'_, PyAny>,
         topk_idx: &Bound<'_, PyAny>,
         topk_weights: &Bound<'_, PyAny>,
-        handle: Option<PyRef<'_, NativeLlHandle>>,
+        handle: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
         return_hook: bool,
         wait_for: Option<u64>,
         join_back: Option<u64>,
         zero_copy: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<NativeHook>> {
-        let handle = handle.ok_or_else(|| PyValueError::new_err("this low-latency handle's buffer was destroyed or re-created; dispatch again"))?;
+        check_device_error(handle.py())?;
+        let handle = handle.downcast::<LlPyHandle>().map_err(|_| {
+            PyTypeError::new_err(format!("handle must come from low_latency_dispatch on this Buffer, got {}", handle.get_type().name().map(|n| n.to_string()).unwrap_or_default()))
+        })?;
+        let handle = handle.get();
         self.check_owner(handle.runtime_id, "low-latency handle")?;
         checks::ll_generation(handle.generation, self.ll_generation, "handle").map_err(py_err)?;
         let (l, rows) = {
@@ -1376,6 +1260,7 @@ impl Runtime {
         self.intra_dims = None;
         self.ll_dims = None;
         self.ll_generation += 1;
+        self.ll_view_cache.clear();
         let comm = &self.comm;
         without_gil(py, move || -> deepep_kernels::Result<()> {
             gpu.sync("destroying the buffers")?;
@@ -1402,6 +1287,7 @@ impl Runtime {
         self.intra_dims = None;
         self.ll_dims = None;
         self.ll_generation += 1;
+        self.ll_view_cache.clear();
         // every kernel of this rank ends within its wait bound; then the NVLink buffer is ours alone
         let synced = without_gil(py, || gpu.sync("destroying the buffers after a lost peer"));
         drop(intra);
@@ -1601,6 +1487,50 @@ fn take_device_error(fatal_only: bool) -> Option<(String, String)> {
     rt::gpu::take_pending_device_error().map(|(kind, e)| (kind.name().to_string(), e.to_string()))
 }
 
+/// The Python classes of recorded device errors, `(DeviceError, DeviceArgumentError,
+/// PeerTimeoutError)`: `deepep_kernels.buffer` defines them (DeviceArgumentError is also a
+/// ValueError) and registers them at import.
+static ERROR_TYPES: pyo3::sync::GILOnceCell<[Py<pyo3::types::PyType>; 3]> = pyo3::sync::GILOnceCell::new();
+
+#[pyfunction]
+fn _register_error_types(py: Python<'_>, device: Py<pyo3::types::PyType>, argument: Py<pyo3::types::PyType>, timeout: Py<pyo3::types::PyType>) {
+    let _ = ERROR_TYPES.set(py, [device, argument, timeout]);
+}
+
+/// The exception for a record of `kind` ("argument", "timeout", anything else: fatal).
+fn recorded_error(py: Python<'_>, kind: &str, msg: String) -> PyErr {
+    let Some(t) = ERROR_TYPES.get(py) else { return PyRuntimeError::new_err(msg) };
+    let i = match kind {
+        "argument" => 1,
+        "timeout" => 2,
+        _ => 0,
+    };
+    PyErr::from_type(t[i].bind(py).clone(), msg)
+}
+
+/// Raise what a kernel of this process recorded, if anything: `DeviceArgumentError` once (the
+/// record is cleared), `PeerTimeoutError` or `DeviceError` every time until the Buffer is
+/// destroyed. Every `Buffer` method calls it first (the two low-latency calls inside their native
+/// call). Outputs of an asynchronous call that recorded an error may already have been read by
+/// torch before this raises (docs/python.md, "Device-side errors").
+#[pyfunction]
+fn check_device_error(py: Python<'_>) -> PyResult<()> {
+    match rt::gpu::take_pending_device_error() {
+        Some((kind, e)) => Err(recorded_error(py, kind.name(), e.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// The exception a call that failed should raise instead, when a fatal record is pending (a host
+/// wait that ended because a kernel timed out): `PeerTimeoutError` / `DeviceError`; None otherwise.
+#[pyfunction]
+fn recorded_cause(py: Python<'_>) -> Option<PyErr> {
+    rt::gpu::pending_fatal_error().map(|e| {
+        let kind = if matches!(e, EpError::GpuTimeout { .. }) { "timeout" } else { "fatal" };
+        recorded_error(py, kind, e.to_string())
+    })
+}
+
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -1620,7 +1550,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Event>()?;
     m.add_class::<Handle>()?;
     m.add_class::<NativeDispatch>()?;
-    m.add_class::<NativeLlHandle>()?;
+    m.add_class::<LlPyHandle>()?;
     m.add_function(wrap_pyfunction!(launch_timing, m)?)?;
     m.add_class::<NativeHook>()?;
     m.add_class::<InterHandle>()?;
@@ -1641,6 +1571,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(capture, m)?)?;
     m.add_function(wrap_pyfunction!(device_error, m)?)?;
     m.add_function(wrap_pyfunction!(take_device_error, m)?)?;
+    m.add_function(wrap_pyfunction!(check_device_error, m)?)?;
+    m.add_function(wrap_pyfunction!(recorded_cause, m)?)?;
+    m.add_function(wrap_pyfunction!(_register_error_types, m)?)?;
+    m.add_function(wrap_pyfunction!(handles::py_view, m)?)?;
+    m.add_function(wrap_pyfunction!(handles::handle_elements, m)?)?;
+    m.add_class::<handles::RawRange>()?;
     m.add_function(wrap_pyfunction!(doorway::check_call, m)?)?;
     m.add_function(wrap_pyfunction!(doorway::checked_methods, m)?)?;
     m.add_function(wrap_pyfunction!(doorway::read_tensor, m)?)?;

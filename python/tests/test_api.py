@@ -238,22 +238,6 @@ def test_internode_buffer_size_helpers_invert_each_other_and_name_bad_configs():
     assert _native.internode_limits() == (8, 32, 4096)
 
 
-def test_internode_handle_indexes_like_deepeps_tuple():
-    from types import SimpleNamespace
-
-    from deepep_kernels.buffer import InternodeHandle
-
-    # the native handle needs a GPU; a stand-in with its four counters (the Python class is real)
-    native = SimpleNamespace(num_recv_tokens=3, num_tokens=2, num_topk=1, hidden=128)
-    h = InternodeHandle(native, keep="the caller's is_token_in_rank")
-    assert len(h) == 10 and h[0] == "the caller's is_token_in_rank"
-    with pytest.raises(NotImplementedError, match=r"internode handle element \[1\] \(rdma_channel_prefix_matrix\)"):
-        h[1]
-    # unpacking stops at the first element our kernels do not have, naming it
-    with pytest.raises(NotImplementedError, match="rdma_channel_prefix_matrix"):
-        tuple(h)
-
-
 def test_low_latency_size_hint_grows_with_tokens_and_rejects_bad_shapes():
     a = Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
     b = Buffer.get_low_latency_rdma_size_hint(256, 7168, 8, 256)
@@ -571,29 +555,41 @@ _BAD_ID_MSG = ("rank 0: topk_idx[37, 2] = 300 in low_latency_dispatch is not an 
 
 
 class _FakeRecord:
-    """Stands in for the host-mapped record behind _native.take_device_error (a real record needs a
-    GPU kernel: python/tests/gpu/test_errors.py covers it), with the same contract: an argument
-    record is returned once and cleared, a timeout is returned every time; fatal_only never
-    returns (or clears) an argument record."""
+    """Stands in for the host-mapped record behind _native.check_device_error and
+    _native.recorded_cause (a real record needs a GPU kernel: python/tests/gpu/test_errors.py
+    covers it), with the same contract: an argument record is raised once and cleared, a timeout
+    every time; recorded_cause (the failure path) never returns (or clears) an argument record."""
 
     def __init__(self, kind, msg):
         self.kind, self.msg = kind, msg
 
-    def __call__(self, fatal_only=False):
-        if self.kind is None or (fatal_only and self.kind == "argument"):
-            return None
-        rec = (self.kind, self.msg)
-        if self.kind == "argument":
-            self.kind = None
-        return rec
+    def _error(self):
+        return (deepep_kernels.DeviceArgumentError if self.kind == "argument" else deepep_kernels.PeerTimeoutError)(self.msg)
+
+    def check(self):
+        if self.kind is not None:
+            e = self._error()
+            if self.kind == "argument":
+                self.kind = None
+            raise e
+
+    def cause(self):
+        return None if self.kind in (None, "argument") else self._error()
+
+
+def _fake(monkeypatch, rec):
+    import deepep_kernels.buffer as b
+
+    monkeypatch.setattr(b, "check_device_error", rec.check)
+    monkeypatch.setattr(b._native, "recorded_cause", rec.cause)
 
 
 def test_buffer_calls_raise_the_recorded_timeout_first_and_every_time(monkeypatch):
     # Every communication method consults the record before anything else, even before argument
-    # checks; a timeout stays until the Buffer is destroyed.
-    import deepep_kernels.buffer as b
-
-    monkeypatch.setattr(b._native, "take_device_error", _FakeRecord("timeout", _TIMEOUT_MSG))
+    # checks; a timeout stays until the Buffer is destroyed. (The two low-latency calls check it
+    # inside their native call, which needs a GPU; here, without a runtime, they fail and the
+    # failure path raises the recorded timeout instead, chained.)
+    _fake(monkeypatch, _FakeRecord("timeout", _TIMEOUT_MSG))
     buf = object.__new__(Buffer)
     for _ in range(2):
         for name in _COMM_METHODS:
@@ -602,9 +598,7 @@ def test_buffer_calls_raise_the_recorded_timeout_first_and_every_time(monkeypatc
 
 
 def test_a_bad_id_record_is_raised_once_as_a_value_error(monkeypatch):
-    import deepep_kernels.buffer as b
-
-    monkeypatch.setattr(b._native, "take_device_error", _FakeRecord("argument", _BAD_ID_MSG))
+    _fake(monkeypatch, _FakeRecord("argument", _BAD_ID_MSG))
     buf = object.__new__(Buffer)
     with pytest.raises(deepep_kernels.DeviceArgumentError, match=r"topk_idx\[37, 2\] = 300 in low_latency_dispatch") as e:
         buf.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
@@ -627,7 +621,7 @@ def test_a_call_that_fails_while_a_timeout_is_pending_raises_the_timeout(monkeyp
         rec.kind = "timeout"
         raise RuntimeError("rank 0: host wait ended")
 
-    monkeypatch.setattr(b._native, "take_device_error", rec)
+    _fake(monkeypatch, rec)
     wrapped = b._checked(failing)
     with pytest.raises(deepep_kernels.PeerTimeoutError, match="waited 5.0 s") as e:
         wrapped(object())
@@ -636,6 +630,11 @@ def test_a_call_that_fails_while_a_timeout_is_pending_raises_the_timeout(monkeyp
     rec.kind = None
     with pytest.raises(RuntimeError, match="host wait ended"):
         b._checked(lambda self: (_ for _ in ()).throw(RuntimeError("host wait ended")))(object())
+
+
+def test_the_native_record_check_raises_nothing_without_kernels():
+    # the real functions the fakes above stand in for: no GPU, no record
+    assert _native.check_device_error() is None and _native.recorded_cause() is None
 
 
 def test_dispatch_views_setting_is_checked():
@@ -662,37 +661,25 @@ def test_recv_arena_setting_is_checked():
 
 
 # --- DeepEP handle tuples (deep_ep/buffer.py v1.2.1): element order and index rules ---------------
+# The handles are Rust classes (python/src/handles.rs, whose Rust tests cover the index rules and
+# messages); a handle itself needs a GPU dispatch (python/tests/gpu/workers.py indexes them).
 
 def test_handles_follow_deepeps_tuple_lengths_and_order():
-    from deepep_kernels import buffer as b
-
-    assert b._INTRANODE_HANDLE_ELEMENTS[0] == "rank_prefix_matrix" and len(b._INTRANODE_HANDLE_ELEMENTS) == 6
+    els = {k: _native.handle_elements(k) for k in ("intranode", "internode", "low-latency")}
+    assert els["intranode"][0] == "rank_prefix_matrix" and len(els["intranode"]) == 6
     # test_internode.py reads handle[-4] as recv_gbl_rank_prefix_sum
-    assert b._INTERNODE_HANDLE_ELEMENTS[-4] == "recv_gbl_rank_prefix_sum" and len(b._INTERNODE_HANDLE_ELEMENTS) == 10
-    assert b._LL_HANDLE_ELEMENTS[:2] == ("src_info", "layout_range") and len(b._LL_HANDLE_ELEMENTS) == 5
-
-
-def test_handle_index_rules():
+    assert els["internode"][-4] == "recv_gbl_rank_prefix_sum" and len(els["internode"]) == 10
+    assert els["low-latency"][:2] == ["src_info", "layout_range"] and len(els["low-latency"]) == 5
+    with pytest.raises(ValueError, match="unknown handle kind 'normal'"):
+        _native.handle_elements("normal")
+    # the classes are what buffer.py hands out, and Python cannot make one without a dispatch
     from deepep_kernels import buffer as b
 
-    els = b._INTRANODE_HANDLE_ELEMENTS
-    assert b._handle_index(-6, els, "intranode") == 0
-    assert b._handle_index(5, els, "intranode") == 5
-    with pytest.raises(IndexError, match="6-tuple"):
-        b._handle_index(6, els, "intranode")
-    with pytest.raises(TypeError, match="integers"):
-        b._handle_index(slice(0, 2), els, "intranode")
-    e = b._no_channel_element("intranode", els, 1)
-    assert isinstance(e, NotImplementedError) and "channel_prefix_matrix" in str(e) and "[0] rank_prefix_matrix" in str(e)
-
-
-def test_low_latency_handle_scalars_without_a_gpu():
-    from deepep_kernels.buffer import LowLatencyHandle
-
-    h = LowLatencyHandle(None, 128, 7168, 288)
-    assert len(h) == 5 and (h[2], h[3], h[4]) == (128, 7168, 288) and h[-1] == 288
-    # DeepEP's unpacking pattern works for the scalar part
-    assert tuple(h[i] for i in range(2, 5)) == (128, 7168, 288)
+    for name in ("Handle", "InternodeHandle", "LowLatencyHandle"):
+        cls = getattr(_native, name)
+        assert getattr(b, name) is cls and cls.__module__ == "deepep_kernels._native"
+        with pytest.raises(TypeError):
+            cls()
 
 
 CONFORMANCE = os.path.join(os.path.dirname(__file__), "..", "scripts", "deepep-conformance.sh")

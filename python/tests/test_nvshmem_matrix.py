@@ -374,7 +374,7 @@ def a_wheel(tmp_path):
     w = os.environ.get("DEEPEP_KERNELS_WHEEL")
     if w and os.path.isfile(w):
         return w
-    path = tmp_path / "deepep_kernels-0.1.0-cp39-abi3-linux_x86_64.whl"
+    path = tmp_path / "deepep_kernels-0.1.0-cp310-abi3-linux_x86_64.whl"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("deepep_kernels/__init__.py", "")
     return str(path)
