@@ -267,6 +267,15 @@ impl Tensor {
         Ok(t)
     }
 
+    /// The current value of this view's generation counter (None without a generation token):
+    /// owners that retire their memory for good may store a sentinel there, which this reads.
+    pub fn generation_now(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::View { generation: Some(g), .. } => Some(g.counter.load(Ordering::Acquire)),
+            _ => None,
+        }
+    }
+
     /// Error if this is a view its owner has overwritten since it was created.
     pub fn check_valid(&self) -> Result<()> {
         if let Storage::View { generation: Some(g), .. } = &self.storage {

@@ -1,26 +1,12 @@
 """``Buffer``: DeepEP v1.2.1's ``deep_ep.Buffer`` over the deepep-nix kernels.
 
 Same names, arguments, return tuples and semantics as DeepEP's ``deep_ep/buffer.py`` for what
-Megatron-LM (``fused_a2a.py``), vLLM (DeepEP all2all managers) and SGLang (DeepEP dispatcher)
-use. Differences are listed in docs/python.md; anything not supported raises
+Megatron-LM (``fused_a2a.py``), vLLM and SGLang use; anything not supported raises
 ``NotImplementedError`` naming it. The tensors go to the native module as they are, which checks
-them (dtype, shapes against each other and the handle, contiguity, device: kernels/src/args.rs)
-and sizes the buffers before anything launches; this file allocates outputs and orders streams.
-
-Streams: kernels run on the Buffer's comm stream (``get_comm_stream()``). Before each call the
-comm stream waits for ``previous_event`` or, without one, for the current stream; after it, the
-current stream waits for the comm stream unless ``async_finish`` (then the returned
-``EventOverlap`` carries the event). A low-latency call without ``async_finish`` (and every
-receive hook) launches directly on the current stream instead: the same order without the two
-event joins (host time per call; ``get_comm_stream()`` first makes the comm stream wait for such
-calls). Outputs DeepEP returns as fresh tensors are allocated with
-``torch.empty`` on the current stream (or the comm stream with ``allocate_on_comm_stream``),
-except an intranode dispatch's: the kernel writes them into a region of the receive arena that
-the returned tensors keep leased (no copy; the copy path when the arena is full or absent).
-The low-latency outputs are views of the two halves of the symmetric buffer (DeepEP's rule that
-at most two low-latency results are alive at once applies literally). When the group spans hosts
-the normal mode runs the internode family (outputs copied out of its own tensors on the comm
-stream); docs/python.md, "Internode mode".
+them (python/src/doorway.rs, kernels/src/args.rs) and sizes the buffers before anything launches;
+this file allocates outputs and orders streams. docs/python.md ("Semantics") says which stream
+each call runs on, what the outputs are (owned tensors, arena leases, views of the low-latency
+buffer halves) and how the internode mode differs.
 """
 
 from __future__ import annotations
@@ -49,70 +35,8 @@ RANKS_PER_HOST_ENV = "DEEPEP_KERNELS_RANKS_PER_HOST"
 NUM_MAX_NVL_PEERS = 8
 
 
-def ranks_per_host_from_env(world: int, environ=None) -> Optional[int]:
-    """``DEEPEP_KERNELS_RANKS_PER_HOST`` as an int (None when unset): every K consecutive ranks
-    form one (emulated) host. K must be 1..8 and divide the world size."""
-    v = (os.environ if environ is None else environ).get(RANKS_PER_HOST_ENV, "")
-    if v == "":
-        return None
-    max_k = _native.internode_limits()[0]
-    try:
-        k = int(v)
-    except ValueError:
-        k = 0
-    if k < 1 or k > max_k or world % k != 0:
-        divisors = [d for d in range(1, min(world, max_k) + 1) if world % d == 0]
-        raise ValueError(f"{RANKS_PER_HOST_ENV}={v!r} must be a number of ranks per host that divides the world size {world} "
-                         f"and is at most {max_k}: use one of {divisors}, or unset it to group ranks by their real host")
-    return k
-
-
-def host_topology(hosts: List[str], environ=None) -> Tuple[int, int]:
-    """(number of hosts, ranks per host) of ranks whose host names are ``hosts`` (index = rank),
-    or as ``DEEPEP_KERNELS_RANKS_PER_HOST`` emulates them. Ranks per host is 0 when the real
-    hosts do not hold equal blocks of consecutive ranks (the internode mode needs them)."""
-    world = len(hosts)
-    k = ranks_per_host_from_env(world, environ)
-    if k is not None:
-        return world // k, k
-    num_hosts = len(set(hosts))
-    per = world // num_hosts
-    regular = world % num_hosts == 0 and all(hosts[r] == hosts[r - r % per] for r in range(world)) and \
-        len({hosts[h * per] for h in range(num_hosts)}) == num_hosts
-    return num_hosts, per if regular else 0
-
-
-def _recv_arena_from_env(environ=None) -> Optional[int]:
-    """Bytes of the receive arena from the environment: None for "auto" (unset or empty too; the
-    binding then takes twice the fixed receive region), a byte count, or 0 (no arena)."""
-    v = (os.environ if environ is None else environ).get(RECV_ARENA_ENV)
-    if v is None or v == "" or v == "auto":
-        return None
-    try:
-        b = int(v)
-    except ValueError:
-        b = -1
-    if b < 0:
-        raise ValueError(f"{RECV_ARENA_ENV}={v!r}: use a byte count >= 0 or auto (twice the fixed receive region, also when "
-                         "unset); 0: no arena, dispatch outputs are copied out of the NVLink buffer")
-    return b
-
-
-def _dispatch_views_from_env(environ=None) -> bool:
-    v = (os.environ if environ is None else environ).get(DISPATCH_VIEWS_ENV, "0")
-    if v not in ("0", "1"):
-        raise ValueError(f"{DISPATCH_VIEWS_ENV}={v!r}: use 1 (dispatch outputs are views of the NVLink buffer, valid until the "
-                         "next dispatch on the Buffer) or 0 (torch-owned copies, DeepEP's semantics; the default)")
-    return v == "1"
-
-_DISPATCH_CONFIGS = {
-    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128), 24: (8, 288, 32, 128),
-    32: (32, 288, 32, 128), 64: (20, 288, 28, 128), 128: (20, 560, 32, 128), 144: (32, 720, 12, 128), 160: (28, 720, 12, 128),
-}
-_COMBINE_CONFIGS = {
-    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128), 24: (1, 288, 8, 128),
-    32: (1, 288, 8, 128), 64: (1, 288, 20, 128), 128: (1, 560, 12, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
-}
+# The settings above are read and checked in Rust (python/src/settings.rs), naming the fix.
+ranks_per_host_from_env = _native.ranks_per_host_from_env  # (world, environ=None) -> Optional[int]
 
 # SM count assumed by get_low_latency_rdma_size_hint when no GPU is visible (H100/H200).
 _DEFAULT_LL_GRID = 132
@@ -158,24 +82,6 @@ def _dim(t, i: int) -> Optional[int]:
         return int(t.shape[i])
     except (AttributeError, IndexError, TypeError):
         return None
-
-
-def nvshmem_env(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool, environ=None) -> dict:
-    """The NVSHMEM variables to set from DeepEP's Buffer arguments in low-latency mode. Like
-    DeepEP, P2P and the QP count overwrite the environment and ``allow_mnnvl=False`` forces
-    ``NVSHMEM_DISABLE_MNNVL=1``; ``allow_mnnvl=True`` leaves an exported value alone (DeepEP
-    leaves NVSHMEM's default, detection on, which is "0" here because the kernels crate would
-    otherwise default it to "1"; its knobs keep exported values, nvshmem/knobs.rs)."""
-    environ = os.environ if environ is None else environ
-    out = {
-        "NVSHMEM_DISABLE_P2P": "0" if allow_nvlink_for_low_latency_mode else "1",
-        "NVSHMEM_IBGDA_NUM_RC_PER_PE": str(num_qps_per_rank),
-    }
-    if not allow_mnnvl:
-        out["NVSHMEM_DISABLE_MNNVL"] = "1"
-    elif "NVSHMEM_DISABLE_MNNVL" not in environ:
-        out["NVSHMEM_DISABLE_MNNVL"] = "0"
-    return out
 
 
 class DeviceError(RuntimeError):
@@ -276,7 +182,7 @@ class Buffer:
             raise ValueError(f"num_qps_per_rank={num_qps_per_rank} must be > 0 in low-latency mode")
         if group is None and comm is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
-        self._dispatch_views = _dispatch_views_from_env()
+        self._dispatch_views = _native.dispatch_views_from_env()
         # owned intranode outputs go into the receive arena when it has room (off: copied out, the
         # path before the arena; bench.py measures both)
         self._use_arena = True
@@ -316,30 +222,18 @@ class Buffer:
         self._device = torch.device("cuda", self._device_index)
         _current_raw_stream(self._device_index)  # looks torch's reader up once (_RAW_STREAM)
 
-        # Where every rank runs: ranks on this host and this rank's index among them.
+        # Where every rank runs (python/src/settings.rs): hosts of the normal mode (the real ones, or
+        # K-rank blocks under DEEPEP_KERNELS_RANKS_PER_HOST; a group that spans hosts runs the
+        # internode family), this rank's index on its host, and the most ranks that share one GPU
+        # (on purpose, for testing: each then sizes its grids to its share of the SMs, so the
+        # waiting blocks of all fit at once).
         where = [tuple(w) for w in all_gather_object((socket.gethostname(), self._device_index))]
-        hosts = [h for h, _ in where]
-        me = hosts[self.rank]
-        local = [r for r, h in enumerate(hosts) if h == me]
-        # Hosts of the normal mode: the real ones, or K-rank blocks under DEEPEP_KERNELS_RANKS_PER_HOST.
-        self._num_hosts, self._ranks_per_host = host_topology(hosts)
-        # A group that spans hosts uses the internode (two-hop) family for the normal mode.
-        self._internode = self._num_hosts > 1 and not low_latency_mode and num_rdma_bytes > 0
-        if self._internode and self._ranks_per_host == 0:
-            raise ValueError(f"the group spans {self._num_hosts} hosts with unequal or interleaved ranks ({hosts}); the internode mode "
-                             "needs every host to hold the same number of consecutive ranks: launch the ranks host by host "
-                             f"(rank = host * ranks_per_host + local rank), or set {RANKS_PER_HOST_ENV}")
-        local_rank, local_world = local.index(self.rank), len(local)
-        # Ranks that share one GPU (on purpose, for testing: 4 or 8 ranks on 1-2 GPUs): each sizes
-        # its kernels' grids to its share of the SMs, so the waiting blocks of all fit at once.
-        self._ranks_per_gpu = max(where.count(w) for w in where)
-
+        self._num_hosts, self._ranks_per_host, self._internode, local_rank, local_world, self._ranks_per_gpu = \
+            _native.group_layout(where, self.rank, not low_latency_mode and num_rdma_bytes > 0)
         if low_latency_mode or self._internode:
-            # DeepEP sets the same NVSHMEM variables for its internode mode as for low latency
-            self._locate_nvshmem()
-            os.environ.update(nvshmem_env(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl))
-            # Refuse a host library other than the cubins' NVSHMEM release now, with the fix.
-            _native.nvshmem_host_check()
+            # DeepEP sets the same NVSHMEM variables for its internode mode as for low latency; a
+            # host library other than the cubins' NVSHMEM release is refused now, with the fix
+            _native.prepare_nvshmem(num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl)
 
         def all_gather_bytes(data: bytes) -> List[bytes]:
             return [bytes(x) for x in all_gather_object(bytes(data))]
@@ -349,29 +243,13 @@ class Buffer:
         )
         # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's
         self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, self._ranks_per_host if self._internode else 0,
-                                       _recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
+                                       _native.recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
         self._next_combine_last = None
 
     # --- helpers -----------------------------------------------------------------------------
-    @staticmethod
-    def _locate_nvshmem() -> None:
-        """Point NVSHMEM_DIR at the pip ``nvidia-nvshmem-cu13`` wheel (torch's) when unset. The
-        kernels crate then loads its host library and refuses a version other than the one the
-        cubins were linked against, naming the fix."""
-        if os.environ.get("NVSHMEM_DIR"):
-            return
-        try:
-            import nvidia.nvshmem as m  # type: ignore
-        except ImportError:
-            return
-        for d in list(getattr(m, "__path__", [])):
-            if os.path.exists(os.path.join(d, "lib", "libnvshmem_host.so.3")):
-                os.environ["NVSHMEM_DIR"] = d
-                return
-
     def _rt(self):
         # every public method checks the device error record first (@_checked), once per call
         rt = self._runtime
@@ -472,15 +350,11 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        if num_ranks not in _DISPATCH_CONFIGS:
-            raise ValueError(f"Unsupported number of EP ranks: {num_ranks} (supported: {sorted(_DISPATCH_CONFIGS)})")
-        return Config(Buffer.num_sms, *_DISPATCH_CONFIGS[num_ranks])
+        return Config(Buffer.num_sms, *_native.deepep_config(False, num_ranks))
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        if num_ranks not in _COMBINE_CONFIGS:
-            raise ValueError(f"Unsupported number of EP ranks: {num_ranks} (supported: {sorted(_COMBINE_CONFIGS)})")
-        return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
+        return Config(Buffer.num_sms, *_native.deepep_config(True, num_ranks))
 
     # --- buffer-level API --------------------------------------------------------------------
     def destroy(self) -> None:
@@ -724,26 +598,15 @@ class Buffer:
         if with_topk:
             counts = list(nd.num_recv_tokens_per_expert)
         else:
-            counts = self._counts_from_layout(num_tokens_per_expert, expert_alignment)
+            # DeepEP's num_recv_tokens_per_expert_list without top-k: from every rank's per-expert
+            # counts (gathered through the group, a host sync like the dispatch's own)
+            counts = _native.recv_counts_per_expert(self._all_gather_object([int(v) for v in num_tokens_per_expert.tolist()]),
+                                                    self.rank, expert_alignment)
         h = nd.handle(is_token_in_rank)
         del nd
         ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                       num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
-
-    def _counts_from_layout(self, num_tokens_per_expert, expert_alignment: int) -> List[int]:
-        """This rank's received tokens per local expert from every rank's ``num_tokens_per_expert``
-        (gathered through the group, a host sync like the dispatch's own), each rounded up to
-        ``expert_alignment``: DeepEP's ``num_recv_tokens_per_expert_list`` without top-k."""
-        mine = [int(v) for v in num_tokens_per_expert.tolist()]
-        local = len(mine) // self.group_size
-        all_counts = self._all_gather_object(mine)
-        lo = self.rank * local
-        out = []
-        for e in range(lo, lo + local):
-            c = sum(int(cs[e]) for cs in all_counts)
-            out.append((c + expert_alignment - 1) // expert_alignment * expert_alignment)
-        return out
 
     def _internode_combine(self, x, handle: InternodeHandle, topk_weights, bias, previous_event, async_finish: bool,
                            allocate_on_comm_stream: bool):

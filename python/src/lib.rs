@@ -21,6 +21,7 @@
 
 mod doorway;
 mod handles;
+mod settings;
 
 use handles::{Handle, InterHandle, LlPyHandle};
 
@@ -1577,6 +1578,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handles::py_view, m)?)?;
     m.add_function(wrap_pyfunction!(handles::handle_elements, m)?)?;
     m.add_class::<handles::RawRange>()?;
+    m.add_function(wrap_pyfunction!(settings::ranks_per_host_from_env, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::host_topology, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::recv_arena_from_env, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::dispatch_views_from_env, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::nvshmem_env, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::deepep_config, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::group_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::recv_counts_per_expert, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::prepare_nvshmem, m)?)?;
     m.add_function(wrap_pyfunction!(doorway::check_call, m)?)?;
     m.add_function(wrap_pyfunction!(doorway::checked_methods, m)?)?;
     m.add_function(wrap_pyfunction!(doorway::read_tensor, m)?)?;

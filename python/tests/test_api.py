@@ -199,7 +199,8 @@ def test_ranks_per_host_setting_is_validated_naming_the_fix():
 
 
 def test_host_topology_from_real_hosts_and_the_emulation():
-    from deepep_kernels.buffer import RANKS_PER_HOST_ENV, host_topology
+    from deepep_kernels.buffer import RANKS_PER_HOST_ENV
+    host_topology = _native.host_topology
 
     assert host_topology(["a"] * 4, {}) == (1, 4)
     assert host_topology(["a", "a", "b", "b"], {}) == (2, 2)
@@ -256,7 +257,7 @@ def test_buffer_constructor_checks_come_before_torch():
 
 
 def test_low_latency_flags_become_deepeps_nvshmem_variables():
-    from deepep_kernels.buffer import nvshmem_env
+    nvshmem_env = _native.nvshmem_env
 
     # vLLM passes allow_mnnvl=True; DeepEP then leaves MNNVL detection on
     assert nvshmem_env(24, True, True, {}) == {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24", "NVSHMEM_DISABLE_MNNVL": "0"}
@@ -459,6 +460,29 @@ def test_a_release_loaded_first_is_used_and_picks_its_cubins():
     assert nlibs == "1", r.stdout
 
 
+def test_prepare_nvshmem_finds_torchs_pip_nvshmem_and_sets_deepeps_variables(tmp_path):
+    # What a low-latency Buffer does before NVSHMEM starts: NVSHMEM_DIR unset, torch's pip wheel
+    # (nvidia/nvshmem/lib/libnvshmem_host.so.3) importable. A package laid out like that wheel
+    # stands in for it (CI has no torch), its library the toolchain's real one.
+    if not os.environ.get("NVSHMEM_DIR"):
+        pytest.skip("NVSHMEM_DIR is not set (the toolchain's NVSHMEM 3.4.5)")
+    pkg = tmp_path / "site" / "nvidia" / "nvshmem"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    os.symlink(os.path.join(os.environ["NVSHMEM_DIR"], "lib", "libnvshmem_host.so.3"), pkg / "lib" / "libnvshmem_host.so.3")
+    r = run_py("""
+        import os
+        import deepep_kernels._native as n
+        path, version = n.prepare_nvshmem(12, False, True)
+        print(version, os.environ["NVSHMEM_DIR"], os.environ["NVSHMEM_DISABLE_P2P"], os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"],
+              os.environ["NVSHMEM_DISABLE_MNNVL"])
+    """, {"PYTHONPATH": str(tmp_path / "site"), "NVSHMEM_DIR": "",
+          "NVSHMEM_DISABLE_MNNVL": "1"}, cwd="/")
+    assert r.returncode == 0, r.stderr
+    # allow_mnnvl=True keeps an exported NVSHMEM_DISABLE_MNNVL, as DeepEP leaves NVSHMEM's own
+    assert r.stdout.split() == ["3.4.5", str(pkg), "1", "12", "1"], r.stdout
+
+
 def test_nvshmem_host_library_missing_names_the_fix(tmp_path):
     r = run_py("""
         import deepep_kernels._native as n
@@ -638,7 +662,8 @@ def test_the_native_record_check_raises_nothing_without_kernels():
 
 
 def test_dispatch_views_setting_is_checked():
-    from deepep_kernels.buffer import DISPATCH_VIEWS_ENV, _dispatch_views_from_env
+    from deepep_kernels.buffer import DISPATCH_VIEWS_ENV
+    _dispatch_views_from_env = _native.dispatch_views_from_env
 
     assert _dispatch_views_from_env({}) is False
     assert _dispatch_views_from_env({DISPATCH_VIEWS_ENV: "1"}) is True
@@ -648,7 +673,8 @@ def test_dispatch_views_setting_is_checked():
 
 
 def test_recv_arena_setting_is_checked():
-    from deepep_kernels.buffer import RECV_ARENA_ENV, _recv_arena_from_env
+    from deepep_kernels.buffer import RECV_ARENA_ENV
+    _recv_arena_from_env = _native.recv_arena_from_env
 
     # unset, empty or auto: the binding's default size (None); 0: no arena
     assert _recv_arena_from_env({}) is None and _recv_arena_from_env({RECV_ARENA_ENV: ""}) is None

@@ -575,8 +575,6 @@ pub struct LlHandle {
     src_info: Tensor,
     layout_range: Tensor,
     copy: Arc<CopyCell>,
-    /// The generation counter of the half (`RELEASED` once the buffer is dropped).
-    counter: Arc<AtomicU64>,
 }
 
 impl LlHandle {
@@ -592,7 +590,8 @@ impl LlHandle {
     /// Whether the buffer of this handle's dispatch was dropped (destroyed or re-created) and the
     /// handle holds no copy of its routing: its `src_info` / `layout_range` are then gone.
     pub fn buffer_released(&self) -> bool {
-        self.copy.get().is_none() && self.counter.load(Ordering::Acquire) == RELEASED
+        // the views' generation counter is the half's, which the buffer's drop sets to RELEASED
+        self.copy.get().is_none() && self.src_info.generation_now() == Some(RELEASED)
     }
     /// Whether the handle reads its own copy (a later dispatch reused its half).
     pub fn is_copied(&self) -> bool {
@@ -1269,7 +1268,6 @@ impl LowLatencyBuffer<'_> {
             src_info: self.view_kept(self.no_owner.clone(), d.src_info, DType::I32, &[l, rnm], half, generation),
             layout_range: self.view_kept(self.no_owner.clone(), d.layout_range, DType::I64, &[l, lay.num_ranks], half, generation),
             copy: copy.clone(),
-            counter: self.generations[half].clone(),
         };
         self.live[half] = Arc::downgrade(&copy);
         self.recv_pending[half] = opts.return_hook;
