@@ -519,37 +519,22 @@ class Buffer:
 
     # --- internode normal mode (the group spans hosts) ---------------------------------------
     def _internode_layout(self, topk_idx, num_experts: int, previous_event, async_finish: bool, allocate_on_comm_stream: bool):
-        """DeepEP's layout for a group that spans hosts, computed with torch on the comm stream (no
-        host sync): per rank, per host (``num_tokens_per_rdma_rank``), per expert, and the
-        token-to-rank mask. The internode dispatch recomputes its routing from ``topk_idx`` in its
-        notify kernel; these tensors are for the caller (and are checked by dispatch)."""
+        """DeepEP's layout for a group that spans hosts, on the comm stream (no host sync): the
+        layout kernel (which checks topk_idx, and drops and reports ids that point nowhere) writes
+        the per-rank and per-expert counts and the token-to-rank mask; the per-host counts
+        (``num_tokens_per_rdma_rank``) come from the mask. The internode dispatch recomputes its
+        routing from ``topk_idx``; these tensors are for the caller (and are checked by dispatch)."""
         torch = _torch()
-        r, nh = self.group_size, self._num_hosts
-        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % r != 0:
-            raise ValueError(f"num_experts={num_experts!r} must be a positive multiple of the {r} ranks")
-        n = _dim(topk_idx, 0) or 0
-        local = num_experts // r
-        self._rt()
+        r, nh, n, dev = self.group_size, self._num_hosts, _dim(topk_idx, 0) or 0, self._device
+        rt = self._rt()
         self._begin(previous_event, async_finish, allocate_on_comm_stream)
         with self._alloc_ctx(allocate_on_comm_stream):
-            per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
-            per_host = torch.empty((nh,), dtype=torch.int32, device=self._device)
-            per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
-            in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
-        # topk_idx through the same native checks as the intranode layout's
-        _native.check_call("get_dispatch_layout", {"world": r, "num_experts": num_experts, "device": self._device_index}, topk_idx,
-                           per_rank, per_expert, in_rank)
+            per_rank, per_host = torch.empty((r,), dtype=torch.int32, device=dev), torch.empty((nh,), dtype=torch.int32, device=dev)
+            per_expert = torch.empty((max(num_experts, 0),), dtype=torch.int32, device=dev)
+            in_rank = torch.empty((n, r), dtype=torch.bool, device=dev)
+        rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank)
         with torch.cuda.stream(self._comm_torch_stream()):
-            valid = topk_idx >= 0
-            # column r collects the unused (-1) slots and is dropped
-            dest = torch.where(valid, topk_idx // local, torch.full_like(topk_idx, r))
-            mask = torch.zeros((n, r + 1), dtype=torch.bool, device=self._device)
-            mask.scatter_(1, dest, True)
-            in_rank.copy_(mask[:, :r])
-            per_rank.copy_(in_rank.sum(0))
             per_host.copy_(in_rank.view(n, nh, r // nh).any(2).sum(0))
-            per_expert.zero_()
-            per_expert.scatter_add_(0, torch.where(valid, topk_idx, torch.zeros_like(topk_idx)).flatten(), valid.flatten().to(torch.int32))
         ev = self._end(async_finish, (topk_idx, per_rank, per_host, per_expert, in_rank))
         return per_rank, per_host, per_expert, in_rank, ev
 

@@ -738,7 +738,12 @@ impl Runtime {
             num_tokens: a.topk_idx.shape[0],
             num_experts,
         };
-        self.intra()?.dispatch_layout_into(&t, &layout).map_err(py_err)
+        match self.intra.as_mut() {
+            Some(b) => b.dispatch_layout_into(&t, &layout),
+            // the internode mode has no NVLink buffer: the layout kernel alone
+            None => intranode::dispatch_layout_on(gpu, &t, &layout, r),
+        }
+        .map_err(py_err)
     }
 
     /// Intranode dispatch on the comm stream of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with

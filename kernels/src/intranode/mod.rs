@@ -453,38 +453,7 @@ impl<'g> Buffer<'g> {
     /// and the three tensors' shapes must match `topk_idx`): i32 `[R]`, i32 `[E]`, bool `[N, R]`.
     pub fn dispatch_layout_into(&mut self, topk_idx: &Tensor, out: &Layout) -> Result<()> {
         self.check_usable()?;
-        topk_idx.check_valid()?;
-        let num_experts = out.num_experts;
-        let plan = checks::check_layout(topk_idx.info(), num_experts, self.num_ranks)?;
-        for (name, t, dtype, shape) in [
-            ("num_tokens_per_rank", &out.num_tokens_per_rank, DType::I32, vec![self.num_ranks]),
-            ("num_tokens_per_expert", &out.num_tokens_per_expert, DType::I32, vec![num_experts]),
-            ("is_token_in_rank", &out.is_token_in_rank, DType::Bool, vec![plan.num_tokens, self.num_ranks]),
-        ] {
-            t.check_valid()?;
-            if t.dtype() != dtype || t.shape() != shape.as_slice() || !t.is_contiguous() || out.num_tokens != plan.num_tokens {
-                return Err(EpError::InvalidArgument(format!(
-                    "dispatch_layout_into: {name} must be a contiguous {} tensor of shape {shape:?} for {} tokens, got {} {:?}",
-                    dtype.name(),
-                    plan.num_tokens,
-                    t.dtype().name(),
-                    t.shape()
-                )));
-            }
-        }
-        let (per_rank, per_expert, in_rank) = (&out.num_tokens_per_rank, &out.num_tokens_per_expert, &out.is_token_in_rank);
-        let grid = (num_experts.div_ceil(LAYOUT_EXPERTS_PER_BLOCK) + 1) as u32;
-        let args = crate::args![
-            topk_idx.ptr(),
-            plan.num_tokens as i32,
-            plan.num_topk as i32,
-            num_experts as i32,
-            self.num_ranks as i32,
-            per_rank.ptr(),
-            per_expert.ptr(),
-            in_rank.ptr()
-        ];
-        self.gpu.launch(&self.kernels.layout, &LaunchCfg::new(grid, LAYOUT_THREADS), args)
+        launch_layout(self.gpu, &self.kernels.layout, topk_idx, out, self.num_ranks)
     }
 
     /// Dispatch (see module docs). Validates everything before launching anything.
@@ -806,3 +775,46 @@ unsafe impl crate::runtime::Pod for ffi::IntranodeArgs {}
 unsafe impl crate::runtime::Pod for ffi::NotifyParams {}
 unsafe impl crate::runtime::Pod for ffi::DispatchParams {}
 unsafe impl crate::runtime::Pod for ffi::CombineParams {}
+
+/// The layout kernel alone, without an NVLink buffer (the internode mode has none): DeepEP's
+/// `get_dispatch_layout` of `topk_idx` for `num_ranks` ranks into `out` on `gpu`'s stream, ids
+/// outside `[-1, E)` dropped and recorded (raised by the next call) as by
+/// [`Buffer::dispatch_layout_into`].
+pub fn dispatch_layout_on(gpu: &Gpu, topk_idx: &Tensor, out: &Layout, num_ranks: usize) -> Result<()> {
+    launch_layout(gpu, &gpu.kernel("layout", "ep_layout")?, topk_idx, out, num_ranks)
+}
+
+fn launch_layout(gpu: &Gpu, kernel: &Kernel, topk_idx: &Tensor, out: &Layout, num_ranks: usize) -> Result<()> {
+    topk_idx.check_valid()?;
+    let num_experts = out.num_experts;
+    let plan = checks::check_layout(topk_idx.info(), num_experts, num_ranks)?;
+    for (name, t, dtype, shape) in [
+        ("num_tokens_per_rank", &out.num_tokens_per_rank, DType::I32, vec![num_ranks]),
+        ("num_tokens_per_expert", &out.num_tokens_per_expert, DType::I32, vec![num_experts]),
+        ("is_token_in_rank", &out.is_token_in_rank, DType::Bool, vec![plan.num_tokens, num_ranks]),
+    ] {
+        t.check_valid()?;
+        if t.dtype() != dtype || t.shape() != shape.as_slice() || !t.is_contiguous() || out.num_tokens != plan.num_tokens {
+            return Err(EpError::InvalidArgument(format!(
+                "dispatch_layout_into: {name} must be a contiguous {} tensor of shape {shape:?} for {} tokens, got {} {:?}",
+                dtype.name(),
+                plan.num_tokens,
+                t.dtype().name(),
+                t.shape()
+            )));
+        }
+    }
+    let (per_rank, per_expert, in_rank) = (&out.num_tokens_per_rank, &out.num_tokens_per_expert, &out.is_token_in_rank);
+    let grid = (num_experts.div_ceil(LAYOUT_EXPERTS_PER_BLOCK) + 1) as u32;
+    let args = crate::args![
+        topk_idx.ptr(),
+        plan.num_tokens as i32,
+        plan.num_topk as i32,
+        num_experts as i32,
+        num_ranks as i32,
+        per_rank.ptr(),
+        per_expert.ptr(),
+        in_rank.ptr()
+    ];
+    gpu.launch(kernel, &LaunchCfg::new(grid, LAYOUT_THREADS), args)
+}

@@ -200,6 +200,39 @@ def combine_ignores_bad_ids(rank, world, group):
     buf.destroy()
 
 
+def internode_layout_bad_ids(rank, world, group):
+    """get_dispatch_layout of the internode mode (hosts of one rank emulated) with ids that point
+    nowhere, far past num_experts and -2: the layout kernel counts them as -1 (the per-host counts
+    from its mask too), the next call raises once, and a clean layout follows."""
+    import os
+
+    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = "1"
+    num_experts = LOCAL_EXPERTS * world
+    rdma = Buffer.get_dispatch_config(world).get_rdma_buffer_size_hint(HIDDEN * 2, world)
+    buf = Buffer(group, 0, rdma, explicitly_destroy=True)
+    assert buf._internode
+    dev = _dev()
+    value = num_experts + 5 * LOCAL_EXPERTS  # a destination rank far outside the group
+    _, idx, _ = make_routing(rank, world, 40, num_experts, seed=14)
+    bad, dropped = _with_bad_ids(idx, value)
+    per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(bad.to(dev), num_experts)
+    torch.cuda.synchronize()  # the kernel completed (no trap, no CUDA error)
+    want_rank, want_expert, want_in = expected_layout(dropped, world, num_experts)
+    assert torch.equal(per_rank.cpu(), want_rank), (per_rank.cpu(), want_rank)
+    assert torch.equal(per_host.cpu(), want_rank), (per_host.cpu(), want_rank)  # hosts of one rank
+    assert torch.equal(per_expert.cpu(), want_expert), (per_expert.cpu(), want_expert)
+    assert torch.equal(in_rank.cpu(), want_in)
+    _expect_argument_error("get_dispatch_layout", value, num_experts, lambda: buf.get_dispatch_layout(idx.to(dev), num_experts))
+    per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(idx.to(dev), num_experts)
+    want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
+    check_equal("clean internode num_tokens_per_rank", per_rank, want_rank)
+    check_equal("clean internode num_tokens_per_rdma_rank", per_host, want_rank)
+    check_equal("clean internode num_tokens_per_expert", per_expert, want_expert)
+    check_equal("clean internode is_token_in_rank", in_rank, want_in)
+    check_device_error()
+    buf.destroy()
+
+
 def internode_dispatch_bad_id(rank, world, group):
     """The internode (two-hop) dispatch, hosts emulated (one rank per host), with a valid layout
     and a topk_idx holding ids that point nowhere: its notify kernel recomputes the routing from

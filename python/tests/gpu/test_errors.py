@@ -1,5 +1,5 @@
 """GPU tests of the device-side errors that keep the CUDA context: routing ids that point nowhere
-(< -1 or >= num_experts) in get_dispatch_layout, the intranode and internode dispatch and the
+(< -1 or >= num_experts) in get_dispatch_layout (intranode and internode), the intranode and internode dispatch and the
 low-latency dispatch are dropped, reported once as DeviceArgumentError by the next call, and the Buffer keeps
 working (errors_workers.py). At 2 ranks (every rank passes the bad input); run by
 python/scripts/gpu-run.sh with the other GPU tests. The peer-timeout case is
@@ -24,6 +24,11 @@ def test_layout_drops_and_reports_ids_out_of_range():
 
 def test_intranode_dispatch_drops_and_reports_a_bad_topk_idx_with_a_valid_layout():
     harness.run(errors_workers.intranode_dispatch_bad_id)
+
+
+def test_internode_layout_drops_and_reports_ids_out_of_range():
+    # hosts of one rank; an id whose destination rank is far outside the group, then -2
+    harness.run(errors_workers.internode_layout_bad_ids)
 
 
 def test_internode_dispatch_drops_and_reports_a_bad_topk_idx_with_a_valid_layout():
