@@ -135,6 +135,15 @@ pub(crate) fn torch_view<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAn
     t.call_method1("view", (dtype,))?.call_method1("view", (shape.to_vec(),))
 }
 
+/// A torch int32 tensor of `values` on CUDA device `device` (a copy).
+fn int32_tensor(py: Python<'_>, values: Vec<i32>, device: usize) -> PyResult<Bound<'_, PyAny>> {
+    let torch = torch(py)?;
+    let kw = PyDict::new(py);
+    kw.set_item("dtype", torch.getattr("int32")?)?;
+    kw.set_item("device", torch.getattr("device")?.call1(("cuda", device))?)?;
+    torch.getattr("tensor")?.call((values,), Some(&kw))
+}
+
 /// `view(ptr, dtype, shape, owner, device)`: [`torch_view`] for the Python layer.
 #[pyfunction]
 #[pyo3(name = "view", signature = (ptr, dtype, shape, owner, device))]
@@ -217,12 +226,7 @@ impl Handle {
                 .prefix
                 .get_or_try_init(py, || -> PyResult<Py<PyAny>> {
                     let r = (me.inner.count_matrix.len() as f64).sqrt() as usize;
-                    let flat = me.inner.rank_prefix_matrix(r);
-                    let torch = torch(py)?;
-                    let kw = PyDict::new(py);
-                    kw.set_item("dtype", torch.getattr("int32")?)?;
-                    kw.set_item("device", torch.getattr("device")?.call1(("cuda", me.device))?)?;
-                    Ok(torch.getattr("tensor")?.call((flat,), Some(&kw))?.call_method1("view", (r, r))?.unbind())
+                    Ok(int32_tensor(py, me.inner.rank_prefix_matrix(r), me.device)?.call_method1("view", (r, r))?.unbind())
                 })
                 .map(|t| t.clone_ref(py)),
             3 => {
@@ -301,11 +305,7 @@ impl InterHandle {
                         PyValueError::new_err(format!("internode handle: {} receive offsets for {r} ranks (expected a multiple)", off.len()))
                     })?;
                     let sums: Vec<i32> = (0..r).map(|i| off[i * c1 + c1 - 1]).collect();
-                    let torch = torch(py)?;
-                    let kw = PyDict::new(py);
-                    kw.set_item("dtype", torch.getattr("int32")?)?;
-                    kw.set_item("device", torch.getattr("device")?.call1(("cuda", me.device))?)?;
-                    Ok(torch.getattr("tensor")?.call((sums,), Some(&kw))?.unbind())
+                    Ok(int32_tensor(py, sums, me.device)?.unbind())
                 })
                 .map(|t| t.clone_ref(py)),
             i => Err(no_channel_element("internode", &INTERNODE_ELEMENTS, i)),

@@ -200,17 +200,24 @@ def combine_ignores_bad_ids(rank, world, group):
     buf.destroy()
 
 
+def _internode_buffer(world, group):
+    """A Buffer in the internode mode, hosts of one rank emulated (DEEPEP_KERNELS_RANKS_PER_HOST=1)."""
+    import os
+
+    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = "1"
+    os.environ["DEEPEP_KERNELS_MAX_TOKENS"] = "256"
+    rdma = Buffer.get_dispatch_config(world).get_rdma_buffer_size_hint(HIDDEN * 2, world)
+    buf = Buffer(group, 0, rdma, explicitly_destroy=True)
+    assert buf._internode
+    return buf
+
+
 def internode_layout_bad_ids(rank, world, group):
     """get_dispatch_layout of the internode mode (hosts of one rank emulated) with ids that point
     nowhere, far past num_experts and -2: the layout kernel counts them as -1 (the per-host counts
     from its mask too), the next call raises once, and a clean layout follows."""
-    import os
-
-    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = "1"
     num_experts = LOCAL_EXPERTS * world
-    rdma = Buffer.get_dispatch_config(world).get_rdma_buffer_size_hint(HIDDEN * 2, world)
-    buf = Buffer(group, 0, rdma, explicitly_destroy=True)
-    assert buf._internode
+    buf = _internode_buffer(world, group)
     dev = _dev()
     value = num_experts + 5 * LOCAL_EXPERTS  # a destination rank far outside the group
     _, idx, _ = make_routing(rank, world, 40, num_experts, seed=14)
@@ -238,14 +245,8 @@ def internode_dispatch_bad_id(rank, world, group):
     and a topk_idx holding ids that point nowhere: its notify kernel recomputes the routing from
     topk_idx, drops the bad selections, records the first one; rows go where the clean routing
     says; the next call (the combine) raises once; then a valid round matches."""
-    import os
-
-    os.environ["DEEPEP_KERNELS_RANKS_PER_HOST"] = "1"
-    os.environ["DEEPEP_KERNELS_MAX_TOKENS"] = "256"
     num_experts = LOCAL_EXPERTS * world
-    rdma = Buffer.get_dispatch_config(world).get_rdma_buffer_size_hint(HIDDEN * 2, world)
-    buf = Buffer(group, 0, rdma, explicitly_destroy=True)
-    assert buf._internode
+    buf = _internode_buffer(world, group)
     dev = _dev()
     n = 40 + 3 * rank
     value = num_experts + 7
