@@ -186,6 +186,9 @@ class Buffer:
         # owned intranode outputs go into the receive arena when it has room (off: copied out, the
         # path before the arena; bench.py measures both)
         self._use_arena = True
+        # the internode layout by the layout kernel where it serves the group (off: the torch path
+        # that groups of more than 8 ranks take; tests use it to run that path)
+        self._layout_kernel = True
         self._runtime = None
         self._comm_stream_obj = None
         self.explicitly_destroy = explicitly_destroy
@@ -532,8 +535,19 @@ class Buffer:
             per_rank, per_host = torch.empty((r,), dtype=torch.int32, device=dev), torch.empty((nh,), dtype=torch.int32, device=dev)
             per_expert = torch.empty((max(num_experts, 0),), dtype=torch.int32, device=dev)
             in_rank = torch.empty((n, r), dtype=torch.bool, device=dev)
-        rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank)
+        kernel = rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank, self._layout_kernel)
         with torch.cuda.stream(self._comm_torch_stream()):
+            if not kernel:
+                # a group the layout kernel does not count for (more than 8 ranks): torch ops, ids
+                # outside [0, num_experts) left out (the internode dispatch, which routes from
+                # topk_idx itself, drops and reports them)
+                valid = (topk_idx >= 0) & (topk_idx < num_experts)
+                dest = torch.where(valid, topk_idx // (num_experts // r), torch.full_like(topk_idx, r))  # column r: dropped
+                mask = torch.zeros((n, r + 1), dtype=torch.bool, device=dev)
+                mask.scatter_(1, dest, True)
+                in_rank.copy_(mask[:, :r])
+                per_rank.copy_(in_rank.sum(0))
+                per_expert.zero_().scatter_add_(0, torch.where(valid, topk_idx, 0).flatten(), valid.flatten().to(torch.int32))
             per_host.copy_(in_rank.view(n, nh, r // nh).any(2).sum(0))
         ev = self._end(async_finish, (topk_idx, per_rank, per_host, per_expert, in_rank))
         return per_rank, per_host, per_expert, in_rank, ev

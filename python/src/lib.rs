@@ -720,12 +720,22 @@ impl Runtime {
         self.intra.as_ref().and_then(|b| b.arena_usage())
     }
 
-    /// Layout counts of `topk_idx` (i64 `[n, k]`) into the caller's `num_tokens_per_rank` (i32
-    /// `[world]`), `num_tokens_per_expert` (i32 `[num_experts]`) and `is_token_in_rank` (bool
-    /// `[n, world]`), launched on the comm stream.
-    fn get_dispatch_layout(&mut self, topk_idx: &Bound<'_, PyAny>, num_experts: usize, num_tokens_per_rank: &Bound<'_, PyAny>, num_tokens_per_expert: &Bound<'_, PyAny>, is_token_in_rank: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// DeepEP's layout of `topk_idx` (i64 `[n, k]`) into the caller's `num_tokens_per_rank` (i32
+    /// `[R]`), `num_tokens_per_expert` (i32 `[E]`) and `is_token_in_rank` (bool `[n, R]`) by the
+    /// layout kernel on the comm stream; ids that point nowhere are dropped and recorded (raised by
+    /// the next call). Returns False, having launched nothing, in the internode mode when the
+    /// layout kernel cannot serve the group (it counts for 2, 4 or 8 ranks with at most
+    /// `MAX_LOCAL_EXPERTS` local experts): the caller computes the layout then; `use_kernel=False`
+    /// asks for that in any group (after the same checks), so tests can run the caller's path.
+    #[pyo3(signature = (topk_idx, num_experts, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank, use_kernel = true))]
+    fn get_dispatch_layout(&mut self, topk_idx: &Bound<'_, PyAny>, num_experts: usize, num_tokens_per_rank: &Bound<'_, PyAny>, num_tokens_per_expert: &Bound<'_, PyAny>, is_token_in_rank: &Bound<'_, PyAny>, use_kernel: bool) -> PyResult<bool> {
         let r = self.comm.world();
         let a = doorway::parse_dispatch_layout(topk_idx, (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank), num_experts, r, self.device_index())?;
+        deepep_kernels::validate::experts(num_experts, r).map_err(py_err)?;
+        let kernel_serves = deepep_kernels::validate::intranode_ranks(r).is_ok() && num_experts / r <= deepep_kernels::config::MAX_LOCAL_EXPERTS;
+        if self.intra.is_none() && !(kernel_serves && use_kernel) {
+            return Ok(false);
+        }
         self.bind()?;
         let gpu = self.gpu_static();
         let keep = self.no_owner.clone();
@@ -743,7 +753,8 @@ impl Runtime {
             // the internode mode has no NVLink buffer: the layout kernel alone
             None => intranode::dispatch_layout_on(gpu, &t, &layout, r),
         }
-        .map_err(py_err)
+        .map_err(py_err)?;
+        Ok(true)
     }
 
     /// Intranode dispatch on the comm stream of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with

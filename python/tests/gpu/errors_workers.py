@@ -215,7 +215,8 @@ def _internode_buffer(world, group):
 def internode_layout_bad_ids(rank, world, group):
     """get_dispatch_layout of the internode mode (hosts of one rank emulated) with ids that point
     nowhere, far past num_experts and -2: the layout kernel counts them as -1 (the per-host counts
-    from its mask too), the next call raises once, and a clean layout follows."""
+    from its mask too), the next call raises once, and a clean layout follows; the torch path
+    (groups over 8 ranks) leaves the same ids out without a record."""
     num_experts = LOCAL_EXPERTS * world
     buf = _internode_buffer(world, group)
     dev = _dev()
@@ -230,13 +231,24 @@ def internode_layout_bad_ids(rank, world, group):
     assert torch.equal(per_expert.cpu(), want_expert), (per_expert.cpu(), want_expert)
     assert torch.equal(in_rank.cpu(), want_in)
     _expect_argument_error("get_dispatch_layout", value, num_experts, lambda: buf.get_dispatch_layout(idx.to(dev), num_experts))
-    per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(idx.to(dev), num_experts)
-    want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
-    check_equal("clean internode num_tokens_per_rank", per_rank, want_rank)
-    check_equal("clean internode num_tokens_per_rdma_rank", per_host, want_rank)
-    check_equal("clean internode num_tokens_per_expert", per_expert, want_expert)
-    check_equal("clean internode is_token_in_rank", in_rank, want_in)
-    check_device_error()
+    for layout_kernel in (True, False):
+        # the torch path of groups the layout kernel does not serve (more than 8 ranks) leaves the
+        # bad ids out too, without a record (the internode dispatch reports them)
+        buf._layout_kernel = layout_kernel
+        if not layout_kernel:
+            per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(bad.to(dev), num_experts)
+            want_rank, want_expert, want_in = expected_layout(dropped, world, num_experts)
+            check_equal("torch path, bad ids: num_tokens_per_rank", per_rank, want_rank)
+            check_equal("torch path, bad ids: num_tokens_per_rdma_rank", per_host, want_rank)
+            check_equal("torch path, bad ids: num_tokens_per_expert", per_expert, want_expert)
+            check_equal("torch path, bad ids: is_token_in_rank", in_rank, want_in)
+        per_rank, per_host, per_expert, in_rank, _ = buf.get_dispatch_layout(idx.to(dev), num_experts)
+        want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
+        check_equal(f"clean internode num_tokens_per_rank ({layout_kernel=})", per_rank, want_rank)
+        check_equal(f"clean internode num_tokens_per_rdma_rank ({layout_kernel=})", per_host, want_rank)
+        check_equal(f"clean internode num_tokens_per_expert ({layout_kernel=})", per_expert, want_expert)
+        check_equal(f"clean internode is_token_in_rank ({layout_kernel=})", in_rank, want_in)
+        check_device_error()
     buf.destroy()
 
 
