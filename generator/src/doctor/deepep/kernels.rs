@@ -10,7 +10,7 @@
 //! ELF header holds the SM architecture. These survive stripping (they are data of the host
 //! library, not its symbols), so nothing besides the wheel's own files is needed.
 //!
-//! Which host library it loads (`Buffer._locate_nvshmem` in python/deepep_kernels/buffer.py, then
+//! Which host library it loads (`prepare_nvshmem` in python/src/settings.rs, then
 //! `HostLib::load` in kernels/src/nvshmem/binding.rs): `$NVSHMEM_DIR/lib/libnvshmem_host.so.3`
 //! when `NVSHMEM_DIR` is set and non-empty; with it unset, the `nvidia-nvshmem` wheel Python
 //! imports first (`nvidia/nvshmem` in the first site directory that has it); otherwise
