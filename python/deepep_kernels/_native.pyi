@@ -10,6 +10,9 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 Tensor = Any  # torch.Tensor, a __dlpack__ exporter, or a DLPack capsule
 
 __version__: str
+RANKS_PER_HOST_ENV: str  # the environment variables python/src/settings.rs reads
+DISPATCH_VIEWS_ENV: str
+RECV_ARENA_ENV: str
 
 class Event:
     @staticmethod

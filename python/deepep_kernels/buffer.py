@@ -24,13 +24,13 @@ from .utils import EventHandle, EventOverlap
 # dispatch (a dispatch with another hidden re-creates it, collectively).
 DEFAULT_HIDDEN_ENV = "DEEPEP_KERNELS_HIDDEN"
 # Opt-in: intranode dispatch returns views of the NVLink buffer instead of torch-owned copies.
-DISPATCH_VIEWS_ENV = "DEEPEP_KERNELS_DISPATCH_VIEWS"
+DISPATCH_VIEWS_ENV = _native.DISPATCH_VIEWS_ENV
 # Bytes of the intranode receive arena that owned dispatch outputs are written into directly (no
 # second pass): "auto" (the default: twice the fixed receive region), a byte count, or 0 (no
 # arena: the outputs are copied out of the NVLink buffer, the path before the arena).
-RECV_ARENA_ENV = "DEEPEP_KERNELS_RECV_ARENA_BYTES"
+RECV_ARENA_ENV = _native.RECV_ARENA_ENV
 # Testing on one machine: treat every K consecutive ranks as one host (internode mode on one host).
-RANKS_PER_HOST_ENV = "DEEPEP_KERNELS_RANKS_PER_HOST"
+RANKS_PER_HOST_ENV = _native.RANKS_PER_HOST_ENV
 # DeepEP's NUM_MAX_NVL_PEERS: GPUs per host assumed by Config.get_rdma_buffer_size_hint.
 NUM_MAX_NVL_PEERS = 8
 
@@ -524,7 +524,8 @@ class Buffer:
     def _internode_layout(self, topk_idx, num_experts: int, previous_event, async_finish: bool, allocate_on_comm_stream: bool):
         """DeepEP's layout for a group that spans hosts, on the comm stream (no host sync): the
         layout kernel (which checks topk_idx, and drops and reports ids that point nowhere) writes
-        the per-rank and per-expert counts and the token-to-rank mask; the per-host counts
+        the per-rank and per-expert counts and the token-to-rank mask, or, for a group it does not
+        serve (more than 8 ranks), torch ops leaving such ids out; the per-host counts
         (``num_tokens_per_rdma_rank``) come from the mask. The internode dispatch recomputes its
         routing from ``topk_idx``; these tensors are for the caller (and are checked by dispatch)."""
         torch = _torch()

@@ -119,8 +119,6 @@ def main(argv=None):
                 return r
             return f
 
-        r = native_dispatch("current")()
-
         def native_combine(mode):
             def f():
                 wf = cur if mode != "comm" else None
@@ -169,7 +167,6 @@ def main(argv=None):
             med, lo, hi, launch = timed(torch, _native, fn, a.calls, a.repeats)
             results.append({"step": name, "median_us": med, "min_us": lo, "max_us": hi, "launch_us": launch})
             print(f"{name:38s} {med:7.2f} us  [{lo:.2f}-{hi:.2f}]  {launch:6.2f} us", flush=True)
-        del r
         torch.cuda.synchronize()
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "module": deepep_kernels.__file__,
                 "shape": f"{n} x {h}, top-{k} of {e}", "calls": a.calls, "repeats": a.repeats, "comm_stream": comm}

@@ -316,11 +316,11 @@ impl InterHandle {
     }
 }
 
-pub(crate) const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reused by a later dispatch before its routing \
+const LL_HANDLE_REUSED: &str = "this low-latency handle's receive half was reused by a later dispatch before its routing \
      could be kept (that dispatch ran inside a CUDA graph capture, or the handle's receive hook had not run yet): index the handle \
      (handle[0], handle[1]) and combine with it before dispatching twice more, or call the hook first";
 
-pub(crate) const LL_HANDLE_RELEASED: &str = "this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone";
+const LL_HANDLE_RELEASED: &str = "this low-latency handle's buffer was destroyed or re-created; its src_info / layout_range are gone";
 
 /// The handle of a low-latency dispatch: pass it to `low_latency_combine`. Indexable like DeepEP's
 /// 5-tuple: `[0]` `src_info` (int32 `[L, R*num_max]`: each received row's token index at its

@@ -392,11 +392,19 @@ fn inter_max_tokens(world: usize, d: InterDims, bytes: usize) -> usize {
 const JOIN_EVENTS: usize = 8;
 
 impl Runtime {
+    /// The low-latency buffer is going (re-created, destroyed or abandoned): forget its sizes, bump
+    /// its generation (older handles and hooks are refused) and drop the cached output views.
+    fn retire_ll(&mut self) {
+        self.ll_dims = None;
+        self.ll_generation += 1;
+        self.ll_view_cache.clear();
+    }
+
     /// Torch views `[recv_x, recv_scales (None for BF16), recv_count]` of the outputs of the
     /// low-latency dispatch whose `packed_recv_x` is at `recv_x`, made once per buffer half and
     /// format (outside any CUDA-graph capture when warmed up) and cached. They own nothing: the
     /// memory lives as long as the low-latency buffer, whose re-creation or destroy drops the
-    /// cache (`drop_ll_views`), so no view can delay the collective free of the symmetric memory.
+    /// cache (`retire_ll`), so no view can delay the collective free of the symmetric memory.
     fn ll_views(&mut self, py: Python<'_>, recv_x: u64, use_fp8: bool, use_ue8m0: bool) -> PyResult<[Py<PyAny>; 3]> {
         if let Some(v) = self.ll_view_cache.get(&(recv_x, use_fp8, use_ue8m0)) {
             return Ok([v[0].clone_ref(py), v[1].clone_ref(py), v[2].clone_ref(py)]);
@@ -731,9 +739,10 @@ impl Runtime {
     fn get_dispatch_layout(&mut self, topk_idx: &Bound<'_, PyAny>, num_experts: usize, num_tokens_per_rank: &Bound<'_, PyAny>, num_tokens_per_expert: &Bound<'_, PyAny>, is_token_in_rank: &Bound<'_, PyAny>, use_kernel: bool) -> PyResult<bool> {
         let r = self.comm.world();
         let a = doorway::parse_dispatch_layout(topk_idx, (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank), num_experts, r, self.device_index())?;
-        deepep_kernels::validate::experts(num_experts, r).map_err(py_err)?;
         let kernel_serves = deepep_kernels::validate::intranode_ranks(r).is_ok() && num_experts / r <= deepep_kernels::config::MAX_LOCAL_EXPERTS;
         if self.intra.is_none() && !(kernel_serves && use_kernel) {
+            // the checks the layout kernel's launch would make of num_experts, for the caller's path
+            deepep_kernels::validate::experts(num_experts, r).map_err(py_err)?;
             return Ok(false);
         }
         self.bind()?;
@@ -1069,9 +1078,7 @@ impl Runtime {
         if let Some(old) = self.ll.take() {
             without_gil(py, move || drop(old));
         }
-        self.ll_dims = None;
-        self.ll_generation += 1;
-        self.ll_view_cache.clear();
+        self.retire_ll();
         let gpu = self.gpu_static();
         let comm = &self.comm;
         let b = without_gil(py, || LowLatencyBuffer::new(gpu, comm, num_max, hidden, num_experts, None)).map_err(py_err)?;
@@ -1275,9 +1282,7 @@ impl Runtime {
         let inter = self.inter.take();
         let ll = self.ll.take();
         self.intra_dims = None;
-        self.ll_dims = None;
-        self.ll_generation += 1;
-        self.ll_view_cache.clear();
+        self.retire_ll();
         let comm = &self.comm;
         without_gil(py, move || -> deepep_kernels::Result<()> {
             gpu.sync("destroying the buffers")?;
@@ -1302,9 +1307,7 @@ impl Runtime {
         let intra = self.intra.take();
         self.abandon_nvshmem_buffers(&lost);
         self.intra_dims = None;
-        self.ll_dims = None;
-        self.ll_generation += 1;
-        self.ll_view_cache.clear();
+        self.retire_ll();
         // every kernel of this rank ends within its wait bound; then the NVLink buffer is ours alone
         let synced = without_gil(py, || gpu.sync("destroying the buffers after a lost peer"));
         drop(intra);
@@ -1496,10 +1499,7 @@ fn device_error() -> Option<String> {
 #[pyo3(signature = (fatal_only = false))]
 fn take_device_error(fatal_only: bool) -> Option<(String, String)> {
     if fatal_only {
-        return rt::gpu::pending_fatal_error().map(|e| {
-            let kind = if matches!(e, EpError::GpuTimeout { .. }) { "timeout" } else { "fatal" };
-            (kind.to_string(), e.to_string())
-        });
+        return rt::gpu::pending_fatal_error().map(|e| (fatal_kind(&e).to_string(), e.to_string()));
     }
     rt::gpu::take_pending_device_error().map(|(kind, e)| (kind.name().to_string(), e.to_string()))
 }
@@ -1542,10 +1542,16 @@ fn check_device_error(py: Python<'_>) -> PyResult<()> {
 /// wait that ended because a kernel timed out): `PeerTimeoutError` / `DeviceError`; None otherwise.
 #[pyfunction]
 fn recorded_cause(py: Python<'_>) -> Option<PyErr> {
-    rt::gpu::pending_fatal_error().map(|e| {
-        let kind = if matches!(e, EpError::GpuTimeout { .. }) { "timeout" } else { "fatal" };
-        recorded_error(py, kind, e.to_string())
-    })
+    rt::gpu::pending_fatal_error().map(|e| recorded_error(py, fatal_kind(&e), e.to_string()))
+}
+
+/// The kind of a fatal record: "timeout" for an expired GPU wait, else "fatal".
+fn fatal_kind(e: &EpError) -> &'static str {
+    if matches!(e, EpError::GpuTimeout { .. }) {
+        "timeout"
+    } else {
+        "fatal"
+    }
 }
 
 /// Whether an NVIDIA driver (`libcuda`) can be loaded.
@@ -1594,6 +1600,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handles::py_view, m)?)?;
     m.add_function(wrap_pyfunction!(handles::handle_elements, m)?)?;
     m.add_class::<handles::RawRange>()?;
+    m.add("RANKS_PER_HOST_ENV", settings::RANKS_PER_HOST_ENV)?;
+    m.add("DISPATCH_VIEWS_ENV", settings::DISPATCH_VIEWS_ENV)?;
+    m.add("RECV_ARENA_ENV", settings::RECV_ARENA_ENV)?;
     m.add_function(wrap_pyfunction!(settings::ranks_per_host_from_env, m)?)?;
     m.add_function(wrap_pyfunction!(settings::host_topology, m)?)?;
     m.add_function(wrap_pyfunction!(settings::recv_arena_from_env, m)?)?;
