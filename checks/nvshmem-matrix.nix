@@ -13,7 +13,7 @@
 #     same torch.override { withNvshmem = false; } the DeepEP package then uses), numpy, pytest
 #     and pip.
 # Several ranks (2 and 4 for our tests, 2 for DeepEP's files) on however many GPUs there are, as
-# the runner does without Nix. $out holds the runner's record (record.json, results schema 1,
+# the runner does without Nix. $out holds the runner's record (record.json, results schema 2,
 # kind "nvshmem-matrix") and its logs. Needs the "cuda" system feature, like ./gpu.nix.
 #
 # nixpkgs pieces used (declarations read in NixOS/nixpkgs):

@@ -37,7 +37,7 @@ the one in DIR; it also reports the releases the wheel serves and times the firs
 NVSHMEM_REMOTE_TRANSPORT=none on a host without InfiniBand), recorded as its own row
 ("<suite>+K=V").
 
---record FILE writes a schema-1 result record (kernels/results/, kind "nvshmem-matrix"): one row
+--record FILE writes a result record (kernels/results/, schema 2, kind "nvshmem-matrix"): one row
 per suite run (suite, ranks, status pass/fail/skip, seconds, first error). --dry-run runs no GPU
 work: it checks the inputs, prints the plan and writes a record whose rows are all "skip".
 Exit status: 0 when every suite that ran passed, 1 when one failed, 2 on bad arguments.
@@ -113,7 +113,7 @@ def parse_args(argv):
     ap.add_argument("--deep-ep-files", default=" ".join(DEEPEP_TESTS), help="DeepEP test files of the deep-ep suite (default: both)")
     ap.add_argument("--retry-env", default="", help="'K=V ...': rerun each failed test run once with these variables added")
     ap.add_argument("--ranks", default="2 4", help="rank counts for our GPU tests (default: '2 4')")
-    ap.add_argument("--record", metavar="FILE", help="write the schema-1 result record here")
+    ap.add_argument("--record", metavar="FILE", help="write the result record (schema 2) here")
     ap.add_argument("--out", metavar="DIR", default=os.environ.get("OUT") or os.path.join(os.getcwd(), "matrix-logs"),
                     help="log folder (default: $OUT, else ./matrix-logs)")
     ap.add_argument("--timeout", type=int, default=300, help="limit per test run in seconds (default 300)")
@@ -329,7 +329,7 @@ def main(argv):
                     LD_LIBRARY_PATH=os.path.join(a.nvshmem, "lib") + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""))
     cmdline = "python/scripts/nvshmem-matrix.sh " + " ".join(argv)
     print("nvshmem-matrix: NVSHMEM %s from %s; suites %s; our tests at ranks %s" % (a.release, a.nvshmem, ",".join(a.suite_list), a.ranks))
-    rows, figures = [], []
+    rows, figures, notes = [], [], []
 
     if a.dry_run:
         for s in a.suite_list:
@@ -397,9 +397,11 @@ def main(argv):
             info = json.loads(m.group(1)) if m else {}
             rows.append({"suite": "preflight:one-nvshmem-per-process", "ranks": 1, "status": "pass" if code == 0 else "fail",
                          "seconds": secs, "first_error": None if code == 0 else (first_error(log) or "exit %s" % code),
-                         "detail": "host library %s (release %s, cubins %s, %d mapped); wheel serves %s%s" % (
+                         "detail": "host library %s (release %s, cubins %s, %d mapped); wheel serves %s" % (
                              info.get("path", "?"), info.get("version", "?"), info.get("device_version", "?"), len(info.get("mapped", [])),
-                             ",".join(info.get("served", [])), "; first Buffer: " + info["buffer_error"] if "buffer_error" in info else "")})
+                             ",".join(info.get("served", [])))})
+            if "buffer_error" in info:  # not the check's own result: the record's notes say it
+                notes.append("preflight's first low-latency Buffer: " + info["buffer_error"])
             if "load_ms" in info:
                 figures.append({"name": "nvshmem_host_check (load host library, select cubins), first call", "value": info["load_ms"],
                                 "unit": "ms", "baseline": None, "baseline_value": None, "note": "one process, no GPU work"})
@@ -476,7 +478,7 @@ def main(argv):
 
     for r in rows:
         print("  %-40s %4s  %-4s %7.1f s  %s" % (r["suite"], r["ranks"], r["status"], r["seconds"], r["first_error"] or r["detail"]))
-    write_record(a, rows, figures, cmdline, "", machine=a.machine or machine_text(py))
+    write_record(a, rows, figures, cmdline, " ".join(notes), machine=a.machine or machine_text(py))
     return 1 if any(r["status"] == "fail" for r in rows) else 0
 
 
@@ -523,14 +525,20 @@ if not ok:
 def write_record(a, rows, figures, cmdline, notes, machine):
     if not a.record:
         return
+    # the machine kind as scripts/results.py's machine_kind_of reads it ("1xH200"); "cpu" without a GPU
+    gpus = re.match(r"^([1-9]\d*)x\s*(?:NVIDIA\s+)?([A-Z]+\d+[A-Za-z]*)\b", machine)
     rec = {
-        "schema": 1,
+        "schema": 2,
         "kind": "nvshmem-matrix",
         "date": datetime.date.today().isoformat(),
         "commit": a.commit or commit_of_checkout() or "unknown",
         "machine": machine,
+        "machine_kind": "%sx%s" % gpus.groups() if gpus else "cpu",
         "command": cmdline,
         "nvshmem": a.release,
+        # one suite (this runner, at the rank counts its rows ran), per release: kernels/TESTING.md
+        "runs": [{"suite": "python/scripts/nvshmem-matrix.sh", "part": None,
+                  "ranks": sorted({r["ranks"] for r in rows if r["ranks"] >= 2}) or a.rank_list}],
         "results": rows,
         "figures": figures,
         "notes": notes,

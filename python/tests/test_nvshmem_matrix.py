@@ -2,7 +2,7 @@
 --help, its refusal of bad arguments, and the record its --dry-run writes) and the pairing data
 pkgs/deep-ep/pairings.json against the GPU records in kernels/results/ (no GPU, no torch).
 
-The record format is the project's results-as-data schema 1 (kind "nvshmem-matrix" here); the
+The record format is the project's results-as-data schema 2 (kind "nvshmem-matrix" here); the
 rows the runner writes per suite and test are named as in SUITE_ROWS below. A `good` pairing
 names the record that shows it (`"record": "kernels/results/<date>-nvshmem-matrix-<release>.json"`)
 and that record must show DeepEP's test of every mode the entry claims passing at that release.
@@ -48,11 +48,11 @@ def version_key(v):
 
 
 # ---------------------------------------------------------------------------------------------
-# Schema 1 of a GPU result record.
+# Schema 2 of a GPU result record.
 
 
 def _results_tool():
-    """scripts/results.py, the project's one validator of schema-1 records."""
+    """scripts/results.py, the project's one validator of result records."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("results_tool", os.path.join(REPO, "scripts", "results.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -67,7 +67,7 @@ ROW_NAME = re.compile(r"^(preflight:one-nvshmem-per-process|deep-ep:build|(ours|
 
 
 def record_problems(rec, name=None):
-    """Every way `rec` (parsed JSON) breaks schema 1 (scripts/results.py's validate, which stops at
+    """Every way `rec` (parsed JSON) breaks schema 2 (scripts/results.py's validate, which stops at
     the first problem) or the matrix's row names, as readable lines (empty: valid)."""
     tool = _results_tool()
     path = name or "%s-%s-check.json" % (rec.get("date", "0000-00-00"), rec.get("kind", "unknown")) if isinstance(rec, dict) else "record.json"
@@ -85,8 +85,9 @@ def record_problems(rec, name=None):
 
 def good_record():
     return {
-        "schema": 1, "kind": "nvshmem-matrix", "date": "2026-12-03", "commit": "a" * 40,
-        "machine": "1x NVIDIA H200", "command": "python/scripts/nvshmem-matrix.sh --nvshmem /x", "nvshmem": "3.8.0",
+        "schema": 2, "kind": "nvshmem-matrix", "date": "2026-12-03", "commit": "a" * 40,
+        "machine": "1x NVIDIA H200", "machine_kind": "1xH200", "command": "python/scripts/nvshmem-matrix.sh --nvshmem /x",
+        "nvshmem": "3.8.0", "runs": [{"suite": "python/scripts/nvshmem-matrix.sh", "part": None, "ranks": [2]}],
         "results": [
             {"suite": "deep-ep:build", "ranks": 0, "status": "pass", "seconds": 71.0, "first_error": None, "detail": ""},
             {"suite": "deep-ep:test_intranode.py", "ranks": 2, "status": "pass", "seconds": 40.0, "first_error": None, "detail": ""},
@@ -97,10 +98,10 @@ def good_record():
     }
 
 
-def test_the_record_validator_rejects_what_schema_1_does_not_allow():
+def test_the_record_validator_rejects_what_schema_2_does_not_allow():
     assert record_problems(good_record()) == []
     bad = [
-        ({"schema": 2}, "field 'schema': is 2"),
+        ({"schema": 1}, "field 'schema': is 1"),
         ({"kind": "matrix"}, "field 'kind': is \"matrix\""),
         ({"date": "3 Dec 2026"}, "not a date YYYY-MM-DD"),
         ({"commit": "abc"}, "not a full 40-hex commit"),
@@ -252,7 +253,7 @@ def test_pairings_json_good_entries_are_shown_by_their_records_and_broken_ranges
 
 
 def results_dir_problems(results):
-    """Every record file in `results` (kernels/results/) that breaks schema 1 or is not named
+    """Every record file in `results` (kernels/results/) that breaks schema 2 or is not named
     <YYYY-MM-DD>-<kind>-<slug>.json after its own date and kind."""
     problems = []
     for name in sorted(os.listdir(results)):
@@ -269,7 +270,7 @@ def results_dir_problems(results):
     return problems
 
 
-def test_every_record_in_kernels_results_is_schema_1_and_named_after_its_content():
+def test_every_record_in_kernels_results_is_schema_2_and_named_after_its_content():
     if not os.path.isdir(RESULTS):
         pytest.skip("no kernels/results/ in this checkout yet")
     problems = results_dir_problems(RESULTS)
@@ -283,13 +284,13 @@ def test_the_results_folder_check_finds_misnamed_and_invalid_records(tmp_path):
     (tmp_path / "2026-12-04-nvshmem-matrix-3.8.0.json").write_text(json.dumps(rec))
     (tmp_path / "2026-12-03-bench-3.8.0.json").write_text(json.dumps(rec))
     (tmp_path / "2026-12-03-nvshmem-matrix-.json").write_text(json.dumps(rec))
-    (tmp_path / "2026-12-03-nvshmem-matrix-x.json").write_text(json.dumps(dict(rec, schema=2)))
+    (tmp_path / "2026-12-03-nvshmem-matrix-x.json").write_text(json.dumps(dict(rec, schema=1)))
     (tmp_path / "2026-12-03-nvshmem-matrix-y.json").write_text("{")
     problems = results_dir_problems(str(tmp_path))
     for name, expect in [("2026-12-04-nvshmem-matrix-3.8.0.json", "does not match the record's date and kind"),
                          ("2026-12-03-bench-3.8.0.json", "does not match the record's date and kind"),
                          ("2026-12-03-nvshmem-matrix-.json", "file name"),
-                         ("2026-12-03-nvshmem-matrix-x.json", "field 'schema': is 2"),
+                         ("2026-12-03-nvshmem-matrix-x.json", "field 'schema': is 1"),
                          ("2026-12-03-nvshmem-matrix-y.json", "not JSON")]:
         assert any(p.startswith(name + ":") and expect in p for p in problems), (name, problems)
     assert len(problems) == 5, problems

@@ -1,10 +1,13 @@
-"""Tests of scripts/results.py (GPU results as data): the repository's own records are valid and
-every doc's rendered tables match them (the CI check), a bad record is refused with a message
-naming the file, the field and the fix, tables render as documented, and --check catches drift.
-Real files in temporary repositories; nothing is mocked."""
+"""Tests of scripts/results.py (GPU results as data): the repository's own records are valid,
+current or cited, and every doc's rendered tables match them (the CI check), a bad record is
+refused with a message naming the file, the field and the fix, tables render as documented,
+--check catches drift, and the retention rule keeps the latest record per suite and machine kind
+(by date, then commit order in git, then time; never by file name) plus the cited ones.
+Real files in temporary repositories (git ones where commit order matters); nothing is mocked."""
 
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -27,13 +30,28 @@ def run(*args):
 
 
 def record(kind="gpu-tests", date="2026-12-03", **over):
-    r = {"schema": 1, "kind": kind, "date": date, "commit": COMMIT,
-         "machine": "1x NVIDIA H200 (driver 580.159.04), CUDA 13.0", "command": "kernels/scripts/gpu-oversub.sh",
+    r = {"schema": 2, "kind": kind, "date": date, "commit": COMMIT,
+         "machine": "1x NVIDIA H200 (driver 580.159.04), CUDA 13.0", "machine_kind": "1xH200",
+         "command": "kernels/scripts/gpu-oversub.sh",
+         "runs": [{"suite": "deepep-gpu-tests", "part": None, "ranks": [2]}],
          "results": [{"suite": "deepep-gpu-tests", "ranks": 2, "status": "pass", "seconds": 41.2,
                       "first_error": None, "detail": "37 passed"}],
          "figures": [], "notes": ""}
     r.update(over)
     return r
+
+
+def git_commits(path, n):
+    """A git repository at `path` with n commits in a line; their hashes, oldest first."""
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.org")
+    git = ["git", "-C", str(path), "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    out = []
+    for i in range(n):
+        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", f"c{i}"], check=True, env=env)
+        out.append(subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip())
+    return out
 
 
 def repo(tmp_path, records, doc):
@@ -49,7 +67,10 @@ def repo(tmp_path, records, doc):
 def test_the_repository_records_are_valid_and_the_docs_match_them():
     p = run("--check")
     assert p.returncode == 0, p.stderr
-    assert "every doc's tables match the records" in p.stdout
+    assert "every record is valid, current or cited, and every doc's tables match the records" in p.stdout
+    # and nothing is left to prune
+    p = run("prune")
+    assert p.returncode == 0 and ", 0 to remove" in p.stdout, p.stdout + p.stderr
     names = os.listdir(os.path.join(REPO, "kernels", "results"))
     assert any(n.endswith(".json") for n in names)
     # each reference doc renders from the records: it holds marker blocks, and at least one row
@@ -72,6 +93,21 @@ def test_the_repository_records_are_valid_and_the_docs_match_them():
                                   "baseline_value": None, "note": ""}]), "'figures[0].value'", "write the measured number"),
     (lambda r: r.update(figures=[{"name": "x", "value": 1.0, "unit": "us", "baseline": "NCCL",
                                   "baseline_value": None, "note": ""}]), "'figures[0].baseline_value'", "set both or neither"),
+    (lambda r: r.update(schema=1), "'schema': is 1", "migrate it: add \"machine_kind\" and \"runs\""),
+    (lambda r: r.pop("runs"), "'runs': missing", "add \"runs\""),
+    (lambda r: r.update(runs=[]), "'runs': is empty", "name what the command ran"),
+    (lambda r: r["runs"][0].update(ranks=[]), "'runs[0].ranks'", "list the rank counts the command ran"),
+    (lambda r: r["runs"][0].update(ranks=[2, 2]), "'runs[0].ranks'", "list each rank count once"),
+    (lambda r: r["runs"][0].update(part=""), "'runs[0].part'", "null for a whole run"),
+    (lambda r: r["runs"][0].pop("part"), "'runs[0].part': missing", "null for part"),
+    (lambda r: r.update(runs=[r["runs"][0], dict(r["runs"][0], ranks=[4])]), "'runs[1].suite'", "give each suite one run"),
+    (lambda r: r.pop("machine_kind"), "'machine_kind': missing", "add \"machine_kind\""),
+    (lambda r: r.update(machine_kind="H200"), "'machine_kind'", "e.g. \"1xH200\""),
+    (lambda r: r.update(machine_kind="2xH200"), "but \"machine\" says 1xH200", "write \"1xH200\""),
+    (lambda r: r.update(time="25:00"), "'time'", "the UTC time the run started"),
+    (lambda r: r["results"][0].update(detail="first Buffer: RuntimeError: destroy() failed"),
+     "'results[0].detail': quotes an error in a passing row", "quote the error in \"first_error\""),
+    (lambda r: r["results"][0].update(first_error="boom"), "'results[0].first_error': is set for a pass row", "null unless the row failed"),
 ])
 def test_a_bad_record_is_refused_naming_file_field_and_fix(tmp_path, change, field, fix):
     rec = record()
@@ -107,7 +143,8 @@ def test_an_invalid_record_in_the_tree_fails_the_check(tmp_path):
 
 
 def test_rows_render_latest_per_suite_and_ranks_with_provenance(tmp_path):
-    old = record(date="2026-12-01", results=[
+    old = record(date="2026-12-01", runs=[{"suite": "deepep-gpu-tests", "part": None, "ranks": [2, 4]},
+                                          {"suite": "python/tests/gpu", "part": None, "ranks": [2]}], results=[
         {"suite": "deepep-gpu-tests", "ranks": 2, "status": "fail", "seconds": None, "first_error": "case x timed out", "detail": ""},
         {"suite": "deepep-gpu-tests", "ranks": 4, "status": "pass", "seconds": 60, "first_error": None, "detail": "40 passed"},
         {"suite": "python/tests/gpu::t", "ranks": 2, "status": "pass", "seconds": 1, "first_error": None, "detail": ""}])
@@ -193,7 +230,7 @@ def test_marker_errors_name_the_doc_and_the_fix(tmp_path):
 
 
 def test_new_writes_a_valid_record_and_refuses_a_bad_one(tmp_path):
-    p = run("new", "--kind", "gpu-tests", "--commit", COMMIT, "--machine", "1x H200", "--command", "x.sh",
+    p = run("new", "--kind", "gpu-tests", "--commit", COMMIT, "--machine", "1x NVIDIA H200", "--command", "x.sh",
             "--date", "2026-12-03", "--slug", "h200", "--out", str(tmp_path),
             "--result", "deepep-gpu-tests:8:pass:41.2:32 passed", "--result", "deepep-gpu-tests:4:fail:-:case y timed out")
     assert p.returncode == 0, p.stderr
@@ -202,9 +239,19 @@ def test_new_writes_a_valid_record_and_refuses_a_bad_one(tmp_path):
     rec = results.validate(str(path))
     assert rec["results"][0] == {"suite": "deepep-gpu-tests", "ranks": 8, "status": "pass", "seconds": 41.2,
                                  "first_error": None, "detail": "32 passed"}
+    # the run is named from the rows; the machine kind from --machine; --date given: no time
+    assert rec["runs"] == [{"suite": "deepep-gpu-tests", "part": None, "ranks": [4, 8]}]
+    assert rec["machine_kind"] == "1xH200" and "time" not in rec
     assert rec["results"][1]["first_error"] == "case y timed out" and rec["results"][1]["seconds"] is None
-    p = run("new", "--kind", "gpu-tests", "--commit", "abc", "--machine", "m", "--command", "c", "--out", str(tmp_path))
+    p = run("new", "--kind", "gpu-tests", "--commit", "abc", "--machine", "1x NVIDIA H200", "--command", "c",
+            "--suite", "deepep-gpu-tests", "--ranks", "2", "--out", str(tmp_path))
     assert p.returncode == 1 and "'commit'" in p.stderr
+    # a record that names nothing it ran, a machine whose kind cannot be read: usage errors naming the fix
+    p = run("new", "--kind", "bench", "--commit", COMMIT, "--machine", "1x NVIDIA H200", "--command", "c", "--out", str(tmp_path))
+    assert p.returncode == 2 and "names no suite; fix: pass --suite NAME --ranks R" in p.stderr
+    p = run("new", "--kind", "bench", "--commit", COMMIT, "--machine", "an H200", "--command", "c", "--suite", "b",
+            "--ranks", "1", "--out", str(tmp_path))
+    assert p.returncode == 2 and "fix: pass --machine-kind, e.g. 1xH200" in p.stderr
     assert not any(f.name != "2026-12-03-gpu-tests-h200.json" for f in tmp_path.iterdir())
 
 
@@ -235,7 +282,7 @@ ours    test_low_latency.py        4  FAIL(1)       10  ours-test_low_latency-4.
 
 def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
     (tmp_path / "gpu-ranks8.log").write_text(PYTEST_LOG)
-    p = run("from-pytest", str(tmp_path / "gpu-ranks8.log"), "--commit", COMMIT, "--machine", "1x H200",
+    p = run("from-pytest", str(tmp_path / "gpu-ranks8.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
             "--command", "python/scripts/gpu-run.sh target/wheels 8", "--date", "2026-12-03", "--slug", "h200",
             "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr
@@ -245,16 +292,17 @@ def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
          "AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows"),
         ("python/tests/gpu::test_low_latency_dispatch_combine_hooks_graphs", 8, "pass", None),
         ("python/tests/gpu::test_peer_that_stops_calling_is_reported_not_partial_rows", 8, "skip", None)]
+    assert rec["runs"] == [{"suite": "python/tests/gpu", "part": None, "ranks": [8]}] and rec["machine_kind"] == "1xH200"
     # a log without test lines is not a record
     (tmp_path / "gpu-ranks2.log").write_text("ImportError: no torch\n")
-    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "m", "--command", "c",
+    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "m", "--machine-kind", "1xH200", "--command", "c",
             "--out", str(tmp_path / "none"))
     assert p.returncode == 1 and "no test results in" in p.stderr and not (tmp_path / "none").exists()
 
 
 def test_a_record_from_the_summary_of_deepep_conformance(tmp_path):
     (tmp_path / "summary.txt").write_text(SUMMARY)
-    p = run("from-conformance", str(tmp_path / "summary.txt"), "--commit", COMMIT, "--machine", "1x H200",
+    p = run("from-conformance", str(tmp_path / "summary.txt"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
             "--command", "python/scripts/deepep-conformance.sh ...", "--date", "2026-12-03", "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr
     rec = results.validate(p.stdout.strip())
@@ -264,6 +312,10 @@ def test_a_record_from_the_summary_of_deepep_conformance(tmp_path):
         ("ours: test_internode.py, 2 emulated hosts x 8 ranks", 16, "pass", 183.0, None),
         ("DeepEP: test_intranode.py", 8, "fail", 183.0, "TIMEOUT"),
         ("ours: test_low_latency.py", 4, "fail", 10.0, "RuntimeError: NVSHMEM: rank 0: no transport. Fix: allow NVLink")]
+    # one run per test file (and library), with the rank counts it ran at
+    assert rec["runs"] == [{"suite": "ours: test_low_latency.py", "part": None, "ranks": [2, 4]},
+                           {"suite": "ours: test_internode.py, 2 emulated hosts x 8 ranks", "part": None, "ranks": [16]},
+                           {"suite": "DeepEP: test_intranode.py", "part": None, "ranks": [8]}]
 
 
 def test_the_gpu_scripts_write_records_through_this_tool():
@@ -274,3 +326,230 @@ def test_the_gpu_scripts_write_records_through_this_tool():
             text = f.read()
         assert f'scripts/results.py" {sub} {logs}' in text, script
         assert 'if [ "${RECORD:-0}" = 1 ]' in text and "RECORD=1" in text.split("set -uo pipefail")[0], script
+
+
+# ---------------------------------------------------------------------------------------------
+# Retention: one current record per (suite, machine kind), plus the cited ones.
+
+
+def retention_repo(tmp_path, n_commits, records, doc="no tables\n"):
+    """A git repository with n commits in a line (their hashes returned) and the records, made by
+    `records(commits)` as (file name, record) pairs, under kernels/results/."""
+    d = tmp_path / "repo"
+    d.mkdir()
+    commits = git_commits(d, n_commits)
+    (d / "kernels" / "results").mkdir(parents=True)
+    for name, rec in records(commits):
+        (d / "kernels" / "results" / name).write_text(json.dumps(rec))
+    (d / "kernels" / "DOC.md").write_text(doc)
+    return d, commits
+
+
+def python_tests(date, commit, ranks=(2,), part=None, **over):
+    rows = [{"suite": "python/tests/gpu::test_x", "ranks": n, "status": "pass", "seconds": None,
+             "first_error": None, "detail": f"at {commit[:7]}"} for n in ranks]
+    return record(date=date, commit=commit, results=rows,
+                  runs=[{"suite": "python/tests/gpu", "part": part, "ranks": list(ranks)}], **over)
+
+
+def test_the_latest_by_date_then_commit_order_is_current_never_the_file_name(tmp_path):
+    # c0 -> c1 -> c2 in git. On 12-03, "a-newer" (c1) sorts before "z-older" (c0) by name but is
+    # later in history; "0-early" is dated 12-02 although its commit c2 is the newest: date first.
+    d, c = retention_repo(tmp_path, 3, lambda c: [
+        ("2026-12-03-gpu-tests-z-older.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-03-gpu-tests-a-newer.json", python_tests("2026-12-03", c[1])),
+        ("2026-12-02-gpu-tests-0-early.json", python_tests("2026-12-02", c[2]))],
+        doc="<!-- results:table gpu-tests -->\n<!-- /results -->\n")
+    p = run("prune", "--root", str(d))
+    assert p.returncode == 0, p.stderr
+    assert "remove kernels/results/2026-12-03-gpu-tests-z-older.json: not current (2026-12-03-gpu-tests-a-newer is later " \
+           "for gpu-tests 'python/tests/gpu' at 2 ranks on 1xH200) and cited nowhere" in p.stdout, p.stdout
+    assert "remove kernels/results/2026-12-02-gpu-tests-0-early.json" in p.stdout
+    assert "remove kernels/results/2026-12-03-gpu-tests-a-newer.json" not in p.stdout
+    assert "1 of 3 records kept (current or cited), 2 to remove" in p.stdout
+    # the rendered table takes its row from the current record only
+    assert run("--root", str(d)).returncode == 0
+    text = (d / "kernels" / "DOC.md").read_text()
+    assert f"| python/tests/gpu::test_x | 2 | PASS | - | - | at {c[1][:7]} | [1] |" in text, text
+    assert "z-older" not in text and "0-early" not in text
+
+
+def test_check_names_a_record_neither_current_nor_cited_and_the_fix(tmp_path):
+    d, c = retention_repo(tmp_path, 2, lambda c: [
+        ("2026-12-03-gpu-tests-old.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-03-gpu-tests-new.json", python_tests("2026-12-03", c[1]))])
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 1
+    assert ("kernels/results/2026-12-03-gpu-tests-old.json: neither current (2026-12-03-gpu-tests-new is later for "
+            "gpu-tests 'python/tests/gpu' at 2 ranks on 1xH200) nor cited by a doc; fix: scripts/results.py prune --apply "
+            "(git keeps it), or cite it in a doc") in p.stderr, p.stderr
+    assert "2026-12-03-gpu-tests-new.json: neither" not in p.stderr
+    # rendering still works and says what to prune, without failing
+    p = run("--root", str(d))
+    assert p.returncode == 0 and "note: kernels/results/2026-12-03-gpu-tests-old.json: neither current" in p.stderr
+
+
+def test_a_cited_old_record_stays_and_a_rendered_link_is_no_citation(tmp_path):
+    d, c = retention_repo(tmp_path, 2, lambda c: [
+        ("2026-12-03-gpu-tests-old.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-03-gpu-tests-new.json", python_tests("2026-12-03", c[1]))],
+        # the old record named only inside a rendered table (a stale provenance link)
+        doc="<!-- results:table gpu-tests -->\n- [1] (record [`x`](results/2026-12-03-gpu-tests-old.json))\n<!-- /results -->\n")
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 1 and "2026-12-03-gpu-tests-old.json: neither current" in p.stderr, p.stderr
+    # cited by a link outside the tables: kept, and the check passes once the table is rendered
+    doc = d / "kernels" / "DOC.md"
+    doc.write_text(doc.read_text() + "\nThe run before the fix: [old](results/2026-12-03-gpu-tests-old.json).\n")
+    assert run("--root", str(d)).returncode == 0
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 0, p.stderr
+    assert "2026-12-03-gpu-tests-old" not in doc.read_text().split("<!-- /results -->")[0]  # rows: current only
+    # a marker's record=NAME cites it too, and so does the pairing data under pkgs/
+    doc.write_text("<!-- results:table gpu-tests record=2026-12-03-gpu-tests-old -->\n<!-- /results -->\n")
+    assert run("--root", str(d)).returncode == 0 and run("--check", "--root", str(d)).returncode == 0
+    doc.write_text("nothing\n")
+    assert run("--check", "--root", str(d)).returncode == 1
+    (d / "pkgs" / "deep-ep").mkdir(parents=True)
+    (d / "pkgs" / "deep-ep" / "pairings.json").write_text(json.dumps({"record": "kernels/results/2026-12-03-gpu-tests-old.json"}))
+    assert run("--check", "--root", str(d)).returncode == 0
+
+
+def test_prune_apply_git_rms_what_the_rule_does_not_keep(tmp_path):
+    d, c = retention_repo(tmp_path, 3, lambda c: [
+        ("2026-12-03-gpu-tests-first.json", python_tests("2026-12-03", c[0], ranks=(2, 4))),
+        ("2026-12-03-gpu-tests-second.json", python_tests("2026-12-03", c[1], ranks=(2,))),
+        ("2026-12-03-gpu-tests-third.json", python_tests("2026-12-03", c[2], ranks=(4,)))])
+    git = ["git", "-C", str(d)]
+    subprocess.run(git + ["add", "kernels"], check=True)
+    subprocess.run(git + ["-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false",
+                          "commit", "-q", "-m", "records"], check=True)
+    # "first" ran 2 and 4 ranks: "second" replaced it at 2, "third" at 4
+    p = run("prune", "--root", str(d))
+    assert p.returncode == 0 and p.stdout.count("\nremove ") + p.stdout.startswith("remove ") == 1, p.stdout
+    assert "remove kernels/results/2026-12-03-gpu-tests-first.json" in p.stdout
+    assert (d / "kernels" / "results" / "2026-12-03-gpu-tests-first.json").exists()  # listing changes nothing
+    p = run("prune", "--apply", "--root", str(d))
+    assert p.returncode == 0 and "removed kernels/results/2026-12-03-gpu-tests-first.json" in p.stdout, p.stdout + p.stderr
+    assert sorted(os.listdir(d / "kernels" / "results")) == ["2026-12-03-gpu-tests-second.json", "2026-12-03-gpu-tests-third.json"]
+    staged = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True).stdout
+    assert "D  kernels/results/2026-12-03-gpu-tests-first.json" in staged, staged
+    assert run("--check", "--root", str(d)).returncode == 0
+    assert ", 0 to remove" in run("prune", "--root", str(d)).stdout
+
+
+def test_a_part_replaces_earlier_parts_and_a_whole_run_replaces_everything(tmp_path):
+    d, c = retention_repo(tmp_path, 4, lambda c: [
+        ("2026-12-03-gpu-tests-whole.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-03-gpu-tests-part-a.json", python_tests("2026-12-03", c[1], part="-k layout")),
+        ("2026-12-03-gpu-tests-part-b.json", python_tests("2026-12-03", c[2], part="-k dead_peer"))])
+    p = run("prune", "--root", str(d))
+    # the last whole run stays current beside the later part; the earlier part goes
+    assert "2 of 3 records kept" in p.stdout and "remove kernels/results/2026-12-03-gpu-tests-part-a.json" in p.stdout, p.stdout
+    (d / "kernels" / "results" / "2026-12-03-gpu-tests-whole-again.json").write_text(json.dumps(python_tests("2026-12-03", c[3])))
+    p = run("prune", "--root", str(d))
+    assert "1 of 4 records kept" in p.stdout, p.stdout
+    assert "remove kernels/results/2026-12-03-gpu-tests-part-b.json: not current (2026-12-03-gpu-tests-whole-again is later" in p.stdout
+
+
+def test_machine_kinds_and_releases_are_separate_suites(tmp_path):
+    two_gpus = dict(machine="2x NVIDIA H200 (NV18 NVLink)", machine_kind="2xH200")
+    matrix = lambda release, date: record(kind="nvshmem-matrix", date=date, nvshmem=release,
+                                          runs=[{"suite": "python/scripts/nvshmem-matrix.sh", "part": None, "ranks": [2]}])
+    d, c = retention_repo(tmp_path, 1, lambda c: [
+        ("2026-12-01-gpu-tests-h200x2.json", python_tests("2026-12-01", c[0], **two_gpus)),
+        ("2026-12-03-gpu-tests-h200.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-01-nvshmem-matrix-3.8.0.json", matrix("3.8.0", "2026-12-01")),
+        ("2026-12-03-nvshmem-matrix-3.4.5.json", matrix("3.4.5", "2026-12-03")),
+        ("2026-12-04-nvshmem-matrix-3.4.5.json", matrix("3.4.5", "2026-12-04"))])
+    p = run("prune", "--root", str(d))
+    assert "4 of 5 records kept" in p.stdout, p.stdout
+    assert "remove kernels/results/2026-12-03-nvshmem-matrix-3.4.5.json: not current (2026-12-04-nvshmem-matrix-3.4.5 " \
+           "is later for nvshmem-matrix 'python/scripts/nvshmem-matrix.sh' at 2 ranks on 1xH200 with NVSHMEM 3.4.5)" in p.stdout
+
+
+def test_a_tie_asks_for_the_time_field_and_time_decides(tmp_path):
+    d, c = retention_repo(tmp_path, 1, lambda c: [
+        ("2026-12-03-gpu-tests-b.json", python_tests("2026-12-03", c[0])),
+        ("2026-12-03-gpu-tests-a.json", python_tests("2026-12-03", c[0]))])
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 1
+    assert ("2026-12-03-gpu-tests-a.json and " in p.stderr and "2026-12-03-gpu-tests-b.json both ran gpu-tests 'python/tests/gpu' "
+            "at 2 ranks on 1xH200 on 2026-12-03" in p.stderr and "fix: add \"time\": \"HH:MM\"" in p.stderr), p.stderr
+    assert run("prune", "--root", str(d)).returncode == 1
+    # the time of the run decides
+    for name, t in (("2026-12-03-gpu-tests-b.json", "09:15"), ("2026-12-03-gpu-tests-a.json", "17:40")):
+        path = d / "kernels" / "results" / name
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), time=t)))
+    p = run("prune", "--root", str(d))
+    assert "remove kernels/results/2026-12-03-gpu-tests-b.json: not current (2026-12-03-gpu-tests-a is later" in p.stdout, p.stdout
+
+
+def test_new_and_from_conformance_express_v2_suites_and_bench_figures(tmp_path):
+    # DeepEP V2's elastic test with two argument sets: two suites, both current
+    summary = ("library test                   nproc  result   seconds  log\n"
+               "ours    elastic/test_ep.py         2  PASS          31  ours-elastic-2.log\n"
+               "ours    elastic/test_ep.py         4  PASS          44  ours-elastic-4.log\n")
+    (tmp_path / "summary.txt").write_text(summary)
+    out = tmp_path / "repo" / "kernels" / "results"
+    commits = git_commits(tmp_path / "repo", 1)
+    for slug, args in (("v2-skip-perf", "--skip-perf-test"), ("v2-no-cpu-sync", "--do-cpu-sync 0")):
+        p = run("from-conformance", str(tmp_path / "summary.txt"), f"--test-args={args}", "--commit", commits[0],
+                "--machine", "1x NVIDIA H200 (driver 580.159.04)", "--command", "deepep-conformance.sh ...",
+                "--date", "2026-12-05", "--slug", slug, "--out", str(out))
+        assert p.returncode == 0, p.stderr
+        rec = results.validate(p.stdout.strip())
+        assert rec["runs"] == [{"suite": f"ours: elastic/test_ep.py {args}", "part": None, "ranks": [2, 4]}]
+        assert [r["suite"] for r in rec["results"]] == [f"ours: elastic/test_ep.py {args}"] * 2
+    # a bench record: the suite and rank counts named, the figures from a file; without --date: a time
+    figs = [{"name": "LL combine BF16, host time per call", "value": 9.8, "unit": "us",
+             "baseline": "DeepEP v1.2.1, same run", "baseline_value": 11.0, "note": ""}]
+    (tmp_path / "figures.json").write_text(json.dumps(figs))
+    p = run("new", "--kind", "bench", "--suite", "bench.py --mode ll --compare-deep-ep", "--suite", "host_profile.py",
+            "--ranks", "1", "--figures", str(tmp_path / "figures.json"), "--commit", commits[0],
+            "--machine", "1x NVIDIA H100 80GB HBM3 (driver 580.65.06)", "--command", "bench.py ...; host_profile.py",
+            "--slug", "host-time", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert rec["machine_kind"] == "1xH100" and rec["figures"] == figs and re.fullmatch(r"\d\d:\d\d", rec["time"])
+    assert rec["runs"] == [{"suite": "bench.py --mode ll --compare-deep-ep", "part": None, "ranks": [1]},
+                           {"suite": "host_profile.py", "part": None, "ranks": [1]}]
+    # a --result row whose suite holds ':' and whose detail holds ':' too
+    p = run("new", "--kind", "conformance", "--result", "ours: elastic/test_ep.py --skip-perf-test:8:pass:-:note: slow",
+            "--commit", commits[0], "--machine", "1x NVIDIA H200", "--command", "c", "--date", "2026-12-05",
+            "--slug", "v2-eight", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert rec["results"][0]["suite"] == "ours: elastic/test_ep.py --skip-perf-test" and rec["results"][0]["detail"] == "note: slow"
+    (tmp_path / "repo" / "kernels" / "DOC.md").write_text("none\n")
+    p = run("prune", "--root", str(tmp_path / "repo"))
+    assert "4 of 4 records kept" in p.stdout, p.stdout + p.stderr
+
+
+def test_from_pytest_marks_a_run_with_deselected_tests_as_a_part(tmp_path):
+    log = "collected 15 items / 14 deselected / 1 selected\n" + PYTEST_LOG.splitlines()[1] + "\n"
+    (tmp_path / "gpu-ranks2.log").write_text(log)
+    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
+            "--command", "PYTEST_ARGS='-k hooks' python/scripts/gpu-run.sh W 2", "--date", "2026-12-03", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert rec["runs"] == [{"suite": "python/tests/gpu", "part": "1 of 15 tests selected (pytest -k/-m)", "ranks": [2]}]
+    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--part", "-k hooks", "--commit", COMMIT, "--machine", "1x NVIDIA H200",
+            "--command", "c", "--date", "2026-12-03", "--slug", "named", "--out", str(tmp_path))
+    assert results.validate(p.stdout.strip())["runs"][0]["part"] == "-k hooks"
+
+
+def test_commits_git_does_not_know_are_named_as_the_cause_of_a_tie(tmp_path):
+    # e.g. a shallow clone: the commits of two same-day records are not in this repository
+    d, c = retention_repo(tmp_path, 1, lambda c: [
+        ("2026-12-03-gpu-tests-a.json", python_tests("2026-12-03", "b" * 40)),
+        ("2026-12-03-gpu-tests-b.json", python_tests("2026-12-03", "c" * 40))])
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 1
+    assert "(bbbbbbb, ccccccc) (git here does not know both commits: in a shallow clone, `git fetch --unshallow` first)" in p.stderr, p.stderr
+    # records of different dates need no git at all
+    path = d / "kernels" / "results" / "2026-12-03-gpu-tests-b.json"
+    path.rename(d / "kernels" / "results" / "2026-12-04-gpu-tests-b.json")
+    newer = d / "kernels" / "results" / "2026-12-04-gpu-tests-b.json"
+    newer.write_text(json.dumps(dict(json.loads(newer.read_text()), date="2026-12-04")))
+    p = run("prune", "--root", str(d))
+    assert p.returncode == 0 and "remove kernels/results/2026-12-03-gpu-tests-a.json" in p.stdout, p.stdout + p.stderr
