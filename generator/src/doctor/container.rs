@@ -7,9 +7,8 @@
 //! or unit that started it), `container.devices` when the root is a container (`/.dockerenv`,
 //! `/run/.containerenv`, or `container=` in the environment).
 
-use super::host::{hp, Host};
+use super::host::{hp, Host, HostKind};
 use super::report::{caps, Check};
-use super::HostKind;
 
 /// At or below this soft limit libibverbs itself warns at start-up that the limit "will severely
 /// limit memory registrations" (rdma-core `libibverbs/init.c`, `check_memlock_limit`): a fail.

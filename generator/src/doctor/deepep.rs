@@ -4,10 +4,10 @@
 //! pairings known to break (`pkgs/deep-ep/pairings.json`, shared with the Nix package), the IBGDA plugin next to that host library, and the GPUs' compute
 //! capability against the build's architectures. Nothing is imported or loaded.
 
-use super::driver::DriverInfo;
-use super::elf::{self, DynInfo, Resolution};
+use super::elf::{self, native_ident, DynInfo, Resolution};
+use super::facts::{DriverInfo, NvshmemInfo, Version};
 use super::host::Host;
-use super::nvshmem::{self, banner_versions, NvshmemInfo, Version, HOST_LIB};
+use super::nvshmem::{self, banner_versions, HOST_LIB};
 use super::report::{caps, Capability, Check};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -737,7 +737,7 @@ fn check_upstream(
             out.push(Check::fail("deepep.extension", caps::ALL, e, build_fix));
             None
         }
-        Some(Ok(ext)) if ext.dynamic.ident != super::rdma::native_ident() => {
+        Some(Ok(ext)) if ext.dynamic.ident != native_ident() => {
             out.push(Check::fail(
                 "deepep.extension",
                 caps::ALL,
@@ -745,7 +745,7 @@ fn check_upstream(
                     "{} is {}, this host runs {}",
                     ext.path.display(),
                     ext.dynamic.ident.describe(),
-                    super::rdma::native_ident().describe()
+                    native_ident().describe()
                 ),
                 build_fix,
             ));

@@ -321,6 +321,19 @@ fn expand_conf_glob(host: &Host, pattern: &str) -> Vec<PathBuf> {
     }
 }
 
+/// ELF identity of the binary doctor runs as (the host's native libraries).
+pub fn native_ident() -> ElfIdent {
+    let machine = match std::env::consts::ARCH {
+        "aarch64" => object::elf::EM_AARCH64,
+        _ => object::elf::EM_X86_64,
+    };
+    ElfIdent {
+        is_64: true,
+        little_endian: true,
+        machine,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -383,3 +383,32 @@ mod tests {
         assert_eq!(host.real(Path::new("/a/../b")), Path::new("/srv/root/b"));
     }
 }
+
+/// Facts about the host that change the wording of fixes.
+#[derive(Debug, Clone, Default)]
+pub struct HostKind {
+    /// NixOS: fixes name `services.deepep` / `hardware.*` options instead of files and commands.
+    pub nixos: bool,
+}
+
+impl HostKind {
+    /// The fix text for this kind of host: `nixos` on NixOS (module options), else `other`.
+    pub(crate) fn fix(&self, nixos: impl Into<String>, other: impl Into<String>) -> String {
+        if self.nixos {
+            nixos.into()
+        } else {
+            other.into()
+        }
+    }
+
+    pub(crate) fn detect(host: &Host) -> HostKind {
+        let os_release = host
+            .read_text(Path::new("/etc/os-release"))
+            .unwrap_or_default();
+        let nixos = host.exists(Path::new("/etc/NIXOS"))
+            || os_release
+                .lines()
+                .any(|l| l.trim() == "ID=nixos" || l.trim() == "ID=\"nixos\"");
+        HostKind { nixos }
+    }
+}

@@ -3,8 +3,7 @@
 //! what DeepEP-style kernels need.
 
 use super::host::Host;
-use super::nvshmem::Version;
-use super::rdma::RdmaInfo;
+use super::facts::{RdmaInfo, Version};
 use super::report::{caps, Capability, Check};
 
 /// DeepEP's floor for `NVSHMEM_CUMEM_GRANULARITY` (it sets 512 MiB).

@@ -9,15 +9,17 @@ mod container;
 mod deepep;
 mod driver;
 mod elf;
+mod facts;
 mod host;
 mod knobs;
 mod maps;
+mod modprobe;
 mod nvshmem;
 mod rdma;
 mod report;
 
-pub use host::{NoTools, SystemTools, ToolOutput, Tools};
-pub use nvshmem::Version;
+pub use facts::Version;
+pub use host::{HostKind, NoTools, SystemTools, ToolOutput, Tools};
 pub use report::{Capability, Check, Report, Status, Verdict};
 
 use anyhow::{bail, Context as _};
@@ -118,35 +120,6 @@ fn existing_dir(s: &str) -> Result<PathBuf, String> {
 fn parse_version_arg(s: &str) -> Result<Version, String> {
     Version::parse(s)
         .ok_or_else(|| format!("{s:?} is not a version of the form X.Y.Z (e.g. 3.4.5)"))
-}
-
-/// Facts about the host that change the wording of fixes.
-#[derive(Debug, Clone, Default)]
-pub struct HostKind {
-    /// NixOS: fixes name `services.deepep` / `hardware.*` options instead of files and commands.
-    pub nixos: bool,
-}
-
-impl HostKind {
-    /// The fix text for this kind of host: `nixos` on NixOS (module options), else `other`.
-    pub(crate) fn fix(&self, nixos: impl Into<String>, other: impl Into<String>) -> String {
-        if self.nixos {
-            nixos.into()
-        } else {
-            other.into()
-        }
-    }
-
-    fn detect(host: &host::Host) -> HostKind {
-        let os_release = host
-            .read_text(Path::new("/etc/os-release"))
-            .unwrap_or_default();
-        let nixos = host.exists(Path::new("/etc/NIXOS"))
-            || os_release
-                .lines()
-                .any(|l| l.trim() == "ID=nixos" || l.trim() == "ID=\"nixos\"");
-        HostKind { nixos }
-    }
 }
 
 /// The CLI entry point: checks the host, prints the report, returns the exit status.

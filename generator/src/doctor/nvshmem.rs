@@ -2,12 +2,11 @@
 //! it), host/device/header agreement, the version our kernels were built against, what the
 //! loader would pick by bare name, and whether the bootstrap/transport plugins can load.
 
-use super::elf::{self, DynInfo, ElfIdent, Resolution};
+use super::elf::{self, native_ident, DynInfo, ElfIdent, Resolution};
+pub use super::facts::{NvshmemInfo, Version};
 use super::host::{Host, ReadError};
-use super::rdma::native_ident;
 use super::report::{caps, Capability, Check};
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// DeepEP's minimum NVSHMEM.
@@ -21,31 +20,6 @@ const BANNER: &[u8] = b"NVSHMEM v";
 /// Local symbol in `libnvshmem_device.a` holding {major, minor, patch} as three 32-bit ints.
 const DEVICE_VERSION_SYMBOL: &str = "_ZL27nvshmemi_device_lib_version";
 
-/// A release version `major.minor.patch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version(pub u32, pub u32, pub u32);
-
-impl Version {
-    /// Parses exactly `X.Y.Z`.
-    pub fn parse(s: &str) -> Option<Version> {
-        let mut it = s.trim().split('.').map(|p| {
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                None
-            } else {
-                p.parse::<u32>().ok()
-            }
-        });
-        let v = Version(it.next()??, it.next()??, it.next()??);
-        it.next().is_none().then_some(v)
-    }
-}
-
-impl fmt::Display for Version {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.0, self.1, self.2)
-    }
-}
-
 /// Inputs of the NVSHMEM checks that come from the command line.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -53,20 +27,6 @@ pub struct Settings {
     pub dir: Option<PathBuf>,
     /// `--kernels-nvshmem-version`.
     pub kernels_version: Option<Version>,
-}
-
-/// What later checks need to know.
-#[derive(Debug, Clone, Default)]
-pub struct NvshmemInfo {
-    pub version: Option<Version>,
-    pub ident: Option<ElfIdent>,
-    pub lib_dir: Option<PathBuf>,
-    /// Plugin files (host paths) found next to the host library.
-    pub plugins: Vec<PathBuf>,
-    /// `NVSHMEM_*` environment variables this NVSHMEM does not read.
-    pub unknown_env: Vec<String>,
-    /// Dynamic section of the host library (its RUNPATH is searched for what it `dlopen`s).
-    pub host_dyn: Option<DynInfo>,
 }
 
 const INSTALL_FIX: &str = "point NVSHMEM_DIR at an NVSHMEM prefix containing lib/libnvshmem_host.so.3: `nix develop` sets it; without Nix: deepep-nix install --version 3.4.5 --cuda 13 --source pypi --prefix /opt/nvshmem-3.4.5 && eval \"$(deepep-nix env --prefix /opt/nvshmem-3.4.5)\"";

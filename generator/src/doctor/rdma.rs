@@ -1,47 +1,16 @@
 //! Internode prerequisites: InfiniBand/RoCE NICs, user-space verbs device nodes, GPU memory
 //! registration (DMA-BUF or `nvidia_peermem`) and GDRCopy (`gdrdrv`, `/dev/gdrdrv`, `libgdrapi`).
 
-use super::driver::{module_configured, DriverInfo};
-use super::elf::{self, DynInfo, ElfIdent, Resolution};
-use super::host::{hp, FileKind, Host};
-use super::nvshmem::NvshmemInfo;
+use super::elf::{self, native_ident, DynInfo, Resolution};
+use super::facts::{DriverInfo, NvshmemInfo, Port, RdmaInfo};
+use super::host::{hp, FileKind, Host, HostKind};
+use super::modprobe::module_configured;
 use super::report::{caps, Check};
-use super::HostKind;
 use std::path::{Path, PathBuf};
 
 /// Creates `/dev/gdrdrv` with the major gdrdrv registered (it creates no node itself).
 const MKNOD: &str =
     "sudo mknod -m 0660 /dev/gdrdrv c $(awk '$2==\"gdrdrv\" {print $1}' /proc/devices) 0";
-
-/// The fix for this host: `nixos` names NixOS options, `other` files and commands.
-/// One RDMA port.
-#[derive(Debug, Clone)]
-pub struct Port {
-    pub device: String,
-    pub port: String,
-    pub state: String,
-    pub link_layer: String,
-    pub mlx5: bool,
-}
-
-impl Port {
-    pub fn active(&self) -> bool {
-        self.state.ends_with("ACTIVE")
-    }
-}
-
-/// What the NIC checks found.
-#[derive(Debug, Clone, Default)]
-pub struct RdmaInfo {
-    pub ports: Vec<Port>,
-}
-
-impl RdmaInfo {
-    /// Active ports of mlx5 NICs (the only ones IBGDA drives).
-    pub fn usable(&self) -> impl Iterator<Item = &Port> {
-        self.ports.iter().filter(|p| p.mlx5 && p.active())
-    }
-}
 
 /// The RDMA user-verbs device nodes (`/dev/infiniband/uverbs*`) the host (or container) has.
 pub fn uverbs_nodes(host: &Host) -> Vec<String> {
@@ -353,19 +322,6 @@ fn devnode(host: &Host) -> Result<String, (String, String)> {
             format!("/dev/gdrdrv cannot be opened read-write by this user: {e} (mode {:o}, gid {})", meta.mode() & 0o7777, meta.gid()),
             "add the user to the device's group, or give the node a group your users are in (mode 0660)".into(),
         )),
-    }
-}
-
-/// ELF identity of the binary doctor runs as (the host's native libraries).
-pub fn native_ident() -> ElfIdent {
-    let machine = match std::env::consts::ARCH {
-        "aarch64" => object::elf::EM_AARCH64,
-        _ => object::elf::EM_X86_64,
-    };
-    ElfIdent {
-        is_64: true,
-        little_endian: true,
-        machine,
     }
 }
 

@@ -26,10 +26,10 @@
 //! the loader's search path, and works with any release it serves. A build from before the
 //! marker serves exactly the one release its cubins were linked against.
 
-use super::super::driver::DriverInfo;
-use super::super::elf::{self, Resolution};
+use super::super::elf::{self, native_ident, Resolution};
+use super::super::facts::{DriverInfo, NvshmemInfo, Version};
 use super::super::host::Host;
-use super::super::nvshmem::{NvshmemInfo, Version, HOST_LIB};
+use super::super::nvshmem::HOST_LIB;
 use super::super::report::{caps, Check};
 use super::{
     arch_check, find_version, first_site, ibgda_plugin_check, list_sites, show, torch_check,
@@ -333,7 +333,7 @@ pub(super) fn check(
             out.push(Check::fail(id, caps::ALL, e, build_fix));
             return skip_rest(out, "the extension is unreadable");
         }
-        Ok((d, _, _)) if d.ident != super::super::rdma::native_ident() => {
+        Ok((d, _, _)) if d.ident != native_ident() => {
             out.push(Check::fail(
                 id,
                 caps::ALL,
@@ -341,7 +341,7 @@ pub(super) fn check(
                     "{} is {}, this host runs {}",
                     pkg.native.display(),
                     d.ident.describe(),
-                    super::super::rdma::native_ident().describe()
+                    native_ident().describe()
                 ),
                 build_fix,
             ));
