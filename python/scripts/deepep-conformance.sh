@@ -185,6 +185,6 @@ done
 if [ "${RECORD:-0}" = 1 ]; then
   "$py" "$here/../../scripts/results.py" from-conformance "$out/summary.txt" --out "$out" --machine auto \
     --commit "${RECORD_COMMIT:-$(git -C "$here" rev-parse HEAD 2>/dev/null)}" --command "$invocation" \
-    --slug "${RECORD_SLUG:-run}" || fail=1
+    --slug "${RECORD_SLUG:-run}" ${test_args:+--test-args="$test_args"} ${stop_at:+--part "stopped at --stop-at $stop_at"} || fail=1
 fi
 exit $fail
