@@ -1,5 +1,6 @@
-//! Build script of `deepep-kernels`: compiles the CUDA sources into sm_90a cubins (SASS only) and
-//! generates `$OUT_DIR/cubins.rs`, the table that `src/cubins.rs` embeds.
+//! Build script of `deepep-kernels`: compiles the CUDA sources into cubins (SASS only) for each
+//! GPU architecture of `DEEPEP_CUDA_ARCHS` (default all: sm_90a, sm_100a, sm_103a; `src/arch.rs`)
+//! and generates `$OUT_DIR/cubins.rs`, the table that `src/cubins.rs` embeds.
 //!
 //! - `cuda/*.cu`          -> plain cubins:   `nvcc -cubin`
 //! - `cuda/nvshmem/*.cu`  -> NVSHMEM cubins: `nvcc -rdc=true -cubin`,
@@ -13,6 +14,14 @@
 //! `lib/libnvshmem_device.a`); the NVSHMEM cubins are compiled and linked once per release, and at
 //! run time the set matching the process's `libnvshmem_host.so.3` is used (`src/cubins.rs`).
 //! `DEEPEP_NVCC_FLAGS`: extra nvcc flags (whitespace separated), e.g. `-lineinfo` or `-G`.
+//! `DEEPEP_CUDA_ARCHS`: `all` (the default) or a comma-separated list of `sm_90a`, `sm_100a`,
+//! `sm_103a`; every source is compiled (and every NVSHMEM source linked, per release) once per
+//! architecture, and at run time the device's compute capability picks the set (`src/cubins.rs`).
+//! A developer build for one GPU can name only its architecture (a third of the nvcc time).
+//!
+//! GPU records: the `machine` field of every `../kernels/results/*.json` record is read, and the
+//! architectures whose GPUs it names (`arch::archs_in_machine`) become `RECORDED_ARCHS`: the
+//! runtime warns once on a device whose architecture has none (`arch::untested_warning`).
 //!
 //! ptxas `-v` output is parsed; any register spill in a kernel (or in one of our own device
 //! functions) fails the build unless the function is in [`SPILL_ALLOW`].
@@ -27,8 +36,11 @@ use std::sync::Mutex;
 #[allow(dead_code)]
 mod elf;
 
-const ARCH: &str = "sm_90a";
-const GENCODE: &str = "-gencode=arch=compute_90a,code=sm_90a";
+#[path = "src/arch.rs"]
+#[allow(dead_code)]
+mod arch;
+
+use arch::Arch;
 
 /// Functions whose register spills are tolerated: (file stem, function name, why).
 /// Keep empty unless a spill is understood and measured harmless; say why in the reason.
@@ -47,6 +59,7 @@ struct Res {
 
 struct Built {
     name: String,
+    arch: &'static Arch,
     cubin: PathBuf,
     nvshmem: bool,
     /// The NVSHMEM release whose headers and device library went into an NVSHMEM cubin.
@@ -66,10 +79,17 @@ fn main() {
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/cubins/elf.rs");
+    println!("cargo:rerun-if-changed=src/arch.rs");
     println!("cargo:rerun-if-changed=cuda");
-    for v in ["CUDA_HOME", "NVSHMEM_DIR", "DEEPEP_NVSHMEM_RELEASES", "DEEPEP_NVCC_FLAGS"] {
+    println!("cargo:rerun-if-changed=results");
+    for v in ["CUDA_HOME", "NVSHMEM_DIR", "DEEPEP_NVSHMEM_RELEASES", "DEEPEP_NVCC_FLAGS", "DEEPEP_CUDA_ARCHS"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
+    let archs = match env("DEEPEP_CUDA_ARCHS") {
+        None => arch::KNOWN.iter().collect(),
+        Some(list) => arch::parse_arch_list(&list).unwrap_or_else(|e| fail(format!("\n\n{e}\n"))),
+    };
+    let recorded = recorded_archs(&manifest.join("results"));
 
     let cuda_home = find_cuda_home(&workspace);
     let nvcc = cuda_home.join("bin/nvcc");
@@ -107,7 +127,6 @@ fn main() {
     }
 
     let mut common = vec![
-        GENCODE.to_string(),
         "-O3".into(),
         "-std=c++17".into(),
         "-Xptxas".into(),
@@ -122,17 +141,20 @@ fn main() {
         common.extend(extra.split_whitespace().map(String::from));
     }
 
-    let mut jobs: Vec<(PathBuf, Option<Release>)> = plain.iter().map(|p| (p.clone(), None)).collect();
-    for r in &releases {
-        jobs.extend(nvs_sources.iter().map(|p| (p.clone(), Some(r.clone()))));
+    let mut jobs: Vec<(PathBuf, Option<Release>, &'static Arch)> = Vec::new();
+    for &a in &archs {
+        jobs.extend(plain.iter().map(|p| (p.clone(), None, a)));
+        for r in &releases {
+            jobs.extend(nvs_sources.iter().map(|p| (p.clone(), Some(r.clone()), a)));
+        }
     }
 
     // Compile in parallel: a shared queue drained by up to `available_parallelism` workers. A job
     // whose inputs are unchanged since the last run (its `.key` file) reuses its cubin: a rerun
     // for another release list then compiles only the releases that are new.
     let source_hash = hash_tree(&cuda_dir);
-    let cache_key = |src: &Path, release: Option<&((u32, u32, u32), PathBuf)>| -> String {
-        let mut k = format!("{source_hash} {} {nvcc_version} {:?}", src.display(), common);
+    let cache_key = |src: &Path, release: Option<&((u32, u32, u32), PathBuf)>, a: &Arch| -> String {
+        let mut k = format!("{source_hash} {} {} {nvcc_version} {:?}", src.display(), a.name, common);
         if let Some((v, dir)) = release {
             let lib = dir.join("lib/libnvshmem_device.a");
             let meta = std::fs::metadata(&lib).ok();
@@ -147,9 +169,9 @@ fn main() {
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                let Some((i, (src, release))) = queue.lock().unwrap().pop() else { break };
-                let key = cache_key(&src, release.as_ref());
-                let r = compile(&src, release.as_ref(), &cuda_home, &common, &out, &key);
+                let Some((i, (src, release, a))) = queue.lock().unwrap().pop() else { break };
+                let key = cache_key(&src, release.as_ref(), a);
+                let r = compile(&src, release.as_ref(), a, &cuda_home, &common, &out, &key);
                 results.lock().unwrap().push((i, r));
             });
         }
@@ -170,7 +192,59 @@ fn main() {
     }
 
     let versions: Vec<(u32, u32, u32)> = releases.iter().map(|(v, _)| *v).collect();
-    write_table(&out, &built, nvshmem_version, &versions, &nvcc_version, &source_hash, nvshmem.is_some());
+    write_table(&out, &built, nvshmem_version, &versions, &nvcc_version, &source_hash, nvshmem.is_some(), &archs, &recorded);
+}
+
+/// The architectures with a GPU record: those whose GPUs the `machine` field of a
+/// `results/*.json` record names. A record that is not JSON with a string `machine` stops the
+/// build (kernels/results is data the project keeps; scripts/results.py writes it).
+fn recorded_archs(dir: &Path) -> Vec<&'static Arch> {
+    let mut found: Vec<&'static Arch> = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return found };
+    let mut files: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_else(|e| fail(format!("\n\n{}: {e}\n", f.display())));
+        let machine = json_string_field(&text, "machine").unwrap_or_else(|| {
+            fail(format!(
+                "\n\n{}: no \"machine\" string field; every record in kernels/results names the machine it ran on.\nFix: \
+                 write records with scripts/results.py new (kernels/TESTING.md, \"Results as data\").\n",
+                f.display()
+            ))
+        });
+        for a in arch::archs_in_machine(&machine) {
+            if !found.contains(&a) {
+                found.push(a);
+            }
+        }
+    }
+    arch::KNOWN.iter().filter(|a| found.contains(a)).collect()
+}
+
+/// The value of the first top-level-looking `"key": "..."` string member of a JSON text (escapes
+/// `\"` and `\\` understood; other escapes kept as written). Enough for the `machine` field of a
+/// record without a JSON parser in the build script.
+fn json_string_field(text: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\"");
+    let at = text.find(&pat)? + pat.len();
+    let rest = text[at..].trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                '"' => out.push('"'),
+                '\\' => out.push('\\'),
+                other => {
+                    out.push('\\');
+                    out.push(other)
+                }
+            },
+            c => out.push(c),
+        }
+    }
+    None
 }
 
 /// Stop the build with `msg` on stderr (cargo shows it; no panic backtrace noise).
@@ -336,6 +410,7 @@ fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
 fn compile(
     src: &Path,
     release: Option<&((u32, u32, u32), PathBuf)>,
+    arch: &'static Arch,
     cuda_home: &Path,
     common: &[String],
     out: &Path,
@@ -345,11 +420,13 @@ fn compile(
     let name = stem(src);
     let source = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let kernels = parse_kernels(&source);
-    // One file per (source, release): `low_latency.nvshmem-3.8.0.cubin`.
+    // One file per (source, release, architecture): `low_latency.nvshmem-3.8.0.sm_100a.cubin`.
     let file = match release {
-        Some(((a, b, c), _)) => format!("{name}.nvshmem-{a}.{b}.{c}"),
-        None => name.clone(),
+        Some(((a, b, c), _)) => format!("{name}.nvshmem-{a}.{b}.{c}.{}", arch.name),
+        None => format!("{name}.{}", arch.name),
     };
+    let compute = arch.name.replacen("sm_", "compute_", 1);
+    let gencode = format!("-gencode=arch={compute},code={}", arch.name);
     let cubin = out.join(format!("{file}.cubin"));
     let nvcc = cuda_home.join("bin/nvcc");
     // The front end (cicc) names internal-linkage device symbols `_INTERNAL_<hash of the source's
@@ -376,7 +453,7 @@ fn compile(
         }
     } else if !is_nvs {
         log = run(
-            Command::new(&nvcc).args(common).args(stable).arg("-cubin").arg("-o").arg(&cubin).arg(src),
+            Command::new(&nvcc).arg(&gencode).args(common).args(stable).arg("-cubin").arg("-o").arg(&cubin).arg(src),
             &format!("nvcc {}", src.display()),
         )?;
         res = parse_ptxas(&log);
@@ -385,6 +462,7 @@ fn compile(
         let rdc = out.join(format!("{file}.rdc.cubin"));
         log = run(
             Command::new(&nvcc)
+                .arg(&gencode)
                 .args(common)
                 .arg(format!("-I{}", src.parent().unwrap().display()))
                 .arg(format!("-I{}", nvs.join("include").display()))
@@ -401,7 +479,7 @@ fn compile(
         let link_log = run(
             Command::new(std::path::absolute(cuda_home.join("bin/nvlink")).map_err(|e| format!("nvlink: {e}"))?)
                 .current_dir(nvs.join("lib"))
-                .args(["-v", &format!("-arch={ARCH}")])
+                .args(["-v", &format!("-arch={}", arch.name)])
                 .arg(&rdc)
                 .args(["-L.", "-lnvshmem_device", "-o"])
                 .arg(&cubin),
@@ -444,7 +522,7 @@ fn compile(
         return Err(format!("{}: kernels {missing:?} parsed from the source are not in the cubin symbols {syms:?}", src.display()));
     }
     let _ = std::fs::write(&key_file, key);
-    Ok(Built { name, cubin, nvshmem: is_nvs, release: release.map(|(v, _)| *v), kernels, res })
+    Ok(Built { name, arch, cubin, nvshmem: is_nvs, release: release.map(|(v, _)| *v), kernels, res })
 }
 
 /// Parse `ptxas -v` output into per-function resources.
@@ -727,6 +805,7 @@ fn hash_tree(dir: &Path) -> String {
     format!("{h:016x}")
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write_table(
     out: &Path,
     built: &[Built],
@@ -735,6 +814,8 @@ fn write_table(
     nvcc: &str,
     hash: &str,
     nvs_enabled: bool,
+    archs: &[&'static Arch],
+    recorded: &[&'static Arch],
 ) {
     let mut s = String::new();
     writeln!(s, "// @generated by kernels/build.rs").unwrap();
@@ -742,6 +823,8 @@ fn write_table(
     for b in built {
         writeln!(s, "    Cubin {{").unwrap();
         writeln!(s, "        name: {:?},", b.name).unwrap();
+        writeln!(s, "        arch: {:?},", b.arch.name).unwrap();
+        writeln!(s, "        cc: {:?},", b.arch.cc).unwrap();
         writeln!(s, "        bytes: include_bytes!({:?}),", b.cubin.display().to_string()).unwrap();
         writeln!(s, "        nvshmem: {},", b.nvshmem).unwrap();
         writeln!(s, "        nvshmem_release: {:?},", b.release).unwrap();
@@ -773,7 +856,13 @@ fn write_table(
     let list: Vec<String> = sorted.iter().map(|(a, b, c)| format!("{a}.{b}.{c}")).collect();
     writeln!(s, "pub static RELEASES_MARKER: &str = {:?};", format!("DEEPEP_KERNELS_NVSHMEM_RELEASES={};", list.join(","))).unwrap();
     writeln!(s, "pub const NVCC_VERSION: &str = {nvcc:?};").unwrap();
-    writeln!(s, "pub const ARCH: &str = {ARCH:?};").unwrap();
+    let names = |list: &[&'static Arch]| list.iter().map(|a| a.name).collect::<Vec<_>>();
+    writeln!(s, "pub const ARCHS: &[&str] = &{:?};", names(archs)).unwrap();
+    writeln!(s, "pub const RECORDED_ARCHS: &[&str] = &{:?};", names(recorded)).unwrap();
+    // The architectures built and those with a GPU record, as ASCII markers for tools that read
+    // the extension's bytes (deepep-nix doctor): `DEEPEP_KERNELS_ARCHS=sm_90a,sm_100a;`.
+    writeln!(s, "pub static ARCHS_MARKER: &str = {:?};", format!("DEEPEP_KERNELS_ARCHS={};", names(archs).join(","))).unwrap();
+    writeln!(s, "pub static RECORDED_ARCHS_MARKER: &str = {:?};", format!("DEEPEP_KERNELS_RECORDED_ARCHS={};", names(recorded).join(","))).unwrap();
     writeln!(s, "pub const SOURCE_HASH: &str = {hash:?};").unwrap();
     std::fs::write(out.join("cubins.rs"), s).unwrap();
 }

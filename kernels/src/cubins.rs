@@ -1,6 +1,10 @@
-//! The sm_90a cubins compiled by `build.rs` and embedded in the binary, with their build manifest.
+//! The cubins compiled by `build.rs` and embedded in the binary, with their build manifest.
 //!
 //! Name = file stem of the source (`selftest`, `layout`, `intranode`, `low_latency`, `internode`).
+//! Every source is compiled once per GPU architecture of the build ([`ARCHS`]: sm_90a, sm_100a and
+//! sm_103a unless `DEEPEP_CUDA_ARCHS` named fewer; [`crate::arch`]); a GPU loads the cubins of its
+//! compute capability ([`require_for_cc`], from `Gpu::module`). [`get`] and [`require`] give the
+//! first architecture's ([`DEFAULT_ARCH`]), for checks that do not depend on the device.
 //! NVSHMEM cubins (`cuda/nvshmem/*.cu`) are present only when the crate was built with NVSHMEM
 //! (see [`NVSHMEM_ENABLED`]); [`require`] turns a missing one into an error that says how to fix it.
 //!
@@ -30,7 +34,11 @@ pub struct KernelResources {
 pub struct Cubin {
     /// File stem of the source, e.g. `intranode`.
     pub name: &'static str,
-    /// The ELF image (SASS for [`ARCH`]), ready for `cuModuleLoadData`.
+    /// The SASS target, e.g. `sm_100a` (one of [`ARCHS`]).
+    pub arch: &'static str,
+    /// The compute capability that runs it, e.g. `(10, 0)`.
+    pub cc: (u32, u32),
+    /// The ELF image (SASS for [`Cubin::arch`]), ready for `cuModuleLoadData`.
     pub bytes: &'static [u8],
     /// Linked against `libnvshmem_device.a` (needs `nvshmemx_cumodule_init` after loading).
     pub nvshmem: bool,
@@ -115,16 +123,103 @@ pub fn nvshmem_release() -> Option<(u32, u32, u32)> {
     }
 }
 
-/// The embedded cubin named `name`, if it was built; for an NVSHMEM cubin, the one of the
-/// release in use ([`nvshmem_release`]).
+/// The first architecture of the build: the one [`get`] and [`require`] give.
+pub const DEFAULT_ARCH: &str = ARCHS[0];
+
+/// The embedded cubin named `name` for the default architecture ([`DEFAULT_ARCH`]), if it was
+/// built; for an NVSHMEM cubin, the one of the release in use ([`nvshmem_release`]).
 pub fn get(name: &str) -> Option<&'static Cubin> {
-    let release = nvshmem_release();
-    CUBINS.iter().find(|c| c.name == name && (!c.nvshmem || c.nvshmem_release == release))
+    get_for_arch(name, DEFAULT_ARCH)
 }
 
-/// The NVSHMEM cubin `name` built for release `v`, if there is one.
+/// [`get`] for architecture `arch` (`sm_100a`).
+pub fn get_for_arch(name: &str, arch: &str) -> Option<&'static Cubin> {
+    let release = nvshmem_release();
+    CUBINS.iter().find(|c| c.name == name && c.arch == arch && (!c.nvshmem || c.nvshmem_release == release))
+}
+
+/// The NVSHMEM cubin `name` built for release `v` (default architecture), if there is one.
 pub fn get_for(name: &str, v: (u32, u32, u32)) -> Option<&'static Cubin> {
-    CUBINS.iter().find(|c| c.name == name && c.nvshmem && c.nvshmem_release == Some(v))
+    CUBINS.iter().find(|c| c.name == name && c.arch == DEFAULT_ARCH && c.nvshmem && c.nvshmem_release == Some(v))
+}
+
+/// The compute capabilities the build has cubins for, in [`ARCHS`] order.
+pub fn built_ccs() -> Vec<(u32, u32)> {
+    ARCHS.iter().filter_map(|n| crate::arch::by_name(n)).map(|a| a.cc).collect()
+}
+
+/// The compute capabilities with a GPU record in kernels/results at build time.
+pub fn recorded_ccs() -> Vec<(u32, u32)> {
+    RECORDED_ARCHS.iter().filter_map(|n| crate::arch::by_name(n)).map(|a| a.cc).collect()
+}
+
+/// The architectures built, as "sm_90a (9.0), sm_100a (10.0)".
+pub fn archs_text() -> String {
+    let cc = |n: &str| crate::arch::by_name(n).map_or("?".into(), |a| crate::arch::cc_text(a.cc));
+    ARCHS.iter().map(|n| format!("{n} ({})", cc(n))).collect::<Vec<_>>().join(", ")
+}
+
+/// The architecture whose cubins a device of compute capability `cc` loads; an error naming the
+/// architectures this build has and the fix when there is none.
+pub fn arch_for_cc(cc: (u32, u32), device: &str) -> Result<&'static str> {
+    if let Some(a) = ARCHS.iter().find(|n| crate::arch::by_name(n).is_some_and(|a| a.cc == cc)) {
+        return Ok(a);
+    }
+    let known = crate::arch::by_cc(cc);
+    let fix = match known {
+        Some(a) => format!(
+            "this build left {} out (DEEPEP_CUDA_ARCHS at build time); rebuild without DEEPEP_CUDA_ARCHS (all architectures) or \
+             with {} in it",
+            a.name, a.name
+        ),
+        None => format!(
+            "this project builds for {} only; use a GPU of one of those compute capabilities",
+            crate::arch::KNOWN.iter().map(|a| format!("{} ({})", a.family, crate::arch::cc_text(a.cc))).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    Err(EpError::Unsupported(format!(
+        "{device} is compute capability {}: this build has cubins for {} only. Fix: {fix}",
+        crate::arch::cc_text(cc),
+        archs_text()
+    )))
+}
+
+/// The cubin `name` that a device of compute capability `cc` loads (its architecture's; for an
+/// NVSHMEM cubin, of the release in use).
+pub fn require_for_cc(name: &str, cc: (u32, u32), device: &str) -> Result<&'static Cubin> {
+    let arch = arch_for_cc(cc, device)?;
+    if let Some(c) = get_for_arch(name, arch) {
+        return Ok(c);
+    }
+    // Not built at all (the error of `require` says why), or built for the default architecture
+    // only, which build.rs never does (every source for every architecture).
+    require(name)?;
+    Err(EpError::Unsupported(format!("cubin '{name}' is embedded for {DEFAULT_ARCH} but not for {arch}; rebuild the crate")))
+}
+
+/// The one-line untested-architecture warning for the first `Buffer` on `device` of compute
+/// capability `cc` ([`crate::arch::untested_warning`] against this build's architectures and the
+/// GPU records it was built with); `None` when such a GPU has a record.
+pub fn untested_arch_warning(cc: (u32, u32), device: &str) -> Option<String> {
+    crate::arch::untested_warning(cc, device, &recorded_ccs(), &built_ccs())
+}
+
+/// [`untested_arch_warning`], but `Some` only the first time it is `Some` in this process: what
+/// the first `Buffer` prints.
+pub fn untested_arch_warning_once(cc: (u32, u32), device: &str) -> Option<String> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let w = untested_arch_warning(cc, device)?;
+    (!WARNED.swap(true, std::sync::atomic::Ordering::AcqRel)).then_some(w)
+}
+
+/// The architectures built and recorded, read back from the ASCII markers embedded in the binary
+/// (`DEEPEP_KERNELS_ARCHS=sm_90a,sm_100a,sm_103a;`, `DEEPEP_KERNELS_RECORDED_ARCHS=sm_90a;`).
+pub fn archs_from_markers() -> (Vec<String>, Vec<String>) {
+    let list = |m: &'static str, prefix: &str| -> Vec<String> {
+        let m = std::hint::black_box(m);
+        m.trim_start_matches(prefix).trim_end_matches(';').split(',').filter(|s| !s.is_empty()).map(String::from).collect()
+    };
+    (list(ARCHS_MARKER, "DEEPEP_KERNELS_ARCHS="), list(RECORDED_ARCHS_MARKER, "DEEPEP_KERNELS_RECORDED_ARCHS="))
 }
 
 /// Like [`get`], but an error that says why the cubin is missing and how to get it.
@@ -173,5 +268,5 @@ pub fn manifest() -> String {
     let mut names: Vec<&str> = CUBINS.iter().map(|c| c.name).collect();
     names.sort();
     names.dedup();
-    format!("cubins {ARCH} (nvcc {NVCC_VERSION}, {nvs}, source {SOURCE_HASH}): {}", names.join(", "))
+    format!("cubins {} (nvcc {NVCC_VERSION}, {nvs}, source {SOURCE_HASH}): {}", ARCHS.join(" "), names.join(", "))
 }

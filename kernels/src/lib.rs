@@ -2,7 +2,8 @@
 //!
 //! Module map (see `docs/architecture.md`):
 //! - [`error`]: error type and the GPU diagnostic record (rank / phase / channel on timeout).
-//! - [`cubins`]: the embedded sm_90a cubins and their build manifest (from `build.rs`).
+//! - [`cubins`]: the embedded cubins (sm_90a, sm_100a, sm_103a) and their build manifest (from
+//!   `build.rs`); [`arch`]: the GPU architectures, their GPUs and the untested-architecture warning.
 //! - [`reference`](mod@reference): the CPU oracle of the dispatch/combine contract (pure Rust).
 //! - [`validate`]: argument checks run before any launch; [`args`]: the checks of the Python
 //!   entry points on the tensors as passed (real shapes, strides, dtype, device).
@@ -30,6 +31,7 @@ pub mod error;
 pub use error::{EpError, Result};
 pub mod common;
 pub mod config;
+pub mod arch;
 pub mod cubins;
 pub mod internode;
 pub mod intranode;

@@ -2,6 +2,7 @@
 //! cubin, no entry point is missing from the manifest, NVSHMEM cubins carry the NVSHMEM device
 //! state, and the FFI structs have the sizes of `cuda/common.cuh`.
 
+use deepep_kernels::arch;
 use deepep_kernels::cubins::{self, elf};
 use deepep_kernels::error::{Diag, ErrorRecord};
 use std::path::Path;
@@ -40,12 +41,51 @@ fn every_source_has_a_cubin() {
 }
 
 #[test]
-fn cubins_are_cuda_elf_for_sm90a() {
-    assert_eq!(cubins::ARCH, "sm_90a");
+fn cubins_are_cuda_elf_of_their_architecture() {
+    assert!(!cubins::ARCHS.is_empty(), "no architecture built");
+    assert_eq!(cubins::DEFAULT_ARCH, cubins::ARCHS[0]);
     let v: Vec<u32> = cubins::NVCC_VERSION.split('.').map(|x| x.parse().unwrap()).collect();
-    assert!(v.len() == 3 && v[0] >= 12, "nvcc version {} (sm_90a needs CUDA >= 12)", cubins::NVCC_VERSION);
+    assert!(v.len() == 3 && v[0] >= 13, "nvcc version {} (sm_103a needs CUDA >= 12.9; the pin is 13.0)", cubins::NVCC_VERSION);
     for c in cubins::CUBINS {
         assert_eq!(elf::machine(c.bytes).unwrap(), elf::EM_CUDA, "{}", c.name);
+        let a = arch::by_name(c.arch).unwrap_or_else(|| panic!("{}: unknown architecture {}", c.name, c.arch));
+        assert!(cubins::ARCHS.contains(&c.arch), "{} for {} but ARCHS is {:?}", c.name, c.arch, cubins::ARCHS);
+        assert_eq!(c.cc, a.cc, "{} {}", c.name, c.arch);
+        // the SASS inside is of that architecture (e_flags), not only the label
+        assert_eq!(elf::sm_version(c.bytes).unwrap(), a.cc.0 * 10 + a.cc.1, "{} labelled {}", c.name, c.arch);
+    }
+    // every (source, release) exists once per architecture
+    type Release = Option<(u32, u32, u32)>;
+    let mut sets: Vec<(&str, Release)> = cubins::CUBINS.iter().map(|c| (c.name, c.nvshmem_release)).collect();
+    sets.sort();
+    sets.dedup();
+    for (name, release) in sets {
+        let mut got: Vec<&str> =
+            cubins::CUBINS.iter().filter(|c| c.name == name && c.nvshmem_release == release).map(|c| c.arch).collect();
+        got.sort();
+        let mut want = cubins::ARCHS.to_vec();
+        want.sort();
+        assert_eq!(got, want, "{name} {release:?}: architectures");
+    }
+}
+
+#[test]
+fn a_device_loads_the_cubins_of_its_compute_capability() {
+    for &name in cubins::ARCHS {
+        let a = arch::by_name(name).unwrap();
+        let c = cubins::require_for_cc("selftest", a.cc, "test GPU").unwrap();
+        assert_eq!((c.arch, c.cc), (name, a.cc));
+    }
+    // Ampere (8.0) and consumer Blackwell (12.0): no cubins, an error naming what the build has.
+    for cc in [(8, 0), (12, 0)] {
+        let e = cubins::require_for_cc("selftest", cc, "GPU 0 (NVIDIA X)").unwrap_err().to_string();
+        assert!(e.contains(&format!("GPU 0 (NVIDIA X) is compute capability {}.{}", cc.0, cc.1)), "{e}");
+        assert!(e.contains(&cubins::archs_text()) && e.contains("Fix:"), "{e}");
+    }
+    // A known architecture this build left out (DEEPEP_CUDA_ARCHS) names the setting.
+    for a in arch::KNOWN.iter().filter(|a| !cubins::ARCHS.contains(&a.name)) {
+        let e = cubins::require_for_cc("selftest", a.cc, "GPU 0").unwrap_err().to_string();
+        assert!(e.contains("DEEPEP_CUDA_ARCHS") && e.contains(a.name), "{e}");
     }
 }
 

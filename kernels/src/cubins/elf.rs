@@ -112,6 +112,15 @@ pub fn machine(b: &[u8]) -> Result<u16, String> {
     u16_at(b, 0x12)
 }
 
+/// The SM version the image was compiled for (`100` for sm_100a), from `e_flags`: bits 8-15
+/// from ELF ABI version 8 on (CUDA 13's nvcc and nvlink: `0x64` for sm_100a, `0x67` for sm_103a),
+/// bits 0-7 before.
+pub fn sm_version(b: &[u8]) -> Result<u32, String> {
+    machine(b)?;
+    let flags = u32_at(b, 0x30)?;
+    Ok(if b[8] >= 8 { (flags >> 8) & 0xff } else { flags & 0xff })
+}
+
 /// Names of the kernel entry points (global functions flagged [`STO_CUDA_ENTRY`]).
 pub fn entry_points(b: &[u8]) -> Result<Vec<String>, String> {
     Ok(symbols(b)?

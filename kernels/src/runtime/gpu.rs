@@ -42,6 +42,8 @@ pub struct Gpu {
     ranks_per_gpu: usize,
     l2_bytes: usize,
     name: String,
+    /// Compute capability (major, minor): picks the architecture of the cubins loaded.
+    cc: (u32, u32),
     done: sys::CUevent,
     /// Recorded and waited on at once by [`Gpu::stream_wait`].
     join: sys::CUevent,
@@ -107,6 +109,8 @@ impl Gpu {
         let sm_count = if ranks_per_gpu > 1 && whole_grids()? { device_sms } else { sm_share(device_sms, ranks_per_gpu) };
         let l2_bytes = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let cc_major = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32;
+        let cc_minor = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32;
         let mut done = std::ptr::null_mut();
         // SAFETY: context is current.
         check(unsafe { sys::cuEventCreate(&mut done, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || "cuEventCreate".into())?;
@@ -135,6 +139,7 @@ impl Gpu {
             ranks_per_gpu,
             l2_bytes,
             name,
+            cc: (cc_major, cc_minor),
             done,
             join,
             modules: Mutex::new(HashMap::new()),
@@ -265,13 +270,18 @@ impl Gpu {
         take_argument(&self.record)
     }
 
-    /// Load (once) the embedded cubin `name`.
+    /// The device's compute capability (major, minor).
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.cc
+    }
+
+    /// Load (once) the embedded cubin `name` of this device's architecture.
     pub fn module(&self, name: &str) -> Result<Arc<Module>> {
         let mut m = self.modules.lock().unwrap();
         if let Some(x) = m.get(name) {
             return Ok(x.clone());
         }
-        let cubin = cubins::require(name)?;
+        let cubin = cubins::require_for_cc(name, self.cc, &format!("rank {}: GPU {} ({})", self.rank, self.ordinal, self.name))?;
         let module = Arc::new(Module::load(self, cubin)?);
         m.insert(cubin.name, module.clone());
         Ok(module)
@@ -656,11 +666,11 @@ impl Module {
         // SAFETY: a complete cubin image.
         check(unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const _) }, || {
             format!(
-                "rank {}: loading cubin '{}' ({} for {}, nvcc {}) on {}; the GPU must be sm_90 (H100/H200) and the driver >= CUDA 13.0",
+                "rank {}: loading cubin '{}' ({} for {}, nvcc {}) on {}; the driver must be >= CUDA 13.0 (580)",
                 gpu.rank(),
                 cubin.name,
                 if cubin.nvshmem { "NVSHMEM" } else { "plain" },
-                cubins::ARCH,
+                cubin.arch,
                 cubins::NVCC_VERSION,
                 gpu.name()
             )
