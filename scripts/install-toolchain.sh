@@ -29,6 +29,10 @@ pins=(
   nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85
   nvidia-nvshmem-cu13==3.4.5
+  # cuobjdump for kernels/tests/cubin_listing.rs (every kernel of every embedded cubin, per
+  # architecture and release); PyPI has no 13.0 build of it (the first is 13.2), and 13.2 reads
+  # 13.0's cubins. Only bin/cuobjdump, nothing of the 13.0 compiler is replaced.
+  nvidia-cuda-cuobjdump==13.2.86
 )
 extra_release=3.3.20
 extra="$tc/extra/nvshmem-$extra_release"
