@@ -751,6 +751,13 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
         },
     )?;
     let prefix = done.prefix;
+    if let Some(files) = done.unchanged {
+        eprintln!(
+            "already installed: {} holds exactly what {} installs ({files} files and links compared); nothing was changed",
+            prefix.display(),
+            pinned.artifact.filename
+        );
+    }
     if let Some(r) = &done.replaced {
         eprintln!(
             "removed the earlier install in {}: {} ({} files)",
@@ -759,16 +766,19 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             r.files
         );
     }
-    eprintln!(
-        "installed into {}; add it to your shell with:",
-        prefix.display()
-    );
+    if done.unchanged.is_none() {
+        eprintln!("installed into {}", prefix.display());
+    }
+    eprintln!("{}", inst::load_hint(&prefix, args.shell));
     out!("{}", inst::exports(&prefix, args.shell));
     Ok(0)
 }
 
 pub fn env(args: &EnvArgs) -> Result<i32> {
     let prefix = crate::install::check_prefix(&args.prefix)?;
+    if args.shell == crate::install::Shell::Fish {
+        eprintln!("{}", crate::install::load_hint(&prefix, args.shell));
+    }
     out!("{}", crate::install::exports(&prefix, args.shell));
     Ok(0)
 }

@@ -6,8 +6,9 @@
 //! individually harmless links cannot escape); symlinks are created last, so no file is
 //! ever written through one. Everything is unpacked into a staging directory and renamed
 //! into place at the end (inside an existing prefix, which is itself never renamed, so mount
-//! points and prefixes in unwritable parents work; beside a missing one); on any error the
-//! prefix is as before, and parent directories created for a new prefix are removed again.
+//! points and prefixes in unwritable parents work; for a missing one, in its nearest existing
+//! parent, so its missing parents appear only together with it); on any error the prefix and
+//! its parents are as before. The same install run again is verified and changes nothing.
 //! A signal (SIGINT, SIGTERM, SIGHUP) removes them as well, see [`crate::interrupt`].
 //!
 //! Bounds: the unpacked bytes may be at most [`UNPACKED_RATIO`] times the (verified)
@@ -86,6 +87,9 @@ pub struct Installed {
     pub prefix: PathBuf,
     /// `Some` when an earlier install was replaced.
     pub replaced: Option<Replaced>,
+    /// `Some(n)` when the prefix already held exactly what the archive installs (the same
+    /// install run again): nothing was changed; `n` files and links were compared.
+    pub unchanged: Option<u64>,
 }
 
 fn unsafe_entry(entry: &str, reason: impl Into<String>) -> Error {
@@ -827,19 +831,65 @@ fn install_locked(
             if names.is_empty() {
                 Some(false)
             } else if !opts.replace {
-                return Err(Error::Usage(format!(
-                    "--prefix {shown} exists and is not empty{}; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install",
-                    leftover_hint(&prefix, &names)
-                )));
+                let refusal = |why: String| {
+                    Error::Usage(format!(
+                        "--prefix {shown} exists and is not empty{}{why}; pick a new directory, or pass --replace if it holds an earlier NVSHMEM install",
+                        leftover_hint(&prefix, &names)
+                    ))
+                };
+                if fs::symlink_metadata(prefix.join(HOST_LIB)).is_err() {
+                    return Err(refusal(String::new()));
+                }
+                // An install: the same one run again is verified and changes nothing.
+                return match same_install(archive, format, &prefix, unpack_limit(archive, opts)?) {
+                    Ok(Ok(files)) => Ok(Installed {
+                        prefix,
+                        replaced: None,
+                        unchanged: Some(files),
+                    }),
+                    Ok(Err(difference)) => Err(refusal(format!(
+                        " and holds another NVSHMEM install than this archive ({difference})"
+                    ))),
+                    Err(e) => Err(refusal(format!(
+                        " (comparing it with this archive failed: {e})"
+                    ))),
+                };
             } else {
                 require_host_lib(&prefix)?;
                 Some(true)
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            // A part of the path is a file (`--prefix /tmp/notes.txt/pfx`).
+            let file = prefix
+                .ancestors()
+                .skip(1)
+                .find(|d| fs::symlink_metadata(d).is_ok())
+                .unwrap_or(Path::new("/"));
+            return Err(Error::Usage(format!(
+                "--prefix {shown} is below {}, which is a file, not a directory; pick a prefix whose existing parts are \
+                 directories (a missing prefix and its missing parents are created)",
+                file.display()
+            )));
+        }
         Err(e) => return Err(Error::io(&prefix, e)),
     };
-    let limit = match opts.max_unpacked {
+    let limit = unpack_limit(archive, opts)?;
+    let replaced = match existing {
+        None => install_new(archive, format, &prefix, limit).map(|()| None),
+        Some(occupied) => install_existing(archive, format, &prefix, occupied, limit),
+    }?;
+    Ok(Installed {
+        prefix,
+        replaced,
+        unchanged: None,
+    })
+}
+
+/// The bound on the unpacked bytes and where it comes from (for the message).
+fn unpack_limit(archive: &Path, opts: InstallOptions) -> Result<(u64, String)> {
+    Ok(match opts.max_unpacked {
         Some(n) => (n, "--max-unpacked-size".to_string()),
         None => {
             let size = fs::metadata(archive)
@@ -850,12 +900,91 @@ fn install_locked(
                 format!("{UNPACKED_RATIO} times the archive's {size} bytes"),
             )
         }
+    })
+}
+
+/// Whether `prefix` holds exactly what `archive` installs: the archive is unpacked into a
+/// temporary directory (the prefix is not written) and the two trees are compared: the same
+/// names, kinds, file contents and permission bits, link targets. `Ok(Ok(n))`: identical, `n`
+/// files and links compared; `Ok(Err(what))`: the first difference.
+fn same_install(
+    archive: &Path,
+    format: Format,
+    prefix: &Path,
+    limit: (u64, String),
+) -> Result<std::result::Result<u64, String>> {
+    use crate::interrupt::{guard, Undo};
+    let (fresh, ticket) = {
+        let mut g = guard();
+        let fresh = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        let ticket = g.register(Undo::Tree(fresh.path().to_path_buf()));
+        (fresh, ticket)
     };
-    let replaced = match existing {
-        None => install_new(archive, format, &prefix, limit).map(|()| None),
-        Some(occupied) => install_existing(archive, format, &prefix, occupied, limit),
-    }?;
-    Ok(Installed { prefix, replaced })
+    let result = unpack_into(archive, format, fresh.path(), limit).map(|()| {
+        let mut files = 0;
+        same_tree(fresh.path(), prefix, Path::new(""), &mut files).map(|()| files)
+    });
+    forget_all(vec![ticket], || drop(fresh));
+    result
+}
+
+/// Whether two files have the same bytes (read in chunks).
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    let (Ok(mut fa), Ok(mut fb)) = (File::open(a), File::open(b)) else {
+        return false;
+    };
+    let (mut ba, mut bb) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    loop {
+        let Ok(n) = fa.read(&mut ba) else {
+            return false;
+        };
+        if n == 0 {
+            return fb.read(&mut bb).is_ok_and(|m| m == 0);
+        }
+        if fb.read_exact(&mut bb[..n]).is_err() || ba[..n] != bb[..n] {
+            return false;
+        }
+    }
+}
+
+/// Compares the trees `a` (the archive's) and `b` (the prefix) below `rel`.
+fn same_tree(a: &Path, b: &Path, rel: &Path, files: &mut u64) -> std::result::Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let names = |d: &Path| names_in(d).map_err(|e| e.to_string());
+    let (na, nb) = (names(&a.join(rel))?, names(&b.join(rel))?);
+    if let Some(n) = nb.iter().find(|n| !na.contains(n)) {
+        return Err(format!("{} is not in the archive", rel.join(n).display()));
+    }
+    if let Some(n) = na.iter().find(|n| !nb.contains(n)) {
+        return Err(format!("{} is missing", rel.join(n).display()));
+    }
+    for n in na {
+        let r = rel.join(&n);
+        let (pa, pb) = (a.join(&r), b.join(&r));
+        let meta = |p: &Path| fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()));
+        let (ma, mb) = (meta(&pa)?, meta(&pb)?);
+        let differs = |what: &str| Err(format!("{} {what}", r.display()));
+        if ma.file_type().is_symlink() || mb.file_type().is_symlink() {
+            if fs::read_link(&pa).ok() != fs::read_link(&pb).ok() {
+                return differs("is another link");
+            }
+            *files += 1;
+        } else if ma.is_dir() || mb.is_dir() {
+            if ma.is_dir() != mb.is_dir() {
+                return differs("is of another kind");
+            }
+            same_tree(a, b, &r, files)?;
+        } else {
+            if ma.permissions().mode() & 0o7777 != mb.permissions().mode() & 0o7777 {
+                return differs("has other permissions");
+            }
+            if ma.len() != mb.len() || !same_bytes(&pa, &pb) {
+                return differs("has other contents");
+            }
+            *files += 1;
+        }
+    }
+    Ok(())
 }
 
 /// Unpacks `archive` into the (empty) directory `root` and completes the tree: links
@@ -905,70 +1034,94 @@ fn forget_all(tickets: Vec<crate::interrupt::Ticket>, also: impl FnOnce()) {
     }
 }
 
-/// A missing prefix: stage in a directory beside it (creating its parents), then rename
-/// that directory to the prefix.
+/// The mode a new directory gets from `mkdir` here: 0777 less this process's umask (read from
+/// `/proc/self/status`, which does not change it; 022 where that line is missing).
+fn mkdir_mode() -> u32 {
+    let umask = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|u| u32::from_str_radix(u.trim(), 8).ok())
+        })
+        .unwrap_or(0o022);
+    0o777 & !umask
+}
+
+/// A missing prefix (and perhaps missing parents): the whole new subtree is built in a staging
+/// directory in the nearest existing ancestor and renamed into place in one step, so another
+/// process sees either nothing or the complete prefix, never a half-made parent (a parent that
+/// appeared half-way would move the lock of a second install onto a directory this one does
+/// not hold: [`PrefixLock`]). For `--prefix /x/a/b/pfx` with only `/x` existing, the staging
+/// directory becomes `/x/a`.
 fn install_new(archive: &Path, format: Format, prefix: &Path, limit: (u64, String)) -> Result<()> {
     use crate::interrupt::{guard, Undo};
-    let parent = prefix
-        .parent()
-        .ok_or_else(|| Error::Usage("--prefix must not be /".into()))?
-        .to_path_buf();
-    // Ancestors that do not exist yet, deepest first: removed again on failure.
-    let created: Vec<PathBuf> = parent
+    if prefix.parent().is_none() {
+        return Err(Error::Usage("--prefix must not be /".into()));
+    }
+    // The highest missing directory of the prefix's path, and the existing one holding it.
+    let top = prefix
         .ancestors()
         .take_while(|d| fs::symlink_metadata(d).is_err())
-        .map(Path::to_path_buf)
-        .collect();
+        .last()
+        .unwrap_or(prefix)
+        .to_path_buf();
+    let base = top.parent().unwrap_or(Path::new("/")).to_path_buf();
     let cannot_create = |e: io::Error| {
         if !not_writable(&e) {
-            return Error::io(&parent, e);
+            return Error::io(&base, e);
         }
         let e = os_error(e);
-        let blocked = parent
-            .ancestors()
-            .find(|d| fs::symlink_metadata(d).is_ok())
-            .unwrap_or(Path::new("/"));
         let p = sh_quote(&prefix.display().to_string());
         Error::Usage(format!(
             "cannot create --prefix {}: {} is not writable by you ({e}); create the prefix and make it yours \
              (`sudo mkdir -p {p} && sudo chown \"$USER\" {p}`), then run again (install writes only inside it), \
              or pick a prefix below a directory you can write",
             prefix.display(),
-            blocked.display()
+            base.display()
         ))
     };
     let mut tickets = Vec::new();
     let result = (|| {
         let staging = {
             let mut g = guard();
-            for d in created.iter().rev() {
-                tickets.push(g.register(Undo::EmptyDir(d.clone())));
-            }
-            fs::create_dir_all(&parent).map_err(&cannot_create)?;
             let staging = tempfile::Builder::new()
                 .prefix(STAGING_PREFIX)
-                .tempdir_in(&parent)
+                .tempdir_in(&base)
                 .map_err(&cannot_create)?;
             tickets.push(g.register(Undo::Tree(staging.path().to_path_buf())));
             staging
         };
-        unpack_into(archive, format, staging.path(), limit)?;
-        guarded(|| set_mode(staging.path(), 0o755))?;
-        // Publish: the staging directory becomes the prefix in one rename.
+        // Where the prefix is inside the staging directory (the staging directory itself
+        // when only the prefix is missing).
+        let below = prefix.strip_prefix(&top).unwrap_or(Path::new(""));
+        let root = staging.path().join(below);
+        guarded(|| fs::create_dir_all(&root)).map_err(|e| Error::io(&root, e))?;
+        unpack_into(archive, format, &root, limit)?;
+        guarded(|| set_mode(&root, 0o755))?;
+        if root != staging.path() {
+            // It becomes a parent directory the user asked for: the mode mkdir gives.
+            guarded(|| set_mode(staging.path(), mkdir_mode()))?;
+        }
+        // Publish: the staging directory becomes the top missing directory in one rename.
         let _g = guard();
         let staged = staging.keep();
-        fs::rename(&staged, prefix).map_err(|e| {
+        fs::rename(&staged, &top).map_err(|e| {
             let _ = fs::remove_dir_all(&staged);
-            Error::io(prefix, e)
+            if fs::symlink_metadata(&top).is_ok() {
+                // Only where flock is missing (some network file systems): the lock keeps
+                // installs apart everywhere else.
+                Error::Usage(format!(
+                    "{} appeared while this install ran (another process created it; this file system has no \
+                     flock to keep installs apart); nothing was installed: run again to see what is there now",
+                    top.display()
+                ))
+            } else {
+                Error::io(&top, e)
+            }
         })
     })();
-    forget_all(tickets, || {
-        if result.is_err() {
-            for d in &created {
-                let _ = fs::remove_dir(d);
-            }
-        }
-    });
+    forget_all(tickets, || {});
     result
 }
 
@@ -1140,10 +1293,29 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 /// Shell syntax for [`exports`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Shell {
-    /// POSIX sh, bash, zsh.
+    /// POSIX sh, bash, zsh, dash, ksh (also accepted by those names, and as posix).
+    #[value(aliases = ["posix", "bash", "zsh", "dash", "ksh"])]
     Sh,
-    /// fish.
+    /// fish: load the output with `| source`.
     Fish,
+}
+
+/// The line (for stderr) that says how to load [`exports`] of `prefix` into the shell: `eval`
+/// for POSIX shells; for fish, `| source`, because fish's `eval (...)` joins the lines of a
+/// command substitution into one command (a single `set` of NVSHMEM_DIR to every word of all
+/// three lines, without an error).
+pub fn load_hint(prefix: &Path, shell: Shell) -> String {
+    let p = sh_quote(&prefix.display().to_string());
+    match shell {
+        Shell::Sh => format!(
+            "add it to your shell with the lines below, or: eval \"$(deepep-nix env --prefix {p})\""
+        ),
+        Shell::Fish => format!(
+            "fish: load these lines with `deepep-nix env --prefix {p} --shell fish | source` (not with \
+             `eval (...)`: fish joins the lines of a command substitution into one `set`, and NVSHMEM_DIR gets \
+             every word of all three)"
+        ),
+    }
 }
 
 /// `s` in single quotes for POSIX shells.
@@ -1184,6 +1356,19 @@ pub const DEFAULT_RELEASE: (&str, &str) = ("3.4.5", "13");
 pub fn check_prefix(prefix: &Path) -> Result<PathBuf> {
     let p = absolute(prefix)?;
     if !p.join(HOST_LIB).is_file() {
+        // A directory inside an install (`<install>/lib`, `<install>/include/...`): name the
+        // install.
+        if let Some(install) = p.ancestors().skip(1).find(|a| a.join(HOST_LIB).is_file()) {
+            let inside = p.strip_prefix(install).unwrap_or(&p);
+            return Err(Error::Usage(format!(
+                "{} is the {}/ directory of the NVSHMEM install in {}; --prefix is the install itself: \
+                 `deepep-nix env --prefix {}`",
+                p.display(),
+                inside.display(),
+                install.display(),
+                sh_quote(&install.display().to_string())
+            )));
+        }
         let (v, cuda) = DEFAULT_RELEASE;
         return Err(Error::Usage(format!(
             "{} has no {HOST_LIB}; it is not an NVSHMEM install (create one with \

@@ -895,6 +895,24 @@ fn nvshmem_dir_mistakes_are_explained() {
         "NVSHMEM_DIR=relative/dir is not an absolute path"
     );
 
+    // fish's `eval (deepep-nix env --prefix /opt/nvshmem --shell fish)`: the three lines joined
+    // into one `set`, NVSHMEM_DIR exported as every word of them.
+    let garbage = "/opt/nvshmem set -gx LD_LIBRARY_PATH /lib /usr/lib set -gx PATH /bin /usr/bin";
+    let r = TestHost::ibgda().env("NVSHMEM_DIR", garbage).run();
+    assert_eq!(status(&r, "nvshmem.dir"), Status::Fail);
+    assert!(
+        found(&r, "nvshmem.dir").contains("fish's `eval (...)`, which joins its lines into one `set`"),
+        "{}",
+        found(&r, "nvshmem.dir")
+    );
+    assert_eq!(
+        fix(&r, "nvshmem.dir"),
+        "set -e NVSHMEM_DIR; deepep-nix env --prefix /opt/nvshmem --shell fish | source (and open a new fish for a clean LD_LIBRARY_PATH and PATH)"
+    );
+    // A directory name with a space is not taken for that.
+    let r = TestHost::ibgda().env("NVSHMEM_DIR", "/opt/my nvshmem").run();
+    assert!(found(&r, "nvshmem.dir").contains("does not exist"), "{}", found(&r, "nvshmem.dir"));
+
     // Too old for DeepEP and for CPU-assisted IBGDA.
     let h = TestHost::ibgda();
     h.remove("/opt/nvshmem");

@@ -123,6 +123,21 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
     ) {
         (Some(d), _) => (d.clone(), "--nvshmem-dir".to_string()),
         (None, Some(e)) => {
+            if let Some(first) = fish_eval_garbage(e) {
+                out.push(Check::fail(
+                    "nvshmem.dir",
+                    caps::NVSHMEM,
+                    format!(
+                        "NVSHMEM_DIR holds several words ({:?}): the output of `deepep-nix env --shell fish` went through fish's \
+                         `eval (...)`, which joins its lines into one `set`",
+                        e.chars().take(80).collect::<String>()
+                    ),
+                    format!(
+                        "set -e NVSHMEM_DIR; deepep-nix env --prefix {first} --shell fish | source (and open a new fish for a clean LD_LIBRARY_PATH and PATH)"
+                    ),
+                ));
+                return None;
+            }
             if !e.starts_with('/') {
                 out.push(Check::fail(
                     "nvshmem.dir",
@@ -195,6 +210,16 @@ fn locate(host: &Host, settings: &Settings, out: &mut Vec<Check>) -> Option<(Pat
         INSTALL_FIX,
     ));
     None
+}
+
+/// `NVSHMEM_DIR` as fish leaves it after `eval (deepep-nix env --prefix P --shell fish)`: fish
+/// joins the three lines into one `set -gx NVSHMEM_DIR 'P' set -gx LD_LIBRARY_PATH ...` and
+/// exports the list joined with spaces. Returns P (the first word) for such a value.
+fn fish_eval_garbage(value: &str) -> Option<&str> {
+    let mut words = value.split_whitespace();
+    let first = words.next()?;
+    let rest: Vec<&str> = words.collect();
+    (rest.first() == Some(&"set") && rest.contains(&"LD_LIBRARY_PATH")).then_some(first)
 }
 
 /// All distinct `NVSHMEM vX.Y.Z` banners in a file.
