@@ -8,10 +8,11 @@
 //! (joining, default 120 s) and `DEEPEP_COMM_TIMEOUT_S` (each collective, default 600 s); an expired
 //! limit is an error that names the rank(s) that did not arrive.
 
+use super::exchange::{self, Exchange};
 use crate::error::{EpError, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAGIC: u32 = 0x4445_4550; // "DEEP"
@@ -137,7 +138,7 @@ pub struct Comm {
     timeout: Duration,
     links: Mutex<Links>,
     /// Set by [`Comm::with_exchange`]: the caller's all-gather carries every collective.
-    external: Option<std::sync::Arc<dyn super::exchange::Exchange>>,
+    external: Option<Arc<dyn Exchange>>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -185,8 +186,12 @@ impl Comm {
         Ok(Comm { env, timeout: op_timeout, links: Mutex::new(Links { peers, seq: 0, early }), external: None })
     }
 
-    /// See [`Comm::with_exchange`] (`runtime/exchange.rs`).
-    pub(crate) fn from_exchange(env: RankEnv, exchange: std::sync::Arc<dyn super::exchange::Exchange>) -> Result<Comm> {
+    /// A [`Comm`] whose collectives run over `exchange`, the caller's all-gather (a binding's
+    /// process group; see [`super::exchange`]). `rank`/`world` are this process's place in the
+    /// caller's group; `local_rank`/`local_world` describe the host (the intranode buffer needs
+    /// every rank on one host).
+    pub fn with_exchange(rank: usize, world: usize, local_rank: usize, local_world: usize, exchange: Arc<dyn Exchange>) -> Result<Comm> {
+        let env = RankEnv { rank, world, local_rank, local_world, master_addr: String::new(), master_port: 0 };
         env.validate()?;
         let mut c = Comm::single();
         c.env = env;
@@ -368,7 +373,7 @@ impl Comm {
     fn exchange(&self, op: Op, root: usize, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         if let Some(ex) = &self.external {
             let root = (op == Op::Broadcast).then_some(root);
-            return super::exchange::run(ex.as_ref(), self.env.rank, self.env.world, op.name(), root, data);
+            return exchange::collective(ex.as_ref(), self.env.rank, self.env.world, op.name(), root, data);
         }
         let mut links = self.links.lock().unwrap();
         links.seq += 1;
@@ -571,7 +576,7 @@ mod tests {
 
     fn run_world<T: Send + 'static>(world: usize, f: impl Fn(Comm) -> T + Send + Sync + 'static) -> Vec<Result<T>> {
         let port = free_port().unwrap();
-        let f = std::sync::Arc::new(f);
+        let f = Arc::new(f);
         let hs: Vec<_> = (0..world)
             .map(|r| {
                 let f = f.clone();
@@ -696,5 +701,64 @@ mod tests {
         let single = Comm::single();
         assert_eq!(single.all_gather(b"ab").unwrap(), vec![b"ab".to_vec()]);
         assert_eq!(single.broadcast(0, b"q").unwrap(), b"q");
+    }
+
+    /// An in-process all-gather between threads (stands in for a binding's process group).
+    struct Threads {
+        world: usize,
+        slots: Mutex<Vec<Option<Vec<u8>>>>,
+        round: std::sync::Barrier,
+        taken: std::sync::Barrier,
+    }
+    struct Member(Arc<Threads>, usize);
+    impl Exchange for Member {
+        fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+            self.0.slots.lock().unwrap()[self.1] = Some(data.to_vec());
+            self.0.round.wait();
+            let out = self.0.slots.lock().unwrap().iter().map(|s| s.clone().unwrap()).collect();
+            self.0.taken.wait();
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn collectives_over_an_external_all_gather() {
+        let world = 3;
+        let barrier = || std::sync::Barrier::new(world);
+        let t = Arc::new(Threads { world, slots: Mutex::new(vec![None; world]), round: barrier(), taken: barrier() });
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    let comm = Comm::with_exchange(r, t.world, r, t.world, Arc::new(Member(t.clone(), r))).unwrap();
+                    assert_eq!((comm.rank(), comm.world()), (r, world));
+                    let all = comm.all_gather(&[r as u8; 2]).unwrap();
+                    assert_eq!(all, (0..world).map(|s| vec![s as u8; 2]).collect::<Vec<_>>());
+                    assert_eq!(comm.broadcast(1, &[r as u8 + 10]).unwrap(), vec![11]);
+                    comm.barrier().unwrap();
+                    assert_eq!(comm.all_gather_u64(r as u64 * 7).unwrap(), vec![0, 7, 14]);
+                    assert!(comm.broadcast(world, &[]).is_err());
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    /// Answers with this rank's bytes only, whatever the group's size.
+    struct Alone;
+    impl Exchange for Alone {
+        fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+            Ok(vec![data.to_vec()])
+        }
+    }
+
+    #[test]
+    fn an_exchange_comm_checks_its_rank_and_the_answers_size() {
+        assert!(Comm::with_exchange(2, 2, 0, 2, Arc::new(Alone)).is_err());
+        let comm = Comm::with_exchange(0, 2, 0, 2, Arc::new(Alone)).unwrap();
+        let e = comm.all_gather(b"x").unwrap_err().to_string();
+        assert!(e.contains("returned 1 contributions") && e.contains("2 ranks"), "{e}");
     }
 }
