@@ -1,8 +1,10 @@
 //! Test and benchmark harness of `deepep-kernels` (not published, not part of the library's API).
 //!
-//! - [`gpu_test`]: the collective GPU test runner of `deepep-gpu-tests` (cases, verdict exchange,
-//!   the runtime's own `selftest/` cases); [`cases`]: the kernel families' cases, each against
-//!   the CPU reference of `deepep_kernels::reference`.
+//! - [`cases`]: what a GPU test case is (`Case`, `Ctx`, `Skip`, `POISON_U32`) and every
+//!   registered case: the runtime's own `selftest/` cases and the kernel families' cases, each
+//!   against the CPU reference of `deepep_kernels::reference`; [`gpu_test`]: the collective runner
+//!   of `deepep-gpu-tests` (seeds, verdict exchange, per-case timeout). The runner uses the cases,
+//!   never the other way round.
 //! - [`bench`]: the benchmark framework of `deepep-bench` (DeepEP's figures beside an NCCL
 //!   all-to-all baseline moving the same bytes).
 //!

@@ -4,7 +4,8 @@
 //! code is non-zero when any case failed or any rank died.
 
 use clap::Parser;
-use deepep_kernels_harness::gpu_test::{all_cases, run_cases, RunOpts};
+use deepep_kernels_harness::cases::all_cases;
+use deepep_kernels_harness::gpu_test::{run_cases, RunOpts};
 use deepep_kernels::runtime::{launcher, Comm, Gpu};
 use std::process::ExitCode;
 

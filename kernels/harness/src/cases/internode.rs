@@ -16,7 +16,7 @@ use deepep_kernels::internode::{
     nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
 };
 use deepep_kernels::nvshmem::NvshmemRuntime;
-use crate::gpu_test::{Case, CaseResult, Ctx};
+use super::{Case, CaseResult, Ctx};
 use deepep_kernels::reference::{self, random, Payload};
 use deepep_kernels::tensor::{DType, Tensor};
 use anyhow::{anyhow, bail, Context as _};
@@ -293,7 +293,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     // One host: the largest divisor of the world that fits a host (all of it for <= 8 ranks).
     let rph = if let Some(p) = spec.hosts_of {
         if world % p != 0 {
-            return Err(crate::gpu_test::Skip(format!("hosts of {p} ranks need a world that is a multiple of {p}, not {world}")).into());
+            return Err(super::Skip(format!("hosts of {p} ranks need a world that is a multiple of {p}, not {world}")).into());
         }
         p
     } else if spec.one_host {

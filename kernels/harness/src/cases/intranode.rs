@@ -1,4 +1,4 @@
-//! GPU test cases of the intranode family, run by `deepep-gpu-tests` (see `crate::gpu_test`).
+//! GPU test cases of the intranode family, run by `deepep-gpu-tests` (the runner: `crate::gpu_test`).
 //!
 //! Every case generates the inputs of ALL ranks from the case seed (`reference::random`), so each
 //! rank computes the CPU reference locally, runs layout -> (fresh) dispatch -> [cached dispatch]
@@ -11,7 +11,7 @@
 use deepep_kernels::intranode::{Buffer, CombineArgs, DispatchArgs, DispatchOutput, Layout};
 use deepep_kernels::config::Config;
 use deepep_kernels::error::EpError;
-use crate::gpu_test::{Case, CaseResult, Ctx, POISON_U32};
+use super::{Case, CaseResult, Ctx, POISON_U32};
 use deepep_kernels::reference::compare::bit_exact;
 use deepep_kernels::reference::random::{self, streams, InputSpec};
 use deepep_kernels::reference::{self, DispatchOut, Payload, RankInput};

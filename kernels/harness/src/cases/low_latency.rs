@@ -12,7 +12,7 @@ use half::bf16;
 
 use deepep_kernels::nvshmem::binding::{self, HostLib, Version};
 use deepep_kernels::low_latency::{CombineVersion, DispatchVersion, LlDispatchOpts, LlDispatchOut, LlTransport, LowLatencyBuffer};
-use crate::gpu_test::{Case, CaseResult, Ctx};
+use super::{Case, CaseResult, Ctx};
 use deepep_kernels::reference::low_latency::{LlPacked, LlScalesView};
 use deepep_kernels::reference::random::{self, InputSpec};
 use deepep_kernels::reference::{ll_combine, ll_dispatch, LlOptions, Payload, RankInput};
@@ -238,7 +238,7 @@ fn round(c: &Ctx, buf: &mut LowLatencyBuffer, shape: Shape, mode: Mode, seed: u6
 /// Poison every rank's dispatch outputs, then meet, so a count, range or row the kernels should
 /// have written but did not (e.g. a zero count or an empty range) shows as poison.
 fn poison_outputs(c: &Ctx, buf: &LowLatencyBuffer) -> CaseResult {
-    buf.fill_outputs(crate::gpu_test::POISON_U32)?;
+    buf.fill_outputs(super::POISON_U32)?;
     c.gpu.sync("poisoning the LL outputs")?;
     c.comm.barrier()?;
     Ok(())
