@@ -8,7 +8,7 @@ here imports torch at import time, so the API shape can be inspected without tor
 
 from . import _native
 from .config import Config
-from .utils import EventHandle, EventOverlap
+from .utils.event import EventHandle, EventOverlap
 from .buffer import Buffer, DeviceArgumentError, DeviceError, PeerTimeoutError, check_device_error
 
 __version__ = _native.__version__

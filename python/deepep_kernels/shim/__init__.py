@@ -23,6 +23,20 @@ PATH = os.path.dirname(os.path.abspath(__file__))
 SHADOW_ENV = "DEEPEP_KERNELS_SHADOW_DEEP_EP"
 
 
+# Every copy of the shim's deep_ep/__init__.py carries this marker (the conformance runner
+# builds one per DeepEP 2.x run, with DeepEP's reference utilities over ours).
+SHIM_MARKER = "__deepep_kernels_shim__ = True"
+
+
+def is_shim_copy(init_py: str) -> bool:
+    """Whether ``init_py`` (a ``deep_ep/__init__.py``) is this shim's or a copy of it."""
+    try:
+        with open(init_py, encoding="utf-8", errors="replace") as f:
+            return SHIM_MARKER in f.read(65536)
+    except OSError:
+        return False
+
+
 def real_deep_ep_locations() -> list:
     """Directories on sys.path (other than the shim's) holding a ``deep_ep`` package or the
     ``deep_ep_cpp`` extension of a real DeepEP installation."""
@@ -31,8 +45,10 @@ def real_deep_ep_locations() -> list:
         d = os.path.abspath(entry or os.getcwd())
         if d == PATH or not os.path.isdir(d):
             continue
-        if os.path.isfile(os.path.join(d, "deep_ep", "__init__.py")):
-            found.append(os.path.join(d, "deep_ep"))
+        init = os.path.join(d, "deep_ep", "__init__.py")
+        if os.path.isfile(init):
+            if not is_shim_copy(init):
+                found.append(os.path.join(d, "deep_ep"))
             continue
         try:
             names = os.listdir(d)
