@@ -4,7 +4,10 @@
 #
 # Usage: python/scripts/deepep-conformance.sh [options] DEEPEP_SRC NPROC [NPROC...]
 #   DEEPEP_SRC  a DeepEP checkout (its tests/ folder is run from there; nothing is copied into the
-#               project). DeepEP v1.2.1 is what our API follows.
+#               project): v1.2.1 for the V1 API (tests/test_*.py), 2.1 (commit dd758ca) for V2
+#               (tests/elastic/test_ep.py) and its V1 tests (tests/legacy/test_*.py); for our
+#               package alone tests/ and deep_ep/utils/ of 2.1 suffice, as extracted by
+#               python/scripts/deepep-v2-subset.sh (e.g. into gpu-carry/deepep-2.1, git-ignored)
 #   NPROC       rank counts (--num-processes of the test files), e.g. 2 4 8
 # Options:
 #   --ours PATH          our package: a deepep_kernels wheel (installed into a temporary folder)
@@ -12,13 +15,16 @@
 #   --deepep-site DIR    a folder holding a built `deep_ep` (with deep_ep_cpp), e.g. the --target of
 #                        DeepEP's pip install; without it only our package runs
 #   --only ours|deepep   run one library only
-#   --tests "A B"        test files under DEEPEP_SRC/tests (default: "test_intranode.py test_low_latency.py")
+#   --tests "A B"        test files under DEEPEP_SRC/tests, e.g. elastic/test_ep.py (default:
+#                        "test_intranode.py test_low_latency.py"; a name not in tests/ is looked up
+#                        in tests/legacy/, where DeepEP 2.x keeps the V1 tests)
 #   --gpus N             GPUs the ranks share, rank r on GPU r % N (default 1)
 #   --timeout S          limit per run in seconds (default 600)
 #   --no-mps             do not start a private MPS server per run (default: start one when
 #                        nvidia-cuda-mps-control exists; spin-waiting kernels of several ranks on one
 #                        GPU progress far faster under MPS)
-#   --test-args "..."    extra arguments for every test file (e.g. "--num-tokens 1024")
+#   --test-args "..."    extra arguments for every test file (e.g. "--num-tokens 1024", or for
+#                        elastic/test_ep.py "--skip-perf-test --do-cpu-sync 0")
 #   --stop-at REGEX      end a run as passed once its log matches REGEX (extended grep) and no
 #                        rank failed, e.g. with --test-args --pressure-test (an endless loop over
 #                        seeds, each checked bitwise 20 times) --stop-at 'Testing with seed 2 '
@@ -28,21 +34,30 @@
 #                        MASTER_ADDR/PORT), NPROC ranks each, all on the GPUs here; our package
 #                        gets DEEPEP_KERNELS_RANKS_PER_HOST=NPROC, so the group of H*NPROC ranks is
 #                        served by its internode mode (test_internode.py needs H >= 2)
+#   -h, --help           print this and exit
+# DeepEP 2.x trees (those with deep_ep/utils/): our package runs with DeepEP's own
+#   deep_ep/utils/{refs,math,gate}.py, the V2 test's bitwise references, put over the shim's in a
+#   copy of the shim's deep_ep package in this run's scratch folder (under /tmp, removed at exit);
+#   the rest of deep_ep (envs, testing, event, ElasticBuffer, ...) is ours.
 # Environment: PYTHON (default python3), OUT (log folder, default ./conformance-logs),
-#   RECORD=1 (also write a conformance record of the run into $OUT, <date>-conformance-<slug>.json
-#   with RECORD_SLUG (default run); the commit is the checkout's HEAD or RECORD_COMMIT; copy it
-#   into kernels/results/ and run scripts/results.py: kernels/TESTING.md, "Results as data").
+#   RECORD=1 (also write a conformance record of this invocation's runs into $OUT,
+#   <date>-conformance-<slug>.json with RECORD_SLUG (default run); a row's suite names the library,
+#   the test file and --test-args, e.g. "ours: elastic/test_ep.py --skip-perf-test"; the commit is
+#   the checkout's HEAD or RECORD_COMMIT; copy it into kernels/results/ and run scripts/results.py:
+#   kernels/TESTING.md, "Results as data").
 #
 # The adapter (python/scripts/conformance/sitecustomize.py) changes only the environment: set_device
-# modulo the GPU count, gloo instead of NCCL, CUDA collectives staged through the CPU, float8 as
-# bytes. Each run's full output is in $OUT/<library>-<test>-<nproc>.log; $OUT/summary.txt has one
-# line per run. Exits 1 when a run of our package failed (DeepEP's results are reported only).
+# modulo the GPU count, gloo instead of NCCL, CUDA collectives (all_to_all_single too) staged
+# through the CPU, float8 as bytes. Each run's full output is in $OUT/<library>-<test>-<nproc>.log
+# (a test path's / as _); $OUT/summary.txt has one line per run (its test arguments at the end).
+# Exits 1 when a run of our package failed (DeepEP's results are reported only), 2 on bad usage.
 set -uo pipefail
 invocation="python/scripts/deepep-conformance.sh $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
 ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args="" hosts=1 stop_at=""
-usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+# the comment block above, up to the first line that is not a comment
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --ours) ours=$2; shift 2 ;;
@@ -65,9 +80,25 @@ done
 src=$(cd "$1" 2>/dev/null && pwd) || { echo "deepep-conformance: DEEPEP_SRC '$1' is not a folder" >&2; exit 2; }
 shift
 nprocs=("$@")
+# each test file as a path under tests/ (DeepEP 2.x keeps the V1 tests in tests/legacy/)
+test_paths=()
 for t in $tests; do
-  [ -f "$src/tests/$t" ] || { echo "deepep-conformance: $src/tests/$t not found; point DEEPEP_SRC at a DeepEP checkout (v1.2.1)" >&2; exit 2; }
+  if [ -f "$src/tests/$t" ]; then test_paths+=("$t")
+  elif [ -f "$src/tests/legacy/$t" ]; then test_paths+=("legacy/$t")
+  else
+    echo "deepep-conformance: neither $src/tests/$t nor $src/tests/legacy/$t exists; point DEEPEP_SRC at a DeepEP checkout" \
+      "(v1.2.1 for test_intranode.py / test_low_latency.py, 2.1 for elastic/test_ep.py) or at python/scripts/deepep-v2-subset.sh's folder" >&2
+    exit 2
+  fi
 done
+# A DeepEP 2.x tree: its own bitwise references deep_ep/utils/{refs,math,gate}.py are used by our runs
+v2_utils=""
+if [ -d "$src/deep_ep/utils" ]; then
+  for m in refs math gate; do
+    [ -f "$src/deep_ep/utils/$m.py" ] || { echo "deepep-conformance: $src/deep_ep/utils/ has no $m.py; a DeepEP 2.x tree (or python/scripts/deepep-v2-subset.sh's folder) holds deep_ep/utils/{refs,math,gate}.py" >&2; exit 2; }
+  done
+  v2_utils="$src/deep_ep/utils"
+fi
 case "$only" in ""|ours|deepep) ;; *) echo "deepep-conformance: --only takes ours or deepep" >&2; exit 2 ;; esac
 libs=()
 [ "$only" != deepep ] && libs+=(ours)
@@ -96,7 +127,19 @@ if [[ " ${libs[*]} " == *" ours "* ]]; then
     [ -d "$ours/deepep_kernels" ] || { echo "deepep-conformance: no deepep_kernels/ in --ours $ours" >&2; exit 2; }
     ours_path=$(cd "$ours" && pwd)
   fi
-  shim=$(PYTHONPATH="$ours_path${PYTHONPATH:+:$PYTHONPATH}" "$py" -m deepep_kernels.shim) || { echo "deepep-conformance: deepep_kernels is not importable (pass --ours)" >&2; exit 2; }
+  # from the scratch folder: `python -m` puts the working folder first on sys.path, and in python/
+  # that is the source tree (no built extension), not the package under test
+  shim=$(cd "$scratch" && PYTHONPATH="$ours_path${PYTHONPATH:+:$PYTHONPATH}" "$py" -m deepep_kernels.shim) || { echo "deepep-conformance: deepep_kernels is not importable (pass --ours)" >&2; exit 2; }
+  if [ -n "$v2_utils" ]; then
+    # A copy of the shim's deep_ep package with DeepEP's refs/math/gate over ours (the copy keeps
+    # the shim's marker, so the shim does not take it for a real DeepEP); only in this scratch folder.
+    mkdir -p "$scratch/shim-v2"
+    cp -R "$shim/deep_ep" "$scratch/shim-v2/" || { echo "deepep-conformance: cannot copy $shim/deep_ep" >&2; exit 2; }
+    rm -rf "$scratch/shim-v2/deep_ep/__pycache__" "$scratch/shim-v2/deep_ep/utils/__pycache__"
+    for m in refs math gate; do cp "$v2_utils/$m.py" "$scratch/shim-v2/deep_ep/utils/$m.py" || exit 2; done
+    shim="$scratch/shim-v2"
+    echo "deepep-conformance: DeepEP 2.x tree: deep_ep.utils.{refs,math,gate} are DeepEP's own ($v2_utils), the rest of deep_ep is ours"
+  fi
 fi
 
 mps_start() {
@@ -114,14 +157,15 @@ mps_stop() {
 
 port=$((20000 + RANDOM % 20000))
 fail=0
-printf '%-7s %-22s %5s  %-8s %7s  %s\n' library test nproc result seconds log | tee -a "$out/summary.txt"
+printf '%-7s %-26s %5s  %-8s %7s  %s\n' library test nproc result seconds log | tee -a "$out/summary.txt"
 for lib in "${libs[@]}"; do
   if [ "$lib" = ours ]; then libpath="$shim${ours_path:+:$ours_path}"; else libpath=$(cd "$deepep_site" && pwd); fi
-  for t in $tests; do
+  for t in "${test_paths[@]}"; do
     for n in "${nprocs[@]}"; do
       tag="$n"
       [ "$hosts" -gt 1 ] && tag="${hosts}x$n"
-      log="$out/$lib-${t%.py}-$tag.log"
+      t_name=${t%.py}
+      log="$out/$lib-${t_name//\//_}-$tag.log"
       port=$((port + 1))
       mps_start
       start=$(date +%s)
@@ -174,7 +218,7 @@ for lib in "${libs[@]}"; do
       secs=$(( $(date +%s) - start ))
       [ -z "$result" ] && { [ "$code" -eq 0 ] && result=PASS || result="FAIL($code)"; }
       mps_stop
-      printf '%-7s %-22s %5s  %-8s %7s  %s\n' "$lib" "$t" "$tag" "$result" "$secs" "$(basename "$log")" | tee -a "$out/summary.txt"
+      printf '%-7s %-26s %5s  %-8s %7s  %s%s\n' "$lib" "$t" "$tag" "$result" "$secs" "$(basename "$log")" "${test_args:+  $test_args}" | tee -a "$out/summary.txt"
       if [ "${result%(stop)}" != PASS ]; then
         grep -E "Error|error|assert|Traceback" "$log" | grep -v "^\[conformance adapter\]" | tail -n 4 | sed 's/^/    /' | tee -a "$out/summary.txt"
         [ "$lib" = ours ] && fail=1

@@ -7,10 +7,17 @@ It changes the environment, never the tests or the library under test:
 - ``torch.cuda.set_device(i)`` selects GPU ``i % DEEPEP_CONFORMANCE_GPUS`` (default: all visible),
   so ranks 0..N-1 share the GPUs there are (several ranks per GPU on purpose).
 - ``torch.distributed.init_process_group`` uses gloo instead of NCCL (NCCL refuses two ranks on
-  one GPU) and drops ``device_id`` (NCCL-only eager init).
-- Collectives on CUDA tensors (all_reduce, all_gather, all_gather_into_tensor, broadcast) run
-  through the CPU: copied to host, exchanged by gloo, copied back. float8 tensors travel as their
-  bytes (torch 2.11's gloo rejects float8 and cannot unpickle it).
+  one GPU) and drops ``device_id`` (NCCL-only eager init; DeepEP 2.1's init_dist passes
+  ``cuda:<local rank>``, which need not exist with more ranks than GPUs, and a bound device would
+  make gloo's barrier use it). ``new_group`` makes gloo groups too (a backend or NCCL options
+  asked for are dropped), so ``group.barrier()`` and the collectives below work on them.
+- Collectives on CUDA tensors (all_reduce, all_gather, all_gather_into_tensor, broadcast,
+  all_to_all_single) run through the CPU: copied to host, exchanged by gloo, copied back. float8
+  tensors travel as their bytes (torch 2.11's gloo rejects float8 and cannot unpickle it);
+  all_to_all_single moves every tensor as rows of bytes with the caller's (uneven) row splits
+  (deepep_conformance_staging.py beside this file). Staging tensors name their device and dtype,
+  so ``torch.set_default_device('cuda')`` / ``set_default_dtype(torch.bfloat16)`` (DeepEP 2.1's
+  init_dist) do not reach them.
 
 Active only when DEEPEP_CONFORMANCE_ADAPTER=1; otherwise it does nothing. If another
 sitecustomize exists further down sys.path, it is still run first.
@@ -38,8 +45,12 @@ def _run_shadowed_sitecustomize() -> None:
 
 
 def _install() -> None:
+    import functools
+
     import torch
     import torch.distributed as dist
+
+    import deepep_conformance_staging as staging
 
     gpus = int(os.environ.get("DEEPEP_CONFORMANCE_GPUS", "0")) or max(1, torch.cuda.device_count())
     orig_set_device = torch.cuda.set_device
@@ -54,6 +65,9 @@ def _install() -> None:
 
     orig_init = dist.init_process_group
 
+    # functools.wraps keeps the signature, so callers that look for `device_id` in it (DeepEP
+    # 2.1's init_dist) still pass it, and it is dropped here
+    @functools.wraps(orig_init)
     def init_process_group(*args, **kwargs):
         kwargs.pop("device_id", None)
         if args:
@@ -63,6 +77,23 @@ def _install() -> None:
         return orig_init(*args, **kwargs)
 
     dist.init_process_group = init_process_group
+
+    orig_new_group = dist.new_group
+
+    @functools.wraps(orig_new_group)
+    def new_group(*args, **kwargs):
+        # new_group(ranks=None, timeout=None, backend=None, pg_options=None, ...): the default
+        # group's backend (gloo), never NCCL or its options
+        args = list(args)
+        if len(args) > 2:
+            args[2] = None
+        if len(args) > 3:
+            args[3] = None
+        for key in ("backend", "pg_options", "device_id"):
+            kwargs.pop(key, None)
+        return orig_new_group(*args, **kwargs)
+
+    dist.new_group = new_group
 
     fp8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None)
 
@@ -117,6 +148,15 @@ def _install() -> None:
         write_back(tensor, host)
         return _done(async_op)
 
+    orig_all_to_all_single = dist.all_to_all_single
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        if not (output.is_cuda or input.is_cuda):
+            return orig_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+        staging.all_to_all_single_through_cpu(orig_all_to_all_single, output, input, output_split_sizes, input_split_sizes,
+                                              group=group)
+        return _done(async_op)
+
     class _Done:
         def wait(self, *a, **k):
             return True
@@ -131,7 +171,8 @@ def _install() -> None:
     dist.all_gather = all_gather
     dist.all_gather_into_tensor = all_gather_into_tensor
     dist.broadcast = broadcast
-    print(f"[conformance adapter] pid {os.getpid()}: set_device mod {gpus}, gloo, CUDA collectives through the CPU",
+    dist.all_to_all_single = all_to_all_single
+    print(f"[conformance adapter] pid {os.getpid()}: set_device mod {gpus}, gloo, CUDA collectives (all_to_all_single too) through the CPU",
           file=sys.stderr, flush=True)
 
 
