@@ -12,7 +12,7 @@ The submodules other than ``event`` import torch, so they are imported only when
 (``from deepep_kernels.utils.math import align``); importing ``deepep_kernels`` never imports
 torch. They follow the names, signatures and results of DeepEP 2.1's ``deep_ep/utils`` (commit
 dd758ca); where the numerics matter (the references, the FP8 casts, the test's routing scores)
-the results are bit-identical to DeepEP's on the same inputs (python/tests/gpu/test_v2_utils.py
+the results are bit-identical to DeepEP's on the same inputs (python/tests/gpu/test_v2_utils_bitwise.py
 checks that against a DeepEP tree).
 """
 

@@ -12,7 +12,7 @@
 
 The results equal DeepEP's own ``deep_ep/utils/refs.py`` (commit dd758ca) bit for bit on the
 same inputs: the same float32 additions in the same order, the same roundings
-(python/tests/gpu/test_v2_utils.py checks it).
+(python/tests/gpu/test_v2_utils_bitwise.py checks it).
 """
 
 from __future__ import annotations
