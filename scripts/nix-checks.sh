@@ -45,10 +45,24 @@
 #      target/tools/cargo-tools when that version is not there yet.
 #
 # Prints one line per check and a summary; exits 1 if any check failed.
+#
+# Run as root on Debian, it installs system-wide with apt-get what two checks need and this
+# machine lacks: nix-bin (Debian 12's Nix 2.8, check 4b) and unzip/patchelf/binutils (check 6's
+# NVSHMEM package phases). DEEPEP_NO_APT=1 installs nothing; those checks are then skipped
+# (4b) or run with what is there. --apt-plan prints what a run would install, and exits.
+#
+# Usage: scripts/nix-checks.sh [--apt-plan] [--help]
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^# Usage:/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --apt-plan|"") ;;
+  *) echo "nix-checks: unknown argument '$1' (use --apt-plan or --help)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "nix-checks: one argument at most (use --apt-plan or --help)" >&2; exit 2; }
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
+
 
 failed=()
 passed=0
@@ -66,6 +80,22 @@ nix_ok() { # VERSION-STRING: true when >= min_nix
   local v; v=$(grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' <<<"$1" | head -n1)
   [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$min_nix" "$v" | sort -V | head -n1)" = "$min_nix" ]
 }
+# What this run would apt-get install system-wide (root on Debian only; none with DEEPEP_NO_APT=1).
+apt_plan() {
+  [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && [ "${DEEPEP_NO_APT:-0}" != 1 ] || return 0
+  local old=""
+  for c in /usr/bin/nix-instantiate $(type -ap nix-instantiate); do
+    if [ -x "$c" ] && ! nix_ok "$("$c" --version 2>/dev/null)"; then old=$c; break; fi
+  done
+  if [ -z "$old" ] && grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then echo nix-bin; fi
+  if [ -n "${DEEPEP_NVSHMEM_WHEEL:-}" ]; then
+    command -v unzip >/dev/null 2>&1 || echo unzip
+    command -v patchelf >/dev/null 2>&1 || echo patchelf
+    command -v readelf >/dev/null 2>&1 || echo binutils
+  fi
+  return 0
+}
+if [ "${1:-}" = --apt-plan ]; then apt_plan; exit 0; fi
 nix_summary_fail() { # MESSAGE: the countable summary when no usable Nix exists, then exit 1
   fail "$1"
   echo
@@ -168,7 +198,7 @@ old_nix=
 for c in /usr/bin/nix-instantiate $(type -ap nix-instantiate); do
   if [ -x "$c" ] && ! nix_ok "$("$c" --version 2>/dev/null)"; then old_nix=$c; break; fi
 done
-if [ -z "$old_nix" ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+if [ -z "$old_nix" ] && apt_plan | grep -qx nix-bin; then
   echo "installing Debian 12's nix-bin (Nix 2.8) to show the stand-in refusing it ..."
   # A fresh machine may have no package lists yet: update only then.
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nix-bin >"$log" 2>&1 \
@@ -187,7 +217,7 @@ if [ -n "$old_nix" ]; then
     fail "stub nixpkgs with a real $old_version: unexpected error"; cat "$log"
   fi
 else
-  skip "stub nixpkgs refuses a real Nix < 2.18" "none here (as root on Debian 12 this installs apt's nix-bin 2.8); the gate's logic is tested above"
+  skip "stub nixpkgs refuses a real Nix < 2.18" "none here (as root on Debian 12 this installs apt's nix-bin 2.8 unless DEEPEP_NO_APT=1); the gate's logic is tested above"
 fi
 
 # ---------------------------------------------------------------- 5. the NixOS module
@@ -530,7 +560,7 @@ if [ -f checks/stub-nixpkgs/flake.nix ]; then
   if [ -n "${DEEPEP_NVSHMEM_WHEEL:-}" ]; then
     missing_tools=()
     for t in unzip patchelf readelf; do command -v "$t" >/dev/null 2>&1 || missing_tools+=("$t"); done
-    if [ ${#missing_tools[@]} -ne 0 ] && [ "$(id -u)" -eq 0 ]; then
+    if [ ${#missing_tools[@]} -ne 0 ] && [ -n "$(apt_plan)" ]; then
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends unzip patchelf binutils >/dev/null 2>&1 || true
     fi
     if out=$(bash checks/nvshmem-phases.sh "$DEEPEP_NVSHMEM_WHEEL" 2>"$log"); then
