@@ -5,6 +5,7 @@
 //!   against the CPU reference of `deepep_kernels::reference`; [`gpu_test`]: the collective runner
 //!   of `deepep-gpu-tests` (seeds, verdict exchange, per-case timeout). The runner uses the cases,
 //!   never the other way round.
+//! - [`ranks`]: the rank options and exit codes both binaries share.
 //! - [`bench`]: the benchmark framework of `deepep-bench` (DeepEP's figures beside an NCCL
 //!   all-to-all baseline moving the same bytes).
 //!
@@ -15,3 +16,4 @@
 pub mod bench;
 pub mod cases;
 pub mod gpu_test;
+pub mod ranks;

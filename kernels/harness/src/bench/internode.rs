@@ -63,15 +63,6 @@ pub fn rdma_tokens(routing: &Routing, s: usize, ranks_per_host: usize) -> usize 
         .sum()
 }
 
-fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
-    let t = Tensor::empty(ctx.gpu.stream(), dtype, shape)?;
-    let bytes = t.numel() * dtype.size();
-    if bytes >= 4 {
-        ctx.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
-    }
-    Ok(t)
-}
-
 fn figure(stats: &[Stats], bytes: &[usize]) -> (f64, f64, usize) {
     let us = stats.iter().map(|s| s.median_us).fold(0.0, f64::max);
     let (mut slow, mut gbps) = (0, f64::INFINITY);
@@ -89,47 +80,35 @@ fn figure(stats: &[Stats], bytes: &[usize]) -> (f64, f64, usize) {
     (us, if gbps.is_finite() { gbps } else { 0.0 }, slow)
 }
 
+/// The bytes of one op: every rank's RDMA and NVLink bytes, and this rank's per-peer send and
+/// receive bytes (the NCCL baseline's).
+struct LinkBytes {
+    rdma: Vec<usize>,
+    nvl: Vec<usize>,
+    send: Vec<usize>,
+    recv: Vec<usize>,
+}
+
+impl LinkBytes {
+    /// A combine's: the transpose of its dispatch's per-peer counts.
+    fn transposed(self) -> LinkBytes {
+        LinkBytes { send: self.recv, recv: self.send, ..self }
+    }
+}
+
 /// Time `op` once and produce its `rdma` and `nvl` rows.
-#[allow(clippy::too_many_arguments)]
-fn measure2(
-    ctx: &mut BenchCtx,
-    op_name: &str,
-    shape: Shape,
-    sms: u32,
-    rdma_bytes: &[usize],
-    nvl_bytes: &[usize],
-    send_to: &[usize],
-    recv_from: &[usize],
-    op: impl FnMut() -> Result<()>,
-) -> Result<Vec<Row>> {
+fn measure2(ctx: &mut BenchCtx, op_name: &str, shape: Shape, sms: u32, t: &LinkBytes, op: impl FnMut() -> Result<()>) -> Result<Vec<Row>> {
+    let (rdma_bytes, nvl_bytes) = (&t.rdma, &t.nvl);
     let stats = ctx.time(op)?;
-    let nccl = ctx.nccl_baseline(send_to, recv_from)?;
+    let nccl = ctx.nccl_baseline(&t.send, &t.recv)?;
     let (us, rdma_gbps, rslow) = figure(&stats, rdma_bytes);
     let (_, nvl_gbps, nslow) = figure(&stats, nvl_bytes);
     let row = |suffix: &str, bytes: usize, gbps: f64, with_ratio: bool| Row {
-        mode: MODE.into(),
-        op: format!("{op_name} {suffix}"),
-        shape,
-        num_sms: sms,
-        recv_bytes: bytes,
-        us,
-        gbps,
         nccl_us: nccl.map(|n| n.0),
         nccl_gbps: nccl.map(|n| n.1),
-        ratio: if with_ratio {
-            nccl.map(|n| gbps / n.1)
-        } else {
-            None
-        },
+        ratio: if with_ratio { nccl.map(|n| gbps / n.1) } else { None },
         per_rank: stats.clone(),
-        kernel_us: None,
-        kernel_gbps: None,
-        deepep_stat_us: None,
-        deepep_stat_gbps: None,
-        deepep_stat_per_rank: Vec::new(),
-        deepep_kernel_us: None,
-        deepep_kernel_per_rank: Vec::new(),
-        moved: None,
+        ..Row::new(MODE, format!("{op_name} {suffix}"), shape, sms, bytes, us, gbps)
     };
     Ok(vec![
         row("rdma", rdma_bytes[rslow], rdma_gbps, false),
@@ -167,81 +146,40 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             let mut buf = InternodeBuffer::new(gpu, comm, &rt, cfg)?;
             let stream = gpu.stream().clone();
             let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
-            let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
-            let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
-            let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
-            let sc = filled(ctx, DType::F32, &[n, h / 128], 0x3f80_0000)?;
+            let wts = ctx.filled(DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+            let x = ctx.filled(DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
+            let x8 = ctx.filled(DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
+            let sc = ctx.filled(DType::F32, &[n, h / 128], 0x3f80_0000)?;
             comm.barrier()?;
             let first = buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))?;
             let handle = first.handle.clone();
             drop(first);
             let m = handle.num_recv_tokens;
-            let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
+            let y = ctx.filled(DType::Bf16, &[m, h], 0x3f80_3f80)?;
             gpu.sync("internode bench setup")?;
 
             let recv_rows: Vec<usize> = (0..w).map(|r| routing.tokens_received(r)).collect();
             let rdma_rows: Vec<usize> = (0..w).map(|r| rdma_tokens(&routing, r, rph)).collect();
             let sms = num_sms as u32;
-            // (RDMA bytes, NVL bytes, this rank's per-peer send / receive bytes) of a dispatch.
-            let bytes = |fp8: bool| {
+            // The bytes of a dispatch.
+            let traffic = |fp8: bool| {
                 let tb = token_bytes(h, fp8);
-                let nvl: Vec<usize> = recv_rows.iter().map(|r| r * tb).collect();
-                let rdma: Vec<usize> = rdma_rows.iter().map(|r| r * tb).collect();
                 let (send, recv) = routing.dispatch_bytes(me, tb);
-                (rdma, nvl, send, recv)
+                LinkBytes { rdma: rdma_rows.iter().map(|r| r * tb).collect(), nvl: recv_rows.iter().map(|r| r * tb).collect(), send, recv }
             };
             for (op, fp8) in [("dispatch-bf16", false), ("dispatch-fp8", true)] {
-                let (rdma, nvl, send, recv) = bytes(fp8);
-                rows.extend(measure2(
-                    ctx,
-                    &format!("{op}{variant}"),
-                    shape,
-                    sms,
-                    &rdma,
-                    &nvl,
-                    &send,
-                    &recv,
-                    || {
-                        let a = if fp8 {
-                            DispatchArgs::cached(&x8, &handle).scales(&sc)
-                        } else {
-                            DispatchArgs::cached(&x, &handle)
-                        };
-                        buf.dispatch(a).map(|_| ())
-                    },
-                )?);
+                rows.extend(measure2(ctx, &format!("{op}{variant}"), shape, sms, &traffic(fp8), || {
+                    let a = if fp8 { DispatchArgs::cached(&x8, &handle).scales(&sc) } else { DispatchArgs::cached(&x, &handle) };
+                    buf.dispatch(a).map(|_| ())
+                })?);
             }
-            let (rdma, nvl, send, recv) = bytes(false);
-            // Combine moves the transpose of the dispatch counts.
-            rows.extend(measure2(
-                ctx,
-                &format!("combine-bf16{variant}"),
-                shape,
-                sms,
-                &rdma,
-                &nvl,
-                &recv,
-                &send,
-                || buf.combine(CombineArgs::new(&y, &handle)).map(|_| ()),
-            )?);
-            rows.extend(measure2(
-                ctx,
-                &format!("dispatch-bf16-uncached{variant}"),
-                shape,
-                sms,
-                &rdma,
-                &nvl,
-                &send,
-                &recv,
-                || {
-                    buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts))
-                        .map(|_| ())
-                },
-            )?);
-            // Peers must be done with our buffer before it is freed (the free is collective).
-            gpu.sync("internode bench shape done")?;
-            comm.barrier()?;
-            drop(buf);
+            rows.extend(measure2(ctx, &format!("combine-bf16{variant}"), shape, sms, &traffic(false).transposed(), || {
+                buf.combine(CombineArgs::new(&y, &handle)).map(|_| ())
+            })?);
+            rows.extend(measure2(ctx, &format!("dispatch-bf16-uncached{variant}"), shape, sms, &traffic(false), || {
+                buf.dispatch(DispatchArgs::fresh(&x, &idx, &wts, shape.experts)).map(|_| ())
+            })?);
+            ctx.free("internode bench shape done", buf)?;
         }
     }
     Ok(rows)

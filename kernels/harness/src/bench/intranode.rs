@@ -89,15 +89,6 @@ pub fn fp8_op_name(base: &str, col_major: bool) -> String {
     }
 }
 
-fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
-    let t = Tensor::empty(ctx.gpu.stream(), dtype, shape)?;
-    let bytes = t.numel() * dtype.size();
-    if bytes >= 4 {
-        ctx.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
-    }
-    Ok(t)
-}
-
 /// Run `op` once more with phase tracing and print this rank's phase times (diagnostics for
 /// tuning: handshake, streaming, publish, receive). `remote_bytes`: bytes this rank sends to (or,
 /// for combine, pushes back to) one peer, for the streaming rate. Collective like `op`.
@@ -163,11 +154,11 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
         let (n, h, k) = (shape.tokens, shape.hidden, shape.topk);
         let stream = gpu.stream().clone();
         let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
-        let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
-        let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
-        let x8 = filled(ctx, DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
+        let wts = ctx.filled(DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+        let x = ctx.filled(DType::Bf16, &[n, h], 0x3f80_3f80)?; // 1.0
+        let x8 = ctx.filled(DType::Fp8E4m3, &[n, h], 0x3838_3838)?; // 1.0 in e4m3
         let col = ctx.opts.col_major_scales;
-        let sc_phys = filled(ctx, DType::F32, &scales_alloc_shape(n, h / 128, col), 0x3f80_0000)?;
+        let sc_phys = ctx.filled(DType::F32, &scales_alloc_shape(n, h / 128, col), 0x3f80_0000)?;
         let sc = if col { sc_phys.t()? } else { sc_phys };
         let layout = buf.dispatch_layout(&idx, shape.experts)?;
         comm.barrier()?;
@@ -175,7 +166,7 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
         let handle = first.handle.clone();
         drop(first);
         let m = handle.num_recv_tokens;
-        let y = filled(ctx, DType::Bf16, &[m, h], 0x3f80_3f80)?;
+        let y = ctx.filled(DType::Bf16, &[m, h], 0x3f80_3f80)?;
         let out = Tensor::empty(&stream, DType::Bf16, &[n, h])?;
         gpu.sync("intranode bench setup")?;
         if me == 0 {
@@ -235,13 +226,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             buf.dispatch(DispatchArgs::fresh(&x, &lay, &idx, &wts).config(cfg)).map(|_| ())
         })?;
         rows.push(row);
-        gpu.sync("intranode bench shape done")?;
-        comm.barrier()?;
+        ctx.settle("intranode bench shape done")?;
     }
-    // Peers must be done with our buffer before it is freed.
-    gpu.sync("intranode bench teardown")?;
-    comm.barrier()?;
-    drop(buf);
+    ctx.free("intranode bench teardown", buf)?;
     Ok(rows)
 }
 

@@ -182,30 +182,13 @@ fn traced(buf: &mut LowLatencyBuffer, name: &str, shape: Shape, op: &mut dyn FnM
         }
     }
     if let Some(t) = best {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        let [sent, waited_first, waited, local, end] = [Sent, WaitedFirst, Waited, Local, End].map(|p| t.get(p).map_or("-".to_string(), |x| format!("{x:.1}")));
+        let (tokens, hidden) = (shape.tokens, shape.hidden);
         if name.starts_with("dispatch") {
-            println!(
-                "trace {name} {}x{}: sent {} us, every source's flags seen {}..{} us (first..last block), binned {} us, end {} us",
-                shape.tokens,
-                shape.hidden,
-                f(t.get(Sent)),
-                f(t.get(WaitedFirst)),
-                f(t.get(Waited)),
-                f(t.get(Local)),
-                f(t.get(End))
-            );
-            return Ok(());
+            println!("trace {name} {tokens}x{hidden}: sent {sent} us, every source's flags seen {waited_first}..{waited} us (first..last block), binned {local} us, end {end} us");
+        } else {
+            println!("trace {name} {tokens}x{hidden}: sent {sent} us, own terms {local} us, peers' data seen {waited_first}..{waited} us, end {end} us");
         }
-        println!(
-            "trace {name} {}x{}: sent {} us, own terms {} us, peers' data seen {}..{} us, end {} us",
-            shape.tokens,
-            shape.hidden,
-            f(t.get(Sent)),
-            f(t.get(Local)),
-            f(t.get(WaitedFirst)),
-            f(t.get(Waited)),
-            f(t.get(End))
-        );
     }
     Ok(())
 }
@@ -219,15 +202,6 @@ pub fn shapes(o: &super::BenchOpts) -> Vec<Shape> {
     } else {
         vec![Shape { tokens: o.tokens.unwrap_or(DEFAULT_TOKENS), hidden: o.hidden, topk: o.topk, experts }]
     }
-}
-
-fn filled(ctx: &BenchCtx, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
-    let t = Tensor::empty(ctx.gpu.stream(), dtype, shape)?;
-    let bytes = t.numel() * dtype.size();
-    if bytes >= 4 {
-        ctx.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
-    }
-    Ok(t)
 }
 
 /// Run the low-latency mode (collective). `shapes` = [`shapes`] unless the caller overrides.
@@ -251,9 +225,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             let (n, k) = (shape.tokens, shape.topk);
             let stream = gpu.stream().clone();
             let idx = Tensor::from_host(&stream, &routing.topk_idx[me], &[n, k])?;
-            let wts = filled(ctx, DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
-            let x = filled(ctx, DType::Bf16, &[n, h], 0x3f80_3fc0)?; // 1.5, 1.0
-            let y = filled(ctx, DType::Bf16, &[l, rnm, h], 0x3f80_3f80)?;
+            let wts = ctx.filled(DType::F32, &[n, k], 0x3e00_0000)?; // 0.125
+            let x = ctx.filled(DType::Bf16, &[n, h], 0x3f80_3fc0)?; // 1.5, 1.0
+            let y = ctx.filled(DType::Bf16, &[l, rnm, h], 0x3f80_3f80)?;
             let sel = selections(&routing.topk_idx, e);
             let sent: Vec<usize> = sel.iter().map(|r| r.iter().sum()).collect();
             let per_peer = |bytes: usize| -> (Vec<usize>, Vec<usize>) {
@@ -373,13 +347,9 @@ pub fn run(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
             })?;
             ctx.attach_moved(&mut row, &dispatch_moved.plus(&combine_moved))?;
             rows.push(row);
-            gpu.sync("low-latency bench shape done")?;
-            comm.barrier()?;
+            ctx.settle("low-latency bench shape done")?;
         }
-        // Peers must be done with our buffer before it is freed (collective free).
-        gpu.sync("low-latency bench teardown")?;
-        comm.barrier()?;
-        drop(buf);
+        ctx.free("low-latency bench teardown", buf)?;
     }
     Ok(rows)
 }
@@ -400,21 +370,7 @@ mod tests {
 
     #[test]
     fn shapes_default_to_deepeps_ll_experts() {
-        let o = crate::bench::BenchOpts {
-            tokens: None,
-            hidden: 7168,
-            topk: 8,
-            experts: 256,
-            experts_explicit: false,
-            sweep: false,
-            num_sms: None,
-            timing: deepep_kernels::runtime::timing::TimingOpts::default(),
-            seed: 1,
-            quick: false,
-            deepep_stat: false,
-            ll_masked_slots: 10,
-            col_major_scales: false,
-        };
+        let o = crate::bench::BenchOpts::default();
         assert_eq!(shapes(&o), vec![Shape { tokens: 128, hidden: 7168, topk: 8, experts: 288 }]);
         let explicit = crate::bench::BenchOpts { experts_explicit: true, ..o.clone() };
         assert_eq!(shapes(&explicit)[0].experts, 256);

@@ -43,6 +43,7 @@ use deepep_kernels::runtime::nccl::Nccl;
 use deepep_kernels::runtime::cupti;
 use deepep_kernels::runtime::timing::{time_op, Event, L2Flush, Stats, TimingOpts};
 use deepep_kernels::runtime::{Comm, DeviceBuffer, Gpu, LaunchCfg};
+use deepep_kernels::tensor::{DType, Tensor};
 use std::collections::HashMap;
 
 /// One benchmark shape (per rank: `tokens` tokens of `hidden` channels, top-`topk` of `experts`).
@@ -83,6 +84,28 @@ pub struct BenchOpts {
     pub ll_masked_slots: usize,
     /// Intranode mode: FP8 scales as a column-major `[N, H/128]` view (DeepEP's intranode test).
     pub col_major_scales: bool,
+}
+
+/// The command line's defaults: DeepEP's shapes (hidden 7168, top-8 of 256 experts), each mode's
+/// own token count and SMs, seed 1, [`TimingOpts::default`], 10 masked low-latency slots.
+impl Default for BenchOpts {
+    fn default() -> Self {
+        BenchOpts {
+            tokens: None,
+            hidden: 7168,
+            topk: 8,
+            experts: 256,
+            experts_explicit: false,
+            sweep: false,
+            num_sms: None,
+            timing: TimingOpts::default(),
+            seed: 1,
+            quick: false,
+            deepep_stat: false,
+            ll_masked_slots: 10,
+            col_major_scales: false,
+        }
+    }
 }
 
 impl BenchOpts {
@@ -315,6 +338,34 @@ pub struct Row {
     pub moved: Option<Moved>,
 }
 
+impl Row {
+    /// A row of our figures alone: no NCCL baseline, kernel time, DeepEP statistic or moved bytes
+    /// (set those with struct update syntax).
+    pub fn new(mode: &str, op: impl Into<String>, shape: Shape, num_sms: u32, recv_bytes: usize, us: f64, gbps: f64) -> Row {
+        Row {
+            mode: mode.into(),
+            op: op.into(),
+            shape,
+            num_sms,
+            recv_bytes,
+            us,
+            gbps,
+            nccl_us: None,
+            nccl_gbps: None,
+            ratio: None,
+            per_rank: Vec::new(),
+            kernel_us: None,
+            kernel_gbps: None,
+            deepep_stat_us: None,
+            deepep_stat_gbps: None,
+            deepep_stat_per_rank: Vec::new(),
+            deepep_kernel_us: None,
+            deepep_kernel_per_rank: Vec::new(),
+            moved: None,
+        }
+    }
+}
+
 /// What a mode gets: the rank's communicator and GPU, an L2 flush buffer, the NCCL baseline.
 pub struct BenchCtx<'a> {
     pub comm: &'a Comm,
@@ -419,6 +470,32 @@ impl<'a> BenchCtx<'a> {
         Ok(Some(Stats::from_samples(spans.unwrap()).gather(self.comm)?))
     }
 
+    /// Waits for this rank's GPU work, then for every rank (collective; `what` names the point in
+    /// an error). Afterwards no peer reads or writes this rank's buffers any more, so they may be
+    /// reused for the next shape or freed (the free is collective too).
+    pub fn settle(&self, what: &str) -> Result<()> {
+        self.gpu.sync(what)?;
+        self.comm.barrier()
+    }
+
+    /// [`BenchCtx::settle`], then frees `buf` (collective).
+    pub fn free<B>(&self, what: &str, buf: B) -> Result<()> {
+        self.settle(what)?;
+        drop(buf);
+        Ok(())
+    }
+
+    /// A tensor on this rank's stream with every 32-bit word set to `word` (inputs whose values
+    /// do not matter to the timing: 0x3f80_3f80 is 1.0 in bf16, 0x3f80_0000 1.0 in f32).
+    pub fn filled(&self, dtype: DType, shape: &[usize], word: u32) -> Result<Tensor> {
+        let t = Tensor::empty(self.gpu.stream(), dtype, shape)?;
+        let bytes = t.numel() * dtype.size();
+        if bytes >= 4 {
+            self.gpu.memset_u32(t.ptr(), word, bytes / 4)?;
+        }
+        Ok(t)
+    }
+
     /// Measure one operation and its NCCL baseline. `recv_bytes[r]` is what rank `r` receives
     /// (the figure's numerator); `send_to` / `recv_from` are this rank's per-peer byte counts
     /// for the NCCL all-to-all moving the same bytes (pass the transposed counts for a combine).
@@ -446,13 +523,6 @@ impl<'a> BenchCtx<'a> {
         let deepep_kernel = if self.opts.deepep_stat { self.kernel_time_deepep(&mut op)?.unwrap_or_default() } else { Vec::new() };
         let nccl = self.nccl_baseline(send_to, recv_from)?;
         Ok(Row {
-            mode: mode.into(),
-            op: op_name.into(),
-            shape,
-            num_sms,
-            recv_bytes: recv_bytes[slow],
-            us,
-            gbps,
             nccl_us: nccl.map(|n| n.0),
             nccl_gbps: nccl.map(|n| n.1),
             ratio: nccl.map(|n| gbps / n.1),
@@ -464,7 +534,7 @@ impl<'a> BenchCtx<'a> {
             deepep_stat_per_rank: deepep,
             deepep_kernel_us: deepep_kernel.first().map(|s| s.mean_us),
             deepep_kernel_per_rank: deepep_kernel,
-            moved: None,
+            ..Row::new(mode, op_name, shape, num_sms, recv_bytes[slow], us, gbps)
         })
     }
 
@@ -627,27 +697,7 @@ pub fn run_nccl(ctx: &mut BenchCtx, shapes: &[Shape]) -> Result<Vec<Row>> {
                 std::mem::swap(&mut send, &mut recv);
             }
             let (us, gbps) = ctx.nccl_baseline(&send, &recv)?.unwrap();
-            rows.push(Row {
-                mode: "nccl".into(),
-                op: op.into(),
-                shape,
-                num_sms: 0,
-                recv_bytes: recv.iter().sum(),
-                us,
-                gbps,
-                nccl_us: Some(us),
-                nccl_gbps: Some(gbps),
-                ratio: Some(1.0),
-                per_rank: Vec::new(),
-                kernel_us: None,
-                kernel_gbps: None,
-                deepep_stat_us: None,
-                deepep_stat_gbps: None,
-                deepep_stat_per_rank: Vec::new(),
-                deepep_kernel_us: None,
-                deepep_kernel_per_rank: Vec::new(),
-                moved: None,
-            });
+            rows.push(Row { nccl_us: Some(us), nccl_gbps: Some(gbps), ratio: Some(1.0), ..Row::new("nccl", op, shape, 0, recv.iter().sum(), us, gbps) });
         }
     }
     Ok(rows)
@@ -760,27 +810,7 @@ mod tests {
     #[test]
     fn table_columns_line_up() {
         let shape = Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 };
-        let row = |op: &str| Row {
-            mode: "intranode".into(),
-            op: op.into(),
-            shape,
-            num_sms: 24,
-            recv_bytes: 1,
-            us: 213.04,
-            gbps: 549.93,
-            nccl_us: Some(222.9),
-            nccl_gbps: None,
-            ratio: None,
-            per_rank: vec![],
-            kernel_us: Some(180.04),
-            kernel_gbps: None,
-            deepep_stat_us: None,
-            deepep_stat_gbps: None,
-            deepep_stat_per_rank: vec![],
-            deepep_kernel_us: None,
-            deepep_kernel_per_rank: vec![],
-            moved: None,
-        };
+        let row = |op: &str| Row { nccl_us: Some(222.9), kernel_us: Some(180.04), ..Row::new("intranode", op, shape, 24, 1, 213.04, 549.93) };
         let t = format_table(&[row("dispatch-bf16"), row("dispatch-bf16-uncached rdma")]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
@@ -853,25 +883,12 @@ mod tests {
     fn table_names_both_statistics_and_lists_moved_bytes() {
         let shape = Shape { tokens: 128, hidden: 7168, topk: 8, experts: 288 };
         let mut row = Row {
-            mode: "low-latency".into(),
-            op: "combine-bf16".into(),
-            shape,
-            num_sms: 132,
-            recv_bytes: 14_680_064,
-            us: 31.7,
-            gbps: 462.9,
             nccl_us: Some(51.5),
             nccl_gbps: Some(284.9),
             ratio: Some(1.63),
-            per_rank: vec![],
             kernel_us: Some(27.8),
             kernel_gbps: Some(527.3),
-            deepep_stat_us: None,
-            deepep_stat_gbps: None,
-            deepep_stat_per_rank: vec![],
-            deepep_kernel_us: None,
-            deepep_kernel_per_rank: vec![],
-            moved: None,
+            ..Row::new("low-latency", "combine-bf16", shape, 132, 14_680_064, 31.7, 462.9)
         };
         let t = format_table(&[row.clone()]);
         assert!(t.lines().next().unwrap().contains("med us") && !t.contains("DeepEP-stat") && !t.contains("actually moved"), "{t}");
@@ -909,21 +926,7 @@ mod tests {
 
     #[test]
     fn shapes_and_validation() {
-        let o = BenchOpts {
-            tokens: None,
-            hidden: 7168,
-            topk: 8,
-            experts: 256,
-            experts_explicit: false,
-            sweep: false,
-            num_sms: None,
-            timing: TimingOpts::default(),
-            seed: 1,
-            quick: false,
-            deepep_stat: false,
-            ll_masked_slots: 10,
-            col_major_scales: false,
-        };
+        let o = BenchOpts::default();
         assert_eq!(o.shapes(4096), vec![Shape { tokens: 4096, hidden: 7168, topk: 8, experts: 256 }]);
         assert_eq!(BenchOpts { sweep: true, ..o.clone() }.shapes(1).len(), SWEEP_TOKENS.len() * SWEEP_HIDDEN.len());
         assert!(o.validate(2).is_ok());

@@ -4,7 +4,8 @@
 use clap::{Parser, ValueEnum};
 use deepep_kernels_harness::bench::{self, BenchCtx, BenchOpts, Row};
 use deepep_kernels::runtime::timing::TimingOpts;
-use deepep_kernels::runtime::{launcher, Comm, Gpu};
+use deepep_kernels::runtime::{Comm, Gpu};
+use deepep_kernels_harness::ranks::RankOpts;
 use deepep_kernels::EpError;
 use std::process::ExitCode;
 
@@ -44,14 +45,8 @@ enum Mode {
         'trace' line of phase times per combine kernel. DEEPEP_INTRANODE_CONFIGS times other intranode configurations."
 )]
 struct Cli {
-    /// Start this many ranks (one per GPU) on this host.
-    #[arg(long)]
-    nproc: Option<usize>,
-    /// Let K ranks share each GPU on purpose (rank r uses GPU LOCAL_RANK / K), to test 4- and
-    /// 8-rank paths on 1-2 GPUs. Each rank's kernels get 1/K of the SMs so all ranks' waiting
-    /// blocks fit at once (under MPS or time-sliced). Also DEEPEP_RANKS_PER_GPU. Not for timings.
-    #[arg(long, value_name = "K")]
-    ranks_per_gpu: Option<usize>,
+    #[command(flatten)]
+    ranks: RankOpts,
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::All)]
     mode: Mode,
@@ -103,39 +98,12 @@ struct Cli {
     /// Seed of the routing (default: fixed 1, so runs are comparable).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Bound of any GPU-side wait in milliseconds (default 5000, or DEEPEP_GPU_TIMEOUT_MS).
-    #[arg(long)]
-    timeout_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(k) = cli.ranks_per_gpu {
-        // Ranks (ours, or the ones the launcher starts) read it in `Gpu::from_comm`.
-        std::env::set_var(deepep_kernels::runtime::gpu::RANKS_PER_GPU_ENV, k.to_string());
-    }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    if let (Some(n), false) = (cli.nproc, launcher::is_rank_process()) {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        return match launcher::launch(n, &args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("deepep-bench: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    match rank_main(&cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("deepep-bench: error: {e:#}");
-            ExitCode::from(launcher::error_exit_code(2))
-        }
-    }
+    cli.ranks.init();
+    cli.ranks.run("deepep-bench", || rank_main(&cli))
 }
 
 /// Run one mode (`All` is expanded by the caller).
@@ -164,9 +132,7 @@ fn run_mode(mode: Mode, ctx: &mut BenchCtx) -> deepep_kernels::Result<Vec<Row>> 
 fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     let comm = Comm::from_env()?;
     let gpu = Gpu::from_comm(&comm)?;
-    if let Some(ms) = cli.timeout_ms {
-        gpu.set_device_timeout(std::time::Duration::from_millis(ms));
-    }
+    cli.ranks.apply_timeout(&gpu);
     let timing = if cli.quick {
         TimingOpts { warmup: 1, reps: 5, flush_l2: true }
     } else {

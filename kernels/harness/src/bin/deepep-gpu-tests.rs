@@ -6,6 +6,7 @@
 use clap::Parser;
 use deepep_kernels_harness::cases::all_cases;
 use deepep_kernels_harness::gpu_test::{run_cases, RunOpts};
+use deepep_kernels_harness::ranks::RankOpts;
 use deepep_kernels::runtime::{launcher, Comm, Gpu};
 use std::process::ExitCode;
 
@@ -20,14 +21,8 @@ use std::process::ExitCode;
         Rank 0 prints one line per case (ok / FAIL / skip) and finally exactly `N passed, M failed`."
 )]
 struct Cli {
-    /// Start this many ranks (one per GPU) on this host.
-    #[arg(long)]
-    nproc: Option<usize>,
-    /// Let K ranks share each GPU on purpose (rank r uses GPU LOCAL_RANK / K), to test 4- and
-    /// 8-rank paths on 1-2 GPUs. Each rank's kernels get 1/K of the SMs so all ranks' waiting
-    /// blocks fit at once (under MPS or time-sliced). Also DEEPEP_RANKS_PER_GPU. Not for timings.
-    #[arg(long, value_name = "K")]
-    ranks_per_gpu: Option<usize>,
+    #[command(flatten)]
+    ranks: RankOpts,
     /// Seed of the random inputs (default: fresh per run, printed by rank 0).
     #[arg(long)]
     seed: Option<u64>,
@@ -40,9 +35,6 @@ struct Cli {
     /// List the case names and exit (no GPU needed).
     #[arg(long)]
     list: bool,
-    /// Bound of any GPU-side wait in milliseconds (default 5000, or DEEPEP_GPU_TIMEOUT_MS).
-    #[arg(long)]
-    timeout_ms: Option<u64>,
     /// Testing the launcher: this rank exits with code 3 right after the rendezvous.
     #[arg(long, hide = true)]
     selftest_fail_rank: Option<usize>,
@@ -60,38 +52,14 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(k) = cli.ranks_per_gpu {
-        // Ranks (ours, or the ones the launcher starts) read it in `Gpu::from_comm`.
-        std::env::set_var(deepep_kernels::runtime::gpu::RANKS_PER_GPU_ENV, k.to_string());
-    }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    cli.ranks.init();
     if cli.list {
         for c in all_cases() {
             println!("{}", c.name);
         }
         return ExitCode::SUCCESS;
     }
-    if let (Some(n), false) = (cli.nproc, launcher::is_rank_process()) {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        return match launcher::launch(n, &args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("deepep-gpu-tests: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    match rank_main(&cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("deepep-gpu-tests: error: {e:#}");
-            ExitCode::from(launcher::error_exit_code(2))
-        }
-    }
+    cli.ranks.run("deepep-gpu-tests", || rank_main(&cli))
 }
 
 fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
@@ -120,9 +88,7 @@ fn rank_main(cli: &Cli) -> anyhow::Result<bool> {
     });
     let seed = u64::from_le_bytes(comm.broadcast(0, &local_seed.to_le_bytes())?[..8].try_into()?);
     let gpu = Gpu::from_comm(&comm)?;
-    if let Some(ms) = cli.timeout_ms {
-        gpu.set_device_timeout(std::time::Duration::from_millis(ms));
-    }
+    cli.ranks.apply_timeout(&gpu);
     if comm.rank() == 0 {
         println!("{}", deepep_kernels::cubins::manifest());
         println!("{} ranks, GPU 0: {} ({} SMs); seed {seed} (rerun with --seed {seed})", comm.world(), gpu.name(), gpu.device_sm_count());
