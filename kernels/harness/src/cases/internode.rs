@@ -13,12 +13,13 @@
 //! the forwarder, gather in combine). Both are run.
 
 use deepep_kernels::internode::{
-    nvshmem_runtime, CombineArgs, DispatchArgs, InternodeBuffer, InternodeConfig,
+    nvshmem_runtime, CombineArgs, DispatchArgs, DispatchOutput, InternodeBuffer, InternodeConfig,
 };
 use deepep_kernels::nvshmem::NvshmemRuntime;
 use super::{Case, CaseResult, Ctx};
 use deepep_kernels::reference::{self, random, Payload};
-use deepep_kernels::tensor::{DType, Tensor};
+use deepep_kernels::reference::compare::Bits;
+use deepep_kernels::tensor::{DType, Element, Tensor};
 use anyhow::{anyhow, bail, Context as _};
 use half::bf16;
 use std::sync::Arc;
@@ -282,6 +283,24 @@ fn check(what: &str, r: Result<(), String>) -> anyhow::Result<()> {
     r.map_err(|e| anyhow!("{what}: {e}"))
 }
 
+/// The output `name` (an error when it is missing) against `want` bit for bit, rows of `cols`.
+fn check_exact<T: Element + Bits>(what: &str, name: &str, got: Option<&Tensor>, want: &[T], cols: usize) -> CaseResult {
+    let got: Vec<T> = got.ok_or_else(|| anyhow!("{what}: no {name}"))?.to_host()?;
+    check(what, reference::compare::bit_exact(name, &got, want, cols))
+}
+
+/// The ranks of a host when the whole world should be one host: the largest divisor of the world
+/// that fits a host (all of it for <= 8 ranks).
+fn one_host_ranks(world: usize) -> usize {
+    (1..=deepep_kernels::internode::plan::MAX_RANKS_PER_HOST.min(world)).rev().find(|p| world % p == 0).unwrap_or(1)
+}
+
+/// Every rank's combine input `y` (`[num_recv_tokens, h]` of its dispatch), so each rank can
+/// compute the reference of all.
+fn combine_inputs(seed: u64, expected: &[reference::normal::DispatchOut], h: usize) -> Vec<Vec<bf16>> {
+    (0..expected.len()).map(|d| random::combine_rows(seed, d, random::streams::COMBINE_Y, expected[d].num_recv_tokens, h)).collect()
+}
+
 fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
     let Spec {
@@ -297,10 +316,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
         }
         p
     } else if spec.one_host {
-        (1..=deepep_kernels::internode::plan::MAX_RANKS_PER_HOST.min(world))
-            .rev()
-            .find(|p| world % p == 0)
-            .unwrap_or(1)
+        one_host_ranks(world)
     } else {
         1
     };
@@ -320,17 +336,7 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     let inputs = random::all_inputs(ctx.seed, &tokens, &ispec);
     let expected = reference::dispatch(&inputs, e, spec.alignment)?;
     // Combine inputs of every rank (for the reference) and this rank's tensors.
-    let ys: Vec<Vec<bf16>> = (0..world)
-        .map(|d| {
-            random::combine_rows(
-                ctx.seed,
-                d,
-                random::streams::COMBINE_Y,
-                expected[d].num_recv_tokens,
-                h,
-            )
-        })
-        .collect();
+    let ys = combine_inputs(ctx.seed, &expected, h);
     let ws: Vec<Vec<f32>> = expected
         .iter()
         .map(|o| o.recv_topk_weights.clone())
@@ -384,15 +390,8 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
     let result = (|| -> CaseResult {
         for rep in 0..spec.reps {
             let at = |what: &str| format!("rep {rep}: {what}");
-            let mut args =
-                DispatchArgs::fresh(&x, &topk_idx, &topk_w, e).expert_alignment(spec.alignment);
-            if let Some(sc) = &scales {
-                args = args.scales(sc);
-            }
-            let out = buf.dispatch(args).with_context(|| at("dispatch"))?;
-            ctx.gpu
-                .sync("internode dispatch")
-                .with_context(|| at("dispatch"))?;
+            let args = DispatchArgs::fresh(&x, &topk_idx, &topk_w, e).expert_alignment(spec.alignment);
+            let out = dispatch_checked(ctx, &mut buf, args, scales.as_ref(), &at("dispatch"), &want.recv_x)?;
             if out.handle.num_recv_tokens != m {
                 bail!(
                     "{}: received {} rows, reference {m}",
@@ -408,51 +407,12 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
                     want.num_recv_tokens_per_expert
                 );
             }
-            check_payload(
-                &at("dispatch recv_x"),
-                &out.recv_x,
-                out.recv_scales.as_ref(),
-                &want.recv_x,
-            )?;
-            let idx: Vec<i64> = out
-                .recv_topk_idx
-                .as_ref()
-                .ok_or_else(|| anyhow!("no recv_topk_idx"))?
-                .to_host()?;
-            check(
-                &at("recv_topk_idx"),
-                reference::compare::bit_exact("recv_topk_idx", &idx, &want.recv_topk_idx, k),
-            )?;
-            let w: Vec<f32> = out
-                .recv_topk_weights
-                .as_ref()
-                .ok_or_else(|| anyhow!("no recv_topk_weights"))?
-                .to_host()?;
-            check(
-                &at("recv_topk_weights"),
-                reference::compare::bit_exact("recv_topk_weights", &w, &want.recv_topk_weights, k),
-            )?;
-            let src: Vec<i32> = out.handle.recv_src_idx.to_host()?;
-            check(
-                &at("recv_src_idx"),
-                reference::compare::bit_exact("recv_src_idx", &src, &want.recv_src_idx, 1),
-            )?;
+            check_exact(&at("dispatch"), "recv_topk_idx", out.recv_topk_idx.as_ref(), &want.recv_topk_idx, k)?;
+            check_exact(&at("dispatch"), "recv_topk_weights", out.recv_topk_weights.as_ref(), &want.recv_topk_weights, k)?;
+            check_exact(&at("dispatch"), "recv_src_idx", Some(&out.handle.recv_src_idx), &want.recv_src_idx, 1)?;
 
             if spec.cached {
-                let mut args = DispatchArgs::cached(&x, &out.handle);
-                if let Some(sc) = &scales {
-                    args = args.scales(sc);
-                }
-                let c = buf.dispatch(args).with_context(|| at("cached dispatch"))?;
-                ctx.gpu
-                    .sync("internode cached dispatch")
-                    .with_context(|| at("cached dispatch"))?;
-                check_payload(
-                    &at("cached recv_x"),
-                    &c.recv_x,
-                    c.recv_scales.as_ref(),
-                    &want.recv_x,
-                )?;
+                dispatch_checked(ctx, &mut buf, DispatchArgs::cached(&x, &out.handle), scales.as_ref(), &at("cached dispatch"), &want.recv_x)?;
             }
 
             let rw = out.recv_topk_weights.as_ref().unwrap();
@@ -489,12 +449,20 @@ fn run(ctx: &Ctx, spec: &Spec) -> CaseResult {
         }
         Ok(())
     })();
-    // Peers may still read this rank's symmetric memory until they finished their kernels:
-    // free the buffer only after everyone is idle.
-    let _ = ctx.gpu.sync("internode case end");
-    ctx.comm.barrier()?;
-    drop(buf);
-    result
+    ctx.free_then("internode case end", buf, result)
+}
+
+/// Dispatches `args` (with `scales` for FP8), waits for it and checks the received rows (and
+/// scales) against `want`; `what` names the call in errors.
+fn dispatch_checked(ctx: &Ctx, buf: &mut InternodeBuffer, args: DispatchArgs, scales: Option<&Tensor>, what: &str, want: &Payload) -> anyhow::Result<DispatchOutput> {
+    let args = match scales {
+        Some(sc) => args.scales(sc),
+        None => args,
+    };
+    let out = buf.dispatch(args).with_context(|| what.to_string())?;
+    ctx.gpu.sync(what).with_context(|| what.to_string())?;
+    check_payload(&format!("{what}: recv_x"), &out.recv_x, out.recv_scales.as_ref(), want)?;
+    Ok(out)
 }
 
 fn check_payload(
@@ -526,43 +494,38 @@ fn check_payload(
     }
 }
 
+/// A buffer of one rank per host for `max_tokens` tokens of hidden 2048 and 8 local experts (the
+/// cases of bad calls).
+fn small_buffer<'g>(ctx: &Ctx<'g>, max_tokens: usize) -> anyhow::Result<InternodeBuffer<'g>> {
+    let nv = nvshmem(ctx)?;
+    let mut cfg = InternodeConfig::new(1, max_tokens, 2048);
+    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
+    cfg.max_local_experts = 8;
+    Ok(InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?)
+}
+
 /// Validation happens before any launch, on every rank alike, so no rank is left waiting.
 fn bad_arguments(ctx: &Ctx) -> CaseResult {
     let world = ctx.world();
-    let nv = nvshmem(ctx)?;
-    let mut cfg = InternodeConfig::new(1, 16, 2048);
-    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
-    cfg.max_local_experts = 8;
-    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &nv, cfg)?;
+    let mut buf = small_buffer(ctx, 16)?;
     let s = ctx.gpu.stream().clone();
-    let x = Tensor::zeros(&s, DType::Bf16, &[17, 2048])?;
-    let idx = Tensor::zeros(&s, DType::I64, &[17, 2])?;
-    let w = Tensor::zeros(&s, DType::F32, &[17, 2])?;
-    let e = buf
-        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))
-        .err()
-        .ok_or_else(|| anyhow!("17 tokens > capacity 16 accepted"))?;
-    if !e.to_string().contains("max_tokens_per_rank >= 17") {
-        bail!("unexpected message: {e}");
-    }
-    let x = Tensor::zeros(&s, DType::Fp8E4m3, &[4, 2048])?;
-    let idx = Tensor::zeros(&s, DType::I64, &[4, 2])?;
-    let w = Tensor::zeros(&s, DType::F32, &[4, 2])?;
-    let e = buf
-        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world))
-        .err()
-        .ok_or_else(|| anyhow!("fp8 without scales accepted"))?;
-    if !e.to_string().contains("scales") {
-        bail!("unexpected message: {e}");
+    // (x's dtype, tokens, experts, what is wrong, what the message must name)
+    let bad = [
+        (DType::Bf16, 17, 8 * world, "17 tokens > capacity 16", "max_tokens_per_rank >= 17"),
+        (DType::Fp8E4m3, 4, 8 * world, "fp8 without scales", "scales"),
+        (DType::Bf16, 4, 8 * world + 1, "E % R != 0", ""),
+    ];
+    for (dtype, n, experts, what, needle) in bad {
+        let x = Tensor::zeros(&s, dtype, &[n, 2048])?;
+        let idx = Tensor::zeros(&s, DType::I64, &[n, 2])?;
+        let w = Tensor::zeros(&s, DType::F32, &[n, 2])?;
+        let e = buf.dispatch(DispatchArgs::fresh(&x, &idx, &w, experts)).err().ok_or_else(|| anyhow!("{what} accepted"))?.to_string();
+        if e.is_empty() || !e.contains(needle) {
+            bail!("{what}: unexpected message: {e:?}");
+        }
     }
     let x = Tensor::zeros(&s, DType::Bf16, &[4, 2048])?;
-    let e = buf
-        .dispatch(DispatchArgs::fresh(&x, &idx, &w, 8 * world + 1))
-        .err()
-        .ok_or_else(|| anyhow!("E % R != 0 accepted"))?;
-    if e.to_string().is_empty() {
-        bail!("empty message");
-    }
+    let w = Tensor::zeros(&s, DType::F32, &[4, 2])?;
     // The buffer is still usable after argument errors: a real call succeeds.
     let idx_ok: Vec<i64> = (0..4 * 2).map(|i| (i % (8 * world)) as i64).collect();
     let idx = Tensor::from_host(&s, &idx_ok, &[4, 2])?;
@@ -576,11 +539,7 @@ fn bad_arguments(ctx: &Ctx) -> CaseResult {
 /// names the rank, the phase and the peer that did not arrive.
 fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
-    let rt = nvshmem(ctx)?;
-    let mut cfg = InternodeConfig::new(1, 8, 2048);
-    cfg.num_sms = ctx.gpu.fit_sms_even(cfg.num_sms);
-    cfg.max_local_experts = 8;
-    let mut buf = InternodeBuffer::new(ctx.gpu, ctx.comm, &rt, cfg)?;
+    let mut buf = small_buffer(ctx, 8)?;
     let s = ctx.gpu.stream().clone();
     let x = Tensor::zeros(&s, DType::Bf16, &[8, 2048])?;
     let ids: Vec<i64> = (0..8 * 2).map(|i| (i % (8 * world)) as i64).collect();
@@ -617,11 +576,7 @@ fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
     } else {
         Ok(())
     };
-    // Everyone idle before the collective free.
-    let _ = ctx.gpu.sync("internode timeout case end");
-    ctx.comm.barrier()?;
-    drop(buf);
-    result
+    ctx.free_then("internode timeout case end", buf, result)
 }
 
 /// Calls issued back to back without host synchronisation (like the bench loop), so a rank can be
@@ -630,36 +585,12 @@ fn timeout_names_phase(ctx: &Ctx) -> CaseResult {
 fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
     let (rank, world) = (ctx.rank(), ctx.world());
     let (h, k, e, max_tokens) = (4096usize, 8usize, 64usize, 512usize);
-    let rph = if one_host {
-        (1..=deepep_kernels::internode::plan::MAX_RANKS_PER_HOST.min(world))
-            .rev()
-            .find(|p| world % p == 0)
-            .unwrap_or(1)
-    } else {
-        1
-    };
+    let rph = if one_host { one_host_ranks(world) } else { 1 };
     let tokens = vec![max_tokens; world];
-    let ispec = random::InputSpec {
-        num_tokens: 0,
-        hidden: h,
-        num_topk: k,
-        num_experts: e,
-        fp8: false,
-        masked_fraction: 0.0,
-    };
+    let ispec = random::InputSpec { num_tokens: 0, hidden: h, num_topk: k, num_experts: e, fp8: false, masked_fraction: 0.0 };
     let inputs = random::all_inputs(ctx.seed, &tokens, &ispec);
     let expected = reference::dispatch(&inputs, e, 1)?;
-    let ys: Vec<Vec<bf16>> = (0..world)
-        .map(|d| {
-            random::combine_rows(
-                ctx.seed,
-                d,
-                random::streams::COMBINE_Y,
-                expected[d].num_recv_tokens,
-                h,
-            )
-        })
-        .collect();
+    let ys = combine_inputs(ctx.seed, &expected, h);
     let want_comb = reference::normal::combine_internode_rank(
         &expected,
         &inputs,
@@ -706,8 +637,5 @@ fn back_to_back(ctx: &Ctx, one_host: bool) -> CaseResult {
             want_comb.combined_x.check_bit_exact("combined_x", &got),
         )
     })();
-    let _ = ctx.gpu.sync("internode back-to-back end");
-    ctx.comm.barrier()?;
-    drop(buf);
-    result
+    ctx.free_then("internode back-to-back end", buf, result)
 }

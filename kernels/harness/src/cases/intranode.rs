@@ -306,11 +306,7 @@ fn run(c: &Ctx, s: &Spec) -> CaseResult {
         }
         Ok(())
     })();
-    // Peers must be done with our buffer before it is freed (also after a failure).
-    let _ = c.gpu.sync("intranode case teardown");
-    c.comm.barrier()?;
-    drop(buf);
-    result
+    c.free_then("intranode case teardown", buf, result)
 }
 
 fn case(name: &str, s: Spec) -> Case {
@@ -349,10 +345,7 @@ fn peer_missing_times_out(c: &Ctx) -> CaseResult {
             other => bail!("a poisoned buffer accepted another dispatch: {other:?}"),
         }
     })();
-    let _ = c.gpu.sync("teardown");
-    c.comm.barrier()?;
-    drop(buf);
-    result
+    c.free_then("teardown", buf, result)
 }
 
 /// An expert id outside `[-1, E)` is dropped and reported by the layout kernel (device-side
@@ -390,9 +383,7 @@ fn layout_bad_expert_id(c: &Ctx) -> CaseResult {
         }
         Ok(())
     })();
-    c.comm.barrier()?;
-    drop(buf);
-    result
+    c.free_then("bad expert id case end", buf, result)
 }
 
 /// The intranode cases, in a fixed order.

@@ -59,6 +59,16 @@ impl Ctx<'_> {
     pub fn fit_config(&self, c: deepep_kernels::config::Config) -> deepep_kernels::config::Config {
         deepep_kernels::config::Config { num_sms: self.gpu.fit_sms(c.num_sms), ..c }
     }
+    /// Ends a case that holds the collective buffer `buf`: waits for this rank's GPU work (its
+    /// error is left to `result`, which reports the failure), then for every rank, since peers may
+    /// read this rank's buffer until their kernels end (also after a failure); frees `buf` and
+    /// returns `result`.
+    pub fn free_then<B>(&self, what: &str, buf: B, result: CaseResult) -> CaseResult {
+        let _ = self.gpu.sync(what);
+        self.comm.barrier()?;
+        drop(buf);
+        result
+    }
     /// A device buffer of `bytes` (rounded up to 4) filled with [`POISON_U32`].
     pub fn poisoned(&self, bytes: usize) -> deepep_kernels::Result<DeviceBuffer> {
         let b = DeviceBuffer::new(self.gpu, bytes.next_multiple_of(4))?;
