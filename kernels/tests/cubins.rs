@@ -235,21 +235,25 @@ fn elf_reader_rejects_garbage() {
     assert!(elf::symbols(&truncated).unwrap_err().contains("truncated"));
 }
 
+/// The sorted kernel names of the NVSHMEM cubin `name`; `None` in a build without NVSHMEM
+/// (NVSHMEM_DIR empty: there are no NVSHMEM cubins at all), a panic when it is missing otherwise.
+fn nvshmem_cubin_kernels(name: &str) -> Option<Vec<&'static str>> {
+    let Some(c) = cubins::get(name) else {
+        assert!(!cubins::NVSHMEM_ENABLED, "cubin {name} missing although NVSHMEM is enabled");
+        return None;
+    };
+    let mut got: Vec<&str> = c.kernels.to_vec();
+    got.sort_unstable();
+    Some(got)
+}
+
 /// The low-latency cubin holds exactly the kept kernel variants (docs/architecture.md, "Kernel
 /// variants"): dispatch v1/v2, combine v1/v3, each for NVLink stores (`_p2p`) and NVSHMEM puts
 /// (`_put`), under the C++ names `ll::dispatch*` / `ll::combine*` that DeepEP's profiling looks
 /// for. Combine v2 (`ll_combine2_*`) was retired and must not come back unnoticed.
 #[test]
 fn low_latency_cubin_has_exactly_the_kept_variants() {
-    let Some(c) = cubins::get("low_latency") else {
-        // Built without NVSHMEM (NVSHMEM_DIR empty): there are no NVSHMEM cubins at all.
-        if cubins::NVSHMEM_ENABLED {
-            panic!("cubin low_latency missing although NVSHMEM is enabled");
-        }
-        return;
-    };
-    let mut got: Vec<&str> = c.kernels.to_vec();
-    got.sort_unstable();
+    let Some(got) = nvshmem_cubin_kernels("low_latency") else { return };
     let mut want = Vec::new();
     for (k, args) in [("dispatch", "LlDispatchArgs"), ("dispatch2", "LlDispatch2Args"), ("combine", "LlCombineArgs"), ("combine3", "LlCombine2Args")] {
         for t in ["p2p", "put"] {
@@ -268,14 +272,7 @@ fn low_latency_cubin_has_exactly_the_kept_variants() {
 /// run stopped in its tuning sweep while the cached kernel was called `internode_barrier`.
 #[test]
 fn internode_kernel_names_satisfy_deepeps_profiler_lookup() {
-    let Some(c) = cubins::get("internode") else {
-        if cubins::NVSHMEM_ENABLED {
-            panic!("cubin internode missing although NVSHMEM is enabled");
-        }
-        return;
-    };
-    let mut got: Vec<&str> = c.kernels.to_vec();
-    got.sort_unstable();
+    let Some(got) = nvshmem_cubin_kernels("internode") else { return };
     assert_eq!(got, ["internode_cached_notify", "internode_combine", "internode_dispatch", "internode_notify"]);
     // the kernels each call launches (kernels/src/internode/mod.rs): fresh dispatch, cached
     // dispatch, combine

@@ -39,16 +39,23 @@ def cycles_of(stdout):
     return out
 
 
+def cycles_in(tmp_path, files, *folders):
+    """Writes `files` under tmp_path and runs the script over `folders` there, which must find a
+    cycle: the run and its cycles (cycles_of)."""
+    tree(tmp_path, files)
+    r = run(*folders, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    return r, cycles_of(r.stdout)
+
+
 def test_rust_two_files_that_use_each_other(tmp_path):
-    tree(tmp_path, {
+    r, cycles = cycles_in(tmp_path, {
         "src/lib.rs": "pub mod a;\npub mod b;\n",
         "src/a.rs": "use crate::b::B;\npub struct A(pub B);\n",
         # in code, not in a use: a path in a function body counts too
         "src/b.rs": "pub struct B;\npub fn make() -> u8 { let _ = crate::a::A(B); 1 }\n",
-    })
-    r = run("src", cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert cycles_of(r.stdout) == [{os.path.join("src", "a.rs"), os.path.join("src", "b.rs")}]
+    }, "src")
+    assert cycles == [{os.path.join("src", "a.rs"), os.path.join("src", "b.rs")}]
     # each side of the loop is named with its line and the path as written
     assert f"{os.path.join('src', 'a.rs')}:1 -> {os.path.join('src', 'b.rs')}  (crate::b::B)" in r.stdout
     assert f"{os.path.join('src', 'b.rs')}:2 -> {os.path.join('src', 'a.rs')}  (crate::a::A)" in r.stdout
@@ -58,42 +65,36 @@ def test_rust_two_files_that_use_each_other(tmp_path):
 def test_rust_three_files_in_a_ring_through_super_paths(tmp_path):
     # net/mod.rs declares three siblings; x uses y, y uses z, z uses x: one loop of three files,
     # found through `use super::..`, a braced use tree and a `super::` path in code.
-    tree(tmp_path, {
+    r, cycles = cycles_in(tmp_path, {
         "src/lib.rs": "mod net;\n",
         "src/net/mod.rs": "mod x;\nmod y;\nmod z;\npub struct Shared;\n",
         "src/net/x.rs": "use super::{y::{self, Y}, Shared};\npub struct X;\n",
         "src/net/y.rs": "pub struct Y;\nfn f() { let _ = super::z::Z; }\n",
         "src/net/z.rs": "pub struct Z;\nimpl Z { fn g() -> super::x::X { super::x::X } }\n",
-    })
-    r = run("src", cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
+    }, "src")
     net = os.path.join("src", "net")
-    assert cycles_of(r.stdout) == [{os.path.join(net, f) for f in ("x.rs", "y.rs", "z.rs")}]
+    assert cycles == [{os.path.join(net, f) for f in ("x.rs", "y.rs", "z.rs")}]
 
 
 def test_python_cycle_through_a_function_level_import(tmp_path):
-    tree(tmp_path, {
+    r, cycles = cycles_in(tmp_path, {
         "pkg/__init__.py": "from .buffer import Buffer\n",
         "pkg/buffer.py": "from .config import Config\nclass Buffer: pass\n",
         # moving the import into a function hides the loop from Python's import machinery, not from us
         "pkg/config.py": "class Config:\n    def peers(self):\n        from .buffer import Buffer\n        return Buffer\n",
         "pkg/other.py": "import pkg.config\n",
-    })
-    r = run("pkg", cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert cycles_of(r.stdout) == [{os.path.join("pkg", "buffer.py"), os.path.join("pkg", "config.py")}]
+    }, "pkg")
+    assert cycles == [{os.path.join("pkg", "buffer.py"), os.path.join("pkg", "config.py")}]
     assert "(from .buffer import Buffer)" in r.stdout
 
 
 def test_python_cycle_through_from_dot_import_module_and_absolute_import(tmp_path):
-    tree(tmp_path, {
+    r, cycles = cycles_in(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/a.py": "from . import b\n",
         "pkg/b.py": "import pkg.a\n",
-    })
-    r = run("pkg", cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert cycles_of(r.stdout) == [{os.path.join("pkg", "a.py"), os.path.join("pkg", "b.py")}]
+    }, "pkg")
+    assert cycles == [{os.path.join("pkg", "a.py"), os.path.join("pkg", "b.py")}]
 
 
 def test_a_tree_without_cycles(tmp_path):
@@ -138,14 +139,12 @@ def test_a_tree_without_cycles(tmp_path):
 
 def test_mod_path_attribute_and_inline_modules_are_followed(tmp_path):
     # `#[path]` moves a module's file; an inline module's `mod x;` lives in a folder of its name.
-    tree(tmp_path, {
+    r, cycles = cycles_in(tmp_path, {
         "src/lib.rs": '#[path = "elsewhere/first.rs"]\nmod first;\nmod outer {\n    pub mod second;\n}\n',
         "src/elsewhere/first.rs": "use crate::outer::second::S;\npub struct F;\n",
         "src/outer/second.rs": "pub struct S;\nfn g() { let _ = crate::first::F; }\n",
-    })
-    r = run("src", cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert cycles_of(r.stdout) == [{os.path.join("src", "elsewhere", "first.rs"), os.path.join("src", "outer", "second.rs")}]
+    }, "src")
+    assert cycles == [{os.path.join("src", "elsewhere", "first.rs"), os.path.join("src", "outer", "second.rs")}]
 
 
 @pytest.mark.parametrize("files, arg, message", [

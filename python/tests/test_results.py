@@ -181,8 +181,7 @@ def test_check_catches_drift_between_a_record_and_its_doc(tmp_path):
     # the figure changes in the record: the doc is now stale and --check says which doc and the fix
     fig["value"] = 14.9
     (d / "kernels" / "results" / "2026-12-03-bench-h200.json").write_text(json.dumps(rec))
-    p = run("--check", "--root", str(d))
-    assert p.returncode == 1
+    p = check_fails(d)
     assert "kernels/DOC.md: its results tables differ from kernels/results/" in p.stderr
     assert "fix: run scripts/results.py" in p.stderr
     # a hand edit of a rendered table is drift too
@@ -345,6 +344,13 @@ def retention_repo(tmp_path, n_commits, records, doc="no tables\n"):
     return d, commits
 
 
+def check_fails(d):
+    """`results.py --check` over the repository d, which must fail; its completed process."""
+    p = run("--check", "--root", str(d))
+    assert p.returncode == 1, p.stdout + p.stderr
+    return p
+
+
 def python_tests(date, commit, ranks=(2,), part=None, **over):
     rows = [{"suite": "python/tests/gpu::test_x", "ranks": n, "status": "pass", "seconds": None,
              "first_error": None, "detail": f"at {commit[:7]}"} for n in ranks]
@@ -378,8 +384,7 @@ def test_check_names_a_record_neither_current_nor_cited_and_the_fix(tmp_path):
     d, c = retention_repo(tmp_path, 2, lambda c: [
         ("2026-12-03-gpu-tests-old.json", python_tests("2026-12-03", c[0])),
         ("2026-12-03-gpu-tests-new.json", python_tests("2026-12-03", c[1]))])
-    p = run("--check", "--root", str(d))
-    assert p.returncode == 1
+    p = check_fails(d)
     assert ("kernels/results/2026-12-03-gpu-tests-old.json: neither current (2026-12-03-gpu-tests-new is later for "
             "gpu-tests 'python/tests/gpu' at 2 ranks on 1xH200) nor cited by a doc; fix: scripts/results.py prune --apply "
             "(git keeps it), or cite it in a doc") in p.stderr, p.stderr
@@ -471,8 +476,7 @@ def test_a_tie_asks_for_the_time_field_and_time_decides(tmp_path):
     d, c = retention_repo(tmp_path, 1, lambda c: [
         ("2026-12-03-gpu-tests-b.json", python_tests("2026-12-03", c[0])),
         ("2026-12-03-gpu-tests-a.json", python_tests("2026-12-03", c[0]))])
-    p = run("--check", "--root", str(d))
-    assert p.returncode == 1
+    p = check_fails(d)
     assert ("2026-12-03-gpu-tests-a.json and " in p.stderr and "2026-12-03-gpu-tests-b.json both ran gpu-tests 'python/tests/gpu' "
             "at 2 ranks on 1xH200 on 2026-12-03" in p.stderr and "fix: add \"time\": \"HH:MM\"" in p.stderr), p.stderr
     assert run("prune", "--root", str(d)).returncode == 1
@@ -543,8 +547,7 @@ def test_commits_git_does_not_know_are_named_as_the_cause_of_a_tie(tmp_path):
     d, c = retention_repo(tmp_path, 1, lambda c: [
         ("2026-12-03-gpu-tests-a.json", python_tests("2026-12-03", "b" * 40)),
         ("2026-12-03-gpu-tests-b.json", python_tests("2026-12-03", "c" * 40))])
-    p = run("--check", "--root", str(d))
-    assert p.returncode == 1
+    p = check_fails(d)
     assert "(bbbbbbb, ccccccc) (git here does not know both commits: in a shallow clone, `git fetch --unshallow` first)" in p.stderr, p.stderr
     # records of different dates need no git at all
     path = d / "kernels" / "results" / "2026-12-03-gpu-tests-b.json"

@@ -154,13 +154,9 @@ def low_latency_bad_ids(rank, world, group):
     """low_latency_dispatch with ids = num_experts, then -5: the received rows are those of the
     routing with the bad selections dropped, the next call raises once, then a valid dispatch +
     combine matches."""
-    num_experts = LOCAL_EXPERTS * world
-    num_max = 64
-    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
-    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=num_experts // world, explicitly_destroy=True)
-    buf.clean_low_latency_buffer(num_max, HIDDEN, num_experts)
+    num_experts, num_max, n = LOCAL_EXPERTS * world, 64, 40 + rank
+    buf = _low_latency_buffer(world, group, num_max, num_experts)
     dev = _dev()
-    n = 40 + rank
     for i, value in enumerate((num_experts, -5)):
         x, idx, w = make_routing(rank, world, n, num_experts, seed=21 + i)
         bad, dropped = _with_bad_ids(idx, value)
@@ -181,13 +177,9 @@ def low_latency_bad_ids(rank, world, group):
 def combine_ignores_bad_ids(rank, world, group):
     """low_latency_combine with the bad topk_idx its dispatch dropped: the dropped selections add
     nothing (the combine reads no stale slot for them)."""
-    num_experts = LOCAL_EXPERTS * world
-    num_max = 64
-    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
-    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=num_experts // world, explicitly_destroy=True)
-    buf.clean_low_latency_buffer(num_max, HIDDEN, num_experts)
+    num_experts, num_max, n = LOCAL_EXPERTS * world, 64, 40 + rank
+    buf = _low_latency_buffer(world, group, num_max, num_experts)
     dev = _dev()
-    n = 40 + rank
     x, idx, w = make_routing(rank, world, n, num_experts, seed=41)
     bad, dropped = _with_bad_ids(idx, num_experts + 3)
     rx, _, h, _, _ = buf.low_latency_dispatch(x.to(dev), bad.to(dev), num_max, num_experts, use_fp8=False)
@@ -198,6 +190,14 @@ def combine_ignores_bad_ids(rank, world, group):
     _check_ll_combine(out, x, dropped, w)
     check_device_error()
     buf.destroy()
+
+
+def _low_latency_buffer(world, group, num_max, num_experts):
+    """A Buffer in the low-latency mode for num_max tokens per rank, its buffer cleaned."""
+    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
+    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=num_experts // world, explicitly_destroy=True)
+    buf.clean_low_latency_buffer(num_max, HIDDEN, num_experts)
+    return buf
 
 
 def _internode_buffer(world, group):

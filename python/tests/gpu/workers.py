@@ -110,6 +110,30 @@ def check_equal(name, got, want):
     raise AssertionError(f"{name}: {detail}")
 
 
+def _check_cached_dispatch(buf, group, x, handle, src, dev):
+    """A cached dispatch of other data (2x + 1) along the routes of `handle`: the rows of every
+    rank's data at the sources `src` (pairs of (rank, token)), and no layout outputs."""
+    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
+    all_x2 = gather(group, x2)
+    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
+    assert (a, b, c, d) == (None, None, None, None)
+    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
+
+
+def _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed):
+    """FP8 inputs of this rank (n x HIDDEN e4m3 and its [n, HIDDEN / 128] scales), the rows and
+    scales this rank should receive of every rank's along the given routing, and the generator
+    they were drawn from (for the draws that follow)."""
+    g = torch.Generator().manual_seed(seed)
+    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
+    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
+    # float8 tensors do not survive all_gather_object's unpickling in torch 2.11: send the bytes.
+    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
+    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
+    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
+    return xq, sc, exq, esc, g
+
+
 def intranode(rank, world, group):
     """Layout, fresh/cached dispatch (BF16, FP8 row- and column-major scales), expert alignment,
     num_worst_tokens, combine with weights and two biases, previous_event/async_finish/
@@ -156,21 +180,10 @@ def intranode(rank, world, group):
     assert counts == ecounts, (counts, ecounts)
     assert isinstance(counts, list) and ev.event is None
 
-    # cached dispatch of other data along the same routes
-    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
-    all_x2 = gather(group, x2)
-    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
-    assert (a, b, c, d) == (None, None, None, None)
-    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
+    _check_cached_dispatch(buf, group, x, handle, src, dev)
 
     # FP8 with row-major and column-major scales
-    g = torch.Generator().manual_seed(77 + rank)
-    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
-    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
-    # float8 tensors do not survive all_gather_object's unpickling in torch 2.11: send the bytes.
-    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
-    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
-    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
+    xq, sc, exq, esc, g = _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed=77 + rank)
     for colmajor in (False, True):
         scd = sc.to(dev)
         if colmajor:
@@ -792,20 +805,10 @@ def internode(rank, world, group, ranks_per_host=None):
     check_equal("recv_x without top-k", nx, ex)
     check_equal("handle[-4] without top-k", nh[-4], per_source.cumsum(0).to(torch.int32))
 
-    # cached dispatch of other data along the same routes
-    x2 = (x.float() * 2 + 1).to(torch.bfloat16)
-    all_x2 = gather(group, x2)
-    rx2, a, b, c, d, _ = buf.dispatch(x2.to(dev), handle=handle)
-    assert (a, b, c, d) == (None, None, None, None)
-    check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
+    _check_cached_dispatch(buf, group, x, handle, src, dev)
 
     # FP8 with row-major and column-major scales, fresh and cached
-    g = torch.Generator().manual_seed(177 + rank)
-    xq = torch.randn(n, HIDDEN, generator=g).to(torch.float8_e4m3fn)
-    sc = torch.rand(n, HIDDEN // 128, generator=g) + 0.5
-    all_xq, all_sc = zip(*gather(group, (xq.view(torch.uint8), sc)))
-    all_xq = [t.view(torch.float8_e4m3fn) for t in all_xq]
-    exq, esc, _, _, _, _ = expected_recv(all_xq, all_idx, all_w, rank, world, num_experts, all_scales=all_sc)
+    xq, sc, exq, esc, g = _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed=177 + rank)
     for colmajor in (False, True):
         scd = sc.to(dev)
         if colmajor:
