@@ -134,6 +134,14 @@ __device__ __forceinline__ uint8_t* region(uint8_t* base, const InternodeArgs& a
     return base + ((size_t)host * a.max_tokens + slot) * (size_t)a.rec_stride;
 }
 
+// Whether an earlier call recorded an error (a failed barrier), agreed on by the whole block
+// through *s_flag: then this call must not write into peers.
+__device__ __forceinline__ bool block_aborted(const EpDiag& diag, int* s_flag) {
+    if (threadIdx.x == 0) *s_flag = ep_aborted(diag) ? 1 : 0;
+    __syncthreads();
+    return *s_flag != 0;
+}
+
 // Seq-tagged barrier over all ranks, executed by one block; on return every rank has at least
 // entered the same call (so it finished all kernels of the previous one) and has zeroed its data
 // counters for this call. Returns false (all threads) on timeout.
@@ -652,10 +660,7 @@ internode_dispatch(InternodeArgs a, EpDiag diag) {
     __shared__ int s_end[EP_INTERNODE_MAX_HOSTS];
     __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_fail;
-    // A failed barrier (recorded error) must not be followed by this call's writes into peers.
-    if (threadIdx.x == 0) s_fail = ep_aborted(diag) ? 1 : 0;
-    __syncthreads();
-    if (s_fail) return;
+    if (block_aborted(diag, &s_fail)) return;
     const int C = a.num_channels;
     if ((int)blockIdx.x < C) dispatch_sender(a, blockIdx.x, s_pub, s_end, s_remote);
     else dispatch_puller(a, diag, blockIdx.x - C, s_scan, s_pos, &s_fail);
@@ -832,10 +837,7 @@ internode_combine(InternodeArgs a, EpDiag diag) {
     __shared__ const float* s_peer_w[EP_INTERNODE_MAX_RANKS_PER_HOST];
     __shared__ uint8_t* s_remote[EP_INTERNODE_MAX_HOSTS];
     __shared__ int s_abort;
-    // A failed barrier (recorded error) must not be followed by this call's writes into peers.
-    if (threadIdx.x == 0) s_abort = ep_aborted(diag) ? 1 : 0;
-    __syncthreads();
-    if (s_abort) return;
+    if (block_aborted(diag, &s_abort)) return;
     const int C = a.num_channels;
     if ((int)blockIdx.x < C) combine_forwarder(a, diag, blockIdx.x, s_scan, s_rows, s_run, s_peer_in, s_peer_w, s_remote);
     else combine_receiver(a, diag, blockIdx.x - C);

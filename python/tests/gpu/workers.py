@@ -120,6 +120,12 @@ def _check_cached_dispatch(buf, group, x, handle, src, dev):
     check_equal("cached recv_x", rx2, torch.stack([all_x2[s][t] for s, t in src]) if src else torch.empty(0, HIDDEN, dtype=torch.bfloat16))
 
 
+def _scale_layouts(sc, dev):
+    """FP8 scales on the device as DeepEP's callers pass them: (False, row-major), then (True, a
+    column-major view, DeepEP's intranode test)."""
+    return ((False, sc.to(dev)), (True, sc.to(dev).t().contiguous().t()))
+
+
 def _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed):
     """FP8 inputs of this rank (n x HIDDEN e4m3 and its [n, HIDDEN / 128] scales), the rows and
     scales this rank should receive of every rank's along the given routing, and the generator
@@ -184,10 +190,7 @@ def intranode(rank, world, group):
 
     # FP8 with row-major and column-major scales
     xq, sc, exq, esc, g = _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed=77 + rank)
-    for colmajor in (False, True):
-        scd = sc.to(dev)
-        if colmajor:
-            scd = scd.t().contiguous().t()
+    for colmajor, scd in _scale_layouts(sc, dev):
         (rq, rs), _, _, _, _, _ = buf.dispatch((xq.to(dev), scd), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                                                num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd)
         check_equal(f"fp8 recv_x (colmajor={colmajor})", rq, exq)
@@ -809,10 +812,7 @@ def internode(rank, world, group, ranks_per_host=None):
 
     # FP8 with row-major and column-major scales, fresh and cached
     xq, sc, exq, esc, g = _fp8_routing(group, rank, world, n, num_experts, all_idx, all_w, seed=177 + rank)
-    for colmajor in (False, True):
-        scd = sc.to(dev)
-        if colmajor:
-            scd = scd.t().contiguous().t()
+    for colmajor, scd in _scale_layouts(sc, dev):
         (rq, rs), qi, _, qcounts, qhandle, _ = buf.dispatch((xq.to(dev), scd), topk_idx=idxd, topk_weights=wd, **layout)
         check_equal(f"fp8 recv_x (colmajor={colmajor})", rq, exq)
         check_equal(f"fp8 recv_scales (colmajor={colmajor})", rs, esc)
