@@ -161,11 +161,22 @@ def test_bad_input_is_refused_with_the_fix(tmp_path, files, arg, message):
     assert "pass " in r.stderr or "fix " in r.stderr, r.stderr
 
 
-# The lead turns this into a hard test once the last circles are open (issue 37, item 5).
-@pytest.mark.xfail(strict=False, reason="circles still open when this test was written: "
-                   "generator/src/doctor/{driver,nvshmem,rdma}.rs (being opened) and "
-                   "python/deepep_kernels/buffer.py <-> config.py (the buffer.py rewrite)")
-def test_the_repository_has_no_import_cycles():
+# Circles that are known and being opened by a change in flight, as the sets of their files. Any
+# other circle fails this test; so does an entry here whose circle is gone (delete it then). When
+# the list is empty the repository has no import circle at all (issue 37, item 5).
+STILL_OPEN = [
+    # helper F's native Config removes config.py's import of buffer.py
+    {"python/deepep_kernels/buffer.py", "python/deepep_kernels/config.py"},
+]
+
+
+def test_the_repository_has_no_import_cycles_but_the_listed_ones():
     r = run(cwd=REPO)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.startswith("no import cycles in ")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    found = [{p.replace(os.sep, "/") for p in c} for c in cycles_of(r.stdout)]
+    new = [sorted(c) for c in found if c not in STILL_OPEN]
+    assert not new, "import circles: open them (move what both sides need into a third file):\n" + r.stdout
+    closed = [sorted(c) for c in STILL_OPEN if c not in found]
+    assert not closed, f"{closed} no longer import each other: delete them from STILL_OPEN"
+    if not STILL_OPEN:
+        assert r.returncode == 0 and r.stdout.startswith("no import cycles in "), r.stdout
