@@ -252,7 +252,7 @@ in
   # Every torch build ./pairings.json records, against DeepEP 1.2.1's default.
   deepEpTorchNvshmemBuildsPlanned = {
     expr = map (b: { inherit (b) id; plan = (d.oneNvshmemPlan { who = "deep-ep"; withNvshmem = true; ours = "3.4.5"; torchNvshmem = b.nvshmem; torchPairing = status b.nvshmem; }).use; }) d.torchNvshmemBuilds;
-    expected = [{ id = "nixpkgs-torch-withNvshmem"; plan = "ours"; } { id = "pypi-torch-2.11-to-2.14-cu13"; plan = "torch"; }];
+    expected = [{ id = "nixpkgs-torch-withNvshmem"; plan = "ours"; } { id = "pypi-torch-2.11-to-2.14-cu13"; plan = "torch"; } { id = "pypi-torch-2.15-nightly-cu13"; plan = "ours"; }];
   };
   deepEpTorchNvshmemBuildsWellFormed = {
     expr = all (b: b ? id && b ? torch && version b.nvshmem && length b.sources >= 1 && all (s: matches "https://github.com/.*" s) b.sources) d.torchNvshmemBuilds;

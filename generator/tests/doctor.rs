@@ -901,7 +901,8 @@ fn nvshmem_dir_mistakes_are_explained() {
     let r = TestHost::ibgda().env("NVSHMEM_DIR", garbage).run();
     assert_eq!(status(&r, "nvshmem.dir"), Status::Fail);
     assert!(
-        found(&r, "nvshmem.dir").contains("fish's `eval (...)`, which joins its lines into one `set`"),
+        found(&r, "nvshmem.dir")
+            .contains("fish's `eval (...)`, which joins its lines into one `set`"),
         "{}",
         found(&r, "nvshmem.dir")
     );
@@ -910,8 +911,14 @@ fn nvshmem_dir_mistakes_are_explained() {
         "set -e NVSHMEM_DIR; deepep-nix env --prefix /opt/nvshmem --shell fish | source (and open a new fish for a clean LD_LIBRARY_PATH and PATH)"
     );
     // A directory name with a space is not taken for that.
-    let r = TestHost::ibgda().env("NVSHMEM_DIR", "/opt/my nvshmem").run();
-    assert!(found(&r, "nvshmem.dir").contains("does not exist"), "{}", found(&r, "nvshmem.dir"));
+    let r = TestHost::ibgda()
+        .env("NVSHMEM_DIR", "/opt/my nvshmem")
+        .run();
+    assert!(
+        found(&r, "nvshmem.dir").contains("does not exist"),
+        "{}",
+        found(&r, "nvshmem.dir")
+    );
 
     // Too old for DeepEP and for CPU-assisted IBGDA.
     let h = TestHost::ibgda();
@@ -1656,6 +1663,7 @@ fn deepep_built_against_the_loaded_nvshmem_is_ready() {
             ("deepep.nvshmem", O),
             ("deepep.torch-nvshmem", O),
             ("deepep.pairing", O),
+            ("deepep.host-limits", O),
             ("deepep.ibgda-plugin", O),
             ("deepep.arch", O),
         ]),
@@ -1946,8 +1954,10 @@ fn deepep_pairing_check_applies_every_rule_of_pairings_json() {
             let r = h.env("LD_LIBRARY_PATH", "").run();
             let what = format!("DeepEP {deepep} with NVSHMEM {nv} (linked device library): ");
             // Rules may overlap (3.5.19 is in two): the check names one of those that cover.
-            let covering: Vec<&serde_json::Value> =
-                rules.iter().filter(|r| covers(&r["deepep"], deepep) && covers(&r["nvshmem"], &nv)).collect();
+            let covering: Vec<&serde_json::Value> = rules
+                .iter()
+                .filter(|r| covers(&r["deepep"], deepep) && covers(&r["nvshmem"], &nv))
+                .collect();
             if covering.is_empty() {
                 assert_eq!(
                     found(&r, "deepep.pairing"),
@@ -1971,7 +1981,12 @@ fn deepep_pairing_check_applies_every_rule_of_pairings_json() {
 /// Whether the pairings.json range `range` (`atLeast` / `atMost`, inclusive) holds version `v`.
 fn covers(range: &serde_json::Value, v: &str) -> bool {
     let key = |x: &str| -> Vec<u32> { x.split('.').map(|p| p.parse().unwrap()).collect() };
-    range["atLeast"].as_str().map_or(true, |lo| key(v) >= key(lo)) && range["atMost"].as_str().map_or(true, |hi| key(v) <= key(hi))
+    range["atLeast"]
+        .as_str()
+        .map_or(true, |lo| key(v) >= key(lo))
+        && range["atMost"]
+            .as_str()
+            .map_or(true, |hi| key(v) <= key(hi))
 }
 
 #[test]
@@ -2995,4 +3010,325 @@ fn maps_flag_names_every_nvshmem_host_library_a_process_mapped() {
         .checks
         .iter()
         .all(|c| c.id != "process.nvshmem-maps"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 39: host limits, the driver branch against the CUDA majors, DeepEP V2's NCCL, the IBGDA
+// mode line.
+
+/// DeepEP 1.2.1+<rev> (a v1 build with the RC layout fix) against NVSHMEM 3.6.5: on a host
+/// without an InfiniBand/RoCE device the `hostLimits` rule of pairings.json warns for
+/// low-latency; with one, it does not apply.
+#[test]
+fn host_limit_warns_for_low_latency_on_a_host_without_rdma() {
+    let h = TestHost::ibgda()
+        .with_site()
+        .env("NVSHMEM_DIR", "/opt/nvshmem-3.6.5")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem-3.6.5/lib");
+    h.install_nvshmem("/opt/nvshmem-3.6.5", "3.6.5", "3.6.5", 3);
+    h.install_deepep(
+        Some("1.2.1+309785a"),
+        Some("3.6.5"),
+        "/opt/nvshmem-3.6.5",
+        "/opt/nvshmem-3.6.5/lib",
+        &[(2, 90)],
+    );
+    h.write(&format!("{SITE}/torch/__init__.py"), "");
+    // This host has an mlx5 port: the limit does not apply.
+    let r = h.run();
+    assert_eq!(
+        status(&r, "deepep.host-limits"),
+        Status::Ok,
+        "{}",
+        r.render_text()
+    );
+    assert_eq!(
+        found(&r, "deepep.host-limits"),
+        "DeepEP 1.2.1+309785a with NVSHMEM 3.6.5: host limit ll-init-fails-without-infiniband applies to \
+         a host without an InfiniBand/RoCE device only; this host has 1 RDMA port(s)"
+    );
+    // The same build on a host without InfiniBand/RoCE.
+    h.remove("/sys/class/infiniband");
+    h.remove("/dev/infiniband");
+    let r = h.run();
+    let text = r.render_text();
+    assert_eq!(status(&r, "deepep.host-limits"), Status::Warn, "{text}");
+    let c = r.check("deepep.host-limits").unwrap();
+    assert_eq!(c.needed_by, vec![LowLatency]);
+    assert!(
+        c.found.starts_with(
+            "DeepEP 1.2.1+309785a with NVSHMEM 3.6.5 (linked device library) on a host without an \
+             InfiniBand/RoCE device (none in /sys/class/infiniband): DeepEP <= 1.2.1's low-latency mode fails"
+        ),
+        "{}",
+        c.found
+    );
+    assert!(
+        c.found.contains("num_rc_per_pe >= num_local_experts"),
+        "{}",
+        c.found
+    );
+    assert!(c
+        .found
+        .ends_with("[pairings.json hostLimits ll-init-fails-without-infiniband]"));
+    assert_eq!(
+        fix(&r, "deepep.host-limits"),
+        "use NVSHMEM 3.4.5 for DeepEP on hosts without RDMA NICs (deepep-nix install --version 3.4.5 --cuda 13 \
+         --source pypi ...), or deepep_kernels"
+    );
+    assert!(r
+        .verdict(LowLatency)
+        .warnings
+        .contains(&"deepep.host-limits".to_string()));
+    // NVSHMEM 3.4.5: outside the limit's range, on the same host.
+    let h = h
+        .env("NVSHMEM_DIR", "/opt/nvshmem")
+        .env("LD_LIBRARY_PATH", "/opt/nvshmem/lib");
+    h.remove(&format!("{SITE}/{EXT}"));
+    h.install_deepep(
+        Some("1.2.1+309785a"),
+        Some("3.4.5"),
+        "/opt/nvshmem",
+        "/opt/nvshmem/lib",
+        &[(2, 90)],
+    );
+    let r = h.run();
+    assert_eq!(
+        found(&r, "deepep.host-limits"),
+        "DeepEP 1.2.1+309785a with NVSHMEM 3.4.5 (linked device library), 3.4.5 (host library \
+         /opt/nvshmem/lib/libnvshmem_host.so.3): no host limit of pairings.json covers it"
+    );
+}
+
+/// A site with torch for CUDA `cuda` and the nvidia-nvshmem-cu<major> wheel's metadata.
+fn install_cuda_stack(h: &TestHost, cuda: &str, nvshmem_major: u32) {
+    h.write(
+        &format!("{SITE}/torch/version.py"),
+        format!("__version__ = '2.11.0'\ndebug = False\ncuda: Optional[str] = '{cuda}'\n"),
+    );
+    h.write(&format!("{SITE}/torch/__init__.py"), "");
+    h.write(
+        &format!("{SITE}/nvidia_nvshmem_cu{nvshmem_major}-3.4.5.dist-info/METADATA"),
+        "Name: nvidia-nvshmem-cu13\nVersion: 3.4.5\n",
+    );
+}
+
+fn set_driver(h: &TestHost, version: &str) {
+    let text = std::fs::read_to_string(h.path("/proc/driver/nvidia/version")).unwrap();
+    h.write(
+        "/proc/driver/nvidia/version",
+        text.replace("580.159.04", version),
+    );
+}
+
+#[test]
+fn driver_branch_against_the_cuda_major_of_torch_nvshmem_and_our_wheel() {
+    let h = TestHost::ibgda().with_site();
+    install_cuda_stack(&h, "13.0", 13);
+    let r = h.run();
+    assert_eq!(
+        status(&r, "driver.cuda-branch"),
+        Status::Ok,
+        "{}",
+        r.render_text()
+    );
+    assert_eq!(
+        found(&r, "driver.cuda-branch"),
+        format!(
+            "driver 580.159.04 (branch R580) runs CUDA <= 13: torch (CUDA 13.0, {SITE}/torch/version.py); \
+             NVSHMEM 3.4.5 (nvidia-nvshmem-cu13, {SITE}/nvidia_nvshmem_cu13-3.4.5.dist-info)"
+        )
+    );
+    // An R570 driver: CUDA 12 at most.
+    set_driver(&h, "570.124.06");
+    let r = h.run();
+    assert_eq!(status(&r, "driver.cuda-branch"), Status::Fail);
+    assert!(
+        found(&r, "driver.cuda-branch").starts_with(
+            "driver 570.124.06 (branch R570) runs CUDA <= 12, but CUDA 13 needs the R580 or newer branch: torch (CUDA 13.0"
+        ),
+        "{}",
+        found(&r, "driver.cuda-branch")
+    );
+    assert!(fix(&r, "driver.cuda-branch")
+        .starts_with("install an NVIDIA driver of branch R580 or newer"));
+    assert!(r
+        .verdict(Intranode)
+        .blocked_by
+        .contains(&"driver.cuda-branch".to_string()));
+    // CUDA 12 builds on the same driver: fine.
+    h.remove(&format!("{SITE}/nvidia_nvshmem_cu13-3.4.5.dist-info"));
+    install_cuda_stack(&h, "12.8", 12);
+    let r = h.run();
+    assert_eq!(
+        status(&r, "driver.cuda-branch"),
+        Status::Ok,
+        "{}",
+        found(&r, "driver.cuda-branch")
+    );
+    // Our wheel is CUDA 13 only.
+    std::fs::create_dir_all(h.path(&format!("{SITE}/deepep_kernels"))).unwrap();
+    h.write(
+        &format!("{SITE}/deepep_kernels/_native.abi3.so"),
+        "not an ELF",
+    );
+    let r = h.run();
+    assert_eq!(status(&r, "driver.cuda-branch"), Status::Fail);
+    assert!(
+        found(&r, "driver.cuda-branch").contains("deepep_kernels ("),
+        "{}",
+        found(&r, "driver.cuda-branch")
+    );
+    assert!(fix(&r, "driver.cuda-branch").contains("deepep_kernels has CUDA 13 builds only"));
+    // Nothing to compare with: skipped, and without --python-site not reported at all.
+    let mut h = TestHost::ibgda().with_site();
+    assert_eq!(status(&h.run(), "driver.cuda-branch"), Status::Skip);
+    h.args.python_site = vec![];
+    assert!(h.run().check("driver.cuda-branch").is_none());
+}
+
+#[test]
+fn deepep_v2_needs_nccl_2_30_4_and_one_libnccl() {
+    let h = TestHost::ibgda().with_site();
+    h.write(
+        &format!("{SITE}/deep_ep-2.1.0.dist-info/METADATA"),
+        "Name: deep_ep\nVersion: 2.1.0\n",
+    );
+    // No NCCL anywhere: DeepEP's import cannot find it.
+    let r = h.run();
+    assert_eq!(
+        status(&r, "deepep.nccl"),
+        Status::Fail,
+        "{}",
+        r.render_text()
+    );
+    assert!(found(&r, "deepep.nccl").contains("\"Cannot find package: nccl\""));
+    // torch's nvidia-nccl wheel at 2.28.9 (what torch 2.11 depends on): too old for V2.
+    h.write(&format!("{SITE}/nvidia/nccl/lib/libnccl.so.2"), "");
+    h.write(
+        &format!("{SITE}/nvidia_nccl_cu13-2.28.9.dist-info/METADATA"),
+        "Name: nvidia-nccl-cu13\nVersion: 2.28.9\n",
+    );
+    let r = h.run();
+    assert_found_and_fix(
+        &r,
+        "deepep.nccl",
+        &format!(
+            "DeepEP 2.1.0 (V2) uses NCCL 2.28.9 (the nvidia-nccl-cu13 wheel, nvidia_nccl_cu13-2.28.9.dist-info in {SITE}, \
+             {SITE}/nvidia/nccl): V2 needs NCCL >= 2.30.4 (DeepEP's README; its GIN backend)"
+        ),
+        "pip install \"nvidia-nccl-cu13>=2.30.4\" --no-deps (DeepEP's README; pip may downgrade it again when torch \
+         is reinstalled); or deepep_kernels' ElasticBuffer does not need NCCL (docs/python.md)",
+    );
+    assert_eq!(status(&r, "deepep.nccl"), Status::Warn);
+    h.remove(&format!("{SITE}/nvidia_nccl_cu13-2.28.9.dist-info"));
+    h.write(
+        &format!("{SITE}/nvidia_nccl_cu13-2.30.4.dist-info/METADATA"),
+        "Name: nvidia-nccl-cu13\nVersion: 2.30.4\n",
+    );
+    assert_eq!(status(&h.run(), "deepep.nccl"), Status::Ok);
+    // EP_NCCL_ROOT_DIR wins, its version read from the library's banner.
+    h.write(
+        "/opt/nccl/lib/libnccl.so.2.29.1",
+        b"\x7fELF...\0NCCL version %s\0NCCL version 2.29.1+cuda13.0\0".as_slice(),
+    );
+    let h = h.env("EP_NCCL_ROOT_DIR", "/opt/nccl");
+    let r = h.run();
+    assert_eq!(status(&r, "deepep.nccl"), Status::Warn);
+    assert!(
+        found(&r, "deepep.nccl").contains("uses NCCL 2.29.1 (EP_NCCL_ROOT_DIR=/opt/nccl"),
+        "{}",
+        found(&r, "deepep.nccl")
+    );
+    // DeepEP 1.x: no NCCL check.
+    let h = TestHost::ibgda().with_site();
+    h.write(
+        &format!("{SITE}/deep_ep-1.2.1.dist-info/METADATA"),
+        "Version: 1.2.1\n",
+    );
+    assert!(h.run().check("deepep.nccl").is_none());
+}
+
+#[test]
+fn two_libnccl_in_one_process_fail_like_deepep_v2s_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let maps = dir.path().join("maps.txt");
+    std::fs::write(
+        &maps,
+        "7f00-7f01 r--p 00000000 08:01 12 /venv/site-packages/nvidia/nccl/lib/libnccl.so.2\n\
+         7f01-7f02 r--p 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3\n\
+         7f02-7f03 r--p 00000000 08:01 14 /venv/site-packages/nvidia/nvshmem/lib/libnvshmem_host.so.3\n",
+    )
+    .unwrap();
+    let mut h = TestHost::ibgda();
+    h.args.maps = Some(maps.clone());
+    let r = h.run();
+    assert_eq!(status(&r, "process.nvshmem-maps"), Status::Ok);
+    assert_eq!(status(&r, "process.nccl-maps"), Status::Fail);
+    assert!(found(&r, "process.nccl-maps").contains(
+        "2 different libnccl mapped in one process: /venv/site-packages/nvidia/nccl/lib/libnccl.so.2, \
+         /usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3"
+    ));
+    assert!(!r.verdict(Intranode).ready);
+    std::fs::write(
+        &maps,
+        "7f00-7f01 r--p 00000000 08:01 12 /venv/site-packages/nvidia/nccl/lib/libnccl.so.2\n",
+    )
+    .unwrap();
+    assert_eq!(status(&h.run(), "process.nccl-maps"), Status::Ok);
+}
+
+#[test]
+fn ibgda_mode_in_one_line() {
+    // Everything set up: GPU-initiated.
+    let h = TestHost::ibgda();
+    let r = h.run();
+    assert_eq!(r.ibgda.mode, "gpu-initiated");
+    assert!(r.render_text().contains(
+        "  ibgda: GPU-initiated (the GPU rings the NIC doorbell; NVSHMEM_IB_ENABLE_IBGDA=1); it would fall back \
+         to CPU-assisted if the driver options (params.*) were lost\n"
+    ));
+    // Driver options active but not persistent: still GPU-initiated, until the next boot.
+    h.remove("/etc/modprobe.d/nvidia-ibgda.conf");
+    let r = h.run();
+    assert_eq!(r.ibgda.mode, "gpu-initiated");
+    assert!(
+        r.ibgda
+            .summary
+            .contains("not persistent (params.stream-memops, params.peer-mapping)"),
+        "{}",
+        r.ibgda.summary
+    );
+    // Driver options off: NVSHMEM 3.4.5 falls back to CPU-assisted, here with GDRCopy.
+    let params = std::fs::read_to_string(h.path("/proc/driver/nvidia/params")).unwrap();
+    h.write(
+        "/proc/driver/nvidia/params",
+        params.replace("EnableStreamMemOPs: 1", "EnableStreamMemOPs: 0"),
+    );
+    let r = h.run();
+    assert_eq!(r.ibgda.mode, "cpu-assisted", "{}", r.render_text());
+    assert_eq!(
+        r.ibgda.summary,
+        "CPU-assisted fallback with GDRCopy (\"NIC handler will be CPU with gdrcopy backend\"): NVSHMEM >= 3.4.5 \
+         takes it by itself, slower, and does not say so; GPU-initiated is blocked by params.stream-memops: fix \
+         params.stream-memops (their fix lines above) for GPU-initiated"
+    );
+    // No InfiniBand: no IBGDA at all.
+    h.remove("/sys/class/infiniband");
+    h.remove("/dev/infiniband");
+    let r = h.run();
+    assert_eq!(r.ibgda.mode, "none");
+    assert!(
+        r.ibgda.summary.starts_with("none: internode cannot start"),
+        "{}",
+        r.ibgda.summary
+    );
+    assert!(
+        r.ibgda.summary.ends_with("fix infiniband first"),
+        "{}",
+        r.ibgda.summary
+    );
+    // In JSON too.
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["ibgda"]["mode"], "none");
 }

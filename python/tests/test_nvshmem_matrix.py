@@ -40,6 +40,8 @@ MODE_TESTS = {"intranode": "test_intranode.py", "low-latency": "test_low_latency
 # `good` entries recorded before kernels/results existed: (deepep, nvshmem, cudaMajor).
 LEGACY_GOOD = {("1.2.1", "3.4.5", "13")}
 MODES = ("intranode", "low-latency", "internode")
+# hostLimits[].host values deepep-nix doctor applies (generator/src/doctor/deepep.rs, HostCondition)
+HOST_CONDITIONS = ("no-rdma-device",)
 VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 
 
@@ -177,12 +179,15 @@ def pairing_problems(pairings, releases, repo):
             out.append(f"broken rule {rid}: modes {modes!r} must be a non-empty list of {MODES}")
         if d and n:
             rules.append((rid, d, n, set(modes)))
-    # hostLimits: the same fields, applied by no reader (host-dependent); their ranges must parse
-    # and their sources must exist when they are records.
+    # hostLimits: the same fields plus `host` (the hosts it applies to; the doctor's
+    # deepep.host-limits applies them, the Nix package does not); their ranges must parse, the
+    # host must be one the doctor knows, and their sources must exist when they are records.
     for i, rule in enumerate(pairings.get("hostLimits", [])):
         rid = rule.get("id") or f"hostLimits[{i}]"
         parse_range(f"host limit {rid}: deepep", rule.get("deepep"))
         parse_range(f"host limit {rid}: nvshmem", rule.get("nvshmem"))
+        if rule.get("host") not in HOST_CONDITIONS:
+            out.append(f"host limit {rid}: host {rule.get('host')!r} must be one of {HOST_CONDITIONS}")
         for src in rule.get("sources", []):
             if src.startswith("kernels/results/") and not os.path.exists(os.path.join(repo, src.split()[0])):
                 out.append(f"host limit {rid}: source {src} does not exist")
@@ -342,6 +347,13 @@ def test_the_pairing_check_finds_what_is_wrong(tmp_path):
                         ({"atLeast": "3.8.0", "atMost": "3.5.19"}, "covers nothing")]:
         problems = pairing_problems(dict(base, broken=[dict(rule, nvshmem=rng)]), releases, str(tmp_path))
         assert any(expect in p for p in problems), (rng, problems)
+    # Host limits: the host condition must be one the doctor applies.
+    limit = dict(load_pairings()["hostLimits"][0], sources=[])
+    assert pairing_problems(dict(base, hostLimits=[limit]), releases, str(tmp_path)) == []
+    for host in (None, "no-infiniband"):
+        bad = {k: v for k, v in limit.items() if k != "host"} if host is None else dict(limit, host=host)
+        problems = pairing_problems(dict(base, hostLimits=[bad]), releases, str(tmp_path))
+        assert any(f"host {host!r} must be one of" in p for p in problems), (host, problems)
 
 
 # ---------------------------------------------------------------------------------------------

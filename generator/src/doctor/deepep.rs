@@ -5,7 +5,7 @@
 //! capability against the build's architectures. Nothing is imported or loaded.
 
 use super::elf::{self, native_ident, DynInfo, Resolution};
-use super::facts::{DriverInfo, NvshmemInfo, Version};
+use super::facts::{DriverInfo, NvshmemInfo, RdmaInfo, Version};
 use super::host::Host;
 use super::nvshmem::{self, banner_versions, HOST_LIB};
 use super::report::{caps, Capability, Check};
@@ -60,6 +60,44 @@ pub struct Rule {
 #[derive(Deserialize)]
 struct RawPairings {
     broken: Vec<RawRule>,
+    #[serde(rename = "hostLimits", default)]
+    host_limits: Vec<RawRule>,
+}
+
+/// The host a `hostLimits` entry applies to (its `host` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostCondition {
+    /// `"no-rdma-device"`: no InfiniBand/RoCE device in `/sys/class/infiniband`.
+    NoRdmaDevice,
+}
+
+impl HostCondition {
+    fn parse(s: &str) -> Option<HostCondition> {
+        match s {
+            "no-rdma-device" => Some(HostCondition::NoRdmaDevice),
+            _ => None,
+        }
+    }
+
+    /// Whether this host (what the NIC checks found) is one the limit applies to.
+    pub fn holds(self, rdma: &RdmaInfo) -> bool {
+        match self {
+            HostCondition::NoRdmaDevice => rdma.ports.is_empty(),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            HostCondition::NoRdmaDevice => "a host without an InfiniBand/RoCE device",
+        }
+    }
+}
+
+/// A `hostLimits` entry: a pairing that fails on some hosts only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLimit {
+    pub rule: Rule,
+    pub host: HostCondition,
 }
 
 /// The fields the doctor reads; `why`, `fix` and `sources` are the Nix refusal's and ignored.
@@ -72,6 +110,8 @@ struct RawRule {
     doctor: RawDoctor,
     #[serde(rename = "fixedAfter")]
     fixed_after: Option<RawFixedAfter>,
+    /// `hostLimits` only: the host it applies to ([`HostCondition`]).
+    host: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -102,8 +142,39 @@ struct RawFixedAfter {
 /// `deepep.pairing` check applies. Errors name the rule and field and what is expected.
 pub fn parse_pairings(text: &str) -> Result<Vec<Rule>, String> {
     let raw: RawPairings = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if let Some(r) = raw.broken.iter().find(|r| r.host.is_some()) {
+        return Err(format!(
+            "rule {:?}: `host` belongs in hostLimits (a broken rule applies to every host)",
+            r.id
+        ));
+    }
+    parse_rules(raw.broken)
+}
+
+/// Parses the `hostLimits` entries (the fields of `broken` plus `host`, a [`HostCondition`]).
+pub fn parse_host_limits(text: &str) -> Result<Vec<HostLimit>, String> {
+    let raw: RawPairings = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let hosts: Vec<Option<String>> = raw.host_limits.iter().map(|r| r.host.clone()).collect();
+    let ids: Vec<String> = raw.host_limits.iter().map(|r| r.id.clone()).collect();
+    let rules = parse_rules(raw.host_limits)?;
+    rules
+        .into_iter()
+        .zip(hosts.iter().zip(&ids))
+        .map(|(rule, (host, id))| match host.as_deref().map(|h| (h, HostCondition::parse(h))) {
+            Some((_, Some(host))) => Ok(HostLimit { rule, host }),
+            Some((h, None)) => Err(format!(
+                "host limit {id:?}: unknown host {h:?}; use \"no-rdma-device\""
+            )),
+            None => Err(format!(
+                "host limit {id:?}: missing field `host` (the hosts it applies to, e.g. \"no-rdma-device\")"
+            )),
+        })
+        .collect()
+}
+
+fn parse_rules(raw: Vec<RawRule>) -> Result<Vec<Rule>, String> {
     let mut rules: Vec<Rule> = Vec::new();
-    for r in raw.broken {
+    for r in raw {
         let id = r.id.clone();
         let version = |field: &str, v: &str| {
             Version::parse(v)
@@ -183,6 +254,77 @@ pub fn parse_pairings(text: &str) -> Result<Vec<Rule>, String> {
 fn pairing_rules() -> &'static Result<Vec<Rule>, String> {
     static RULES: OnceLock<Result<Vec<Rule>, String>> = OnceLock::new();
     RULES.get_or_init(|| parse_pairings(PAIRINGS_JSON))
+}
+
+/// The embedded host limits, parsed once.
+fn host_limits() -> &'static Result<Vec<HostLimit>, String> {
+    static LIMITS: OnceLock<Result<Vec<HostLimit>, String>> = OnceLock::new();
+    LIMITS.get_or_init(|| parse_host_limits(PAIRINGS_JSON))
+}
+
+/// The `deepep.host-limits` check: the `hostLimits` of `pkgs/deep-ep/pairings.json` that cover
+/// DeepEP `dv` and one of the NVSHMEM versions in play, applied to this host (`rdma`). A limit
+/// that holds here is a warning for the modes it breaks (the same build works on other hosts).
+pub fn host_limit_check(
+    limits: &[HostLimit],
+    raw: &str,
+    dv: Version,
+    in_play: &[(Version, String)],
+    rdma: &RdmaInfo,
+) -> Check {
+    const ID: &str = "deepep.host-limits";
+    let mut order: Vec<&(Version, String)> = in_play.iter().collect();
+    order.sort_by_key(|x| std::cmp::Reverse(x.0));
+    let covering: Vec<(&HostLimit, Version, &str)> = limits
+        .iter()
+        .filter(|l| l.rule.deepep.contains(dv))
+        .filter_map(|l| {
+            order
+                .iter()
+                .find(|(nv, _)| l.rule.nvshmem.contains(*nv))
+                .map(|(nv, what)| (l, *nv, what.as_str()))
+        })
+        .collect();
+    let versions = order
+        .iter()
+        .map(|(v, what)| format!("{v} ({what})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some((l, nv, what)) = covering.iter().find(|(l, _, _)| l.host.holds(rdma)) {
+        return Check::warn(
+            ID,
+            &l.rule.breaks,
+            format!(
+                "DeepEP {raw} with NVSHMEM {nv} ({what}) on {} (none in /sys/class/infiniband): {} [pairings.json hostLimits {}]",
+                l.host.describe(),
+                l.rule.found,
+                l.rule.id
+            ),
+            l.rule.fix.clone(),
+        );
+    }
+    match covering.first() {
+        Some((l, nv, _)) => Check::ok(
+            ID,
+            caps::NVSHMEM,
+            format!(
+                "DeepEP {raw} with NVSHMEM {nv}: host limit {} applies to {} only; this host has {} RDMA port(s)",
+                l.rule.id,
+                l.host.describe(),
+                rdma.ports.len()
+            ),
+        ),
+        None => Check::ok(
+            ID,
+            caps::NVSHMEM,
+            format!("DeepEP {raw} with NVSHMEM {versions}: no host limit of pairings.json covers it"),
+        ),
+    }
+}
+
+/// Whether `site` holds our `deepep_kernels` package (with its extension).
+pub(super) fn has_our_package(host: &Host, site: &Path) -> bool {
+    kernels::find(host, site).is_some()
 }
 
 /// The `deepep.pairing` check for DeepEP `raw` (parsed: `dv`, local version label `local`) and
@@ -677,8 +819,15 @@ pub fn check(
     sites: &[PathBuf],
     driver: &DriverInfo,
     checked: &NvshmemInfo,
+    rdma: &RdmaInfo,
     out: &mut Vec<Check>,
 ) {
+    // DeepEP V2 (2.x) needs NCCL (its GIN backend) and checks at import which libnccl is mapped.
+    if let Some((raw, _)) = sites.iter().find_map(|s| find_version(host, s, "deep_ep-")) {
+        if parse_deepep_version(&raw).is_some_and(|(v, _)| v >= Version(2, 0, 0)) {
+            super::stack::check_nccl(host, sites, &raw, out);
+        }
+    }
     let torch = torch_nvshmem(host, sites);
     let ext_path = sites.iter().find_map(|s| find_extension(host, s));
     let ours = sites.iter().find_map(|s| kernels::find(host, s));
@@ -692,7 +841,7 @@ pub fn check(
                 pkg.dir.display()
             ),
         )),
-        _ => check_upstream(host, sites, ext_path.as_deref(), &torch, driver, checked, out),
+        _ => check_upstream(host, sites, ext_path.as_deref(), &torch, driver, checked, rdma, out),
     }
     if let Some(pkg) = &ours {
         kernels::check(host, sites, pkg, &torch, driver, checked, out);
@@ -700,6 +849,7 @@ pub fn check(
 }
 
 /// The `deepep.*` checks of upstream DeepEP's extension at `ext_path` (`None`: not found).
+#[allow(clippy::too_many_arguments)] // the host facts the checks read, one caller
 fn check_upstream(
     host: &Host,
     sites: &[PathBuf],
@@ -707,6 +857,7 @@ fn check_upstream(
     torch: &TorchNvshmem,
     driver: &DriverInfo,
     checked: &NvshmemInfo,
+    rdma: &RdmaInfo,
     out: &mut Vec<Check>,
 ) {
     let version = sites.iter().find_map(|s| find_version(host, s, "deep_ep-"));
@@ -760,7 +911,12 @@ fn check_upstream(
             "no DeepEP extension to inspect",
         ));
         torch_check(sites, torch, None, checked, &subject, out);
-        for id in ["deepep.pairing", "deepep.ibgda-plugin", "deepep.arch"] {
+        for id in [
+            "deepep.pairing",
+            "deepep.host-limits",
+            "deepep.ibgda-plugin",
+            "deepep.arch",
+        ] {
             out.push(Check::skip(id, caps::ALL, "no DeepEP extension to inspect"));
         }
         return;
@@ -915,6 +1071,27 @@ fn check_upstream(
         (Some((dv, local)), Some(_), false, Ok(rules)) => {
             let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
             out.push(pairing_check(rules, raw, *dv, local.as_deref(), &in_play));
+        }
+    }
+
+    // deepep.host-limits: the pairings of pkgs/deep-ep/pairings.json that fail on some hosts.
+    let limits_id = "deepep.host-limits";
+    match (&parsed, &needed_host, in_play.is_empty(), host_limits()) {
+        (_, None, _, _) => out.push(Check::skip(limits_id, caps::NVSHMEM, "built without NVSHMEM")),
+        (None, _, _, _) | (_, _, true, _) => out.push(Check::skip(
+            limits_id,
+            caps::NVSHMEM,
+            "DeepEP or NVSHMEM version unknown (see deepep.pairing)",
+        )),
+        (_, _, _, Err(e)) => out.push(Check::fail(
+            limits_id,
+            caps::NVSHMEM,
+            format!("the host limits built into this deepep-nix (pkgs/deep-ep/pairings.json) are invalid: {e}"),
+            "fix pkgs/deep-ep/pairings.json (cargo test -p deepep-nix pairing_data names the problem) and rebuild deepep-nix",
+        )),
+        (Some((dv, _)), Some(_), false, Ok(limits)) => {
+            let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
+            out.push(host_limit_check(limits, raw, *dv, &in_play, rdma));
         }
     }
 
@@ -1210,7 +1387,13 @@ mod tests {
                 .map(|r| r.id.as_str())
                 .collect()
         };
-        assert_eq!(covers("1.2.1", "3.5.19"), ["rc-qp-layout-3.5.19", "ibgda-state-defined-in-host-code-3.5"]);
+        assert_eq!(
+            covers("1.2.1", "3.5.19"),
+            [
+                "rc-qp-layout-3.5.19",
+                "ibgda-state-defined-in-host-code-3.5"
+            ]
+        );
         assert_eq!(covers("1.2.1", "3.5.22"), ["rc-qp-layout-3.5.19"]);
         assert_eq!(covers("1.1.0", "3.8.0"), ["rc-qp-layout-3.5.19"]);
         assert!(covers("1.2.1", "3.5.18").is_empty());
@@ -1306,6 +1489,59 @@ mod tests {
             &linked("3.3.8"),
         );
         assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn host_limits_parse_and_apply_to_hosts_without_rdma() {
+        let limits = host_limits().as_ref().unwrap_or_else(|e| panic!("{e}"));
+        let j = json();
+        assert_eq!(limits.len(), j["hostLimits"].as_array().unwrap().len());
+        let ll = &limits[0];
+        assert_eq!(ll.rule.id, "ll-init-fails-without-infiniband");
+        assert_eq!(ll.host, HostCondition::NoRdmaDevice);
+        assert_eq!(ll.rule.breaks, caps::LOW_LATENCY);
+        assert!(ll.rule.found.contains("num_rc_per_pe >= num_local_experts"));
+        let none = RdmaInfo::default();
+        let one = RdmaInfo {
+            ports: vec![super::super::facts::Port {
+                device: "mlx5_0".into(),
+                port: "1".into(),
+                state: "4: ACTIVE".into(),
+                link_layer: "InfiniBand".into(),
+                mlx5: true,
+            }],
+        };
+        let c = |nv: &str, rdma: &RdmaInfo| {
+            host_limit_check(limits, "1.2.1", v("1.2.1"), &linked(nv), rdma)
+        };
+        assert_eq!(c("3.6.5", &none).status, Status::Warn);
+        assert_eq!(c("3.8.0", &none).needed_by, caps::LOW_LATENCY);
+        assert_eq!(c("3.6.5", &one).status, Status::Ok);
+        assert_eq!(c("3.4.5", &none).status, Status::Ok);
+        assert_eq!(
+            host_limit_check(limits, "1.2.2", v("1.2.2"), &linked("3.8.0"), &none).status,
+            Status::Ok
+        );
+        // Errors name the problem.
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut j = json();
+            edit(&mut j);
+            (
+                parse_host_limits(&j.to_string()),
+                parse_pairings(&j.to_string()),
+            )
+        };
+        let (e, _) = with(&|j| j["hostLimits"][0]["host"] = "no-ib".into());
+        assert_eq!(
+            e.unwrap_err(),
+            "host limit \"ll-init-fails-without-infiniband\": unknown host \"no-ib\"; use \"no-rdma-device\""
+        );
+        let (e, _) = with(&|j| {
+            j["hostLimits"][0].as_object_mut().unwrap().remove("host");
+        });
+        assert!(e.unwrap_err().contains("missing field `host`"));
+        let (_, e) = with(&|j| j["broken"][0]["host"] = "no-rdma-device".into());
+        assert!(e.unwrap_err().contains("`host` belongs in hostLimits"));
     }
 
     #[test]

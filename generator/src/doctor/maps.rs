@@ -59,12 +59,24 @@ torch depends on as NVSHMEM_DIR when building DeepEP), and do not point NVSHMEM_
 /// The distinct mapped files whose name starts with `libnvshmem_host.so`, in first-seen order
 /// (the kernel shows each mapped file by its real path; a file replaced on disk gets " (deleted)").
 pub fn nvshmem_host_paths(maps: &str) -> Vec<String> {
+    mapped_paths(maps, |name| name.starts_with("libnvshmem_host.so"))
+}
+
+/// The distinct mapped files whose name starts with `libnccl` and holds `.so`, in first-seen
+/// order (torch's `libnccl.so.2` from the nvidia-nccl wheel, and any other copy).
+pub fn nccl_paths(maps: &str) -> Vec<String> {
+    mapped_paths(maps, |name| {
+        name.starts_with("libnccl") && name.contains(".so")
+    })
+}
+
+/// The distinct absolute paths of `maps` whose file name satisfies `want`.
+fn mapped_paths(maps: &str, want: impl Fn(&str) -> bool) -> Vec<String> {
     let mut seen: Vec<String> = Vec::new();
     for line in maps.lines() {
         if line.starts_with(LOADED_MARKER) {
             continue;
         }
-        // address perms offset dev inode pathname; the pathname may contain spaces.
         let mut rest = line.trim_start();
         for _ in 0..5 {
             rest = match rest.find(char::is_whitespace) {
@@ -75,14 +87,34 @@ pub fn nvshmem_host_paths(maps: &str) -> Vec<String> {
         let path = rest.trim_end();
         let path = path.strip_suffix(" (deleted)").unwrap_or(path);
         let name = path.rsplit('/').next().unwrap_or(path);
-        if path.starts_with('/')
-            && name.starts_with("libnvshmem_host.so")
-            && !seen.iter().any(|p| p == path)
-        {
+        if path.starts_with('/') && want(name) && !seen.iter().any(|p| p == path) {
             seen.push(path.to_string());
         }
     }
     seen
+}
+
+const NCCL_ID: &str = "process.nccl-maps";
+
+/// `process.nccl-maps`: the NCCL libraries mapped in the same process. DeepEP V2's import
+/// (`deep_ep/__init__.py`, `check_nccl_so`, DeepEP 2.1) asserts that every mapped `libnccl` is
+/// one file ("Duplicate NCCL runtime found in the current system") and that it is the file of
+/// the nvidia-nccl wheel it was built against.
+pub fn judge_nccl(origin: &str, maps: &str) -> Check {
+    let paths = nccl_paths(maps);
+    match paths.len() {
+        0 => Check::skip(NCCL_ID, caps::ALL, format!("{origin}: no libnccl mapped (torch loads NCCL at import when it was built with it)")),
+        1 => Check::ok(NCCL_ID, caps::ALL, format!("{origin}: one NCCL mapped: {}", paths[0])),
+        n => Check::fail(
+            NCCL_ID,
+            caps::ALL,
+            format!(
+                "{origin}: {n} different libnccl mapped in one process: {}; DeepEP V2's import refuses this (\"Duplicate NCCL runtime found\"), and two NCCLs in one process share symbol names",
+                paths.join(", ")
+            ),
+            "one NCCL per process: keep only the nvidia-nccl wheel torch depends on (pip list | grep nccl; pip uninstall the other nvidia-nccl-cu* or remove the other libnccl's directory from LD_LIBRARY_PATH); DeepEP V2 needs it at >= 2.30.4: pip install \"nvidia-nccl-cu13>=2.30.4\" --no-deps",
+        ),
+    }
 }
 
 /// Paths the probe reported as loaded by an imported module (`#deepep-nix-loaded PATH` lines).
@@ -236,9 +268,14 @@ pub fn check(
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .or_else(|| nvshmem_dir.map(Path::to_path_buf));
+    let mut nccl: Option<Check> = None;
     if let Some(file) = env.get(ENV_MAPS).filter(|s| !s.is_empty()) {
         out.push(match std::fs::read_to_string(file) {
-            Ok(text) => judge(&format!("{ENV_MAPS}={file}"), &text, expect.as_deref()),
+            Ok(text) => {
+                let origin = format!("{ENV_MAPS}={file}");
+                nccl = Some(judge_nccl(&origin, &text));
+                judge(&origin, &text, expect.as_deref())
+            }
             Err(e) => Check::fail(
                 ID,
                 caps::NVSHMEM,
@@ -254,7 +291,10 @@ pub fn check(
             Check::new(ID, caps::NVSHMEM, Status::Skip, format!("{origin}: not run (--root describes another host)"))
         } else {
             match run_probe(python, &ms, PYTHON_TIMEOUT) {
-                Ok(text) => judge(&origin, &text, expect.as_deref()),
+                Ok(text) => {
+                    nccl = Some(judge_nccl(&origin, &text));
+                    judge(&origin, &text, expect.as_deref())
+                }
                 Err(e) => Check::fail(
                     ID,
                     caps::NVSHMEM,
@@ -264,6 +304,7 @@ pub fn check(
             }
         });
     }
+    out.extend(nccl);
 }
 
 #[cfg(test)]
@@ -300,6 +341,34 @@ mod tests {
             s += &lib_lines(l, 100 + i as u32);
         }
         s + TAIL
+    }
+
+    #[test]
+    fn nccl_copies_are_counted_like_deepeps_import_check() {
+        const WHEEL: &str = "/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2";
+        const OTHER: &str = "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3";
+        let c = judge_nccl("maps", &maps(&[WHEEL, OURS]));
+        assert_eq!(c.status, Status::Ok);
+        assert_eq!(c.found, format!("maps: one NCCL mapped: {WHEEL}"));
+        let c = judge_nccl("maps", &maps(&[WHEEL, OTHER]));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.found.starts_with(&format!(
+                "maps: 2 different libnccl mapped in one process: {WHEEL}, {OTHER}"
+            )),
+            "{}",
+            c.found
+        );
+        assert!(c.fix.unwrap().contains("nvidia-nccl-cu13>=2.30.4"));
+        assert_eq!(judge_nccl("maps", &maps(&[OURS])).status, Status::Skip);
+        // One file mapped twice is one; a libnccl-net plugin is counted too, as DeepEP's check
+        // counts every mapped path holding "libnccl".
+        assert_eq!(nccl_paths(&maps(&[WHEEL, WHEEL])), vec![WHEEL.to_string()]);
+        let net = "/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so";
+        assert_eq!(
+            judge_nccl("maps", &maps(&[WHEEL, net])).status,
+            Status::Fail
+        );
     }
 
     #[test]
@@ -471,7 +540,9 @@ mod tests {
             false,
             &mut out,
         );
-        assert_eq!(out.len(), 1);
+        // process.nvshmem-maps, then process.nccl-maps from the same text (no libnccl there)
+        assert_eq!(out.len(), 2);
+        assert_eq!((out[1].id.as_str(), out[1].status), (NCCL_ID, Status::Skip));
         assert_eq!(out[0].status, Status::Fail);
         assert!(
             out[0]

@@ -17,10 +17,11 @@ mod modprobe;
 mod nvshmem;
 mod rdma;
 mod report;
+mod stack;
 
 pub use facts::Version;
 pub use host::{HostKind, NoTools, SystemTools, ToolOutput, Tools};
-pub use report::{Capability, Check, Report, Status, Verdict};
+pub use report::{Capability, Check, IbgdaMode, Report, Status, Verdict};
 
 use anyhow::{bail, Context as _};
 use clap::Args;
@@ -238,12 +239,18 @@ pub fn run_with(
         real_host,
         &mut checks,
     );
+    // driver.cuda-branch: with --python-site, or when the NVSHMEM checked is a wheel's
+    let parts = stack::parts(&host, &args.python_site, &nvshmem_info);
+    if !args.python_site.is_empty() || !parts.is_empty() {
+        stack::check_driver_branch(&driver_info, &parts, &mut checks);
+    }
     if !args.python_site.is_empty() {
         deepep::check(
             &host,
             &args.python_site,
             &driver_info,
             &nvshmem_info,
+            &rdma_info,
             &mut checks,
         );
     }

@@ -164,8 +164,97 @@ pub struct Report {
     pub root: String,
     pub checks: Vec<Check>,
     pub verdicts: Vec<Verdict>,
+    /// Which IBGDA mode NVSHMEM will take on this host, in one line.
+    pub ibgda: IbgdaMode,
     /// 0 when every requested capability is ready, 1 otherwise.
     pub exit_code: i32,
+}
+
+/// The IBGDA mode NVSHMEM takes on this host, from the verdicts of the two internode
+/// capabilities: GPU-initiated when its checks pass; else, NVSHMEM >= 3.4.5 falls back by itself
+/// to CPU-assisted IBGDA (a CPU thread rings the NIC doorbell; slower, and NVSHMEM does not say
+/// so), which needs no driver options and no GDRCopy; else none.
+#[derive(Debug, Clone, Serialize)]
+pub struct IbgdaMode {
+    /// `gpu-initiated`, `cpu-assisted` or `none`.
+    pub mode: &'static str,
+    /// The line the verdict prints: the mode, why, and what would change it.
+    pub summary: String,
+}
+
+impl IbgdaMode {
+    fn from(checks: &[Check], verdicts: &[Verdict]) -> IbgdaMode {
+        let v = |cap| {
+            verdicts
+                .iter()
+                .find(|v| v.capability == cap)
+                .expect("all capabilities")
+        };
+        let (gpu, cpu) = (
+            v(Capability::InternodeIbgda),
+            v(Capability::InternodeCpuIbgda),
+        );
+        let status = |id: &str| checks.iter().find(|c| c.id == id).map(|c| c.status);
+        let gdrcopy = match status("gdrcopy") {
+            Some(Status::Ok) => "with GDRCopy (\"NIC handler will be CPU with gdrcopy backend\")",
+            _ => "without GDRCopy (a little slower than with it)",
+        };
+        let only_gpu: Vec<&String> = gpu
+            .blocked_by
+            .iter()
+            .filter(|id| !cpu.blocked_by.contains(id))
+            .collect();
+        let join = |ids: &[&String]| {
+            ids.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if gpu.ready {
+            let fragile: Vec<&String> = gpu
+                .warnings
+                .iter()
+                .filter(|id| id.starts_with("params."))
+                .collect();
+            let change = if fragile.is_empty() {
+                "it would fall back to CPU-assisted if the driver options (params.*) were lost"
+                    .to_string()
+            } else {
+                format!("the driver options are not persistent ({}): after a reboot NVSHMEM falls back to CPU-assisted without saying so", join(&fragile))
+            };
+            IbgdaMode {
+                mode: "gpu-initiated",
+                summary: format!("GPU-initiated (the GPU rings the NIC doorbell; NVSHMEM_IB_ENABLE_IBGDA=1); {change}"),
+            }
+        } else if cpu.ready {
+            IbgdaMode {
+                mode: "cpu-assisted",
+                summary: format!(
+                    "CPU-assisted fallback {gdrcopy}: NVSHMEM >= 3.4.5 takes it by itself, slower, and does not say so; GPU-initiated is blocked by {}: fix {} (their fix lines above) for GPU-initiated",
+                    join(&gpu.blocked_by.iter().collect::<Vec<_>>()),
+                    if only_gpu.is_empty() { join(&gpu.blocked_by.iter().collect::<Vec<_>>()) } else { join(&only_gpu) }
+                ),
+            }
+        } else {
+            let mut both: Vec<&String> = gpu
+                .blocked_by
+                .iter()
+                .filter(|id| cpu.blocked_by.contains(id))
+                .collect();
+            if both.is_empty() {
+                both = gpu.blocked_by.iter().chain(cpu.blocked_by.iter()).collect();
+                both.sort();
+                both.dedup();
+            }
+            IbgdaMode {
+                mode: "none",
+                summary: format!("none: internode cannot start (GPU-initiated blocked by {}; CPU-assisted by {}); fix {} first",
+                    join(&gpu.blocked_by.iter().collect::<Vec<_>>()),
+                    join(&cpu.blocked_by.iter().collect::<Vec<_>>()),
+                    join(&both)),
+            }
+        }
+    }
 }
 
 impl Report {
@@ -193,10 +282,12 @@ impl Report {
             })
             .collect();
         let exit_code = i32::from(verdicts.iter().any(|v| v.requested && !v.ready));
+        let ibgda = IbgdaMode::from(&checks, &verdicts);
         Report {
             root,
             checks,
             verdicts,
+            ibgda,
             exit_code,
         }
     }
@@ -249,6 +340,7 @@ impl Report {
             }
             let _ = writeln!(s, "{line}");
         }
+        let _ = writeln!(s, "  ibgda: {}", self.ibgda.summary);
         let _ = writeln!(
             s,
             "exit {}: {}",
