@@ -19,6 +19,13 @@
 //! architecture, and at run time the device's compute capability picks the set (`src/cubins.rs`).
 //! A developer build for one GPU can name only its architecture (a third of the nvcc time).
 //!
+//! Cross builds (cargo `--target aarch64-unknown-linux-gnu`, python/scripts/build-wheel.sh
+//! `--target aarch64`): nvcc runs on the build machine as always (cubins do not depend on the host
+//! CPU), and `nvlink` gets `-cpu-arch=AARCH64`, so that it takes the device code out of an aarch64
+//! NVSHMEM's `libnvshmem_device.a` (whose members are aarch64 host objects; an x86_64 nvlink skips
+//! them as incompatible otherwise). NVSHMEM_DIR / DEEPEP_NVSHMEM_RELEASES must then be aarch64
+//! prefixes: the device code in them differs from the x86_64 wheel's (docs/architecture.md).
+//!
 //! GPU records: the `machine` field of every `../kernels/results/*.json` record is read, and the
 //! architectures whose GPUs it names (`arch::archs_in_machine`) become `RECORDED_ARCHS`: the
 //! runtime warns once on a device whose architecture has none (`arch::untested_warning`).
@@ -153,8 +160,9 @@ fn main() {
     // whose inputs are unchanged since the last run (its `.key` file) reuses its cubin: a rerun
     // for another release list then compiles only the releases that are new.
     let source_hash = hash_tree(&cuda_dir);
+    let cpu = nvlink_cpu_arch();
     let cache_key = |src: &Path, release: Option<&((u32, u32, u32), PathBuf)>, a: &Arch| -> String {
-        let mut k = format!("{source_hash} {} {} {nvcc_version} {:?}", src.display(), a.name, common);
+        let mut k = format!("{source_hash} {} {} {cpu} {nvcc_version} {:?}", src.display(), a.name, common);
         if let Some((v, dir)) = release {
             let lib = dir.join("lib/libnvshmem_device.a");
             let meta = std::fs::metadata(&lib).ok();
@@ -245,6 +253,19 @@ fn json_string_field(text: &str, key: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// nvlink's `-cpu-arch` for the crate's target (cargo's `CARGO_CFG_TARGET_ARCH`): the host CPU
+/// whose objects hold the NVSHMEM device library's code.
+fn nvlink_cpu_arch() -> &'static str {
+    match std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("aarch64") => "AARCH64",
+        Ok("x86_64") | Err(_) => "X86_64",
+        Ok(other) => fail(format!(
+            "\n\ndeepep-kernels builds for x86_64 and aarch64 hosts; the target architecture is {other}.\nFix: build for \
+             x86_64-unknown-linux-gnu or aarch64-unknown-linux-gnu.\n"
+        )),
+    }
 }
 
 /// Stop the build with `msg` on stderr (cargo shows it; no panic backtrace noise).
@@ -480,11 +501,23 @@ fn compile(
             Command::new(std::path::absolute(cuda_home.join("bin/nvlink")).map_err(|e| format!("nvlink: {e}"))?)
                 .current_dir(nvs.join("lib"))
                 .args(["-v", &format!("-arch={}", arch.name)])
+                // only for a cross build: nvlink records its options in the cubin, and the x86_64
+                // cubins stay the bytes they were
+                .args((nvlink_cpu_arch() != "X86_64").then(|| format!("-cpu-arch={}", nvlink_cpu_arch())))
                 .arg(&rdc)
                 .args(["-L.", "-lnvshmem_device", "-o"])
                 .arg(&cubin),
             &format!("nvlink {}", rdc.display()),
-        )?;
+        )
+        .map_err(|e| {
+            format!(
+                "{e}\nIf nvlink skipped libnvshmem_device.a as incompatible: its members are host objects of one CPU \
+                 architecture, and this build links for {} (the cargo target). Fix: point NVSHMEM_DIR and \
+                 DEEPEP_NVSHMEM_RELEASES at NVSHMEM prefixes of that architecture (python/scripts/build-wheel.sh --target \
+                 aarch64 installs them).",
+                nvlink_cpu_arch()
+            )
+        })?;
         merge_nvlink(&link_log, &mut res);
         let _ = std::fs::write(&nvlink_log, &link_log);
     }

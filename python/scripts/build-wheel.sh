@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Build the deepep_kernels wheel (PyO3 + maturin, abi3 for CPython >= 3.10, x86_64) and,
-# optionally, install it into a test venv and run the CPU tests.
+# Build the deepep_kernels wheel (PyO3 + maturin, abi3 for CPython >= 3.10, x86_64 or aarch64)
+# and, optionally, install it into a test venv and run the CPU tests.
 #
-# Usage: python/scripts/build-wheel.sh [--release|--dev] [--nvshmem-releases LIST] [--test] [--help]
+# Usage: python/scripts/build-wheel.sh [--release|--dev] [--target x86_64|aarch64] [--nvshmem-releases LIST] [--test] [--help]
 #   --release  optimized build (the default; what the GPU machine should run); reproducible:
 #              the same bytes from any checkout path of one commit (check-reproducible.sh)
 #   --dev      debug profile (reuses the `cargo test` build of deepep-kernels; CI uses it)
@@ -12,20 +12,29 @@
 #              list (3.3.20,3.8.0), or `none` (the default: NVSHMEM_DIR's release only, unless
 #              DEEPEP_NVSHMEM_RELEASES names prefixes). Each is installed into .toolchain/nvshmem/
 #              with python/scripts/nvshmem-prefixes.sh (deepep-nix install --source pypi) first.
-#   --test     also install the wheel into target/pyvenv and run python/tests (no GPU, no torch)
+#   --target aarch64
+#              cross-build the aarch64-linux wheel (Grace: GH200, GB200, GB300) on this x86_64
+#              machine: python/scripts/aarch64-toolchain.sh sets up Rust's aarch64 target, Debian's
+#              cross gcc and aarch64 NVSHMEM prefixes (NVSHMEM_DIR / DEEPEP_NVSHMEM_RELEASES then
+#              name those; `none` serves 3.4.5 and 3.3.20 like the x86_64 default); nvcc is the
+#              x86_64 one. `x86_64` (the default) builds for this machine.
+#   --test     also install the wheel into target/pyvenv and run python/tests (no GPU, no torch);
+#              with --target aarch64: under qemu-user (python/scripts/aarch64-qemu-test.sh)
 #
 # Needs: python3 with venv, a C compiler, network to PyPI the first time. The pinned CUDA 13.0 /
 # NVSHMEM 3.4.5 pip toolchain is installed into .toolchain/ first when missing
 # (scripts/install-toolchain.sh; CUDA_HOME / NVSHMEM_DIR, when set, are used instead); maturin and
 # pytest and numpy (the CPU tests pass real arrays to the native checks through DLPack) at pinned
 # versions go into target/pyvenv. No torch, no libtorch, no GPU.
-# Output: target/wheels/deepep_kernels-<version>-cp310-abi3-manylinux_*_x86_64.whl (stripped)
+# Output: target/wheels/deepep_kernels-<version>-cp310-abi3-manylinux_*_<x86_64|aarch64>.whl
+# (stripped; building one architecture leaves the other's wheel in place)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 profile=(--release)
 release=1
 run_tests=0
 nvs_releases=none
+arch=x86_64
 while [ $# -gt 0 ]; do
   case "$1" in
     --release) profile=(--release); release=1 ;;
@@ -34,8 +43,16 @@ while [ $# -gt 0 ]; do
     --nvshmem-releases)
       [ $# -ge 2 ] || { echo "build-wheel: --nvshmem-releases needs all, none or a comma-separated list like 3.3.20,3.8.0" >&2; exit 2; }
       nvs_releases=$2; shift ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "build-wheel: unknown argument '$1' (use --release, --dev, --nvshmem-releases LIST, --test or --help)" >&2; exit 2 ;;
+    --target)
+      [ $# -ge 2 ] || { echo "build-wheel: --target needs x86_64 or aarch64" >&2; exit 2; }
+      case "$2" in
+        x86_64|x86_64-unknown-linux-gnu) arch=x86_64 ;;
+        aarch64|arm64|aarch64-unknown-linux-gnu) arch=aarch64 ;;
+        *) echo "build-wheel: --target takes x86_64 or aarch64; got '$2'" >&2; exit 2 ;;
+      esac
+      shift ;;
+    -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-wheel: unknown argument '$1' (use --release, --dev, --target ARCH, --nvshmem-releases LIST, --test or --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -70,6 +87,23 @@ if [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_DIR+set}" ]; then
   elif [ -n "$user_nvshmem_set" ]; then DEEPEP_NVSHMEM_RELEASES=""; fi
 fi
 export CUDA_HOME NVSHMEM_DIR
+cargo_target=()
+if [ "$arch" = aarch64 ]; then
+  [ "$(uname -m)" = x86_64 ] || die "--target aarch64 is a cross build from an x86_64 machine; this is $(uname -m) (build natively without --target)"
+  # The aarch64 NVSHMEM prefixes replace the x86_64 toolchain's: nvlink takes the device code out
+  # of libnvshmem_device.a's aarch64 host objects (kernels/build.rs). NVSHMEM_DIR is 3.4.5.
+  case "$nvs_releases" in
+    none) a64=3.4.5,3.3.20 ;;
+    all) a64=3.4.5,$(python3 -c 'import json,sys; l=json.load(open(sys.argv[1])); print(",".join(sorted((r["version"] for r in l["releases"] if r.get("systems", {}).get("aarch64-linux", {}).get("13", {}).get("pypi") and r["version"] != "3.4.5"), key=lambda v: tuple(map(int, v.split("."))))))' pkgs/nvshmem/releases.json) ;;
+    *) a64=3.4.5,$nvs_releases ;;
+  esac
+  a64_env=$(bash "$repo/python/scripts/aarch64-toolchain.sh" --nvshmem-releases "$a64") \
+    || die "python/scripts/aarch64-toolchain.sh failed (above)"
+  eval "$a64_env"
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER CC_aarch64_unknown_linux_gnu NVSHMEM_DIR DEEPEP_NVSHMEM_RELEASES
+  nvs_releases=none
+  cargo_target=(--target aarch64-unknown-linux-gnu)
+fi
 [ -x "$CUDA_HOME/bin/nvcc" ] \
   || die "no nvcc at $CUDA_HOME/bin/nvcc (CUDA_HOME=$CUDA_HOME). Fix: unset CUDA_HOME to use the pinned toolchain (this script installs it into .toolchain/), or point CUDA_HOME at a CUDA 13.0 toolkit"
 if [ -n "$NVSHMEM_DIR" ] && [ ! -f "$NVSHMEM_DIR/lib/libnvshmem_device.a" ]; then
@@ -134,11 +168,13 @@ if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
 fi
 
 # 4. Build.
-rm -f "$repo"/target/wheels/deepep_kernels-*.whl
-(cd python && "$venv/bin/maturin" build "${profile[@]}" --locked -o "$repo/target/wheels" "${extra_rustc[@]}")
-wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*.whl)
+rm -f "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*_"$arch".whl
+(cd python && "$venv/bin/maturin" build "${profile[@]}" "${cargo_target[@]}" --locked -o "$repo/target/wheels" "${extra_rustc[@]}")
+wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*_"$arch".whl)
 echo "wheel: $wheel ($(stat -c %s "$wheel") bytes, sha256 $(sha256sum "$wheel" | cut -d' ' -f1))"
-if [ "$run_tests" = 1 ]; then
+if [ "$run_tests" = 1 ] && [ "$arch" = aarch64 ]; then
+  bash "$repo/python/scripts/aarch64-qemu-test.sh" "$wheel"
+elif [ "$run_tests" = 1 ]; then
   "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
   # from python/ so that pytest finds its config; conftest.py keeps the source tree off sys.path.
   # test_wheel.py inspects the wheel file itself (no checkout path, no debug sections).
