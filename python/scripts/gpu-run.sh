@@ -2,7 +2,7 @@
 # Run the deepep_kernels GPU tests on the GPU machine (torch with CUDA and pytest installed there,
 # no network, no Rust needed).
 #
-# Usage: python/scripts/gpu-run.sh WHEEL_OR_DIR [RANKS...]
+# Usage: python/scripts/gpu-run.sh WHEEL_OR_DIR [RANKS...] | --help
 #   WHEEL_OR_DIR  the deepep_kernels-*-cp310-abi3-*.whl built by python/scripts/build-wheel.sh
 #                 (or the folder holding it, e.g. target/wheels)
 #   RANKS         rank counts to run (default: 2 4 8). 2 ranks use up to two GPUs; 4 and 8 ranks
@@ -18,13 +18,16 @@
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
-# first on PYTHONPATH; the machine's torch is used as is.
+# first on PYTHONPATH; the machine's torch is used as is. --help prints this text and exits 0
+# (nothing installed, no log folder made); no arguments print it and exit 2.
 set -uo pipefail
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; -*) echo "gpu-run: unknown option '$1' (the first argument is the wheel or its folder; see --help)" >&2; exit 2 ;; esac
 invocation="python/scripts/gpu-run.sh $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}
-[ $# -ge 1 ] || { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { usage >&2; exit 2; }
 src=$1; shift
 if [ -d "$src" ]; then
   wheel=$(ls "$src"/deepep_kernels-*-cp310-abi3-*.whl 2>/dev/null | head -n1)

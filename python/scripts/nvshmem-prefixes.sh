@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --dest) dest=${2:?--dest needs a directory}; shift 2 ;;
     --deepep-nix) bin=${2:?--deepep-nix needs a path}; shift 2 ;;
     --list) list_only=1; shift ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "nvshmem-prefixes: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) versions+=("$1"); shift ;;
   esac

@@ -6,11 +6,15 @@
 # .so.7, older ones .so.3: all are taken), lib/libnvshmem_device.a and include/ (to build DeepEP
 # against it), and bin/ when present. No lib/*.bc.
 #
-# Usage: python/scripts/nvshmem-subset.sh PREFIX OUT.tar.xz
+# Usage: python/scripts/nvshmem-subset.sh PREFIX OUT.tar.xz | --help
 #   The archive holds one folder named after the release (e.g. 3.8.0/lib/...), read from the
 #   prefix's include/non_abi/nvshmem_version.h.
+#
+# --help prints this text and exits 0; wrong arguments print it and exit 2.
 set -euo pipefail
-[ $# -eq 2 ] || { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+[ $# -eq 2 ] || { usage >&2; exit 2; }
 prefix=$(cd "$1" && pwd) || exit 2
 out=$2
 hdr=$prefix/include/non_abi/nvshmem_version.h
