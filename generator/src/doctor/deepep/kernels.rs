@@ -37,6 +37,8 @@ use super::{
 };
 use std::path::{Path, PathBuf};
 
+mod untested;
+
 const PACKAGE: &str = "deepep_kernels";
 /// `e_machine` of CUDA ELF images.
 const EM_CUDA: u16 = 190;
@@ -349,6 +351,7 @@ pub(super) fn check(
         }
         Ok(x) => x,
     };
+    untested::check(host, &pkg.native, driver, out); // deepep-kernels.arch-record (kernels/untested.rs)
     // A build with the releases marker: its own package text, host library and torch checks.
     if let Some(served) = match &served {
         Ok(m) => m.clone(),
