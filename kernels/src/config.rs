@@ -112,6 +112,74 @@ impl Config {
     }
 }
 
+/// DeepEP's `Config(num_sms, nvl_send, nvl_recv, rdma_send, rdma_recv)` (csrc/config.hpp of
+/// DeepEP v1.2.1): the SM count our kernels use plus DeepEP's four ring-buffer chunk sizes, which
+/// our kernels (no ring buffers) keep only to check and report them. The Python `Config` is this
+/// struct ([`DeepEpConfig::new`] checks it, naming the argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeepEpConfig {
+    pub num_sms: usize,
+    pub num_max_nvl_chunked_send_tokens: usize,
+    pub num_max_nvl_chunked_recv_tokens: usize,
+    pub num_max_rdma_chunked_send_tokens: usize,
+    pub num_max_rdma_chunked_recv_tokens: usize,
+}
+
+impl DeepEpConfig {
+    /// The names of the five values, in constructor order.
+    pub const FIELDS: [&'static str; 5] = [
+        "num_sms",
+        "num_max_nvl_chunked_send_tokens",
+        "num_max_nvl_chunked_recv_tokens",
+        "num_max_rdma_chunked_send_tokens",
+        "num_max_rdma_chunked_recv_tokens",
+    ];
+
+    /// DeepEP's constructor checks, each naming the values: `num_sms >= 1` (DeepEP accepts 0 and
+    /// fails at the first launch), `0 < nvl_send < nvl_recv`, `0 < rdma_send < rdma_recv` and
+    /// `rdma_send <= rdma_recv / 2` (DeepEP's lazy head update rule).
+    pub fn new(v: [i64; 5]) -> Result<DeepEpConfig> {
+        let [sms, nvl_send, nvl_recv, rdma_send, rdma_recv] = v;
+        if sms < 1 {
+            return Err(EpError::InvalidArgument(format!("Config: num_sms={sms} must be >= 1 (the thread blocks of dispatch and combine)")));
+        }
+        if !(0 < nvl_send && nvl_send < nvl_recv) {
+            return Err(EpError::InvalidArgument(format!(
+                "Config: need 0 < num_max_nvl_chunked_send_tokens < num_max_nvl_chunked_recv_tokens, got {nvl_send} and {nvl_recv}"
+            )));
+        }
+        if !(0 < rdma_send && rdma_send < rdma_recv) {
+            return Err(EpError::InvalidArgument(format!(
+                "Config: need 0 < num_max_rdma_chunked_send_tokens < num_max_rdma_chunked_recv_tokens, got {rdma_send} and {rdma_recv}"
+            )));
+        }
+        if rdma_send > rdma_recv / 2 {
+            return Err(EpError::InvalidArgument(format!(
+                "Config: num_max_rdma_chunked_send_tokens must be <= num_max_rdma_chunked_recv_tokens / 2, got {rdma_send} and {rdma_recv}"
+            )));
+        }
+        let u = |x: i64| x as usize; // all positive here
+        Ok(DeepEpConfig {
+            num_sms: u(sms),
+            num_max_nvl_chunked_send_tokens: u(nvl_send),
+            num_max_nvl_chunked_recv_tokens: u(nvl_recv),
+            num_max_rdma_chunked_send_tokens: u(rdma_send),
+            num_max_rdma_chunked_recv_tokens: u(rdma_recv),
+        })
+    }
+
+    /// The five values in constructor order.
+    pub fn values(&self) -> [usize; 5] {
+        [
+            self.num_sms,
+            self.num_max_nvl_chunked_send_tokens,
+            self.num_max_nvl_chunked_recv_tokens,
+            self.num_max_rdma_chunked_send_tokens,
+            self.num_max_rdma_chunked_recv_tokens,
+        ]
+    }
+}
+
 fn bad(msg: String) -> Result<()> {
     Err(EpError::InvalidArgument(msg))
 }
@@ -309,6 +377,18 @@ mod tests {
         assert!(e.contains("max_tokens_per_rank"), "{e}");
         let e = BufferLayout::new(2, 16, 7).unwrap_err().to_string();
         assert!(e.contains("multiple of 8"), "{e}");
+    }
+
+    #[test]
+    fn deepep_config_checks_like_deepep_and_names_the_values() {
+        let c = DeepEpConfig::new([24, 6, 256, 6, 128]).unwrap();
+        assert_eq!(c.values(), [24, 6, 256, 6, 128]);
+        let e = |v| DeepEpConfig::new(v).unwrap_err().to_string();
+        assert!(e([0, 6, 256, 6, 128]).contains("num_sms=0 must be >= 1"));
+        assert!(e([24, 256, 256, 6, 128]).contains("got 256 and 256"));
+        assert!(e([24, 6, 256, 0, 128]).contains("0 < num_max_rdma_chunked_send_tokens"));
+        assert!(e([24, 6, 256, 100, 128]).contains("recv_tokens / 2, got 100 and 128"));
+        assert!(DeepEpConfig::new([24, 6, 256, 64, 128]).is_ok());
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //! - [`runtime`]: rendezvous, launcher, CUDA context/module/launch helpers, IPC, NCCL, timing.
 //! - [`config`], [`tensor`], [`common`]: intranode configuration and buffer layout, device
 //!   tensors, the stream/event and poisoning helpers the families share.
+//! - [`context`]: the rank context ([`context::RankContext`]): one owner for a rank's GPU,
+//!   exchange, buffers (lifecycle, generations, capacity), stream joins and error records; the
+//!   Python binding is a thin layer over it.
 //! - The kernel families, peers of each other:
 //!   - [`intranode`]: layout + NVLink dispatch/combine ([`intranode::Buffer`]);
 //!   - [`low_latency`]: low-latency dispatch/combine over NVSHMEM
@@ -31,6 +34,7 @@ pub mod error;
 pub use error::{EpError, Result};
 pub mod common;
 pub mod config;
+pub mod context;
 pub mod arch;
 pub mod cubins;
 pub mod internode;

@@ -2,11 +2,14 @@
 
 Same names, arguments, return tuples and semantics as DeepEP's ``deep_ep/buffer.py`` for what
 Megatron-LM (``fused_a2a.py``), vLLM and SGLang use; anything not supported raises
-``NotImplementedError`` naming it. The tensors go to the native module as they are, which checks
-them (python/src/doorway.rs, kernels/src/args.rs) and sizes the buffers before anything launches;
-this file allocates outputs and orders streams. docs/python.md ("Semantics") says which stream
-each call runs on, what the outputs are (owned tensors, arena leases, views of the low-latency
-buffer halves) and how the internode mode differs.
+``NotImplementedError`` naming it. Each dispatch, combine or layout is one call into the native
+``Runtime`` (python/src/runtime.rs), the binding of the kernels crate's rank context: it checks the
+tensors as they are (python/src/doorway.rs, kernels/src/args.rs), sizes the buffers, joins the
+streams, launches and returns every output as a torch tensor. This file keeps DeepEP's signatures,
+the choices only torch knows (CUDA-graph capture, ``allocate_on_comm_stream``) and the
+``EventOverlap`` bookkeeping. docs/python.md ("Semantics") says which stream each call runs on,
+what the outputs are (owned tensors, arena leases, views of the low-latency buffer halves) and how
+the internode mode differs.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ RECV_ARENA_ENV = _native.RECV_ARENA_ENV
 # Testing on one machine: treat every K consecutive ranks as one host (internode mode on one host).
 RANKS_PER_HOST_ENV = _native.RANKS_PER_HOST_ENV
 # DeepEP's NUM_MAX_NVL_PEERS: GPUs per host assumed by Config.get_rdma_buffer_size_hint.
-NUM_MAX_NVL_PEERS = 8
+NUM_MAX_NVL_PEERS = _native.NUM_MAX_NVL_PEERS
 
 
 # The settings above are read and checked in Rust (python/src/settings.rs), naming the fix.
@@ -71,10 +74,6 @@ def _torch():
     return torch
 
 
-# A torch view of device memory (ptr, dtype, shape, owner kept alive, CUDA device index).
-_view = _native.view
-
-
 def _dim(t, i: int) -> Optional[int]:
     """``t.shape[i]`` for sizing outputs before the native call, None when ``t`` has no such
     dimension (the native call then refuses ``t``, naming what is wrong)."""
@@ -85,7 +84,7 @@ def _dim(t, i: int) -> Optional[int]:
 
 
 class DeviceError(RuntimeError):
-    """A kernel of this process recorded an error in its host-mapped record. The CUDA context
+    """A kernel of this Buffer recorded an error in its host-mapped record. The CUDA context
     survives (unless ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``); the subclass says what the Buffer can
     still do: :class:`DeviceArgumentError` (bad input, dropped; the Buffer stays usable) or
     :class:`PeerTimeoutError` (a peer stopped answering; the Buffer cannot be used again). A plain
@@ -106,47 +105,56 @@ class DeviceArgumentError(DeviceError, ValueError):
 class PeerTimeoutError(DeviceError):
     """A bounded GPU wait expired (``DEEPEP_GPU_TIMEOUT_MS``, default 5000): the message names this
     rank, the call, the rank it waited for, the phase and channel. That rank probably died or
-    stopped calling. Raised by every later call on the Buffers of this process until the Buffer
-    is destroyed; call ``destroy()`` and create a new Buffer on the ranks that remain. The CUDA
-    context survives (unless ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``)."""
+    stopped calling. Raised by every later call on this Buffer until it is destroyed or dropped;
+    drop it (``del``, or ``destroy()`` with ``explicitly_destroy=True``) and create a new Buffer on
+    a group of the ranks that remain: the error belongs to the Buffer whose kernel recorded it, so
+    the new Buffer starts clean. The CUDA context survives (unless
+    ``DEEPEP_KERNELS_TRAP_ON_ERROR=1``)."""
 
 
 _native._register_error_types(DeviceError, DeviceArgumentError, PeerTimeoutError)
-# Raise what a kernel of this process recorded, if anything (python/src/lib.rs): DeviceArgumentError
-# once (the record is cleared), PeerTimeoutError or DeviceError every time until the Buffer is
-# destroyed. Every Buffer method calls it first.
+# Raise what a kernel of any live Buffer of this process recorded, if anything (python/src/lib.rs):
+# DeviceArgumentError once (the record is cleared), PeerTimeoutError or DeviceError every time until
+# that Buffer is destroyed or dropped. The Buffer methods look at their own Buffer's record only.
 check_device_error = _native.check_device_error
+
+# (max ranks per host, max top-k, max experts) of the internode kernels.
+_INTERNODE_LIMITS = _native.INTERNODE_LIMITS
 
 
 def _checked(method):
-    """Run :func:`check_device_error` before the method; if the method fails while a fatal record
-    is pending (a host wait that ended because a kernel timed out), raise the recorded cause
+    """Raise what this Buffer's kernels recorded before the method runs (one look at this Buffer's
+    own record: ``Runtime.check_error``); if the method fails while this Buffer holds a fatal record
+    (a host wait that ended because a kernel timed out), raise the recorded cause
     (:class:`PeerTimeoutError` / :class:`DeviceError`) instead of the bare error."""
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        check_device_error()
+    def wrapper(self, *args, **kwargs):
+        rt = getattr(self, "_runtime", None)
+        if rt is not None:
+            rt.check_error()
         try:
-            return method(*args, **kwargs)
+            return method(self, *args, **kwargs)
         except DeviceError:
             raise
         except Exception as e:
-            _raise_recorded_cause(e)
+            _raise_recorded_cause(self, e)
             raise
 
     return wrapper
 
 
-def _raise_recorded_cause(e: Exception) -> None:
-    """The failure path of :func:`_checked`: a call that failed while a fatal record is pending
+def _raise_recorded_cause(buf, e: Exception) -> None:
+    """The failure path of :func:`_checked`: a call that failed while ``buf`` holds a fatal record
     raises the recorded cause instead (chained to ``e``)."""
-    cause = _native.recorded_cause()
+    rt = getattr(buf, "_runtime", None)
+    cause = rt.recorded_cause() if rt is not None else None
     if cause is not None:
         raise cause from e
 
 
-# What a low-latency call without async_finish returns as its event (DeepEP returns an
-# EventOverlap without an event; one shared instance saves an object per call: it holds nothing).
+# What a call without async_finish returns as its event (DeepEP returns an EventOverlap without an
+# event; one shared instance saves an object per call: it holds nothing).
 _NO_EVENT = EventOverlap(None)
 
 _DESTROYED = "this Buffer was destroyed; create a new one"
@@ -163,16 +171,43 @@ LowLatencyHandle = _native.LowLatencyHandle
 
 
 class Buffer:
-    """DeepEP's ``Buffer``: normal dispatch/combine, intranode (NVLink) within one host or
-    internode (two-hop, NVSHMEM across hosts, needs ``num_rdma_bytes``) when the group spans hosts
-    (or ``DEEPEP_KERNELS_RANKS_PER_HOST`` emulates hosts), and low-latency dispatch/combine over
-    the ranks of ``group``."""
+    """DeepEP's ``Buffer``: the communication buffers of one rank of ``group`` for expert-parallel
+    dispatch and combine.
+
+    - normal mode, within one host: intranode (NVLink) dispatch/combine, needs ``num_nvl_bytes``;
+    - normal mode, across hosts (or hosts emulated with ``DEEPEP_KERNELS_RANKS_PER_HOST``):
+      internode (two-hop, NVSHMEM) dispatch/combine, needs ``num_rdma_bytes``;
+    - low-latency mode (``low_latency_mode=True``): low-latency dispatch/combine over NVSHMEM,
+      needs ``num_rdma_bytes`` from :meth:`get_low_latency_rdma_size_hint`.
+
+    Errors a kernel records (a bad routing id, a peer that stopped answering) belong to this Buffer:
+    its next call raises them, and dropping it (garbage collection, ``del``, or ``destroy()``)
+    retires them, so a new Buffer on the ranks that remain starts clean.
+    """
 
     num_sms: int = 20
 
     def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  explicitly_destroy: bool = False, comm=None) -> None:
+        """Create this rank's Buffer (collective over ``group``: every rank calls it).
+
+        Arguments:
+            group: the ``torch.distributed`` process group of the EP ranks (or None with ``comm``).
+            num_nvl_bytes: int, bytes of the NVLink buffer of the intranode normal mode
+                (:meth:`Config.get_nvl_buffer_size_hint`); 0 without that mode.
+            num_rdma_bytes: int, bytes of the NVSHMEM symmetric buffer: the low-latency buffer
+                (:meth:`get_low_latency_rdma_size_hint`) or the internode one
+                (:meth:`Config.get_rdma_buffer_size_hint`); 0 within one host in normal mode.
+            low_latency_mode: bool, whether this Buffer serves the low-latency calls.
+            num_qps_per_rank: int > 0, NVSHMEM queue pairs per peer (``NVSHMEM_IBGDA_NUM_RC_PER_PE``).
+            allow_nvlink_for_low_latency_mode: bool, whether NVSHMEM may use NVLink (P2P).
+            allow_mnnvl: bool, whether NVSHMEM may use multi-node NVLink.
+            explicitly_destroy: bool, whether the caller releases the buffers with :meth:`destroy`
+                (else they are released when the Buffer is garbage-collected).
+            comm: an mpi4py-like communicator (``Get_rank``, ``Get_size``, ``allgather``) instead of
+                ``group``.
+        """
         # Everything checkable without torch or a GPU comes first.
         if not isinstance(num_nvl_bytes, int) or num_nvl_bytes < 0:
             raise ValueError(f"num_nvl_bytes={num_nvl_bytes!r} must be a non-negative int (bytes of the NVLink buffer)")
@@ -197,15 +232,18 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
 
         torch = _torch()
+        # The exchange closures the native Runtime keeps must not refer to this Buffer: a cycle
+        # through the native object would keep the Buffer (and its error record) alive after the
+        # caller dropped it.
         if group is not None:
             import torch.distributed as dist
 
             self.rank = group.rank()
             self.group = group
-            self.group_size = group.size()
+            self.group_size = size = group.size()
 
             def all_gather_object(obj):
-                out = [None] * self.group_size
+                out = [None] * size
                 dist.all_gather_object(out, obj, group)
                 return out
         else:
@@ -244,7 +282,7 @@ class Buffer:
         self._runtime = _native.Runtime(
             self._device_index, self.rank, self.group_size, local_rank, local_world, all_gather_bytes, self._ranks_per_gpu
         )
-        # the capacity checks and the low-latency buffer's (re-)creation are the Runtime's
+        # the capacity checks and the buffers' (re-)creation are the rank context's
         self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, self._ranks_per_host if self._internode else 0,
                                        _native.recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
         self._next_combine_buffers: List[Any] = []
@@ -254,7 +292,6 @@ class Buffer:
 
     # --- helpers -----------------------------------------------------------------------------
     def _rt(self):
-        # every public method checks the device error record first (@_checked), once per call
         rt = self._runtime
         if rt is None:
             raise RuntimeError(_DESTROYED)
@@ -271,38 +308,35 @@ class Buffer:
             s = self._comm_stream_obj = torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
         return s
 
-    def _begin(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool) -> None:
-        # Like DeepEP, an EventOverlap without an event (from a call without async_finish) counts
-        # as no previous event.
-        handle = getattr(previous_event, "event", None)
+    @staticmethod
+    def _previous(previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool):
+        """The native event the call waits for (None: the comm stream waits for the current
+        stream). Like DeepEP, an EventOverlap without an event counts as no previous event."""
         if previous_event is not None and not isinstance(previous_event, EventOverlap):
             raise TypeError(f"previous_event must be an EventOverlap (from Buffer.capture() or an earlier call), got {type(previous_event).__name__}")
+        handle = getattr(previous_event, "event", None)
         if allocate_on_comm_stream and (handle is None or not async_finish):
             raise ValueError("allocate_on_comm_stream=True needs a previous_event with an event and async_finish=True (as in DeepEP)")
-        rt = self._rt()
-        if handle is not None:
-            rt.comm_wait_event(handle.event)
-        else:
-            rt.comm_wait_stream(self._cur())
+        return None if handle is None else handle.event
 
-    def _end(self, async_finish: bool, tensors: Tuple[Any, ...], record: bool = True) -> EventOverlap:
+    def _overlap(self, ev, tensors: Tuple[Any, ...]) -> EventOverlap:
+        """The EventOverlap of a call: none without ``async_finish`` (the current stream already
+        waits); else the event, with the tensors recorded on the comm stream (freed only after the
+        call's kernels), as DeepEP's ``record_stream``."""
+        if ev is None:
+            return _NO_EVENT
         torch = _torch()
-        if not async_finish:
-            self._rt().stream_wait_comm(self._cur())
-            return EventOverlap(None)
-        ev = self._rt().record_comm()
-        if async_finish:
-            if record:
-                comm = self._comm_torch_stream()
-                for t in tensors:
-                    if isinstance(t, torch.Tensor):
-                        t.record_stream(comm)
-            return EventOverlap(EventHandle(ev), tensors if not record else None)
+        comm = self._comm_torch_stream()
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                t.record_stream(comm)
+        return EventOverlap(EventHandle(ev))
 
     def _alloc_ctx(self, allocate_on_comm_stream: bool):
-        torch = _torch()
+        """Where the native call allocates its outputs: the comm stream (DeepEP's
+        ``allocate_on_comm_stream``) or the current stream."""
         if allocate_on_comm_stream:
-            return torch.cuda.stream(self._comm_torch_stream())
+            return _torch().cuda.stream(self._comm_torch_stream())
         import contextlib
 
         return contextlib.nullcontext()
@@ -319,28 +353,38 @@ class Buffer:
         if self.num_nvl_bytes == 0:
             raise ValueError("this Buffer has num_nvl_bytes=0; create it with num_nvl_bytes from Config.get_nvl_buffer_size_hint for normal dispatch")
 
-    def _ensure_ll(self, num_max: int, hidden: int, num_experts: int) -> None:
-        # the Runtime checks the mode and num_rdma_bytes and (re-)creates the buffer collectively
-        self._rt().ll_ensure(num_max, hidden, num_experts)
+    def _arena_ok(self) -> bool:
+        """Whether an intranode dispatch may write its rows into a receive-arena region its outputs
+        then own (no second pass): not in the views mode, and not under CUDA-graph capture (a replay
+        would write the captured region again while the tensors of an earlier replay may still use
+        it). The native call also leaves padded (num_worst_tokens) outputs out of the arena."""
+        return self._use_arena and not self._dispatch_views and not _torch().cuda.is_current_stream_capturing()
 
     # --- static API --------------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
+        """Whether the kernels were compiled for SM90 (Hopper): the embedded cubins are present."""
         return _native.is_sm90_compiled()
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
+        """Set the SM count (an even int > 0) of the configs :meth:`get_dispatch_config` and
+        :meth:`get_combine_config` return (the default for calls without ``config``)."""
         if not isinstance(new_num_sms, int) or new_num_sms <= 0 or new_num_sms % 2 != 0:
             raise ValueError(f"The SM count must be even (and positive), got {new_num_sms!r}")
         Buffer.num_sms = new_num_sms
 
     @staticmethod
     def capture() -> EventOverlap:
-        """An event recorded on the current stream (to pass as ``previous_event``)."""
+        """An event recorded on the current stream now, to pass as ``previous_event``."""
         return EventOverlap(EventHandle())
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+        """Bytes of the low-latency symmetric buffer (``num_rdma_bytes``) for at most
+        ``num_max_dispatch_tokens_per_rank`` tokens per rank and call, rows of ``hidden`` bf16
+        channels, ``num_ranks`` ranks and ``num_experts`` experts (all ints), on this GPU's SMs
+        (132 when no GPU is visible)."""
         grid = _DEFAULT_LL_GRID
         try:
             import torch
@@ -353,14 +397,20 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
+        """DeepEP's tuned dispatch :class:`Config` for ``num_ranks`` ranks (2 to 160), with
+        :attr:`num_sms` SMs."""
         return Config(Buffer.num_sms, *_native.deepep_config(False, num_ranks))
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
+        """DeepEP's tuned combine :class:`Config` for ``num_ranks`` ranks (2 to 160), with
+        :attr:`num_sms` SMs."""
         return Config(Buffer.num_sms, *_native.deepep_config(True, num_ranks))
 
     # --- buffer-level API --------------------------------------------------------------------
     def destroy(self) -> None:
+        """Release the buffers now (collective: every rank calls it; local only after a lost peer).
+        Needs ``explicitly_destroy=True``; the Buffer cannot be used afterwards."""
         if not self.explicitly_destroy:
             raise RuntimeError("`explicitly_destroy` flag must be set to call destroy()")
         self._rt().destroy()
@@ -370,25 +420,43 @@ class Buffer:
         self._next_combine_last = None
 
     def get_comm_stream(self):
-        # Low-latency calls without async_finish run on the caller's stream (the same order as
-        # DeepEP's comm-stream launch between two joins, without the joins): the comm stream
-        # handed out first waits for them, so work ordered after it sees them as in DeepEP.
+        """The communication stream (a ``torch.cuda.ExternalStream``) the kernels run on; it first
+        waits for the low-latency calls that ran on the callers' streams, so work ordered after it
+        sees them as in DeepEP."""
         self._rt().comm_after_ll()
         return self._comm_torch_stream()
 
     @_checked
     def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
-        """This rank's raw NVLink (or low-latency symmetric) buffer from byte ``offset`` as a
-        1-D ``dtype`` tensor, or its first ``size.numel()`` elements shaped ``size``."""
-        shape = None if size is None else tuple(_torch().Size(size))
-        ptr, count = self._rt().local_buffer(use_rdma_buffer, offset, dtype.itemsize, shape)
-        return _view(ptr, dtype, (count,) if shape is None else shape, self, self._device_index)
+        """This rank's raw NVLink buffer (or, with ``use_rdma_buffer``, the low-latency symmetric
+        buffer) from byte ``offset`` as a 1-D tensor of ``dtype`` (a torch dtype), or its first
+        ``size.numel()`` elements shaped ``size`` (a ``torch.Size`` or tuple). The view keeps the
+        Buffer alive."""
+        shape = None if size is None else list(_torch().Size(size))
+        return self._rt().local_buffer_tensor(dtype, shape, offset, use_rdma_buffer, self)
 
-    # --- intranode normal mode ---------------------------------------------------------------
+    # --- normal mode ---------------------------------------------------------------------------
     @_checked
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        torch = _torch()
+        """Where each token goes, from its top-k experts (on the comm stream).
+
+        Arguments:
+            topk_idx: ``[num_tokens, num_topk]`` ``torch.int64``, the experts of each token; -1 is no
+                expert (other ids outside ``[0, num_experts)`` are dropped and reported by the next
+                call as :class:`DeviceArgumentError`).
+            num_experts: int, experts over all ranks (a multiple of the rank count).
+            previous_event: an :class:`EventOverlap` to wait for first (else the current stream).
+            async_finish: return an event instead of making the current stream wait.
+            allocate_on_comm_stream: allocate the outputs on the comm stream (needs both of the above).
+
+        Returns:
+            num_tokens_per_rank: ``[num_ranks]`` ``torch.int32``, tokens sent to each rank.
+            num_tokens_per_rdma_rank: ``[num_hosts]`` ``torch.int32`` in the internode mode, else None.
+            num_tokens_per_expert: ``[num_experts]`` ``torch.int32``, tokens sent to each expert.
+            is_token_in_rank: ``[num_tokens, num_ranks]`` ``torch.bool``, whether a token goes to a rank.
+            event: an :class:`EventOverlap` (with an event only with ``async_finish``).
+        """
         if self._internode:
             return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
         self._check_normal_mode()
@@ -397,22 +465,51 @@ class Buffer:
             # the NVLink buffer for the hidden of the dispatches to come (a dispatch with another
             # hidden re-creates it, collectively)
             rt.intranode_ensure(int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168")))
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        n, r = _dim(topk_idx, 0) or 0, self.group_size
+        prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
         with self._alloc_ctx(allocate_on_comm_stream):
-            per_rank = torch.empty((r,), dtype=torch.int32, device=self._device)
-            per_expert = torch.empty((num_experts,), dtype=torch.int32, device=self._device)
-            in_rank = torch.empty((n, r), dtype=torch.bool, device=self._device)
-        # the native call checks topk_idx; the layout kernel writes the torch tensors directly
-        rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank)
-        ev = self._end(async_finish, (topk_idx, per_rank, per_expert, in_rank))
-        return per_rank, None, per_expert, in_rank, ev
+            per_rank, per_expert, in_rank, ev, _ = rt.get_dispatch_layout(topk_idx, num_experts, prev, async_finish, self._cur())
+        return per_rank, None, per_expert, in_rank, self._overlap(ev, (topk_idx, per_rank, per_expert, in_rank))
 
     @_checked
     def dispatch(self, x, handle: Optional[Handle] = None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Send each token to the ranks of its experts (normal mode: intranode within one host,
+        internode across hosts), on the comm stream. Fresh with the layout of
+        :meth:`get_dispatch_layout`, or cached with the ``handle`` of an earlier dispatch (the same
+        routing again, e.g. in a backward pass).
+
+        Arguments:
+            x: ``[num_tokens, hidden]`` ``torch.bfloat16``, or a pair (``[num_tokens, hidden]``
+                ``torch.float8_e4m3fn``, ``[num_tokens, hidden // 128]`` ``torch.float32`` scales).
+            handle: the handle of an earlier dispatch on this Buffer (cached dispatch), or None.
+            num_tokens_per_rank: ``[num_ranks]`` ``torch.int32`` (fresh dispatch).
+            num_tokens_per_rdma_rank: ``[num_hosts]`` ``torch.int32`` in the internode mode, else None.
+            is_token_in_rank: ``[num_tokens, num_ranks]`` ``torch.bool`` (fresh dispatch).
+            num_tokens_per_expert: ``[num_experts]`` ``torch.int32`` (fresh dispatch).
+            topk_idx: ``[num_tokens, num_topk]`` ``torch.int64`` expert ids (-1: none), or None
+                (a dispatch without top-k: rows go by ``is_token_in_rank``).
+            topk_weights: ``[num_tokens, num_topk]`` ``torch.float32``, with ``topk_idx``.
+            expert_alignment: int >= 1, the received count per local expert is rounded up to it.
+            num_worst_tokens: int >= 0, intranode only: pad the outputs to this many rows with no
+                host sync (CUDA-graph compatible); 0: as many rows as received.
+            config: a :class:`Config` (its ``num_sms``), default :meth:`get_dispatch_config`.
+            previous_event: an :class:`EventOverlap` to wait for first (else the current stream).
+            async_finish: return an event instead of making the current stream wait.
+            allocate_on_comm_stream: allocate the outputs on the comm stream.
+
+        Returns:
+            recv_x: the received rows, like ``x`` (a tensor, or a pair with the
+                ``[num_recv_tokens, hidden // 128]`` ``torch.float32`` scales).
+            recv_topk_idx: ``[num_recv_tokens, num_topk]`` ``torch.int64`` local expert ids (-1:
+                not this rank's), None when cached or without top-k.
+            recv_topk_weights: ``[num_recv_tokens, num_topk]`` ``torch.float32``, likewise.
+            num_recv_tokens_per_expert_list: list of int, received rows per local expert (aligned);
+                empty with ``num_worst_tokens``; None when cached.
+            handle: the communication handle for :meth:`combine` (None when cached).
+            event: an :class:`EventOverlap` (with an event only with ``async_finish``).
+        """
         internode = getattr(self, "_internode", False)
         if num_tokens_per_rdma_rank is not None and not internode:
             raise _unsupported("num_tokens_per_rdma_rank in a Buffer whose group is within one host",
@@ -426,98 +523,65 @@ class Buffer:
             raise ValueError(f"expert_alignment={expert_alignment!r} must be an int >= 1")
         if num_worst_tokens < 0:
             raise ValueError(f"num_worst_tokens={num_worst_tokens} must be >= 0")
-        config = self.get_dispatch_config(self.group_size) if config is None else config
+        num_sms = Buffer.num_sms if config is None else config.num_sms
         if internode:
             return self._internode_dispatch(x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config,
+                                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_sms,
                                             previous_event, async_finish, allocate_on_comm_stream)
-        if handle is not None and not isinstance(handle, Handle):
-            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
         self._check_normal_mode()
         rt = self._rt()
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        padded = num_worst_tokens if handle is None else (handle.num_rows if handle.num_rows != handle.num_recv_tokens else 0)
-        nd = rt.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
-                         handle, expert_alignment, config.num_sms, self._owned_outputs(padded),
-                         num_worst_tokens if handle is None else 0)
-        # the native call checked every tensor (dtype, shapes against each other, contiguity,
-        # device), made the NVLink buffer for this hidden (collectively, when it changed) and
-        # checked the handle's buffer generation and the token capacity before launching
-        hidden, k = x.shape[1], (topk_idx.shape[1] if topk_idx is not None else None)
-        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k, padded, allocate_on_comm_stream)
-        if handle is not None:
-            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
-        counts = [] if num_worst_tokens else list(nd.num_recv_tokens_per_expert)
-        h = nd.handle(is_token_in_rank)
-        ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
-                                      recv_x, recv_scales, recv_idx, recv_w))
-        return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
-
-    def _owned_outputs(self, num_worst_tokens: int) -> bool:
-        """Whether this intranode dispatch should write its rows into a region of the receive
-        arena, which its outputs then own (no second pass). Not with num_worst_tokens (padded
-        outputs), not in the views mode, and not under CUDA-graph capture (a replay would write
-        the captured region again while the tensors of an earlier replay may still use it)."""
-        return self._use_arena and not num_worst_tokens and not self._dispatch_views and \
-            not _torch().cuda.is_current_stream_capturing()
-
-    def _copy_out(self, nd, x, hidden: int, k: Optional[int], num_worst_tokens: int, allocate_on_comm_stream: bool, views: bool = True):
-        """The outputs of a dispatch as torch tensors: views of its arena region (which they keep
-        leased), views of the fixed receive region (views mode), or torch-owned copies of those
-        views or of the internode family's own tensors, queued on the comm stream right after the
-        dispatch kernel."""
-        torch = _torch()
-        m = nd.num_recv_tokens
-        rows = num_worst_tokens if num_worst_tokens else m
-        dev = self._device
-        scales = nd.recv_scales
-        di = self._device_index
-        if views and (self._dispatch_views or nd.in_arena):
-            if rows != m:
-                raise _unsupported(f"num_worst_tokens with {DISPATCH_VIEWS_ENV}=1",
-                                   "views of the NVLink buffer cannot be padded to the worst-case row count; unset it for this call's Buffer")
-            # views of the receive region: valid until the next dispatch on this Buffer
-            return (_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, di),
-                    _view(scales[0], torch.float32, (m, scales[1]), nd, di) if scales is not None else None,
-                    _view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, di) if k is not None else None,
-                    _view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, di) if k is not None else None)
+        prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
+        # one call: the checks of every tensor (dtype, shapes against each other and the handle,
+        # contiguity, device), the NVLink buffer for this hidden (collective when it changed), the
+        # joins, the launch, the outputs as tensors and the join back (or the event)
         with self._alloc_ctx(allocate_on_comm_stream):
-            recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=dev)
-            recv_scales = torch.empty((rows, scales[1]), dtype=torch.float32, device=dev) if scales is not None else None
-            recv_idx = torch.empty((rows, k), dtype=torch.int64, device=dev) if k is not None else None
-            recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev) if k is not None else None
-        with torch.cuda.stream(self._comm_torch_stream()):
-            recv_x[:m].copy_(_view(nd.recv_x_ptr, x.dtype, (m, hidden), nd, di))
-            if scales is not None:
-                recv_scales[:m].copy_(_view(scales[0], torch.float32, (m, scales[1]), nd, di))
-            if k is not None:
-                recv_idx[:m].copy_(_view(nd.recv_topk_idx_ptr, torch.int64, (m, k), nd, di))
-                recv_w[:m].copy_(_view(nd.recv_topk_weights_ptr, torch.float32, (m, k), nd, di))
-                if rows > m:
-                    recv_idx[m:].fill_(-1)
-                    recv_w[m:].zero_()
-        return recv_x, recv_scales, recv_idx, recv_w
+            recv_x, recv_scales, recv_idx, recv_w, counts, h, ev = rt.dispatch(
+                x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank, handle,
+                expert_alignment, num_sms, num_worst_tokens, prev, async_finish, self._cur(), self._arena_ok(), self._dispatch_views)
+        if handle is not None:
+            ev = self._overlap(ev, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
+        ev = self._overlap(ev, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
+                                recv_x, recv_scales, recv_idx, recv_w))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
 
     @_checked
     def combine(self, x, handle: Handle, topk_weights=None, bias: Union[Any, Tuple[Any, Any]] = None, config: Optional[Config] = None,
                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        torch = _torch()
-        if isinstance(handle, InternodeHandle):
-            return self._internode_combine(x, handle, topk_weights, bias, previous_event, async_finish, allocate_on_comm_stream)
-        if not isinstance(handle, Handle):
-            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
-        # outputs sized from the handle and the arguments; the native call checks x, topk_weights,
-        # bias and these against the handle (and its buffer generation) before launching
-        n, hidden = handle.num_tokens, _dim(x, 1) or 0
-        k = _dim(topk_weights, 1) if topk_weights is not None else None
-        config = self.get_combine_config(self.group_size) if config is None else config
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        """Send the expert outputs back to the ranks their tokens came from and sum them per token
+        (the reverse of the dispatch whose ``handle`` is given), on the comm stream.
+
+        Arguments:
+            x: ``[num_recv_tokens, hidden]`` ``torch.bfloat16``, rows in the order of the dispatch's
+                ``recv_x`` (padding rows of ``num_worst_tokens`` take no part).
+            handle: the handle of a dispatch on this Buffer.
+            topk_weights: ``[num_recv_tokens, num_topk]`` ``torch.float32`` summed per token like
+                ``x``, or None.
+            bias: None, a ``[num_tokens, hidden]`` ``torch.bfloat16`` tensor, or a pair of them,
+                added once per token.
+            config: a :class:`Config` (its ``num_sms``), default :meth:`get_combine_config`.
+            previous_event: an :class:`EventOverlap` to wait for first (else the current stream).
+            async_finish: return an event instead of making the current stream wait.
+            allocate_on_comm_stream: allocate the outputs on the comm stream.
+
+        Returns:
+            combined_x: ``[num_tokens, hidden]`` ``torch.bfloat16``, the sum per token.
+            combined_topk_weights: ``[num_tokens, num_topk]`` ``torch.float32``, or None.
+            event: an :class:`EventOverlap` (with an event only with ``async_finish``).
+        """
+        num_sms = Buffer.num_sms if config is None else config.num_sms
+        prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
+        rt = self._rt()
         with self._alloc_ctx(allocate_on_comm_stream):
-            out = torch.empty((n, hidden), dtype=torch.bfloat16, device=self._device)
-            out_w = torch.empty((n, k), dtype=torch.float32, device=self._device) if k is not None else None
-        self._rt().combine(x, handle, topk_weights, bias, out, out_w, config.num_sms)
-        ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
+            if isinstance(handle, InternodeHandle):
+                out, out_w, ev = rt.internode_combine(x, handle, topk_weights, bias, prev, async_finish, self._cur())
+            elif isinstance(handle, Handle):
+                # one call: the checks of x, topk_weights and bias against the handle (and its
+                # buffer generation), the joins, the launch into fresh outputs, the join back
+                out, out_w, ev = rt.combine(x, handle, topk_weights, bias, num_sms, prev, async_finish, self._cur())
+            else:
+                raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
+        ev = self._overlap(ev, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
         return out, out_w, ev
 
     # --- internode normal mode (the group spans hosts) ---------------------------------------
@@ -529,14 +593,15 @@ class Buffer:
         (``num_tokens_per_rdma_rank``) come from the mask. The internode dispatch recomputes its
         routing from ``topk_idx``; these tensors are for the caller (and are checked by dispatch)."""
         torch = _torch()
-        r, nh, n, dev = self.group_size, self._num_hosts, _dim(topk_idx, 0) or 0, self._device
+        r, nh, dev = self.group_size, self._num_hosts, self._device
         rt = self._rt()
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
+        prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
+        cur = self._cur()
         with self._alloc_ctx(allocate_on_comm_stream):
-            per_rank, per_host = torch.empty((r,), dtype=torch.int32, device=dev), torch.empty((nh,), dtype=torch.int32, device=dev)
-            per_expert = torch.empty((max(num_experts, 0),), dtype=torch.int32, device=dev)
-            in_rank = torch.empty((n, r), dtype=torch.bool, device=dev)
-        kernel = rt.get_dispatch_layout(topk_idx, num_experts, per_rank, per_expert, in_rank, self._layout_kernel)
+            per_rank, per_expert, in_rank, _, kernel = rt.get_dispatch_layout(topk_idx, num_experts, prev, async_finish, cur,
+                                                                              self._layout_kernel, True)
+            n = in_rank.shape[0]
+            per_host = torch.empty((nh,), dtype=torch.int32, device=dev)
         with torch.cuda.stream(self._comm_torch_stream()):
             if not kernel:
                 # a group the layout kernel does not count for (more than 8 ranks): torch ops, ids
@@ -550,16 +615,14 @@ class Buffer:
                 per_rank.copy_(in_rank.sum(0))
                 per_expert.zero_().scatter_add_(0, torch.where(valid, topk_idx, 0).flatten(), valid.flatten().to(torch.int32))
             per_host.copy_(in_rank.view(n, nh, r // nh).any(2).sum(0))
-        ev = self._end(async_finish, (topk_idx, per_rank, per_host, per_expert, in_rank))
-        return per_rank, per_host, per_expert, in_rank, ev
+        ev = rt.end_call(async_finish, cur)
+        return per_rank, per_host, per_expert, in_rank, self._overlap(ev, (topk_idx, per_rank, per_host, per_expert, in_rank))
 
     def _internode_dispatch(self, x, x_scales, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish,
+                            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_sms, previous_event, async_finish,
                             allocate_on_comm_stream):
         torch = _torch()
         rt = self._rt()
-        if handle is not None and not isinstance(handle, InternodeHandle):
-            raise TypeError(f"handle must come from a dispatch on this Buffer, got {type(handle).__name__}")
         if x_scales is not None and hasattr(x_scales, "is_contiguous") and not x_scales.is_contiguous():
             # the internode kernels read row-major scales: a column-major tensor is copied (on the
             # current stream, which the comm stream waits for)
@@ -574,72 +637,78 @@ class Buffer:
             r = self.group_size
             _native.check_call("internode_dispatch", {"world": r, "hosts": self._num_hosts, "device": self._device_index}, x, x_scales,
                                None, None, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank)
-            if r > _native.internode_limits()[1]:
+            if r > _INTERNODE_LIMITS[1]:
                 raise _unsupported(f"dispatch without top-k on {r} ranks in the internode mode",
-                                   f"it routes one slot per rank and the kernels take at most {_native.internode_limits()[1]}; pass topk_idx")
+                                   f"it routes one slot per rank and the kernels take at most {_INTERNODE_LIMITS[1]}; pass topk_idx")
             n, local = is_token_in_rank.shape[0], num_tokens_per_expert.shape[0] // r
             first = torch.arange(r, dtype=torch.int64, device=self._device) * local
             topk_idx = torch.where(is_token_in_rank, first.expand(n, r), torch.full((n, r), -1, dtype=torch.int64, device=self._device))
             topk_weights = torch.zeros((n, r), dtype=torch.float32, device=self._device)
-        # the native call checks every tensor (against each other and the hosts), creates or grows
-        # the internode buffer (collective) and checks its token capacity before launching
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nd = rt.internode_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
-                                   is_token_in_rank, handle, expert_alignment, config.num_sms)
-        hidden = x.shape[1]
+        prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
+        # one call: the checks of every tensor (against each other and the hosts), the internode
+        # buffer created or grown (collective), its token capacity, the joins, the launch, the
+        # outputs copied into tensors and the join back (or the event)
+        with self._alloc_ctx(allocate_on_comm_stream):
+            recv_x, recv_scales, recv_idx, recv_w, counts, h, ev = rt.internode_dispatch(
+                x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
+                is_token_in_rank, handle, expert_alignment, num_sms, prev, async_finish, self._cur(), with_topk)
         if handle is not None:
-            recv_x, recv_scales, _, _ = self._copy_out(nd, x, hidden, None, 0, allocate_on_comm_stream, views=False)
-            del nd  # its tensors are freed stream-ordered on the comm stream, after the copies
-            ev = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, ev
-        k = topk_idx.shape[1]
-        recv_x, recv_scales, recv_idx, recv_w = self._copy_out(nd, x, hidden, k if with_topk else None, 0, allocate_on_comm_stream,
-                                                               views=False)
-        if with_topk:
-            counts = list(nd.num_recv_tokens_per_expert)
-        else:
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, \
+                self._overlap(ev, (x, x_scales, recv_x, recv_scales))
+        if not with_topk:
             # DeepEP's num_recv_tokens_per_expert_list without top-k: from every rank's per-expert
             # counts (gathered through the group, a host sync like the dispatch's own)
             counts = _native.recv_counts_per_expert(self._all_gather_object([int(v) for v in num_tokens_per_expert.tolist()]),
                                                     self.rank, expert_alignment)
-        h = nd.handle(is_token_in_rank)
-        del nd
-        ev = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
-                                      num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
+        ev = self._overlap(ev, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev
-
-    def _internode_combine(self, x, handle: InternodeHandle, topk_weights, bias, previous_event, async_finish: bool,
-                           allocate_on_comm_stream: bool):
-        torch = _torch()
-        # the native call checks x, topk_weights and bias against the handle (and its buffer)
-        self._begin(previous_event, async_finish, allocate_on_comm_stream)
-        nc = self._rt().internode_combine(x, handle, topk_weights, bias)
-        n, hidden = handle.num_tokens, handle.hidden
-        k = topk_weights.shape[1] if topk_weights is not None else None
-        dev, di = self._device, self._device_index
-        with self._alloc_ctx(allocate_on_comm_stream):
-            out = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
-            out_w = torch.empty((n, k), dtype=torch.float32, device=dev) if k is not None else None
-        with torch.cuda.stream(self._comm_torch_stream()):
-            out.copy_(_view(nc.combined_x_ptr, torch.bfloat16, (n, hidden), nc, di))
-            if k is not None:
-                out_w.copy_(_view(nc.combined_topk_weights_ptr, torch.float32, (n, k), nc, di))
-        del nc  # freed stream-ordered on the comm stream, after the copies
-        ev = self._end(async_finish, (x, topk_weights, out, out_w) + (bias if isinstance(bias, tuple) else (bias,)))
-        return out, out_w, ev
 
 
     # --- low-latency mode --------------------------------------------------------------------
     @_checked
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Creates the low-latency buffer for these sizes if needed (collective). Our buffer is
-        separate from the NVLink one and self-resetting, so nothing else needs cleaning."""
-        self._ensure_ll(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        """Create the low-latency buffer for these sizes (ints: tokens per rank and call, bf16
+        channels per row, experts over all ranks) if needed (collective). Our buffer is separate
+        from the NVLink one and self-resetting, so nothing else needs cleaning."""
+        # the rank context checks the mode and num_rdma_bytes and (re-)creates the buffer collectively
+        self._rt().ll_ensure(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
+        """Low-latency dispatch (decode): send each token to the ranks of its experts, received
+        per local expert in fixed slots of the low-latency buffer. No host sync; CUDA-graph
+        compatible.
+
+        Arguments:
+            x: ``[num_tokens, hidden]`` ``torch.bfloat16``, ``num_tokens <= num_max_dispatch_tokens_per_rank``.
+            topk_idx: ``[num_tokens, num_topk]`` ``torch.int64`` expert ids (-1: none).
+            num_max_dispatch_tokens_per_rank: int, the most tokens any rank sends per call (the
+                same on every rank; it sizes the buffer).
+            num_experts: int, experts over all ranks.
+            cumulative_local_expert_recv_stats: ``[num_local_experts]`` ``torch.int32`` to which the
+                received counts are added, or None.
+            dispatch_wait_recv_cost_stats: not supported (None).
+            use_fp8: cast to ``torch.float8_e4m3fn`` with per-128-channel scales while sending.
+            round_scale: round the scales to powers of two (FP8).
+            use_ue8m0: UE8M0 scales packed in ``torch.int32`` (FP8, with ``round_scale``).
+            async_finish: return an event instead of making the current stream wait.
+            return_recv_hook: launch only the send half; the returned hook launches the receive half.
+
+        Returns:
+            recv_x: ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
+                ``torch.bfloat16``, or with ``use_fp8`` a pair of that in ``torch.float8_e4m3fn`` and
+                its scales (``[num_local_experts, num_ranks * num_max, hidden // 128]``
+                ``torch.float32``, or ``hidden // 512`` ``torch.int32`` with UE8M0; column-major
+                in the last two dimensions, as DeepEP's). Views of the buffer half this call used:
+                valid until the call after next reuses it.
+            recv_count: ``[num_local_experts]`` ``torch.int32``, rows received per local expert.
+            handle: the communication handle for :meth:`low_latency_combine`.
+            event: an :class:`EventOverlap` (with an event only with ``async_finish``).
+            hook: the receive half (a callable) with ``return_recv_hook``, else None.
+        """
         # @_checked, inlined on the two low-latency calls (they run every decode step): the native
         # call raises a recorded device error first, and a failure while a fatal record is pending
         # raises that record
@@ -666,13 +735,13 @@ class Buffer:
                 hook = self._make_hook(native_hook, stats, recv_count)
                 if async_finish:
                     return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, \
-                        self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False), hook
+                        self._ll_event((x, topk_idx, recv_x, recv_scales, recv_count, stats)), hook
                 return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, _NO_EVENT, hook
             if async_finish:
                 if stats is not None:
                     with _torch().cuda.stream(self._comm_torch_stream()):
                         stats.add_(recv_count)
-                ev = self._end(True, (x, topk_idx, recv_x, recv_scales, recv_count, stats), record=False)
+                ev = self._ll_event((x, topk_idx, recv_x, recv_scales, recv_count, stats))
             else:
                 if stats is not None:
                     stats.add_(recv_count)
@@ -681,8 +750,13 @@ class Buffer:
         except DeviceError:
             raise
         except Exception as e:
-            _raise_recorded_cause(e)
+            _raise_recorded_cause(self, e)
             raise
+
+    def _ll_event(self, tensors: Tuple[Any, ...]) -> EventOverlap:
+        """The event of a low-latency call with ``async_finish``: recorded on the comm stream after
+        it joined the call, the tensors kept alive by the EventOverlap (CUDA-graph safe, as DeepEP)."""
+        return EventOverlap(EventHandle(self._rt().end_call(True, 0)), tensors)
 
     def _make_hook(self, native_hook, stats=None, recv_count=None) -> Callable[[], None]:
         """The receive half of a hooked call: joins the current stream both ways around the launch,
@@ -691,10 +765,10 @@ class Buffer:
         rt = self._rt()
 
         def hook() -> None:
-            check_device_error()  # a hook is called like a Buffer method: report a recorded error first
             cur = self._cur()
-            # the Runtime refuses (ValueError) a hook whose low-latency buffer was destroyed or
-            # re-created since its call: its kernel arguments point into freed symmetric memory
+            # the Runtime reports this Buffer's recorded error first (a hook is called like a
+            # Buffer method) and refuses (ValueError) a hook whose low-latency buffer was destroyed
+            # or re-created since its call: its kernel arguments point into freed symmetric memory
             rt.ll_recv(native_hook, cur, cur)
             if stats is not None:
                 stats.add_(recv_count)
@@ -703,6 +777,29 @@ class Buffer:
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False, out=None, combine_wait_recv_cost_stats=None):
+        """Low-latency combine (decode): send the expert outputs back to the ranks their tokens came
+        from and sum them per token with the top-k weights (the reverse of the dispatch whose
+        ``handle`` is given). No host sync; CUDA-graph compatible.
+
+        Arguments:
+            x: ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
+                ``torch.bfloat16``, the expert outputs in the slots of the dispatch's ``recv_x``.
+            topk_idx: ``[num_tokens, num_topk]`` ``torch.int64``, this rank's ids of the dispatch.
+            topk_weights: ``[num_tokens, num_topk]`` ``torch.float32``, the weight of each expert.
+            handle: the handle of a low-latency dispatch on this Buffer.
+            use_logfmt: not supported (False).
+            zero_copy: read the expert outputs from the tensor :meth:`get_next_low_latency_combine_buffer`
+                handed out last (``x`` then only has to have its shape).
+            async_finish: return an event instead of making the current stream wait.
+            return_recv_hook: launch only the send half; the returned hook launches the receive half.
+            out: ``[num_tokens, hidden]`` ``torch.bfloat16`` to write into, or None (a new tensor).
+            combine_wait_recv_cost_stats: not supported (None).
+
+        Returns:
+            combined_x: ``[num_tokens, hidden]`` ``torch.bfloat16``.
+            event: an :class:`EventOverlap` (with an event only with ``async_finish``).
+            hook: the receive half (a callable) with ``return_recv_hook``, else None.
+        """
         try:  # @_checked, inlined (as low_latency_dispatch)
             if use_logfmt:
                 raise _unsupported("use_logfmt=True", "the LogFMT combine format is not implemented; combine in bf16 (use_logfmt=False)")
@@ -719,32 +816,25 @@ class Buffer:
             rt = self._runtime
             if rt is None:
                 raise RuntimeError(_DESTROYED)
-            if out is None:
-                if not isinstance(handle, LowLatencyHandle):
-                    raise TypeError(f"handle must come from low_latency_dispatch on this Buffer, got {type(handle).__name__}")
-                torch = _torch()
-                out = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=self._device)
             cur = _RAW_STREAM(self._device_index)
             # one crossing: the checks of the handle, x, topk_idx, topk_weights and out against the
-            # handle's dispatch (and of the handle's buffer), the joins and the launch
-            native_hook = rt.ll_combine(x, topk_idx, topk_weights, handle, out, return_recv_hook, cur, cur if not async_finish else None, zc)
-            if async_finish:
-                ev = self._end(True, (x if zc is None else zc, topk_idx, topk_weights, out), record=False)
-            else:
-                ev = _NO_EVENT
+            # handle's dispatch (and of the handle's buffer), out made when None, the joins and the launch
+            out, native_hook = rt.ll_combine(x, topk_idx, topk_weights, handle, out, return_recv_hook, cur,
+                                             cur if not async_finish else None, zc)
+            ev = self._ll_event((x if zc is None else zc, topk_idx, topk_weights, out)) if async_finish else _NO_EVENT
             return out, ev, self._make_hook(native_hook) if return_recv_hook else None
         except DeviceError:
             raise
         except Exception as e:
-            _raise_recorded_cause(e)
+            _raise_recorded_cause(self, e)
             raise
 
     @_checked
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle):
-        """A bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
-        tensor to write the expert outputs into and pass to ``low_latency_combine(...,
-        zero_copy=True)``. Two are kept and handed out alternately (like DeepEP's two buffer
-        halves); the combine reads it in place."""
+        """A ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]``
+        ``torch.bfloat16`` tensor to write the expert outputs of the dispatch of ``handle`` into and
+        pass to ``low_latency_combine(..., zero_copy=True)``. Two are kept and handed out
+        alternately (like DeepEP's two buffer halves); the combine reads it in place."""
         torch = _torch()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("handle must come from low_latency_dispatch on this Buffer")

@@ -370,9 +370,6 @@ pub struct CombineArgsIn {
     pub x: Arg,
     pub topk_weights: Option<Arg>,
     pub bias: [Option<Arg>; 2],
-    /// The caller's output (None for the internode combine, whose outputs are the kernels').
-    pub out: Option<Arg>,
-    pub out_weights: Option<Arg>,
 }
 
 /// The tensors of an internode dispatch: `layout` = (num_tokens_per_rank,
@@ -416,15 +413,14 @@ fn unpack_bias<'py>(bias: Option<&Bound<'py, PyAny>>) -> PyResult<[Option<Bound<
     Ok([Some(b.clone()), None])
 }
 
-#[allow(clippy::too_many_arguments)]
-/// An internode combine's tensors (its outputs are the kernels crate's, copied out by the caller).
+/// A combine's tensors before its outputs exist (the binding makes them after these checks).
 pub fn parse_combine_no_out(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny>>, bias: Option<&Bound<'_, PyAny>>, d: CombineDims, device: usize) -> PyResult<CombineArgsIn> {
     let x = read("x", x)?;
     let topk_weights = read_opt("topk_weights", topk_weights)?;
     let [b0, b1] = unpack_bias(bias)?;
     let bias = [read_opt("bias[0]", b0.as_ref())?, read_opt("bias[1]", b1.as_ref())?];
     args::combine(&x, topk_weights.as_ref(), [bias[0].as_ref(), bias[1].as_ref()], None, None, d, device).map_err(py_err)?;
-    Ok(CombineArgsIn { x, topk_weights, bias, out: None, out_weights: None })
+    Ok(CombineArgsIn { x, topk_weights, bias })
 }
 
 pub fn parse_combine(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny>>, bias: Option<&Bound<'_, PyAny>>, out: &Bound<'_, PyAny>, out_weights: Option<&Bound<'_, PyAny>>, d: CombineDims, device: usize) -> PyResult<CombineArgsIn> {
@@ -435,7 +431,7 @@ pub fn parse_combine(x: &Bound<'_, PyAny>, topk_weights: Option<&Bound<'_, PyAny
     let out = read("out", out)?;
     let out_weights = read_opt("out_weights", out_weights)?;
     args::combine(&x, topk_weights.as_ref(), [bias[0].as_ref(), bias[1].as_ref()], Some(&out), out_weights.as_ref(), d, device).map_err(py_err)?;
-    Ok(CombineArgsIn { x, topk_weights, bias, out: Some(out), out_weights })
+    Ok(CombineArgsIn { x, topk_weights, bias })
 }
 
 /// The tensor-taking `Runtime` methods whose argument checks [`check_call`] runs.

@@ -8,7 +8,8 @@
 //! `NotImplementedError` naming the element.
 //!
 //! Torch is never imported here at module load: the views are made through
-//! `torch.as_tensor` of a [`RawRange`] (`__cuda_array_interface__`), once the caller has torch.
+//! `torch.as_tensor` of a [`RawRange`] (`__cuda_array_interface__`, [`crate::outputs`]), once the
+//! caller has torch.
 
 use deepep_kernels::internode as inter;
 use deepep_kernels::intranode::Handle as IntraHandle;
@@ -19,7 +20,9 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
-use crate::{py_err, without_gil, Event};
+use crate::{outputs, py_err, without_gil};
+use deepep_kernels::context;
+use deepep_kernels::tensor::DType;
 
 pub(crate) const INTRANODE_ELEMENTS: [&str; 6] =
     ["rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx", "is_token_in_rank", "send_head"];
@@ -104,57 +107,25 @@ impl RawRange {
     }
 }
 
-static TORCH: GILOnceCell<Py<PyModule>> = GILOnceCell::new();
-
-/// The torch module (imported on first use: only paths that hand out tensors get here).
-pub(crate) fn torch(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(TORCH.get_or_try_init(py, || -> PyResult<Py<PyModule>> { Ok(py.import("torch")?.unbind()) })?.bind(py))
-}
-
-/// A torch tensor of `dtype` (a torch dtype, or its name) and `shape` over device memory at
-/// `ptr` on CUDA device `device`, keeping `owner` alive (zero-copy; an empty tensor when it has no
-/// elements).
-pub(crate) fn torch_view<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, shape: &[usize], owner: Option<Py<PyAny>>, device: usize) -> PyResult<Bound<'py, PyAny>> {
-    let torch = torch(py)?;
-    let dtype = match dtype.extract::<String>() {
-        Ok(name) => torch.getattr(name.as_str())?,
-        Err(_) => dtype.clone(),
-    };
-    let dev = torch.getattr("device")?.call1(("cuda", device))?;
-    let kw = PyDict::new(py);
-    let elem: usize = dtype.getattr("itemsize")?.extract()?;
-    let nbytes = shape.iter().product::<usize>() * elem;
-    if nbytes == 0 {
-        kw.set_item("dtype", &dtype)?;
-        kw.set_item("device", &dev)?;
-        return torch.getattr("empty")?.call((shape.to_vec(),), Some(&kw));
+impl RawRange {
+    pub(crate) fn new(ptr: u64, nbytes: usize, owner: Option<Py<PyAny>>) -> RawRange {
+        RawRange { ptr, nbytes, owner }
     }
-    kw.set_item("device", &dev)?;
-    let raw = Bound::new(py, RawRange { ptr, nbytes, owner })?;
-    let t = torch.getattr("as_tensor")?.call((raw,), Some(&kw))?;
-    t.call_method1("view", (dtype,))?.call_method1("view", (shape.to_vec(),))
 }
 
 /// A torch int32 tensor of `values` on CUDA device `device` (a copy).
 fn int32_tensor(py: Python<'_>, values: Vec<i32>, device: usize) -> PyResult<Bound<'_, PyAny>> {
-    let torch = torch(py)?;
+    let t = outputs::torch(py)?;
     let kw = PyDict::new(py);
-    kw.set_item("dtype", torch.getattr("int32")?)?;
-    kw.set_item("device", torch.getattr("device")?.call1(("cuda", device))?)?;
-    torch.getattr("tensor")?.call((values,), Some(&kw))
-}
-
-/// `view(ptr, dtype, shape, owner, device)`: [`torch_view`] for the Python layer.
-#[pyfunction]
-#[pyo3(name = "view", signature = (ptr, dtype, shape, owner, device))]
-pub(crate) fn py_view<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, shape: Vec<usize>, owner: Option<Py<PyAny>>, device: usize) -> PyResult<Bound<'py, PyAny>> {
-    torch_view(py, ptr, dtype, &shape, owner, device)
+    kw.set_item("dtype", t.dtype(py, DType::I32))?;
+    kw.set_item("device", t.module.bind(py).getattr("device")?.call1(("cuda", device))?)?;
+    t.module.bind(py).getattr("tensor")?.call((values,), Some(&kw))
 }
 
 /// torch's current raw `CUstream` on `device` (`torch._C._cuda_getCurrentRawStream`).
 pub(crate) fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
     static READER: GILOnceCell<Py<PyAny>> = GILOnceCell::new();
-    let f = READER.get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(torch(py)?.getattr("_C")?.getattr("_cuda_getCurrentRawStream")?.unbind()) })?;
+    let f = READER.get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(outputs::torch(py)?.module.bind(py).getattr("_C")?.getattr("_cuda_getCurrentRawStream")?.unbind()) })?;
     f.bind(py).call1((device,))?.extract()
 }
 
@@ -231,7 +202,7 @@ impl Handle {
                 .map(|t| t.clone_ref(py)),
             3 => {
                 let src = &me.inner.recv_src_idx;
-                Ok(torch_view(py, src.ptr(), pyo3::types::PyString::new(py, "int32").as_any(), &[me.inner.num_recv_tokens], Some(slf.clone().into_any().unbind()), me.device)?.unbind())
+                Ok(outputs::view(py, src.ptr(), DType::I32, &[me.inner.num_recv_tokens], Some(slf.clone().into_any().unbind()), me.device)?.unbind())
             }
             4 => Ok(me.keep.clone_ref(py)),
             i => Err(no_channel_element("intranode", &INTRANODE_ELEMENTS, i)),
@@ -365,11 +336,11 @@ impl LlPyHandle {
     fn copy_of(&self, py: Python<'_>, i: usize) -> PyResult<Py<PyAny>> {
         // in the dispatch's half, or in the handle's own copy once a later dispatch reused the half
         let (ptr, shape) = self.region(if i == 0 { self.inner.src_info() } else { self.inner.layout_range() })?;
-        let dtype = pyo3::types::PyString::new(py, if i == 0 { "int32" } else { "int64" });
-        let t = torch_view(py, ptr, dtype.as_any(), &shape, None, self.device)?.call_method0("clone")?;
+        let t = outputs::view(py, ptr, if i == 0 { DType::I32 } else { DType::I64 }, &shape, None, self.device)?.call_method0("clone")?;
         if let Some(m) = self.inner.copy_memory() {
             // the own copy is freed stream-ordered on its stream: order that after this read
-            Event::recorded_on(current_stream(py, self.device)?)?.wait_on(m.stream().cu_stream() as u64)?;
+            let e = context::Event::recorded_on(current_stream(py, self.device)?).map_err(py_err)?;
+            e.wait(m.stream().cu_stream()).map_err(py_err)?;
         }
         Ok(t.unbind())
     }
@@ -408,6 +379,9 @@ impl LlPyHandle {
         )
     }
 }
+
+// SAFETY: see `runtime::thread_safe` (PyO3 serialises access; CUDA handles are valid on any thread).
+crate::runtime::thread_safe!(Handle, InterHandle, LlPyHandle);
 
 /// The element names of DeepEP's `kind` handle tuple (`intranode`, `internode`, `low-latency`).
 #[pyfunction]

@@ -579,8 +579,8 @@ _BAD_ID_MSG = ("rank 0: topk_idx[37, 2] = 300 in low_latency_dispatch is not an 
 
 
 class _FakeRecord:
-    """Stands in for the host-mapped record behind _native.check_device_error and
-    _native.recorded_cause (a real record needs a GPU kernel: python/tests/gpu/test_errors.py
+    """Stands in for the host-mapped record of one Buffer behind Runtime.check_error and
+    Runtime.recorded_cause (a real record needs a GPU kernel: python/tests/gpu/test_errors.py
     covers it), with the same contract: an argument record is raised once and cleared, a timeout
     every time; recorded_cause (the failure path) never returns (or clears) an argument record."""
 
@@ -601,29 +601,58 @@ class _FakeRecord:
         return None if self.kind in (None, "argument") else self._error()
 
 
-def _fake(monkeypatch, rec):
-    import deepep_kernels.buffer as b
+class _FakeRuntime:
+    """A Buffer's native Runtime over a :class:`_FakeRecord`: check_error / recorded_cause look at
+    this Buffer's record; every other native call checks the record first (as the real calls do)
+    and then fails (no GPU here)."""
 
-    monkeypatch.setattr(b, "check_device_error", rec.check)
-    monkeypatch.setattr(b._native, "recorded_cause", rec.cause)
+    def __init__(self, rec):
+        self.rec = rec
+
+    def check_error(self):
+        self.rec.check()
+
+    def recorded_cause(self):
+        return self.rec.cause()
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.rec.check()
+            raise RuntimeError(f"no GPU for Runtime.{name} here")
+
+        return call
 
 
-def test_buffer_calls_raise_the_recorded_timeout_first_and_every_time(monkeypatch):
-    # Every communication method consults the record before anything else, even before argument
-    # checks; a timeout stays until the Buffer is destroyed. (The two low-latency calls check it
-    # inside their native call, which needs a GPU; here, without a runtime, they fail and the
-    # failure path raises the recorded timeout instead, chained.)
-    _fake(monkeypatch, _FakeRecord("timeout", _TIMEOUT_MSG))
+def _buffer_with(rec):
+    """A Buffer made without __init__ (no group/GPU here) whose own record is ``rec``."""
     buf = object.__new__(Buffer)
+    buf._runtime = _FakeRuntime(rec)
+    return buf
+
+
+def test_buffer_calls_raise_the_recorded_timeout_first_and_every_time():
+    # Every communication method consults its Buffer's record before anything else, even before
+    # argument checks; a timeout stays until the Buffer is destroyed or dropped. (The two
+    # low-latency calls check it inside their native call; here that call fails after the check.)
+    buf = _buffer_with(_FakeRecord("timeout", _TIMEOUT_MSG))
     for _ in range(2):
         for name in _COMM_METHODS:
             with pytest.raises(deepep_kernels.PeerTimeoutError, match=r"^rank 0: low_latency_dispatch waited 5\.0 s for rank 1 .*destroy\(\)"):
                 getattr(buf, name)(*([None] * len(DEEPEP_V121[name])))
 
 
-def test_a_bad_id_record_is_raised_once_as_a_value_error(monkeypatch):
-    _fake(monkeypatch, _FakeRecord("argument", _BAD_ID_MSG))
-    buf = object.__new__(Buffer)
+def test_a_record_belongs_to_its_buffer():
+    # a new Buffer (on the surviving ranks) does not see the timeout its predecessor recorded
+    old, new = _buffer_with(_FakeRecord("timeout", _TIMEOUT_MSG)), _buffer_with(_FakeRecord(None, _TIMEOUT_MSG))
+    with pytest.raises(deepep_kernels.PeerTimeoutError):
+        old.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
+    with pytest.raises(Exception) as e:
+        new.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
+    assert not isinstance(e.value, deepep_kernels.DeviceError)
+
+
+def test_a_bad_id_record_is_raised_once_as_a_value_error():
+    buf = _buffer_with(_FakeRecord("argument", _BAD_ID_MSG))
     with pytest.raises(deepep_kernels.DeviceArgumentError, match=r"topk_idx\[37, 2\] = 300 in low_latency_dispatch") as e:
         buf.get_dispatch_layout(*([None] * len(DEEPEP_V121["get_dispatch_layout"])))
     assert isinstance(e.value, ValueError)
@@ -633,27 +662,27 @@ def test_a_bad_id_record_is_raised_once_as_a_value_error(monkeypatch):
     assert not isinstance(e.value, deepep_kernels.DeviceError)
 
 
-def test_a_call_that_fails_while_a_timeout_is_pending_raises_the_timeout(monkeypatch):
+def test_a_call_that_fails_while_a_timeout_is_pending_raises_the_timeout():
     # A host wait inside a call ends when a kernel records a timeout; the call's own error is
     # replaced by the recorded cause (chained), here simulated by a record that appears after the
     # check at the start of the call.
     import deepep_kernels.buffer as b
 
     rec = _FakeRecord(None, _TIMEOUT_MSG)
+    buf = _buffer_with(rec)
 
     def failing(self):
         rec.kind = "timeout"
         raise RuntimeError("rank 0: host wait ended")
 
-    _fake(monkeypatch, rec)
     wrapped = b._checked(failing)
     with pytest.raises(deepep_kernels.PeerTimeoutError, match="waited 5.0 s") as e:
-        wrapped(object())
+        wrapped(buf)
     assert "host wait ended" in str(e.value.__cause__)
     # without a fatal record the method's own error comes through unchanged
     rec.kind = None
     with pytest.raises(RuntimeError, match="host wait ended"):
-        b._checked(lambda self: (_ for _ in ()).throw(RuntimeError("host wait ended")))(object())
+        b._checked(lambda self: (_ for _ in ()).throw(RuntimeError("host wait ended")))(buf)
 
 
 def test_the_native_record_check_raises_nothing_without_kernels():
