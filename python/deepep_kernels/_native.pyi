@@ -164,9 +164,10 @@ class Runtime:
                            num_tokens_per_rank: Optional[Tensor], num_tokens_per_rdma_rank: Optional[Tensor],
                            num_tokens_per_expert: Optional[Tensor], is_token_in_rank: Optional[Tensor], handle: Optional[InternodeHandle],
                            expert_alignment: int, num_sms: int, previous_event: Optional[Event], async_finish: bool, stream: int,
-                           topk_out: bool = True) -> DispatchResult:
+                           expert_counts: Optional[List[List[int]]] = None) -> DispatchResult:
         """Internode dispatch (as ``dispatch``; the layout adds num_tokens_per_rdma_rank int32
-        ``[hosts]``; scales row-major); outputs copied into torch tensors on the comm stream."""
+        ``[hosts]``; scales row-major); outputs copied into torch tensors on the comm stream.
+        ``expert_counts`` (every rank's num_tokens_per_expert): DeepEP's dispatch without top-k."""
     def internode_combine(self, x: Tensor, handle: InternodeHandle, topk_weights: Optional[Tensor], bias: Bias,
                           previous_event: Optional[Event], async_finish: bool, stream: int) -> CombineResult:
         """Internode combine: x bf16 ``[m, hidden]`` in the order of the dispatch's recv_x."""

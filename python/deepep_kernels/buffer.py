@@ -285,6 +285,8 @@ class Buffer:
         # the capacity checks and the buffers' (re-)creation are the rank context's
         self._runtime.set_buffer_sizes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, self._ranks_per_host if self._internode else 0,
                                        _native.recv_arena_from_env() if num_nvl_bytes > 0 and not self._internode else None)
+        self._comm_stream_raw = self._runtime.comm_stream()  # never changes
+        self._intra_ready = False  # the NVLink buffer was created (get_dispatch_layout)
         self._next_combine_buffers: List[Any] = []
         self._next_combine_parity = 0
         # the buffer get_next_low_latency_combine_buffer handed out last (a zero-copy combine reads it)
@@ -305,7 +307,7 @@ class Buffer:
         s = self._comm_stream_obj
         if s is None:
             torch = _torch()
-            s = self._comm_stream_obj = torch.cuda.ExternalStream(self._rt().comm_stream(), device=self._device)
+            s = self._comm_stream_obj = torch.cuda.ExternalStream(self._comm_stream_raw, device=self._device)
         return s
 
     @staticmethod
@@ -461,10 +463,12 @@ class Buffer:
             return self._internode_layout(topk_idx, num_experts, previous_event, async_finish, allocate_on_comm_stream)
         self._check_normal_mode()
         rt = self._rt()
-        if rt.intranode_dims() is None:
+        if not self._intra_ready:
             # the NVLink buffer for the hidden of the dispatches to come (a dispatch with another
-            # hidden re-creates it, collectively)
-            rt.intranode_ensure(int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168")))
+            # hidden re-creates it, collectively), once: it then exists until the Buffer goes
+            if rt.intranode_dims() is None:
+                rt.intranode_ensure(int(os.environ.get(DEFAULT_HIDDEN_ENV, "7168")))
+            self._intra_ready = True
         prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
         with self._alloc_ctx(allocate_on_comm_stream):
             per_rank, per_expert, in_rank, ev, _ = rt.get_dispatch_layout(topk_idx, num_experts, prev, async_finish, self._cur())
@@ -644,6 +648,11 @@ class Buffer:
             first = torch.arange(r, dtype=torch.int64, device=self._device) * local
             topk_idx = torch.where(is_token_in_rank, first.expand(n, r), torch.full((n, r), -1, dtype=torch.int64, device=self._device))
             topk_weights = torch.zeros((n, r), dtype=torch.float32, device=self._device)
+            # DeepEP's num_recv_tokens_per_expert_list without top-k comes from every rank's
+            # per-expert counts (gathered through the group, a host sync like the dispatch's own)
+            expert_counts = self._all_gather_object([int(v) for v in num_tokens_per_expert.tolist()])
+        else:
+            expert_counts = None
         prev = self._previous(previous_event, async_finish, allocate_on_comm_stream)
         # one call: the checks of every tensor (against each other and the hosts), the internode
         # buffer created or grown (collective), its token capacity, the joins, the launch, the
@@ -651,15 +660,10 @@ class Buffer:
         with self._alloc_ctx(allocate_on_comm_stream):
             recv_x, recv_scales, recv_idx, recv_w, counts, h, ev = rt.internode_dispatch(
                 x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
-                is_token_in_rank, handle, expert_alignment, num_sms, prev, async_finish, self._cur(), with_topk)
+                is_token_in_rank, handle, expert_alignment, num_sms, prev, async_finish, self._cur(), expert_counts)
         if handle is not None:
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, \
                 self._overlap(ev, (x, x_scales, recv_x, recv_scales))
-        if not with_topk:
-            # DeepEP's num_recv_tokens_per_expert_list without top-k: from every rank's per-expert
-            # counts (gathered through the group, a host sync like the dispatch's own)
-            counts = _native.recv_counts_per_expert(self._all_gather_object([int(v) for v in num_tokens_per_expert.tolist()]),
-                                                    self.rank, expert_alignment)
         ev = self._overlap(ev, (x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                 num_tokens_per_expert, is_token_in_rank, recv_x, recv_scales, recv_idx, recv_w))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, recv_idx, recv_w, counts, h, ev

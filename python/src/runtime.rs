@@ -433,11 +433,13 @@ impl Runtime {
     /// Internode dispatch in one call (the group spans hosts): fresh with `topk_idx` /
     /// `topk_weights` `[n, k]` and the layout tensors (checked; the notify kernel recomputes the
     /// routing from `topk_idx`), creating or growing the internode buffer first (collective), or
-    /// cached with a `handle`; outputs copied into torch tensors on the comm stream (top-k outputs
-    /// only with `topk_out`). A fresh dispatch blocks the host (GIL released) until the received
-    /// counts are known, like DeepEP's internode dispatch.
+    /// cached with a `handle`; outputs copied into torch tensors on the comm stream. A fresh
+    /// dispatch blocks the host (GIL released) until the received counts are known, like DeepEP's
+    /// internode dispatch. DeepEP's dispatch without top-k passes the routing the caller made from
+    /// `is_token_in_rank` and every rank's `num_tokens_per_expert` (`expert_counts`, gathered
+    /// through the group): no top-k outputs then, and the counts per local expert come from those.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, handle, expert_alignment, num_sms, previous_event, async_finish, stream, topk_out = true))]
+    #[pyo3(signature = (x, scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, handle, expert_alignment, num_sms, previous_event, async_finish, stream, expert_counts = None))]
     fn internode_dispatch(
         &mut self,
         py: Python<'_>,
@@ -455,7 +457,7 @@ impl Runtime {
         previous_event: Option<PyRef<'_, Event>>,
         async_finish: bool,
         stream: u64,
-        topk_out: bool,
+        expert_counts: Option<Vec<Vec<i64>>>,
     ) -> PyResult<DispatchResult> {
         self.check(py)?;
         let (world, dev) = (self.ctx.world(), self.ctx.device());
@@ -497,7 +499,7 @@ impl Runtime {
         let ctx = &mut self.ctx;
         let out = without_gil(py, || ctx.internode_dispatch(xa, sa, tk, e, cached, expert_alignment, num_sms)).map_err(py_err)?;
         let rows = out.recv_x.shape()[0];
-        let (ti, tw) = if handle.is_none() && topk_out { (out.recv_topk_idx.as_ref(), out.recv_topk_weights.as_ref()) } else { (None, None) };
+        let (ti, tw) = if handle.is_none() && expert_counts.is_none() { (out.recv_topk_idx.as_ref(), out.recv_topk_weights.as_ref()) } else { (None, None) };
         let (recv_x, recv_scales, recv_idx, recv_w) = self.copies(py, [Some(&out.recv_x), out.recv_scales.as_ref(), ti, tw], rows)?;
         let generation = self.ctx.generations().inter;
         let fresh = handle.is_none().then(|| (out.handle.clone(), out.num_recv_tokens_per_expert.clone()));
@@ -508,6 +510,10 @@ impl Runtime {
         };
         let keep = is_token_in_rank.expect("a fresh dispatch has is_token_in_rank").clone().unbind();
         let handle = Py::new(py, InterHandle::new(h, self.ctx.id(), generation, dev, keep))?.into_any();
+        let counts = match expert_counts {
+            Some(all) => crate::settings::recv_counts(&all, self.ctx.rank(), expert_alignment).map_err(PyValueError::new_err)?.into_iter().map(|c| c as usize).collect(),
+            None => counts,
+        };
         Ok((recv_x, recv_scales, recv_idx, recv_w, Some(counts), Some(handle), ev))
     }
 

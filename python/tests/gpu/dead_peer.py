@@ -10,9 +10,17 @@ start again in a process that lost a PE, since its finalize begins with a barrie
 the survivors keep its world and reuse the lost Buffer's symmetric memory) and a 2-rank
 normal-mode Buffer.
 
+With DeepEP's default options (``explicitly_destroy=False``; ``*_default_body``): every rank
+dispatches, one rank dies before the combine; the survivors' combine waits for it, their next call
+raises the named ``PeerTimeoutError``; they drop the Buffer (garbage collection retires its error
+record: nothing is left for ``check_device_error()``), build a new group of two survivors with
+``new_group(..., use_local_synchronization=True)`` and a new default-options Buffer on it, and run a
+checked round: normal mode 4 -> 2, low latency 3 -> 2.
+
 The ranks are plain processes (not ``harness.run``: one of them is killed on purpose); each
 writes what it saw to a JSON file that the test reads. Run by python/scripts/gpu-run.sh."""
 
+import gc
 import json
 import os
 import signal
@@ -144,6 +152,109 @@ def ll_body(rank, world, out):
         _valid_intranode_round(buf2, rank, 2, g2, LOCAL_EXPERTS * 2, seed=24)
         buf2.destroy()
         out["second_buffer_ok"] = True
+
+
+def _retired(out):
+    """After the caller dropped the lost Buffer: its record is gone from the process."""
+    from deepep_kernels import DeviceError, check_device_error
+
+    gc.collect()
+    try:
+        check_device_error()
+        out["old_record_gone"] = True
+    except DeviceError as e:
+        out["old_record_gone"] = False
+        out["old_record"] = str(e)
+
+
+def normal_default_body(rank, world, out):
+    """Default options, normal mode 4 -> 2: rank 3 dies between dispatch and combine."""
+    from deepep_kernels import Buffer, DeviceError, _native
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    group = dist.group.WORLD
+    num_experts = LOCAL_EXPERTS * world
+    buf = Buffer(group, _native.intranode_buffer_bytes(world, 512, HIDDEN), 0)
+    _valid_intranode_round(buf, rank, world, group, num_experts, seed=31)
+    out["warmup_ok"] = True
+    x, idx, w = make_routing(rank, world, 48, num_experts, seed=32)
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxd, num_experts)
+    rx, _, rw, _, handle, _ = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                           topk_idx=idxd, topk_weights=wd)
+    torch.cuda.synchronize()
+    dist.barrier()  # every rank dispatched
+    lost = world - 1
+    if rank == lost:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)  # the lost rank is gone before the others combine
+    t0 = time.monotonic()
+    try:
+        buf.combine(rx, handle, topk_weights=rw)  # asynchronous: its kernel waits for the lost rank
+        torch.cuda.synchronize()
+        buf.get_dispatch_layout(idxd, num_experts)  # the next call raises what the combine recorded
+        out["error"] = None
+    except DeviceError as e:
+        out.update(_survivor_checks(rank, lost, e, time.monotonic() - t0, ("combine",)))
+    t1 = time.monotonic()
+    del buf, rx, rw, handle, per_rank, per_expert, in_rank
+    _retired(out)
+    out["destroy_s"] = time.monotonic() - t1
+    out["context_alive"] = _context_alive(dev)
+    if rank in (0, 1):
+        g2 = dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
+        b = Buffer(g2, _native.intranode_buffer_bytes(2, 512, HIDDEN), 0)
+        _valid_intranode_round(b, rank, 2, g2, LOCAL_EXPERTS * 2, seed=33)
+        del b
+        gc.collect()
+        out["second_buffer_ok"] = True
+
+
+def ll_default_body(rank, world, out):
+    """Default options, low latency 3 -> 2: rank 2 dies between dispatch and combine."""
+    from deepep_kernels import Buffer, DeviceError
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    group = dist.group.WORLD
+    num_experts, num_max = LOCAL_EXPERTS * world, 32
+    rdma = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, world, num_experts)
+    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS)
+    _valid_ll_round(buf, rank, world, group, num_experts, num_max, 16, seed=41)
+    out["warmup_ok"] = True
+    x, idx, w = make_routing(rank, world, 16, num_experts, seed=42)
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+    rx, _, h, _, _ = buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)
+    torch.cuda.synchronize()
+    dist.barrier()  # every rank dispatched
+    lost = world - 1
+    if rank == lost:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        buf.low_latency_combine(rx, idxd, wd, h)  # its kernel waits for the lost rank's rows
+        torch.cuda.synchronize()
+        buf.low_latency_dispatch(xd, idxd, num_max, num_experts, use_fp8=False)  # raises what the combine recorded
+        out["error"] = None
+    except DeviceError as e:
+        out.update(_survivor_checks(rank, lost, e, time.monotonic() - t0, ("low_latency_combine", "low-latency combine")))
+    t1 = time.monotonic()
+    del buf, rx, h
+    _retired(out)
+    out["destroy_s"] = time.monotonic() - t1
+    out["context_alive"] = _context_alive(dev)
+    if rank in (0, 1):
+        g2 = dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
+        rdma2 = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, 2, LOCAL_EXPERTS * 2)
+        try:
+            b = Buffer(g2, 0, rdma2, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS)
+            _valid_ll_round(b, rank, 2, g2, LOCAL_EXPERTS * 2, num_max, 16, seed=43)
+            del b
+            gc.collect()
+            out["second_ll"] = "ok"
+        except Exception as e:  # noqa: BLE001 - reported (the test asserts "ok")
+            out["second_ll"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        out["second_buffer_ok"] = out["second_ll"] == "ok"
 
 
 def _entry(rank, world, init_file, out_dir, body):

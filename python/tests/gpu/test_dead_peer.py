@@ -1,5 +1,6 @@
 """A peer that dies (SIGKILL) mid-run: bounded, named errors on every survivor, a live CUDA
-context, a working destroy(), and a new Buffer of the survivors (dead_peer.py says how)."""
+context, a working destroy() (or, with DeepEP's default options, a dropped Buffer whose error
+record goes with it), and a new Buffer of the survivors (dead_peer.py says how)."""
 
 import pytest
 
@@ -45,3 +46,19 @@ def test_dead_peer_low_latency_3_to_2():
     codes, reports = dead_peer.run(dead_peer.ll_body, 3)
     print(reports)
     _check_survivors(codes, reports, 3, 2, new_ll=True)
+
+
+def test_dead_peer_between_dispatch_and_combine_default_options_normal_4_to_2():
+    _only_once()
+    codes, reports = dead_peer.run(dead_peer.normal_default_body, 4)
+    print(reports)
+    _check_survivors(codes, reports, 4, 3, new_ll=False)
+    assert all(reports[r]["old_record_gone"] for r in range(3)), "dropping the Buffer must retire its error record"
+
+
+def test_dead_peer_between_dispatch_and_combine_default_options_low_latency_3_to_2():
+    _only_once()
+    codes, reports = dead_peer.run(dead_peer.ll_default_body, 3)
+    print(reports)
+    _check_survivors(codes, reports, 3, 2, new_ll=True)
+    assert all(reports[r]["old_record_gone"] for r in range(2)), "dropping the Buffer must retire its error record"
