@@ -8,7 +8,7 @@
 //! `NotImplementedError` naming the element.
 //!
 //! Torch is never imported here at module load: the views are made through
-//! `torch.as_tensor` of a [`RawRange`] (`__cuda_array_interface__`, [`crate::outputs`]), once the
+//! `torch.as_tensor` of a `RawRange` (`__cuda_array_interface__`, [`crate::outputs`]), once the
 //! caller has torch.
 
 use deepep_kernels::internode as inter;
@@ -79,38 +79,6 @@ fn handle_index(i: &Bound<'_, PyAny>, elements: &[&str], kind: &str) -> PyResult
 
 fn no_channel_element(kind: &str, elements: &[&str], i: usize) -> PyErr {
     PyNotImplementedError::new_err(no_channel_message(kind, elements, i))
-}
-
-// --- torch views of device memory ------------------------------------------------------------
-
-/// `nbytes` of device memory at `ptr` as `__cuda_array_interface__` (bytes), for
-/// `torch.as_tensor`, which keeps this object (and so `owner`) alive as long as the tensor.
-#[pyclass(module = "deepep_kernels._native", frozen)]
-pub struct RawRange {
-    ptr: u64,
-    nbytes: usize,
-    #[allow(dead_code)] // held for its lifetime only
-    owner: Option<Py<PyAny>>,
-}
-
-#[pymethods]
-impl RawRange {
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("shape", (self.nbytes,))?;
-        d.set_item("typestr", "|u1")?;
-        d.set_item("data", (self.ptr, false))?;
-        d.set_item("version", 3)?;
-        d.set_item("strides", py.None())?;
-        Ok(d)
-    }
-}
-
-impl RawRange {
-    pub(crate) fn new(ptr: u64, nbytes: usize, owner: Option<Py<PyAny>>) -> RawRange {
-        RawRange { ptr, nbytes, owner }
-    }
 }
 
 /// A torch int32 tensor of `values` on CUDA device `device` (a copy).
@@ -381,7 +349,7 @@ impl LlPyHandle {
 }
 
 // SAFETY: see `runtime::thread_safe` (PyO3 serialises access; CUDA handles are valid on any thread).
-crate::runtime::thread_safe!(Handle, InterHandle, LlPyHandle);
+crate::thread_safe!(Handle, InterHandle, LlPyHandle);
 
 /// The element names of DeepEP's `kind` handle tuple (`intranode`, `internode`, `low-latency`).
 #[pyfunction]

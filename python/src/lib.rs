@@ -38,6 +38,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use std::sync::Arc;
 
+// Thread safety of the classes holding kernels-crate objects: PyTorch calls into the Buffer from
+// other threads than the one that created it (autograd runs backward passes on its device
+// threads), so they cannot be `unsendable`.
+// SAFETY: PyO3 serialises access to each object; the CUDA handles inside are valid on any thread
+// of the process (every launch binds the primary context first).
+macro_rules! thread_safe {
+    ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
+}
+pub(crate) use thread_safe;
+
 /// Python exception for a crate error: bad arguments are `ValueError`, unsupported requests
 /// `NotImplementedError`, everything else (CUDA, NVSHMEM, timeouts, rendezvous) `RuntimeError`.
 pub(crate) fn py_err(e: EpError) -> PyErr {
@@ -322,7 +332,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::LlPyHandle>()?;
     m.add_class::<handles::InterHandle>()?;
-    m.add_class::<handles::RawRange>()?;
+    m.add_class::<outputs::RawRange>()?;
     for f in [
         wrap_pyfunction!(launch_timing, m)?,
         wrap_pyfunction!(intranode_buffer_bytes, m)?,

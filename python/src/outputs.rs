@@ -12,12 +12,42 @@
 //!
 //! torch is never imported at module load: the first call that hands out a tensor imports it.
 
-use crate::{cuda, handles::RawRange};
+use crate::cuda;
 use cudarc::driver::sys;
 use deepep_kernels::tensor::{DType, Tensor};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyDict, PyTuple};
+
+/// `nbytes` of device memory at `ptr` as `__cuda_array_interface__` (bytes), for
+/// `torch.as_tensor`, which keeps this object (and so `owner`) alive as long as the tensor.
+#[pyclass(module = "deepep_kernels._native", frozen)]
+pub struct RawRange {
+    ptr: u64,
+    nbytes: usize,
+    #[allow(dead_code)] // held for its lifetime only
+    owner: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl RawRange {
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.nbytes,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr, false))?;
+        d.set_item("version", 3)?;
+        d.set_item("strides", py.None())?;
+        Ok(d)
+    }
+}
+
+impl RawRange {
+    pub(crate) fn new(ptr: u64, nbytes: usize, owner: Option<Py<PyAny>>) -> RawRange {
+        RawRange { ptr, nbytes, owner }
+    }
+}
 
 /// torch and the objects every output needs, looked up once per process.
 pub(crate) struct Torch {

@@ -43,15 +43,7 @@ pub struct Keep {
     _out: DispatchOutput,
 }
 
-// Thread safety: PyTorch calls into the Buffer from other threads than the one that created it
-// (autograd runs backward passes on its device threads), so these classes cannot be `unsendable`.
-// SAFETY: PyO3 serialises access to each object; the CUDA handles inside are valid on any thread
-// of the process (every launch binds the primary context first).
-macro_rules! thread_safe {
-    ($($t:ty),*) => { $(unsafe impl Send for $t {} unsafe impl Sync for $t {})* };
-}
-thread_safe!(NativeHook, Keep);
-pub(crate) use thread_safe;
+crate::thread_safe!(NativeHook, Keep);
 
 /// A caller's tensor as an [`Arg`] of this device (for outputs made here).
 fn arg_of(t: &Bound<'_, PyAny>, dtype: DType, shape: &[usize], device: usize) -> PyResult<Arg> {

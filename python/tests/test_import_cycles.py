@@ -164,10 +164,7 @@ def test_bad_input_is_refused_with_the_fix(tmp_path, files, arg, message):
 # Circles that are known and being opened by a change in flight, as the sets of their files. Any
 # other circle fails this test; so does an entry here whose circle is gone (delete it then). When
 # the list is empty the repository has no import circle at all (issue 37, item 5).
-STILL_OPEN = [
-    # helper F's native Config removes config.py's import of buffer.py
-    {"python/deepep_kernels/buffer.py", "python/deepep_kernels/config.py"},
-]
+STILL_OPEN = []
 
 
 def test_the_repository_has_no_import_cycles_but_the_listed_ones():
