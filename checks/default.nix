@@ -73,6 +73,26 @@ in
 
 
 
+  # Every GPU check is also passthru.tests.<name>.gpuCheck (nixpkgs' path for GPU jobs, see
+  # pkgs/default.nix), the same derivation as passthru.gpuCheck, needing the "cuda" feature.
+  gpu-check-tests = evalCheck "deepep-gpu-check-tests" (
+    let
+      ps = outputs.packages;
+      at = [
+        { name = "deepep-kernels.tests.gpu-suite"; pkg = ps.deepep-kernels; test = ps.deepep-kernels.tests.gpu-suite or null; }
+        { name = "deep-ep.tests.deepep-tests"; pkg = ps.deep-ep; test = ps.deep-ep.tests.deepep-tests or null; }
+        { name = "deep-ep-no-nvshmem.tests.deepep-tests"; pkg = ps.deep-ep-no-nvshmem; test = ps.deep-ep-no-nvshmem.tests.deepep-tests or null; }
+      ];
+      bad = builtins.filter
+        (t: t.test == null || !(t.test ? gpuCheck)
+        || t.test.gpuCheck.drvPath != t.pkg.gpuCheck.drvPath
+        || (t.test.gpuCheck.requiredSystemFeatures or [ ]) != [ "cuda" ])
+        at;
+    in
+    if bad == [ ] then map (t: t.name) at
+    else throw "passthru.tests.<name>.gpuCheck missing, not the package's gpuCheck, or without requiredSystemFeatures = [ \"cuda\" ]: ${toString (map (t: t.name) bad)}"
+  );
+
   # The flake's per-release GPU checks are exactly the plan's (checks/nvshmem-matrix-plan.nix),
   # by name: the gpuChecks output wires in checks/nvshmem-matrix.nix. Names only (building them
   # needs a GPU runner).

@@ -66,11 +66,21 @@ let
 
   # passthru.gpuCheck: runs the GPU tests and a quick benchmark (needs the "cuda" system feature),
   # and checks one NVSHMEM per process in the `python` dev shell's Python (torch + our binding).
+  # The same check also as passthru.tests.gpu-suite.gpuCheck, the path nixpkgs' GPU jobs use:
+  # nixpkgs' CUDA tests are passthru.tests.<name> (cudaPackages.writeGpuTestPython) whose
+  # .gpuCheck has requiredSystemFeatures = [ "cuda" ] ("nix build -f "<nixpkgs>"
+  # python3Packages.triton.tests.axpy-cuda.gpuCheck" with programs.nix-required-mounts: comment in
+  # nixpkgs pkgs/development/python-modules/triton/default.nix; jobs named like
+  # "python3Packages.torch.tests.tester-compileCpu.gpuCheck" in nixpkgs' channel-blocker jobset).
   deepep-kernels =
-    let base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem cudaPackages; };
-    in base.overrideAttrs (old: {
+    let
+      base = pkgs.callPackage ./deepep-kernels/package.nix { inherit nvshmem cudaPackages; };
+      gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; pythonEnv = deepepKernelsPythonEnv; };
+    in
+    base.overrideAttrs (old: {
       passthru = old.passthru // {
-        gpuCheck = pkgs.callPackage ../checks/gpu.nix { deepep-kernels = base; pythonEnv = deepepKernelsPythonEnv; };
+        inherit gpuCheck;
+        tests = (old.passthru.tests or { }) // { gpu-suite = { inherit gpuCheck; }; };
       };
     });
 

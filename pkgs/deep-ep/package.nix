@@ -254,6 +254,10 @@ else
       # DeepEP's tests/test_intranode.py (and test_low_latency.py with NVSHMEM) on the builder's
       # GPUs; needs the "cuda" system feature (checks/deep-ep-gpu.nix).
       gpuCheck = import ../../checks/deep-ep-gpu.nix { inherit lib runCommand; deep-ep = finalAttrs.finalPackage; };
+      # The same as passthru.tests.deepep-tests.gpuCheck, nixpkgs' path for GPU checks
+      # (passthru.tests.<name>.gpuCheck with requiredSystemFeatures = [ "cuda" ]; pkgs/default.nix
+      # cites where nixpkgs does this).
+      tests.deepep-tests.gpuCheck = finalAttrs.finalPackage.gpuCheck;
     };
 
     meta = {
