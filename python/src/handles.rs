@@ -308,7 +308,7 @@ impl LlPyHandle {
         if let Some(m) = self.inner.copy_memory() {
             // the own copy is freed stream-ordered on its stream: order that after this read
             let e = context::Event::recorded_on(current_stream(py, self.device)?).map_err(py_err)?;
-            e.wait(m.stream().cu_stream()).map_err(py_err)?;
+            e.wait(m.stream().cu_stream() as usize as u64).map_err(py_err)?;
         }
         Ok(t.unbind())
     }

@@ -98,7 +98,7 @@ impl Event {
     }
     /// Make `stream` wait for this event (no host wait).
     fn wait_on(&self, stream: u64) -> PyResult<()> {
-        self.inner.wait(context::as_stream(stream)).map_err(py_err)
+        self.inner.wait(stream).map_err(py_err)
     }
     /// Block the host until the event completed (GIL released).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {

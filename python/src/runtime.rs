@@ -24,6 +24,9 @@ use std::sync::Arc;
 type DispatchResult = (Py<PyAny>, Option<Py<PyAny>>, Option<Py<PyAny>>, Option<Py<PyAny>>, Option<Vec<usize>>, Option<Py<PyAny>>, Option<Event>);
 /// What a combine returns: `(combined_x, combined_topk_weights, event)`.
 type CombineResult = (Py<PyAny>, Option<Py<PyAny>>, Option<Event>);
+/// What `get_dispatch_layout` returns: `(num_tokens_per_rank, num_tokens_per_expert,
+/// is_token_in_rank, event, whether the layout kernel ran)`.
+type LayoutResult = (Py<PyAny>, Py<PyAny>, Py<PyAny>, Option<Event>, bool);
 /// What `ll_dispatch` returns: `(recv_x, recv_scales or None, recv_count, handle, hook)`.
 type LlDispatchResult = (Py<PyAny>, Py<PyAny>, Py<PyAny>, LlPyHandle, Option<NativeHook>);
 
@@ -286,7 +289,7 @@ impl Runtime {
     /// `defer_end`.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (topk_idx, num_experts, previous_event, async_finish, stream, use_kernel = true, defer_end = false))]
-    fn get_dispatch_layout(&mut self, py: Python<'_>, topk_idx: &Bound<'_, PyAny>, num_experts: usize, previous_event: Option<PyRef<'_, Event>>, async_finish: bool, stream: u64, use_kernel: bool, defer_end: bool) -> PyResult<(Py<PyAny>, Py<PyAny>, Py<PyAny>, Option<Event>, bool)> {
+    fn get_dispatch_layout(&mut self, py: Python<'_>, topk_idx: &Bound<'_, PyAny>, num_experts: usize, previous_event: Option<PyRef<'_, Event>>, async_finish: bool, stream: u64, use_kernel: bool, defer_end: bool) -> PyResult<LayoutResult> {
         self.check(py)?;
         let (r, dev) = (self.ctx.world(), self.ctx.device());
         let n = doorway::read("topk_idx", topk_idx)?.shape.first().copied().unwrap_or(0);

@@ -34,17 +34,19 @@ impl Event {
     /// A new event recorded on `stream`.
     pub fn recorded_on(stream: u64) -> Result<Event> {
         let e = Event::new()?;
-        e.record(as_stream(stream))?;
+        e.record(stream)?;
         Ok(e)
     }
-    pub fn record(&self, stream: sys::CUstream) -> Result<()> {
-        // SAFETY: valid event; `stream` is a live stream of this context (caller's contract).
-        rt::check(unsafe { sys::cuEventRecord(self.raw, stream) }, || "cuEventRecord".into())
+    /// Record the event on the raw stream handle `stream` (a live stream of this context: CUDA
+    /// refuses others with an error).
+    pub fn record(&self, stream: u64) -> Result<()> {
+        // SAFETY: valid event; `stream` is a stream handle of this context (caller's contract).
+        rt::check(unsafe { sys::cuEventRecord(self.raw, as_stream(stream)) }, || "cuEventRecord".into())
     }
-    /// `stream` waits for this event (no host wait).
-    pub fn wait(&self, stream: sys::CUstream) -> Result<()> {
+    /// The raw stream handle `stream` waits for this event (no host wait).
+    pub fn wait(&self, stream: u64) -> Result<()> {
         // SAFETY: as above.
-        rt::check(unsafe { sys::cuStreamWaitEvent(stream, self.raw, 0) }, || "cuStreamWaitEvent".into())
+        rt::check(unsafe { sys::cuStreamWaitEvent(as_stream(stream), self.raw, 0) }, || "cuStreamWaitEvent".into())
     }
     /// Block the host until the event completed.
     pub fn synchronize(&self) -> Result<()> {
@@ -86,8 +88,8 @@ impl Joins {
         self.next = (self.next + 1) % self.ring.len();
         &self.ring[self.next]
     }
-    /// `waiter` waits for the work queued so far on `on`.
-    pub fn join(&mut self, waiter: sys::CUstream, on: sys::CUstream) -> Result<()> {
+    /// The raw stream `waiter` waits for the work queued so far on the raw stream `on`.
+    pub fn join(&mut self, waiter: u64, on: u64) -> Result<()> {
         let e = self.next();
         e.record(on)?;
         e.wait(waiter)

@@ -261,18 +261,18 @@ impl RankContext {
     /// The comm stream waits for the work queued so far on `stream` (None: no join).
     pub fn join_from(&mut self, stream: Option<u64>) -> Result<()> {
         let Some(s) = stream else { return Ok(()) };
-        let comm = self.gpu.cu_stream();
-        self.joins.join(comm, as_stream(s))
+        let comm = self.comm_stream();
+        self.joins.join(comm, s)
     }
     /// `stream` waits for the work queued so far on the comm stream (None: no join).
     pub fn join_to(&mut self, stream: Option<u64>) -> Result<()> {
         let Some(s) = stream else { return Ok(()) };
-        let comm = self.gpu.cu_stream();
-        self.joins.join(as_stream(s), comm)
+        let comm = self.comm_stream();
+        self.joins.join(s, comm)
     }
     /// The comm stream waits for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        event.wait(self.gpu.cu_stream())
+        event.wait(self.comm_stream())
     }
     /// An event recorded on the comm stream now.
     pub fn record_comm(&self) -> Result<Event> {
