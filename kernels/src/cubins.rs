@@ -185,10 +185,15 @@ pub fn arch_for_cc(cc: (u32, u32), device: &str) -> Result<&'static str> {
 }
 
 /// The cubin `name` that a device of compute capability `cc` loads (its architecture's; for an
-/// NVSHMEM cubin, of the release in use).
+/// NVSHMEM cubin, of the release in use). The first load in the process on a device whose
+/// architecture has no GPU record prints the untested-architecture warning to stderr
+/// ([`untested_arch_warning_once`]): the first `Buffer` loads its cubins through here.
 pub fn require_for_cc(name: &str, cc: (u32, u32), device: &str) -> Result<&'static Cubin> {
     let arch = arch_for_cc(cc, device)?;
     if let Some(c) = get_for_arch(name, arch) {
+        if let Some(w) = untested_arch_warning_once(cc, device) {
+            eprintln!("{w}");
+        }
         return Ok(c);
     }
     // Not built at all (the error of `require` says why), or built for the default architecture
