@@ -19,6 +19,8 @@
 # Then the wheel is unpacked into its own site folder and pytest runs under
 # `qemu-aarch64 -L python/` (Debian's qemu-user; apt-get install qemu-user), through a wrapper
 # python/usr/bin/python3-qemu that is also sys.executable (tests start subprocesses with it).
+# Left out: tests/test_wheel.py::test_doctor_recognises_the_installed_wheel, which runs this
+# machine's x86_64 deepep-nix doctor on the extension (it rightly refuses one for another CPU).
 # Needs: qemu-aarch64, apt-get, dpkg-deb, python3 with pip, network the first time.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || { echo "aarch64-toolchain: --nvshmem-releases needs versions like 3.4.5,3.3.20" >&2; exit 2; }
       releases=$2; shift ;;
     --print-env) print_only=1 ;;
-    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "aarch64-toolchain: unknown argument '$1' (use --dir DIR, --nvshmem-releases LIST, --print-env or --help)" >&2; exit 2 ;;
   esac
   shift

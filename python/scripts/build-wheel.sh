@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
         *) echo "build-wheel: --target takes x86_64 or aarch64; got '$2'" >&2; exit 2 ;;
       esac
       shift ;;
-    -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-wheel: unknown argument '$1' (use --release, --dev, --target ARCH, --nvshmem-releases LIST, --test or --help)" >&2; exit 2 ;;
   esac
   shift
