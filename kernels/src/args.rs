@@ -103,7 +103,10 @@ pub fn torch_name(d: DType) -> &'static str {
     }
 }
 
-fn bad<T>(msg: String) -> Result<T> {
+/// The crate's one refusal of a bad argument (`EpError::InvalidArgument`): the Python entry
+/// points' checks here, the intranode buffer's (`intranode::checks`), the configuration's
+/// (`config`) and the internode buffer's use it.
+pub(crate) fn bad<T>(msg: String) -> Result<T> {
     Err(EpError::InvalidArgument(msg))
 }
 
@@ -344,15 +347,31 @@ pub struct Routing<'a> {
     pub in_rank: &'a Arg,
 }
 
-/// What a normal-mode dispatch's checks found.
+/// The one plan of a normal-mode dispatch: what its checks found and its launch reads. Made by
+/// the entry points' checks ([`dispatch`], from the caller's tensors, before the buffer is known)
+/// and by the intranode buffer's (`intranode::checks::check_dispatch`, which adds what only the
+/// buffer knows: the routing's expert alignment and the handle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DispatchPlan {
     pub num_tokens: usize,
     pub hidden: usize,
+    /// bf16, or fp8-e4m3 with scales.
+    pub dtype: DType,
+    /// Bytes of one row of `x`.
+    pub row_bytes: usize,
+    /// FP8 scale groups per row (0 for bf16).
+    pub num_scales: usize,
+    /// Element strides of the scales (0 without scales).
+    pub scale_row_stride: usize,
+    pub scale_col_stride: usize,
     /// Whether the FP8 scales are column-major (None without scales).
     pub scales_column_major: Option<bool>,
-    pub num_topk: Option<usize>,
-    pub num_experts: Option<usize>,
+    /// Top-k of a fresh dispatch (0: cached, or without top-k).
+    pub num_topk: usize,
+    /// Experts over all ranks (0: cached).
+    pub num_experts: usize,
+    /// Received rows per local expert are rounded up to this (1 unless the routing says).
+    pub expert_alignment: usize,
 }
 
 /// A normal-mode dispatch of `x` (bf16 `[n, hidden]`, or float8_e4m3fn with `scales` f32
@@ -374,7 +393,21 @@ pub fn dispatch(x: &Arg, scales: Option<&Arg>, routing: Option<Routing<'_>>, wor
     }
     let (n, hidden) = (x.shape[0], x.shape[1]);
     let column_major = scales.map(|s| self::scales(s, n, hidden)).transpose()?;
-    let mut plan = DispatchPlan { num_tokens: n, hidden, scales_column_major: column_major, num_topk: None, num_experts: None };
+    let dtype = if scales.is_some() { DType::Fp8E4m3 } else { DType::Bf16 };
+    let stride = |i: usize| scales.map_or(0, |s| s.strides[i].max(0) as usize);
+    let mut plan = DispatchPlan {
+        num_tokens: n,
+        hidden,
+        dtype,
+        row_bytes: hidden * dtype.size(),
+        num_scales: scales.map_or(0, |s| s.shape[1]),
+        scale_row_stride: stride(0),
+        scale_col_stride: stride(1),
+        scales_column_major: column_major,
+        num_topk: 0,
+        num_experts: 0,
+        expert_alignment: 1,
+    };
     let Some(r) = routing else {
         contiguous("x", x)?;
         if let Some(s) = scales {
@@ -399,7 +432,7 @@ pub fn dispatch(x: &Arg, scales: Option<&Arg>, routing: Option<Routing<'_>>, wor
     let mut want: Vec<(&str, &Arg, Vec<usize>)> = Vec::new();
     if let Some((idx, w)) = r.topk {
         let k = idx.shape[1];
-        plan.num_topk = Some(k);
+        plan.num_topk = k;
         want.push(("topk_idx", idx, vec![n, k]));
         want.push(("topk_weights", w, vec![n, k]));
     }
@@ -418,7 +451,7 @@ pub fn dispatch(x: &Arg, scales: Option<&Arg>, routing: Option<Routing<'_>>, wor
     if world == 0 || e % world != 0 {
         return bad(format!("num_tokens_per_expert has {e} experts, not a multiple of the {world} ranks"));
     }
-    plan.num_experts = Some(e);
+    plan.num_experts = e;
     if let Some(s) = scales {
         scales_layout(s)?;
     }

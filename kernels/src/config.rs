@@ -141,22 +141,22 @@ impl DeepEpConfig {
     pub fn new(v: [i64; 5]) -> Result<DeepEpConfig> {
         let [sms, nvl_send, nvl_recv, rdma_send, rdma_recv] = v;
         if sms < 1 {
-            return Err(EpError::InvalidArgument(format!("Config: num_sms={sms} must be >= 1 (the thread blocks of dispatch and combine)")));
+            return bad(format!("Config: num_sms={sms} must be >= 1 (the thread blocks of dispatch and combine)"));
         }
         if !(0 < nvl_send && nvl_send < nvl_recv) {
-            return Err(EpError::InvalidArgument(format!(
+            return bad(format!(
                 "Config: need 0 < num_max_nvl_chunked_send_tokens < num_max_nvl_chunked_recv_tokens, got {nvl_send} and {nvl_recv}"
-            )));
+            ));
         }
         if !(0 < rdma_send && rdma_send < rdma_recv) {
-            return Err(EpError::InvalidArgument(format!(
+            return bad(format!(
                 "Config: need 0 < num_max_rdma_chunked_send_tokens < num_max_rdma_chunked_recv_tokens, got {rdma_send} and {rdma_recv}"
-            )));
+            ));
         }
         if rdma_send > rdma_recv / 2 {
-            return Err(EpError::InvalidArgument(format!(
+            return bad(format!(
                 "Config: num_max_rdma_chunked_send_tokens must be <= num_max_rdma_chunked_recv_tokens / 2, got {rdma_send} and {rdma_recv}"
-            )));
+            ));
         }
         let u = |x: i64| x as usize; // all positive here
         Ok(DeepEpConfig {
@@ -180,9 +180,7 @@ impl DeepEpConfig {
     }
 }
 
-fn bad(msg: String) -> Result<()> {
-    Err(EpError::InvalidArgument(msg))
-}
+use crate::args::bad;
 
 fn align(v: usize, a: usize) -> usize {
     v.div_ceil(a) * a

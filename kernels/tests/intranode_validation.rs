@@ -212,3 +212,31 @@ fn cubins_have_every_kernel_the_buffer_launches_without_spills() {
         assert!(res.registers as usize * 32 * deepep_kernels::config::MAX_WARPS_PER_BLOCK <= 65536, "{k}: {} registers", res.registers);
     }
 }
+
+#[test]
+fn a_planned_dispatch_is_checked_once_against_the_buffer() {
+    // the plan of tensors the Python entry points already checked (crate::args::dispatch): the
+    // buffer fills in the routing and refuses only what it alone knows
+    use deepep_kernels::args::{self, Arg, Device, Routing};
+    let a = |d: DType, s: &[usize]| Arg::contiguous(d, s, BASE, Device::Cuda(0));
+    let (xa, ia, wa, pr, pe, ir) = (a(DType::Bf16, &[16, 4096]), a(DType::I64, &[16, 8]), a(DType::F32, &[16, 8]), a(DType::I32, &[2]), a(DType::I32, &[64]), a(DType::Bool, &[16, 2]));
+    let routing = Routing { topk: Some((&ia, &wa)), per_rank: &pr, per_rdma_rank: None, per_expert: &pe, in_rank: &ir };
+    let plan = args::dispatch(&xa, None, Some(routing), 2, 0).unwrap();
+    assert_eq!((plan.num_topk, plan.num_experts, plan.expert_alignment, plan.row_bytes), (8, 64, 1, 8192));
+    let (idx, w) = (t(DType::I64, &[16, 8]), t(DType::F32, &[16, 8]));
+    let aligned4 = RoutingInfo::Fresh { layout_tokens: 16, num_experts: 64, topk_idx: &idx, topk_weights: &w, expert_alignment: 4 };
+    let p = checks::check_planned(&layout(), BUF, plan, BASE, None, &aligned4, &Config::default(), Some(132)).unwrap();
+    assert_eq!((p.num_topk, p.num_experts, p.expert_alignment), (8, 64, 4));
+    // the same plan as the one check_dispatch makes from the tensors
+    let x = t(DType::Bf16, &[16, 4096]);
+    assert_eq!(checks::check_dispatch(&layout(), BUF, &x, None, &aligned4, &Config::default(), Some(132)).unwrap(), p);
+    let e = checks::check_planned(&layout(), BUF, plan, BASE + 8, None, &aligned4, &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("16-byte aligned"), "{e}");
+    let wide = args::dispatch(&a(DType::Bf16, &[16, 8192]), None, None, 2, 0).unwrap();
+    let cached = RoutingInfo::Cached { handle_buffer: BUF, handle_tokens: 16 };
+    let e = checks::check_planned(&layout(), BUF, wide, BASE, None, &cached, &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("hidden <= 7168"), "{e}");
+    let other = RoutingInfo::Cached { handle_buffer: BUF + 1, handle_tokens: 16 };
+    let e = checks::check_planned(&layout(), BUF, plan, BASE, None, &other, &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("different Buffer"), "{e}");
+}

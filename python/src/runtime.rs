@@ -376,6 +376,7 @@ impl Runtime {
             num_sms,
             owned: arena && !views && padded == 0,
             num_worst_tokens,
+            plan: a.plan,
         };
         let ctx = &mut self.ctx;
         let out = without_gil(py, || ctx.dispatch(d)).map_err(py_err)?;
@@ -488,7 +489,7 @@ impl Runtime {
         }
         self.ctx.bind().map_err(py_err)?;
         self.ctx.begin(previous_event.as_deref().map(|e| &e.inner), Some(stream)).map_err(py_err)?;
-        let (e, tk) = (a.plan.num_experts.unwrap_or(0), a.topk.as_ref().map(|(i, w)| (i, w)));
+        let (e, tk) = (a.plan.num_experts, a.topk.as_ref().map(|(i, w)| (i, w)));
         let (xa, sa) = (&a.x, a.scales.as_ref());
         let cached = handle.map(|h| (&h.inner, h.generation));
         let ctx = &mut self.ctx;

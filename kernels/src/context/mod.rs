@@ -82,6 +82,8 @@ pub struct NormalDispatch<'a> {
     pub owned: bool,
     /// The padded row count of the outputs (0: the received count).
     pub num_worst_tokens: usize,
+    /// What `crate::args::dispatch` found: the buffer then checks only what it alone knows.
+    pub plan: crate::args::DispatchPlan,
 }
 
 /// One rank's state: see the module documentation. Field order is drop order: the buffers borrow
@@ -564,14 +566,15 @@ impl RankContext {
                 }
                 .expert_alignment(d.expert_alignment)
                 .config(config)
-                .owned(d.owned);
+                .owned(d.owned)
+                .planned(d.plan);
                 if let Some(s) = st.as_ref() {
                     args = args.scales(s);
                 }
                 self.intra_mut()?.dispatch(args)?
             }
             (None, Some((hd, _))) => {
-                let mut args = DispatchArgs::cached(&xt, hd).config(config).owned(d.owned);
+                let mut args = DispatchArgs::cached(&xt, hd).config(config).owned(d.owned).planned(d.plan);
                 if let Some(s) = st.as_ref() {
                     args = args.scales(s);
                 }

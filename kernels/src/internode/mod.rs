@@ -42,9 +42,7 @@ unsafe impl crate::runtime::Pod for InternodeArgs {}
 
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
-fn bad<T>(msg: String) -> Result<T> {
-    Err(EpError::InvalidArgument(msg))
-}
+use crate::args::bad;
 
 // ---- NVSHMEM start-up ------------------------------------------------------------------------
 

@@ -5,11 +5,10 @@
 use crate::config::{BufferLayout, Config, FP8_GROUP, MAX_LOCAL_EXPERTS, MAX_TOPK};
 use crate::tensor::{DType, TensorInfo};
 use crate::validate;
-use crate::{EpError, Result};
+use crate::Result;
 
-fn bad<T>(msg: String) -> Result<T> {
-    Err(EpError::InvalidArgument(msg))
-}
+pub use crate::args::DispatchPlan;
+use crate::args::bad;
 
 /// `t` is a contiguous tensor of `dtype` and exactly `shape`, 16-byte aligned.
 pub fn expect_tensor(what: &str, t: &TensorInfo, dtype: DType, shape: &[usize]) -> Result<()> {
@@ -85,25 +84,9 @@ pub enum RoutingInfo<'a> {
     Cached { handle_buffer: u64, handle_tokens: usize },
 }
 
-/// Everything the dispatch launch needs, derived from validated arguments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DispatchPlan {
-    pub num_tokens: usize,
-    pub hidden: usize,
-    pub dtype: DType,
-    pub row_bytes: usize,
-    /// FP8 scale groups (0 for BF16).
-    pub num_scales: usize,
-    pub scale_row_stride: usize,
-    pub scale_col_stride: usize,
-    /// Top-k of a fresh dispatch (0 when cached).
-    pub num_topk: usize,
-    pub num_experts: usize,
-    pub expert_alignment: usize,
-}
-
 /// Checks of `dispatch(x, scales, routing, config)` against the buffer `layout` (buffer id
-/// `buffer_id`); `device_sms` bounds `config.num_sms` when known.
+/// `buffer_id`); `device_sms` bounds `config.num_sms` when known. The tensors first (what the
+/// Python entry points check in `crate::args` instead), then [`check_planned`].
 pub fn check_dispatch(
     layout: &BufferLayout,
     buffer_id: u64,
@@ -124,14 +107,6 @@ pub fn check_dispatch(
         other => return bad(format!("x has dtype {}; dispatch takes bf16, or fp8-e4m3 with f32 scales", other.name())),
     };
     expect_tensor("x", x, x.dtype, &[n, h])?;
-    validate::hidden(h, x.dtype.size())?;
-    if h > layout.hidden {
-        return bad(format!(
-            "x has hidden {h} but the buffer was created for hidden <= {}; create the Buffer with hidden >= {h}",
-            layout.hidden
-        ));
-    }
-    validate::tokens_within(n, layout.max_tokens, "intranode dispatch")?;
     let (num_scales, srs, scs) = match (fp8, scales) {
         (false, None) => (0, 0, 0),
         (false, Some(_)) => return bad("scales were given with a bf16 x; scales belong to fp8 input only, drop them or pass x as fp8-e4m3".into()),
@@ -146,24 +121,80 @@ pub fn check_dispatch(
                     s.shape
                 ));
             }
-            if s.ptr % 4 != 0 {
-                return bad(format!("scales start at {:#x}, not 4-byte aligned; pass an f32 tensor", s.ptr));
-            }
             (g, s.strides[0], s.strides[1])
         }
     };
+    if let RoutingInfo::Fresh { topk_idx, topk_weights, .. } = routing {
+        // topk_idx itself is the layout's tensor: check_planned checks it (check_layout)
+        if let [_, k] = topk_idx.shape[..] {
+            expect_tensor("topk_weights", topk_weights, DType::F32, &[n, k])?;
+        }
+    }
+    let plan = DispatchPlan {
+        num_tokens: n,
+        hidden: h,
+        dtype: x.dtype,
+        row_bytes: h * x.dtype.size(),
+        num_scales,
+        scale_row_stride: srs,
+        scale_col_stride: scs,
+        scales_column_major: (num_scales > 0).then_some(num_scales > 1 && scs != 1),
+        num_topk: 0,
+        num_experts: 0,
+        expert_alignment: 1,
+    };
+    check_planned(layout, buffer_id, plan, x.ptr, scales.map(|s| s.ptr), routing, config, device_sms)
+}
+
+/// The checks of a dispatch whose tensors were already checked (`plan`, from [`check_dispatch`]
+/// or from the Python entry points' `crate::args::dispatch`): against this buffer and what its
+/// launch needs, each made once. `config` and `device_sms` (the launch), the hidden size and token
+/// count (the buffer's capacity), the alignment of `x` (16 bytes) and the scales (4 bytes), and
+/// the routing: a fresh layout for these tokens with experts split evenly over the ranks (at most
+/// 1024 per rank), its top-k and expert alignment; a cached handle of this buffer for as many
+/// tokens. Returns `plan` with the routing's top-k, experts and alignment.
+#[allow(clippy::too_many_arguments)]
+pub fn check_planned(
+    layout: &BufferLayout,
+    buffer_id: u64,
+    mut plan: DispatchPlan,
+    x_ptr: u64,
+    scales_ptr: Option<u64>,
+    routing: &RoutingInfo<'_>,
+    config: &Config,
+    device_sms: Option<usize>,
+) -> Result<DispatchPlan> {
+    config.validate(device_sms)?;
+    let (n, h) = (plan.num_tokens, plan.hidden);
+    validate::hidden(h, plan.dtype.size())?;
+    if h > layout.hidden {
+        return bad(format!(
+            "x has hidden {h} but the buffer was created for hidden <= {}; create the Buffer with hidden >= {h}",
+            layout.hidden
+        ));
+    }
+    validate::tokens_within(n, layout.max_tokens, "intranode dispatch")?;
+    if n * h > 0 && x_ptr % 16 != 0 {
+        return bad(format!("x starts at {x_ptr:#x}, which is not 16-byte aligned (the kernels move 16-byte words); pass a tensor whose data starts on a 16-byte boundary"));
+    }
+    if plan.dtype == DType::Fp8E4m3 {
+        validate::fp8_hidden(h, false)?;
+    }
+    if let Some(p) = scales_ptr.filter(|p| p % 4 != 0) {
+        return bad(format!("scales start at {p:#x}, not 4-byte aligned; pass an f32 tensor"));
+    }
     let (num_topk, num_experts, expert_alignment) = match routing {
         RoutingInfo::Fresh { layout_tokens, num_experts, topk_idx, topk_weights, expert_alignment } => {
             if *layout_tokens != n {
                 return bad(format!("the layout was computed for {layout_tokens} tokens but x has {n}; call dispatch_layout with this batch's topk_idx"));
             }
-            let plan = check_layout(topk_idx, *num_experts, layout.num_ranks)?;
-            if plan.num_tokens != n {
-                return bad(format!("topk_idx has {} rows but x has {n} tokens; pass one top-k row per token", plan.num_tokens));
+            let lp = check_layout(topk_idx, *num_experts, layout.num_ranks)?;
+            if lp.num_tokens != n {
+                return bad(format!("topk_idx has {} rows but x has {n} tokens; pass one top-k row per token", lp.num_tokens));
             }
-            expect_tensor("topk_weights", topk_weights, DType::F32, &[n, plan.num_topk])?;
+            aligned16("topk_weights", topk_weights)?;
             validate::expert_alignment(*expert_alignment)?;
-            (plan.num_topk, *num_experts, *expert_alignment)
+            (lp.num_topk, *num_experts, *expert_alignment)
         }
         RoutingInfo::FreshNoTopk { layout_tokens, num_experts, expert_alignment } => {
             if *layout_tokens != n {
@@ -188,18 +219,10 @@ pub fn check_dispatch(
             (0, 0, 1)
         }
     };
-    Ok(DispatchPlan {
-        num_tokens: n,
-        hidden: h,
-        dtype: x.dtype,
-        row_bytes: h * x.dtype.size(),
-        num_scales,
-        scale_row_stride: srs,
-        scale_col_stride: scs,
-        num_topk,
-        num_experts,
-        expert_alignment,
-    })
+    plan.num_topk = num_topk;
+    plan.num_experts = num_experts;
+    plan.expert_alignment = expert_alignment;
+    Ok(plan)
 }
 
 /// What [`check_combine`] needs from the handle.

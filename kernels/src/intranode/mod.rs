@@ -136,20 +136,24 @@ pub struct DispatchArgs<'a> {
     /// outputs stay valid until they are dropped (not only until the next dispatch); falls back
     /// to the fixed receive region when the arena is absent or full ([`DispatchOutput::lease`]).
     pub owned: bool,
+    /// The plan of tensors the caller already checked (the Python entry points:
+    /// `crate::args::dispatch`): only the checks against this buffer run then
+    /// ([`checks::check_planned`]), so no argument is checked twice.
+    pub planned: Option<DispatchPlan>,
 }
 
 impl<'a> DispatchArgs<'a> {
     /// Fresh dispatch of bf16 `x` with `expert_alignment` 1 and the default config.
     pub fn fresh(x: &'a Tensor, layout: &'a Layout, topk_idx: &'a Tensor, topk_weights: &'a Tensor) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false }
+        DispatchArgs { x, scales: None, routing: Routing::Fresh { layout, topk_idx, topk_weights, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false, planned: None }
     }
     /// Fresh dispatch of bf16 `x` routed by `layout` alone (no top-k travels).
     pub fn fresh_without_topk(x: &'a Tensor, layout: &'a Layout) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::FreshNoTopk { layout, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false }
+        DispatchArgs { x, scales: None, routing: Routing::FreshNoTopk { layout, expert_alignment: 1 }, config: Config::default(), wait: None, owned: false, planned: None }
     }
     /// Cached dispatch with `handle`.
     pub fn cached(x: &'a Tensor, handle: &'a Handle) -> Self {
-        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None, owned: false }
+        DispatchArgs { x, scales: None, routing: Routing::Cached(handle), config: Config::default(), wait: None, owned: false, planned: None }
     }
     pub fn scales(mut self, scales: &'a Tensor) -> Self {
         self.scales = Some(scales);
@@ -158,6 +162,11 @@ impl<'a> DispatchArgs<'a> {
     /// See [`DispatchArgs::owned`].
     pub fn owned(mut self, owned: bool) -> Self {
         self.owned = owned;
+        self
+    }
+    /// See [`DispatchArgs::planned`].
+    pub fn planned(mut self, plan: DispatchPlan) -> Self {
+        self.planned = Some(plan);
         self
     }
     pub fn expert_alignment(mut self, a: usize) -> Self {
@@ -480,7 +489,10 @@ impl<'g> Buffer<'g> {
             }
             Routing::Cached(h) => RoutingInfo::Cached { handle_buffer: h.buffer, handle_tokens: h.num_tokens },
         };
-        let plan = checks::check_dispatch(&self.layout, self.id, a.x.info(), a.scales.map(|s| s.info()), &routing_info, &a.config, Some(self.device_sms))?;
+        let plan = match a.planned {
+            Some(p) => checks::check_planned(&self.layout, self.id, p, a.x.ptr(), a.scales.map(Tensor::ptr), &routing_info, &a.config, Some(self.device_sms))?,
+            None => checks::check_dispatch(&self.layout, self.id, a.x.info(), a.scales.map(|s| s.info()), &routing_info, &a.config, Some(self.device_sms))?,
+        };
         self.wait_event(a.wait)?;
         let r = match a.routing {
             Routing::Fresh { layout, topk_idx, topk_weights, .. } => self.dispatch_fresh(&a, &plan, layout, Some((topk_idx, topk_weights))),
