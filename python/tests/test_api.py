@@ -819,3 +819,15 @@ def test_conformance_adapter_is_inert_unless_enabled(tmp_path):
     env.pop("DEEPEP_CONFORMANCE_ADAPTER", None)
     r = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "False" and "conformance adapter" not in r.stderr
+
+
+def test_every_public_buffer_method_is_documented():
+    # docstrings as DeepEP's: every public method says what it does; the communication methods
+    # give shape and dtype per tensor argument
+    public = [n for n, v in vars(Buffer).items() if not n.startswith("_") and callable(getattr(Buffer, n))] + ["__init__"]
+    undocumented = [n for n in public if not (getattr(Buffer, n).__doc__ or "").strip()]
+    assert not undocumented, undocumented
+    for name in ("get_dispatch_layout", "dispatch", "combine", "low_latency_dispatch", "low_latency_combine"):
+        doc = getattr(Buffer, name).__doc__
+        assert "Arguments:" in doc and "Returns:" in doc and "torch." in doc and "[num_tokens" in doc, name
+    assert (Config.__doc__ or "").strip() and Config.get_nvl_buffer_size_hint.__doc__ and Config.get_rdma_buffer_size_hint.__doc__
