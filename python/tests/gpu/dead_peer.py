@@ -154,8 +154,9 @@ def ll_body(rank, world, out):
         out["second_buffer_ok"] = True
 
 
-def _retired(out):
-    """After the caller dropped the lost Buffer: its record is gone from the process."""
+def _retired(out, dev, t1):
+    """After the caller dropped the lost Buffer (at ``t1``): its record is gone from the process,
+    the CUDA context works; ranks 0 and 1 get a new group of the two (None for the others)."""
     from deepep_kernels import DeviceError, check_device_error
 
     gc.collect()
@@ -165,6 +166,11 @@ def _retired(out):
     except DeviceError as e:
         out["old_record_gone"] = False
         out["old_record"] = str(e)
+    out["destroy_s"] = time.monotonic() - t1
+    out["context_alive"] = _context_alive(dev)
+    if out["rank"] not in (0, 1):
+        return None
+    return dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
 
 
 def normal_default_body(rank, world, out):
@@ -198,11 +204,8 @@ def normal_default_body(rank, world, out):
         out.update(_survivor_checks(rank, lost, e, time.monotonic() - t0, ("combine",)))
     t1 = time.monotonic()
     del buf, rx, rw, handle, per_rank, per_expert, in_rank
-    _retired(out)
-    out["destroy_s"] = time.monotonic() - t1
-    out["context_alive"] = _context_alive(dev)
-    if rank in (0, 1):
-        g2 = dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
+    g2 = _retired(out, dev, t1)
+    if g2 is not None:
         b = Buffer(g2, _native.intranode_buffer_bytes(2, 512, HIDDEN), 0)
         _valid_intranode_round(b, rank, 2, g2, LOCAL_EXPERTS * 2, seed=33)
         del b
@@ -240,11 +243,8 @@ def ll_default_body(rank, world, out):
         out.update(_survivor_checks(rank, lost, e, time.monotonic() - t0, ("low_latency_combine", "low-latency combine")))
     t1 = time.monotonic()
     del buf, rx, h
-    _retired(out)
-    out["destroy_s"] = time.monotonic() - t1
-    out["context_alive"] = _context_alive(dev)
-    if rank in (0, 1):
-        g2 = dist.new_group([0, 1], backend="gloo", use_local_synchronization=True)
+    g2 = _retired(out, dev, t1)
+    if g2 is not None:
         rdma2 = Buffer.get_low_latency_rdma_size_hint(num_max, HIDDEN, 2, LOCAL_EXPERTS * 2)
         try:
             b = Buffer(g2, 0, rdma2, low_latency_mode=True, num_qps_per_rank=LOCAL_EXPERTS)
