@@ -240,3 +240,26 @@ fn a_planned_dispatch_is_checked_once_against_the_buffer() {
     let e = checks::check_planned(&layout(), BUF, plan, BASE, None, &other, &Config::default(), Some(132)).unwrap_err().to_string();
     assert!(e.contains("different Buffer"), "{e}");
 }
+
+#[test]
+fn a_planned_combine_is_checked_once_against_the_buffer() {
+    let h = handle(30, 20, 8);
+    let plan = checks::CombinePlan { num_tokens: 20, num_recv_tokens: 30, hidden: 4096, num_topk: 8, with_weights: true };
+    let (y, out) = (t(DType::Bf16, &[30, 4096]), t(DType::Bf16, &[20, 4096]));
+    let ok = checks::check_combine_planned(&layout(), BUF, &h, plan, &[("y", &y), ("combined_x (output)", &out)], &Config::default(), Some(132)).unwrap();
+    assert_eq!(ok, plan);
+    // the same plan as check_combine makes from the tensors
+    let (w, ow) = (t(DType::F32, &[30, 8]), t(DType::F32, &[20, 8]));
+    assert_eq!(combine(&h, &y, Some(&w), [None, None], &out, Some(&ow)).unwrap(), plan);
+    let odd = TensorInfo { ptr: BASE + 8, ..y.clone() };
+    let e = checks::check_combine_planned(&layout(), BUF, &h, plan, &[("y", &odd)], &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("y starts at") && e.contains("16-byte aligned"), "{e}");
+    let e = checks::check_combine_planned(&layout(), BUF, &h, checks::CombinePlan { hidden: 8192, ..plan }, &[], &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("hidden <= 7168"), "{e}");
+    let e = checks::check_combine_planned(&layout(), BUF, &h, checks::CombinePlan { num_recv_tokens: 29, ..plan }, &[], &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("29 received rows"), "{e}");
+    let e = checks::check_combine_planned(&layout(), BUF + 1, &h, plan, &[], &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("different Buffer"), "{e}");
+    let e = checks::check_combine_planned(&layout(), BUF, &h, checks::CombinePlan { num_topk: 4, ..plan }, &[], &Config::default(), Some(132)).unwrap_err().to_string();
+    assert!(e.contains("[30, 4] but must be [30, 8]"), "{e}");
+}

@@ -30,6 +30,7 @@ use crate::args::{self as checks, Arg};
 use crate::config::{buffer_size_hint, BufferLayout, Config};
 use crate::error::{EpError, ErrorRecord, RecordKind};
 use crate::internode::{self as inter, InternodeBuffer};
+use crate::intranode::checks::CombinePlan;
 use crate::intranode::{self, CombineArgs, DispatchArgs, DispatchOutput, Layout};
 use crate::low_latency::{LlDispatchOpts, LlDispatchOut, LlHandle, LlHook, LlLayout, LowLatencyBuffer};
 use crate::runtime::{Comm, Exchange, Gpu};
@@ -607,7 +608,15 @@ impl RankContext {
         let b1 = bias[1].map(|b| self.view(b));
         let ot = self.view(out);
         let owt = out_weights.map(|o| self.view(o));
-        let mut args = CombineArgs::new(&yt, handle).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms)));
+        // the tensors were checked by crate::args::combine: the buffer checks only what it knows
+        let plan = CombinePlan {
+            num_tokens: handle.num_tokens,
+            num_recv_tokens: m,
+            hidden: x.shape[1],
+            num_topk: topk_weights.map_or(0, |w| w.shape[1]),
+            with_weights: topk_weights.is_some(),
+        };
+        let mut args = CombineArgs::new(&yt, handle).bias(b0.as_ref(), b1.as_ref()).config(Config::with_sms(self.fit_sms(num_sms))).planned(plan);
         if let Some(w) = wt.as_ref() {
             args = args.weights(w);
         }

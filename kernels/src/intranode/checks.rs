@@ -244,7 +244,9 @@ pub struct CombinePlan {
     pub with_weights: bool,
 }
 
-/// Checks of `combine(y, handle, topk_weights, bias0, bias1)` and of the outputs it writes.
+/// Checks of `combine(y, handle, topk_weights, bias0, bias1)` and of the outputs it writes: the
+/// tensors first (what the Python entry points check in `crate::args` instead), then
+/// [`check_combine_planned`].
 #[allow(clippy::too_many_arguments)]
 pub fn check_combine(
     layout: &BufferLayout,
@@ -299,8 +301,53 @@ pub fn check_combine(
         }
     }
     expect_tensor("combined_x (output)", out, DType::Bf16, &[n, h])?;
-    let k = if with_weights { topk_weights.unwrap().shape[1] } else { 0 };
+    let k = if with_weights { topk_weights.map_or(0, |w| w.shape[1]) } else { 0 };
     Ok(CombinePlan { num_tokens: n, num_recv_tokens: m, hidden: h, num_topk: k, with_weights })
+}
+
+/// The checks of a combine whose tensors were already checked (`plan`, from the Python entry
+/// points' `crate::args::combine`): against this buffer and its launch, once. `config`, the
+/// handle's buffer and row count, the hidden size (and the buffer's), the top-k, and the 16-byte
+/// alignment of every tensor the kernel moves (`tensors`: name and tensor).
+pub fn check_combine_planned(
+    layout: &BufferLayout,
+    buffer_id: u64,
+    handle: &HandleInfo,
+    plan: CombinePlan,
+    tensors: &[(&str, &TensorInfo)],
+    config: &Config,
+    device_sms: Option<usize>,
+) -> Result<CombinePlan> {
+    config.validate(device_sms)?;
+    if handle.buffer != buffer_id {
+        return bad("the handle comes from a different Buffer; combine with the handle of a dispatch on this Buffer".into());
+    }
+    if plan.num_recv_tokens != handle.num_recv_tokens || plan.num_tokens != handle.num_tokens {
+        return bad(format!(
+            "the combine plan is for {} received rows and {} tokens but the handle's dispatch has {} and {}; pass one row per received token",
+            plan.num_recv_tokens, plan.num_tokens, handle.num_recv_tokens, handle.num_tokens
+        ));
+    }
+    validate::hidden(plan.hidden, 2)?;
+    if plan.hidden > layout.hidden {
+        return bad(format!(
+            "y has hidden {} but the buffer was created for hidden <= {}; create the Buffer with hidden >= {}",
+            plan.hidden, layout.hidden, plan.hidden
+        ));
+    }
+    if plan.with_weights {
+        validate::num_topk(plan.num_topk, MAX_TOPK)?;
+        if handle.num_topk > 0 && plan.num_topk != handle.num_topk {
+            return bad(format!(
+                "combine topk_weights has shape [{}, {}] but must be [{}, {}] (the dispatch's top-k); pass a tensor of that shape",
+                plan.num_recv_tokens, plan.num_topk, plan.num_recv_tokens, handle.num_topk
+            ));
+        }
+    }
+    for (what, t) in tensors {
+        aligned16(what, t)?;
+    }
+    Ok(plan)
 }
 
 /// Output regions must not overlap inputs the same kernel reads (e.g. combining into `y`).

@@ -222,11 +222,20 @@ pub struct CombineArgs<'a> {
     pub bias1: Option<&'a Tensor>,
     pub config: Config,
     pub wait: Option<&'a CudaEvent>,
+    /// The plan of tensors the caller already checked (the Python entry points:
+    /// `crate::args::combine`): only the checks against this buffer run then
+    /// ([`checks::check_combine_planned`]).
+    pub planned: Option<CombinePlan>,
 }
 
 impl<'a> CombineArgs<'a> {
     pub fn new(y: &'a Tensor, handle: &'a Handle) -> Self {
-        CombineArgs { y, handle, topk_weights: None, bias0: None, bias1: None, config: Config::default(), wait: None }
+        CombineArgs { y, handle, topk_weights: None, bias0: None, bias1: None, config: Config::default(), wait: None, planned: None }
+    }
+    /// See [`CombineArgs::planned`].
+    pub fn planned(mut self, plan: CombinePlan) -> Self {
+        self.planned = Some(plan);
+        self
     }
     pub fn weights(mut self, w: &'a Tensor) -> Self {
         self.topk_weights = Some(w);
@@ -721,18 +730,34 @@ impl<'g> Buffer<'g> {
         for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1, Some(out), out_weights].into_iter().flatten() {
             t.check_valid()?;
         }
-        let plan = checks::check_combine(
-            &self.layout,
-            self.id,
-            &a.handle.info(),
-            a.y.info(),
-            a.topk_weights.map(|t| t.info()),
-            [a.bias0.map(|t| t.info()), a.bias1.map(|t| t.info())],
-            out.info(),
-            out_weights.map(|t| t.info()),
-            &a.config,
-            Some(self.device_sms),
-        )?;
+        let plan = match a.planned {
+            Some(p) => {
+                let tensors: Vec<(&str, &TensorInfo)> = [
+                    Some(("y", a.y.info())),
+                    a.topk_weights.map(|t| ("combine topk_weights", t.info())),
+                    a.bias0.map(|t| ("bias0", t.info())),
+                    a.bias1.map(|t| ("bias1", t.info())),
+                    Some(("combined_x (output)", out.info())),
+                    out_weights.map(|t| ("combined_topk_weights (output)", t.info())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                checks::check_combine_planned(&self.layout, self.id, &a.handle.info(), p, &tensors, &a.config, Some(self.device_sms))?
+            }
+            None => checks::check_combine(
+                &self.layout,
+                self.id,
+                &a.handle.info(),
+                a.y.info(),
+                a.topk_weights.map(|t| t.info()),
+                [a.bias0.map(|t| t.info()), a.bias1.map(|t| t.info())],
+                out.info(),
+                out_weights.map(|t| t.info()),
+                &a.config,
+                Some(self.device_sms),
+            )?,
+        };
         let outs: Vec<(&str, &TensorInfo)> = [Some(("combined_x", out.info())), out_weights.map(|t| ("combined_topk_weights", t.info()))].into_iter().flatten().collect();
         let ins: Vec<(&str, &TensorInfo)> = [Some(("y", a.y.info())), a.topk_weights.map(|t| ("topk_weights", t.info())), a.bias0.map(|t| ("bias0", t.info())), a.bias1.map(|t| ("bias1", t.info()))]
             .into_iter()
