@@ -12,6 +12,13 @@ use crate::args::bad;
 
 /// `t` is a contiguous tensor of `dtype` and exactly `shape`, 16-byte aligned.
 pub fn expect_tensor(what: &str, t: &TensorInfo, dtype: DType, shape: &[usize]) -> Result<()> {
+    expect_layout(what, t, dtype, shape)?;
+    aligned16(what, t)
+}
+
+/// `t` is a contiguous tensor of `dtype` and exactly `shape` (its alignment is the launch's
+/// check: [`check_planned`], [`check_combine_planned`]).
+fn expect_layout(what: &str, t: &TensorInfo, dtype: DType, shape: &[usize]) -> Result<()> {
     if t.dtype != dtype {
         return bad(format!("{what} has dtype {} but must be {}; convert it to {} first", t.dtype.name(), dtype.name(), dtype.name()));
     }
@@ -21,7 +28,7 @@ pub fn expect_tensor(what: &str, t: &TensorInfo, dtype: DType, shape: &[usize]) 
     if !t.is_contiguous() {
         return bad(format!("{what} {:?} is not contiguous (strides {:?}); pass a contiguous row-major tensor (Tensor::to_owned copies one)", t.shape, t.strides));
     }
-    aligned16(what, t)
+    Ok(())
 }
 
 fn aligned16(what: &str, t: &TensorInfo) -> Result<()> {
@@ -96,7 +103,6 @@ pub fn check_dispatch(
     config: &Config,
     device_sms: Option<usize>,
 ) -> Result<DispatchPlan> {
-    config.validate(device_sms)?;
     if x.shape.len() != 2 {
         return bad(format!("x has shape {:?}; it must be 2-D [num_tokens, hidden]", x.shape));
     }
@@ -106,7 +112,7 @@ pub fn check_dispatch(
         DType::Fp8E4m3 => true,
         other => return bad(format!("x has dtype {}; dispatch takes bf16, or fp8-e4m3 with f32 scales", other.name())),
     };
-    expect_tensor("x", x, x.dtype, &[n, h])?;
+    expect_layout("x", x, x.dtype, &[n, h])?;
     let (num_scales, srs, scs) = match (fp8, scales) {
         (false, None) => (0, 0, 0),
         (false, Some(_)) => return bad("scales were given with a bf16 x; scales belong to fp8 input only, drop them or pass x as fp8-e4m3".into()),
@@ -127,7 +133,7 @@ pub fn check_dispatch(
     if let RoutingInfo::Fresh { topk_idx, topk_weights, .. } = routing {
         // topk_idx itself is the layout's tensor: check_planned checks it (check_layout)
         if let [_, k] = topk_idx.shape[..] {
-            expect_tensor("topk_weights", topk_weights, DType::F32, &[n, k])?;
+            expect_layout("topk_weights", topk_weights, DType::F32, &[n, k])?;
         }
     }
     let plan = DispatchPlan {
@@ -260,10 +266,6 @@ pub fn check_combine(
     config: &Config,
     device_sms: Option<usize>,
 ) -> Result<CombinePlan> {
-    config.validate(device_sms)?;
-    if handle.buffer != buffer_id {
-        return bad("the handle comes from a different Buffer; combine with the handle of a dispatch on this Buffer".into());
-    }
     if y.dtype != DType::Bf16 {
         return bad(format!("combine input y has dtype {}; combine takes bf16 only (cast the expert outputs to bf16)", y.dtype.name()));
     }
@@ -277,32 +279,33 @@ pub fn check_combine(
             handle.num_recv_tokens
         ));
     }
-    validate::hidden(h, 2)?;
-    if h > layout.hidden {
-        return bad(format!("y has hidden {h} but the buffer was created for hidden <= {}; create the Buffer with hidden >= {h}", layout.hidden));
-    }
-    expect_tensor("y", y, DType::Bf16, &[m, h])?;
+    expect_layout("y", y, DType::Bf16, &[m, h])?;
     let n = handle.num_tokens;
-    let with_weights = match (topk_weights, out_weights) {
-        (None, None) => false,
+    let mut tensors = vec![("y", y)];
+    let k = match (topk_weights, out_weights) {
+        (None, None) => None,
         (Some(w), Some(ow)) => {
             let k = if handle.num_topk > 0 { handle.num_topk } else { w.shape.get(1).copied().unwrap_or(0) };
             validate::num_topk(k, MAX_TOPK)?;
-            expect_tensor("combine topk_weights", w, DType::F32, &[m, k])?;
-            expect_tensor("combined_topk_weights (output)", ow, DType::F32, &[n, k])?;
-            true
+            expect_layout("combine topk_weights", w, DType::F32, &[m, k])?;
+            expect_layout("combined_topk_weights (output)", ow, DType::F32, &[n, k])?;
+            tensors.extend([("combine topk_weights", w), ("combined_topk_weights (output)", ow)]);
+            Some(k)
         }
         (Some(_), None) => return bad("combine got topk_weights but no output for the combined weights; pass an f32 [num_tokens, top_k] output".into()),
         (None, Some(_)) => return bad("combine got an output for combined weights but no topk_weights; pass the received weights or drop the output".into()),
     };
-    for (i, b) in biases.iter().enumerate() {
+    let names = ["bias0", "bias1"];
+    for (b, name) in biases.iter().zip(names) {
         if let Some(b) = b {
-            expect_tensor(&format!("bias{i}"), b, DType::Bf16, &[n, h])?;
+            expect_layout(name, b, DType::Bf16, &[n, h])?;
+            tensors.push((name, b));
         }
     }
-    expect_tensor("combined_x (output)", out, DType::Bf16, &[n, h])?;
-    let k = if with_weights { topk_weights.map_or(0, |w| w.shape[1]) } else { 0 };
-    Ok(CombinePlan { num_tokens: n, num_recv_tokens: m, hidden: h, num_topk: k, with_weights })
+    expect_layout("combined_x (output)", out, DType::Bf16, &[n, h])?;
+    tensors.push(("combined_x (output)", out));
+    let plan = CombinePlan { num_tokens: n, num_recv_tokens: m, hidden: h, num_topk: k.unwrap_or(0), with_weights: k.is_some() };
+    check_combine_planned(layout, buffer_id, handle, plan, &tensors, config, device_sms)
 }
 
 /// The checks of a combine whose tensors were already checked (`plan`, from the Python entry
