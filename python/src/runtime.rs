@@ -617,20 +617,22 @@ impl Runtime {
             (lay.num_local_experts(), lay.num_ranks * lay.num_max)
         };
         let dev = self.ctx.device();
-        let fresh;
-        let out = match out {
-            Some(o) => o,
-            None => {
-                fresh = outputs::empty(py, DType::Bf16, &[handle.inner.num_tokens, handle.inner.hidden], dev)?;
-                &fresh
+        let (n, h) = (handle.inner.num_tokens, handle.inner.hidden);
+        let d = LlCombineDims { num_tokens: n, num_topk: handle.inner.num_topk, hidden: h, local_experts: l, rows };
+        let a = doorway::parse_ll_combine(x, topk_idx, topk_weights, out, zero_copy, d, dev)?;
+        let (out, oa) = match (out, a.out) {
+            (Some(o), Some(oa)) => (o.clone(), oa),
+            // a fresh output, made after the checks (no allocation for refused input) and known
+            // without reading it back
+            _ => {
+                let t = outputs::empty(py, DType::Bf16, &[n, h], dev)?;
+                let oa = arg_of(&t, DType::Bf16, &[n, h], dev)?;
+                (t, oa)
             }
         };
-        let d = LlCombineDims { num_tokens: handle.inner.num_tokens, num_topk: handle.inner.num_topk, hidden: handle.inner.hidden, local_experts: l, rows };
-        let a = doorway::parse_ll_combine(x, topk_idx, topk_weights, Some(out), zero_copy, d, dev)?;
-        let oa = a.out.as_ref().expect("out is read above");
-        let hook = self.ctx.ll_combine(&handle.inner, handle.generation, &a.x, &a.topk_idx, &a.topk_weights, oa, return_hook, wait_for, join_back).map_err(py_err)?;
+        let hook = self.ctx.ll_combine(&handle.inner, handle.generation, &a.x, &a.topk_idx, &a.topk_weights, &oa, return_hook, wait_for, join_back).map_err(py_err)?;
         let (id, generation) = (self.ctx.id(), self.ctx.generations().ll);
-        Ok((out.clone().unbind(), hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation })))
+        Ok((out.unbind(), hook.map(|h| NativeHook { hook: Some(h), runtime_id: id, generation })))
     }
 
     /// Launch the receive half of a hooked low-latency call (once); `wait_for` / `join_back` as
