@@ -118,6 +118,7 @@ junit=$dir/junit.xml
 rm -f "$junit"
 say "pytest under qemu: python/tests (not tests/gpu) against $(basename "$wheel")"
 start=$(date +%s)
+start_hm=$(date -u +%H:%M)
 set +e
 # Left out: the doctor test runs this machine's (x86_64) deepep-nix on the installed extension,
 # which it rightly refuses as one for another machine (deepep-kernels.package); the doctor's
@@ -143,18 +144,20 @@ secs = sum(float(s.get("time", 0)) for s in suites)
 first = ""
 for case in root.iter("testcase"):
     for f in list(case.findall("failure")) + list(case.findall("error")):
-        first = f"{case.get('classname')}.{case.get('name')}: {(f.get('message') or '').splitlines()[0] if f.get('message') else ''}"[:300]
+        first = f"{case.get('classname')}.{case.get('name')}: {(f.get('message') or '').splitlines()[0] if f.get('message') else ''}"[:240]
         break
     if first:
         break
 status = "fail" if bad or n == 0 else "pass"
-detail = first if status == "fail" else f"{n - bad - skip} passed, {skip} skipped"
-print(f"python/tests (aarch64 wheel, qemu-user):0:{status}:{secs:.1f}:{detail or 'no tests ran'}")
+counts = f"{n - bad - skip} passed, {bad} failed, {skip} skipped"
+# a fail row's detail is its first error (scripts/results.py): the counts go in front of it
+detail = f"{counts}; first: {first}" if status == "fail" else counts
+print(f"python/tests (aarch64 wheel, qemu-user):0:{status}:{secs:.1f}:{detail if n else 'no tests ran'}")
 PY
   ) || die "cannot read $junit"
   python3 "$repo/scripts/results.py" new --kind gpu-tests --slug aarch64-qemu-cpu-tests --commit "$(git -C "$repo" rev-parse HEAD)" \
     --machine "x86_64 build host, $("$qemu" --version | head -n1), Debian 12 arm64 CPython $(cut -d' ' -f2 "$root/.complete"), no GPU" \
-    --machine-kind cpu --command "python/scripts/aarch64-qemu-test.sh --record $(basename "$wheel")" --result "$row" \
+    --machine-kind cpu --time "$start_hm" --command "python/scripts/aarch64-qemu-test.sh --record $(basename "$wheel")" --result "$row" \
     --notes "The aarch64 wheel ($(basename "$wheel"), $(stat -c %s "$wheel") bytes) built by python/scripts/build-wheel.sh --target aarch64; its CPU tests (python/tests without tests/gpu) under qemu-user. No GPU: no kernel ran." \
     || die "scripts/results.py could not write the record (above)"
 fi
