@@ -322,6 +322,16 @@ pub fn host_limit_check(
     }
 }
 
+/// The DeepEP release installed in `sites` when it is V2 (2.x): V2 needs NCCL (its GIN
+/// backend) and checks at import which libnccl is mapped, so the doctor runs the NCCL check
+/// (`deepep.nccl`, which the doctor's stack module makes) for it.
+pub fn v2_release(host: &Host, sites: &[PathBuf]) -> Option<String> {
+    let (raw, _) = sites.iter().find_map(|s| find_version(host, s, "deep_ep-"))?;
+    parse_deepep_version(&raw)
+        .is_some_and(|(v, _)| v >= Version(2, 0, 0))
+        .then_some(raw)
+}
+
 /// Whether `site` holds our `deepep_kernels` package (with its extension).
 pub(super) fn has_our_package(host: &Host, site: &Path) -> bool {
     kernels::find(host, site).is_some()
@@ -822,12 +832,6 @@ pub fn check(
     rdma: &RdmaInfo,
     out: &mut Vec<Check>,
 ) {
-    // DeepEP V2 (2.x) needs NCCL (its GIN backend) and checks at import which libnccl is mapped.
-    if let Some((raw, _)) = sites.iter().find_map(|s| find_version(host, s, "deep_ep-")) {
-        if parse_deepep_version(&raw).is_some_and(|(v, _)| v >= Version(2, 0, 0)) {
-            super::stack::check_nccl(host, sites, &raw, out);
-        }
-    }
     let torch = torch_nvshmem(host, sites);
     let ext_path = sites.iter().find_map(|s| find_extension(host, s));
     let ours = sites.iter().find_map(|s| kernels::find(host, s));

@@ -245,6 +245,9 @@ pub fn run_with(
         stack::check_driver_branch(&driver_info, &parts, &mut checks);
     }
     if !args.python_site.is_empty() {
+        if let Some(raw) = deepep::v2_release(&host, &args.python_site) {
+            stack::check_nccl(&host, &args.python_site, &raw, &mut checks);
+        }
         deepep::check(
             &host,
             &args.python_site,
