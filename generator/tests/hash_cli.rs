@@ -172,14 +172,10 @@ fn convert_facts_vector_and_reject_garbage() {
         Some(2),
         "a malformed argument is a usage error"
     );
-    assert!(
-        common::stderr(&out).contains("invalid SRI hash"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "invalid SRI hash");
     let out = common::run_in(cwd.path(), &["hash", "/nonexistent/file"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(common::stderr(&out).contains("/nonexistent/file"));
+    common::assert_stderr_contains(&out, "/nonexistent/file");
 }
 
 /// Runs `deepep-nix hash path`, failing the test instead of hanging when it blocks.

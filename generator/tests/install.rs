@@ -576,11 +576,7 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
         ],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        common::stderr(&out).contains("sha256 mismatch"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "sha256 mismatch");
     assert!(!prefix.exists());
     assert!(w.exists(), "the user's file is not deleted");
     // A CUDA major the release does not have: usage error naming where to look.
@@ -599,11 +595,7 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
         ],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        common::stderr(&out).contains("deepep-nix releases"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "deepep-nix releases");
 }
 
 // ---- hostile use of `install` (issue 12): refused with the fix, nothing changed --------------
@@ -655,12 +647,7 @@ fn replace_refuses_a_directory_that_is_not_an_earlier_install() {
         let out = install_pinned(&good_tar(), files.path(), &work.join(dir), &["--replace"]);
         assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
         let err = common::stderr(&out);
-        assert!(
-            err.contains("not an earlier NVSHMEM install")
-                && err.contains(expect)
-                && err.contains("remove"),
-            "{err}"
-        );
+        common::assert_contains_all(&err, &["not an earlier NVSHMEM install", expect, "remove"]);
         assert_eq!(common::snapshot(&work), before, "nothing changed");
     }
 }
@@ -677,13 +664,15 @@ fn replace_swaps_an_earlier_install_and_says_what_it_removes() {
     let out = install_pinned(&good_tar(), files.path(), &prefix, &["--replace"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let err = common::stderr(&out);
-    assert!(
-        err.contains("removed the earlier install")
-            && err.contains("include/")
-            && err.contains("lib/")
-            && err.contains("License.txt")
-            && err.contains("3 files"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &[
+            "removed the earlier install",
+            "include/",
+            "lib/",
+            "License.txt",
+            "3 files",
+        ],
     );
     assert!(prefix.join("bin/nvshmem-info").is_file());
     assert!(!prefix.join("include/old.h").exists());
@@ -821,11 +810,7 @@ fn install_file_takes_release_cuda_and_source_from_its_name() {
     ]);
     let out = run_bare(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    assert!(
-        common::stderr(&out).contains("3.4.5 x86_64-linux cuda13 pypi"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "3.4.5 x86_64-linux cuda13 pypi");
     assert_file(&p1, "lib/libnvshmem_host.so.3", b"ELF host library");
     // The file alone: it used to ask for --version, then for --cuda.
     for (name, bytes, probe) in [
@@ -908,11 +893,7 @@ fn flags_that_contradict_the_file_name_are_named_with_it() {
         &["verify", "--cuda", "12", "--file", w.to_str().unwrap()],
     );
     assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
-    assert!(
-        common::stderr(&out).contains("cuda13 pypi artifact, but --cuda 12"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "cuda13 pypi artifact, but --cuda 12");
 }
 
 #[test]
@@ -981,11 +962,7 @@ fn a_file_name_the_lock_lacks_is_refused_with_the_nearest_entries() {
     let other = files.path().join("q");
     let out = run_bare(repo.path(), &["--prefix", other.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        common::stderr(&out).contains("--version V and --cuda 12|13 are required"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "--version V and --cuda 12|13 are required");
 }
 
 #[test]

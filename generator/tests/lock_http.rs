@@ -637,11 +637,13 @@ fn lock_refuses_an_index_listing_one_version_under_two_names() {
         s.route(&format!("/redist/redistrib_{name}.json"), Behaviour::ok(m));
     }
     let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("duplicate")
-            && err.contains("redistrib_3.9.0.json")
-            && err.contains("redistrib_3.9.0.0.json"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &[
+            "duplicate",
+            "redistrib_3.9.0.json",
+            "redistrib_3.9.0.0.json",
+        ],
     );
 }
 
@@ -659,12 +661,14 @@ fn lock_refuses_duplicate_json_keys_naming_both() {
         Behaviour::ok(manifest_text("3.4.5", true, &platform)),
     );
     let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("duplicate")
-            && err.contains("libnvshmem.linux-x86_64.cuda13")
-            && err.contains("line 11")
-            && err.contains("line 12"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &[
+            "duplicate",
+            "libnvshmem.linux-x86_64.cuda13",
+            "line 11",
+            "line 12",
+        ],
     );
     // In a PyPI answer too (a release key twice; JSON escapes do not hide it).
     let one = String::from_utf8(pypi_doc(
@@ -682,11 +686,9 @@ fn lock_refuses_duplicate_json_keys_naming_both() {
     let s = upstream();
     s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::ok(doubled));
     let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("duplicate")
-            && err.contains("releases.3.4.5")
-            && err.contains("nvidia-nvshmem-cu13"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &["duplicate", "releases.3.4.5", "nvidia-nvshmem-cu13"],
     );
 }
 
@@ -726,11 +728,9 @@ fn lock_accepts_cuda_keyed_platforms_without_cuda_variant() {
         )),
     );
     let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("libnvshmem.linux-x86_64")
-            && err.contains("relative_path")
-            && err.contains("cuda<major>"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &["libnvshmem.linux-x86_64", "relative_path", "cuda<major>"],
     );
 }
 
@@ -803,12 +803,7 @@ fn a_hand_edited_lock_with_an_encoded_traversal_is_refused_on_load() {
     let out = run_in(repo.path(), &["releases", "--brief"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(
-        err.contains("releases.json")
-            && err.contains("..")
-            && err.contains("deepep-nix lock --offline"),
-        "{err}"
-    );
+    common::assert_contains_all(&err, &["releases.json", "..", "deepep-nix lock --offline"]);
     assert_eq!(snapshot(repo.path()), before);
 }
 
@@ -856,10 +851,12 @@ fn lock_with_nvidia_unreachable_suggests_source_pypi_which_works() {
     );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(
-        err.contains("127.0.0.1:1")
-            && err.contains("`deepep-nix lock --source pypi` refreshes PyPI's wheels alone"),
-        "{err}"
+    common::assert_contains_all(
+        &err,
+        &[
+            "127.0.0.1:1",
+            "`deepep-nix lock --source pypi` refreshes PyPI's wheels alone",
+        ],
     );
     let mut a = lock_args(r, "http://127.0.0.1:1/redist/", &py);
     a.extend_from_slice(&["--source", "pypi"]);

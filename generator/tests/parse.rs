@@ -177,11 +177,13 @@ fn manifest_unknown_platform_is_an_error_known_others_are_skipped() {
     v["libnvshmem"]["linux-riscv64"] =
         json!({ "cuda12": { "relative_path": "a", "sha256": HEX_A } });
     let e = parse_err(&v);
-    assert!(
-        e.contains("linux-riscv64")
-            && e.contains("unknown platform")
-            && e.contains("generator/src/nvidia.rs"),
-        "{e}"
+    common::assert_contains_all(
+        &e,
+        &[
+            "linux-riscv64",
+            "unknown platform",
+            "generator/src/nvidia.rs",
+        ],
     );
     let mut v = manifest();
     v["libnvshmem"]["linux-ppc64le"] =
@@ -388,10 +390,12 @@ fn pypi_duplicate_versions_and_wheels() {
         json!({ "3.4.5": [wheel("3.4.5", "manylinux2014_x86_64", HEX_A), wheel("3.4.5", "manylinux_2_28_x86_64", HEX_B)] }),
     );
     let e = pypi_parse(&doc).unwrap_err();
-    assert!(
-        e.contains("duplicate entry for 3.4.5 x86_64-linux cuda13 pypi")
-            && e.contains("manylinux_2_28"),
-        "{e}"
+    common::assert_contains_all(
+        &e,
+        &[
+            "duplicate entry for 3.4.5 x86_64-linux cuda13 pypi",
+            "manylinux_2_28",
+        ],
     );
 }
 
@@ -413,11 +417,13 @@ fn duplicate_nvidia_versions_are_refused() {
     let e = build(&inputs, &BuildOptions::default())
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("duplicate")
-            && e.contains("redistrib_3.4.5.0.json")
-            && e.contains("redistrib_3.4.5.json"),
-        "{e}"
+    common::assert_contains_all(
+        &e,
+        &[
+            "duplicate",
+            "redistrib_3.4.5.0.json",
+            "redistrib_3.4.5.json",
+        ],
     );
 }
 
@@ -435,11 +441,7 @@ fn lock_below_deepep_floor_is_refused() {
         &["lock", "--offline", "--min-version", "3.2.5"],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        common::stderr(&out).contains("DeepEP requires"),
-        "{}",
-        common::stderr(&out)
-    );
+    common::assert_stderr_contains(&out, "DeepEP requires");
 }
 
 #[test]

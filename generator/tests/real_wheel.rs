@@ -65,7 +65,7 @@ fn pinned_wheel_installs_without_naming_its_source() {
     }
     let out = common::run_in(&common::repo_root(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    assert!(common::stderr(&out).contains("3.4.5 x86_64-linux cuda13 pypi"));
+    common::assert_stderr_contains(&out, "3.4.5 x86_64-linux cuda13 pypi");
     assert!(prefix.join("lib/libnvshmem_host.so.3").is_file());
     assert!(prefix.join("include/nvshmem.h").is_file());
 }

@@ -340,3 +340,18 @@ pub fn assert_causes_once(err: &str) {
         }
     }
 }
+
+/// Asserts that the command's stderr contains `needle`, printing the whole stderr if not.
+#[track_caller]
+pub fn assert_stderr_contains(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert!(err.contains(needle), "{needle:?} not in stderr:\n{err}");
+}
+
+/// Asserts that `text` contains every one of `needles`, naming the first one missing.
+#[track_caller]
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
+}
