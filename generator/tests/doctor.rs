@@ -14,6 +14,9 @@
 //! unreadability is simulated with objects that are not regular files where a file is expected (a
 //! FIFO, which would block a naive reader forever, and a directory).
 
+mod common;
+
+use common::json_check;
 use deepep_nix::doctor::{run_with, Capability, DoctorArgs, Report, Status, ToolOutput, Tools};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1429,16 +1432,6 @@ fn doctor_json_with_nvshmem(root: &str, sites: &[&str]) -> (Option<i32>, serde_j
     (out.status.code(), json)
 }
 
-/// The check `id` of a JSON report.
-fn json_check<'a>(json: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
-    json["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == id)
-        .unwrap_or_else(|| panic!("no {id} in {json}"))
-}
-
 #[test]
 fn binary_exit_codes_and_usage_errors() {
     let h = TestHost::gpu_machine();
@@ -2691,8 +2684,9 @@ fn deepep_kernels_on_non_hopper_gpus_and_next_to_upstream_deepep() {
         "deepep-kernels.arch",
         "GPU 0 NVIDIA B200 (compute capability 10.0), GPU 1 NVIDIA B200 (compute capability 10.0) cannot run \
          the build's GPU code sm_90 (deepep_kernels' embedded cubins)",
-        "deepep_kernels runs on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20) only; use upstream \
-         DeepEP built for these GPUs (docs/deepep.md)",
+        "a default build of deepep_kernels has cubins for compute capability 9.0, 10.0 and 10.3 (sm_90a, sm_100a, \
+         sm_103a: Hopper, Blackwell, Blackwell Ultra); for such GPUs rebuild the wheel with DEEPEP_CUDA_ARCHS unset \
+         (python/scripts/build-wheel.sh), for others use upstream DeepEP built for them (docs/deepep.md)",
     );
 
     // Upstream DeepEP in the same site: both are checked, each under its own ids.

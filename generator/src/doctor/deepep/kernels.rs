@@ -1,7 +1,7 @@
 //! `deepep-kernels.*`: this project's DeepEP-compatible Python package `deepep_kernels`
 //! (`python/`, docs/python.md) in a `--python-site` directory: its version, the NVSHMEM its cubins
 //! were linked against, the NVSHMEM host library it would load, torch's own NVSHMEM, the IBGDA
-//! plugin and the GPUs against its sm_90a code. Nothing is imported or loaded.
+//! plugin and the GPUs against its cubins' architectures. Nothing is imported or loaded.
 //!
 //! What the installed package records: the extension `deepep_kernels/_native*.so` embeds its
 //! cubins (kernels/build.rs, `include_bytes!`); each NVSHMEM cubin is `nvlink`ed with
@@ -522,7 +522,7 @@ fn plugin_and_arch_checks(host: &Host, loads: Option<&Path>, images: &[Image], d
         "no embedded cubin to read the GPU architecture from",
         driver,
         &|_| {
-            "deepep_kernels runs on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20) only; use upstream DeepEP built for these GPUs (docs/deepep.md)".to_string()
+            "a default build of deepep_kernels has cubins for compute capability 9.0, 10.0 and 10.3 (sm_90a, sm_100a, sm_103a: Hopper, Blackwell, Blackwell Ultra); for such GPUs rebuild the wheel with DEEPEP_CUDA_ARCHS unset (python/scripts/build-wheel.sh), for others use upstream DeepEP built for them (docs/deepep.md)".to_string()
         },
         out,
     );
