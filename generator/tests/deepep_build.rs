@@ -315,15 +315,7 @@ fn deepep_shaped_extension_builds_against_the_prefix_and_doctor_reads_it() {
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let check = |id: &str| {
-        json["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["id"] == id)
-            .unwrap_or_else(|| panic!("no {id}"))
-            .clone()
-    };
+    let check = |id: &str| common::json_check(&json, id).clone();
     let e = check("deepep.extension");
     assert_eq!(e["status"], "ok", "{e}");
     assert_eq!(

@@ -5,20 +5,24 @@
 //! failing binary and the tests after it never ran, while the total did not say so.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn summary(log: &Path, rc: i32) -> (String, i32) {
-    let out = Command::new("bash")
+/// Runs `scripts/test-all.sh` with `args`.
+fn test_all<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new("bash")
         .arg(repo().join("scripts/test-all.sh"))
-        .arg("--cargo-summary")
-        .arg(log)
-        .arg(rc.to_string())
+        .args(args)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn summary(log: &Path, rc: i32) -> (String, i32) {
+    let rc = rc.to_string();
+    let out = test_all(&[Path::new("--cargo-summary"), log, Path::new(&rc)]);
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         out.status.code().unwrap_or(-1),
@@ -128,24 +132,12 @@ fn a_failed_run_without_a_failing_test_is_one_failure() {
 
 #[test]
 fn usage_errors() {
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/test-all.sh"))
-        .args(["--cargo-summary", "/nonexistent/cargo.log"])
-        .output()
-        .unwrap();
+    let out = test_all(&["--cargo-summary", "/nonexistent/cargo.log"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a saved cargo test log"));
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/test-all.sh"))
-        .arg("--bogus")
-        .output()
-        .unwrap();
+    let out = test_all(&["--bogus"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/test-all.sh"))
-        .arg("--help")
-        .output()
-        .unwrap();
+    let out = test_all(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(

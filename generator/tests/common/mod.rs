@@ -355,3 +355,14 @@ pub fn assert_contains_all(text: &str, needles: &[&str]) {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
 }
+
+/// The check `id` of a `deepep-nix doctor --json` report.
+#[track_caller]
+pub fn json_check<'a>(json: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {json}"))
+}
