@@ -69,12 +69,9 @@ fn record_check(built: &[String], recorded: &[String], driver: &DriverInfo) -> C
         .enumerate()
         .filter_map(|(i, g)| compute_capability(&g.model).map(|cc| (i, g.model.as_str(), cc)))
         .collect();
+    let skip = |why: &str| Check::skip(ID, caps::ALL, why);
     if gpus.is_empty() {
-        return Check::skip(
-            ID,
-            caps::ALL,
-            "no GPU of known compute capability to compare with",
-        );
+        return skip("no GPU of known compute capability to compare with");
     }
     let describe = |g: &(usize, &str, (u32, u32))| {
         format!(
@@ -97,11 +94,7 @@ fn record_check(built: &[String], recorded: &[String], driver: &DriverInfo) -> C
             .map(describe)
             .collect();
         if ran.is_empty() {
-            return Check::skip(
-                ID,
-                caps::ALL,
-                "the build has no cubins for this machine's GPUs (deepep-kernels.arch)",
-            );
+            return skip("the build has no cubins for this machine's GPUs (deepep-kernels.arch)");
         }
         return Check::ok(
             ID,
@@ -169,8 +162,9 @@ mod tests {
         format!("\x7fELF...DEEPEP_KERNELS_ARCHS=...{ARCHS}{built};..{RECORDED}{recorded};..DEEPEP_KERNELS_RECORDED_ARCHS= and more").into_bytes()
     }
 
-    fn check_of(bytes: &[u8], d: &DriverInfo) -> Check {
-        arch_record_check(bytes, d).expect("the markers are there")
+    /// The check for an extension built for `built` with records of `recorded`, on `gpus`.
+    fn check_of(built: &str, recorded: &str, gpus: &[&str]) -> Check {
+        arch_record_check(&ext(built, recorded), &driver(gpus)).expect("the markers are there")
     }
 
     #[test]
@@ -187,10 +181,7 @@ mod tests {
 
     #[test]
     fn a_built_but_unrecorded_architecture_warns_naming_it_and_the_command() {
-        let c = check_of(
-            &ext("sm_90a,sm_100a,sm_103a", "sm_90a"),
-            &driver(&["NVIDIA B200"]),
-        );
+        let c = check_of("sm_90a,sm_100a,sm_103a", "sm_90a", &["NVIDIA B200"]);
         assert_eq!(c.status, Status::Warn, "{c:?}");
         for want in [
             "GPU 0 NVIDIA B200",
@@ -208,8 +199,9 @@ mod tests {
             "{c:?}"
         );
         let c = check_of(
-            &ext("sm_90a,sm_100a,sm_103a", "sm_90a"),
-            &driver(&["NVIDIA H200", "NVIDIA B300 SXM6"]),
+            "sm_90a,sm_100a,sm_103a",
+            "sm_90a",
+            &["NVIDIA H200", "NVIDIA B300 SXM6"],
         );
         assert_eq!(c.status, Status::Warn);
         assert!(
@@ -221,32 +213,19 @@ mod tests {
 
     #[test]
     fn a_record_of_the_architecture_removes_the_warning() {
-        let c = check_of(
-            &ext("sm_90a,sm_100a", "sm_90a,sm_100a"),
-            &driver(&["NVIDIA B200"]),
-        );
+        let c = check_of("sm_90a,sm_100a", "sm_90a,sm_100a", &["NVIDIA B200"]);
         assert_eq!(c.status, Status::Ok, "{c:?}");
-        let c = check_of(
-            &ext("sm_90a,sm_100a", "sm_90a"),
-            &driver(&["NVIDIA H100 80GB HBM3"]),
-        );
+        let c = check_of("sm_90a,sm_100a", "sm_90a", &["NVIDIA H100 80GB HBM3"]);
         assert_eq!(c.status, Status::Ok, "{c:?}");
     }
 
     #[test]
     fn no_markers_no_gpu_or_no_cubins_skip() {
         assert!(arch_record_check(b"an old build", &driver(&["NVIDIA H200"])).is_none());
-        assert_eq!(
-            check_of(&ext("sm_90a", "sm_90a"), &driver(&[])).status,
-            Status::Skip
-        );
+        assert_eq!(check_of("sm_90a", "sm_90a", &[]).status, Status::Skip);
         // A100: no cubins for it, which deepep-kernels.arch reports as a failure.
         assert_eq!(
-            check_of(
-                &ext("sm_90a", "sm_90a"),
-                &driver(&["NVIDIA A100-SXM4-80GB"])
-            )
-            .status,
+            check_of("sm_90a", "sm_90a", &["NVIDIA A100-SXM4-80GB"]).status,
             Status::Skip
         );
     }
