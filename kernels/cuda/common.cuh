@@ -68,6 +68,12 @@ struct EpDiag {
 #define EP_PHASE_INTERNODE_DISPATCH 15
 #define EP_PHASE_INTERNODE_FORWARD 16
 #define EP_PHASE_INTERNODE_COMBINE 17
+#define EP_PHASE_ELASTIC_PLAN 18
+#define EP_PHASE_ELASTIC_DISPATCH_SEND 19
+#define EP_PHASE_ELASTIC_DISPATCH_RECV 20
+#define EP_PHASE_ELASTIC_COMBINE_SEND 21
+#define EP_PHASE_ELASTIC_COMBINE_RECV 22
+#define EP_PHASE_ELASTIC_BARRIER 23
 
 __device__ __forceinline__ uint64_t ep_globaltimer() {
     uint64_t t;
@@ -235,3 +241,27 @@ __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_re
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ---- more explicit-ordering accesses (intranode and elastic) --------------------------------
+// Epoch comparison that survives wrap-around: has `seen` reached `want`?
+__device__ __forceinline__ bool ep_epoch_reached(uint32_t seen, uint32_t want) {
+    return static_cast<int32_t>(seen - want) >= 0;
+}
+__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
+    uint64_t v; asm volatile("ld.volatile.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_f32(float* p, float v) {
+    asm volatile("st.global.L1::no_allocate.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_s32(int* p, int v) {
+    asm volatile("st.global.L1::no_allocate.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_na_s64(int64_t* p, int64_t v) {
+    asm volatile("st.global.L1::no_allocate.s64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ float ld_volatile_f32(const float* p) {
+    float v; asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v;
+}

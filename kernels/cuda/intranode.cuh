@@ -141,10 +141,6 @@ __device__ __forceinline__ T* ep_at(const IntranodeArgs& a, int rank, uint64_t o
 __device__ __forceinline__ int ep_stage_slot(int src, int owner, int num_ranks) {
     return (src - owner - 1 + num_ranks) % num_ranks;
 }
-// Epoch comparison that survives wrap-around: has `seen` reached `want`?
-__device__ __forceinline__ bool ep_epoch_reached(uint32_t seen, uint32_t want) {
-    return static_cast<int32_t>(seen - want) >= 0;
-}
 
 // Announce (block 0 only) that this rank entered call `a.epoch`, then wait until every peer did
 // the same. After this returns true, writing into any peer's buffer for this call is allowed:
@@ -223,22 +219,3 @@ __device__ __forceinline__ void ep_bulk_wait_all() {
 }
 // Make this thread's generic shared-memory writes visible to the async (bulk copy) proxy.
 __device__ __forceinline__ void ep_fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-__device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
-    uint64_t v; asm volatile("ld.volatile.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
-}
-__device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
-    asm volatile("st.relaxed.sys.global.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_na_f32(float* p, float v) {
-    asm volatile("st.global.L1::no_allocate.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
-}
-__device__ __forceinline__ void st_na_s32(int* p, int v) {
-    asm volatile("st.global.L1::no_allocate.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_na_s64(int64_t* p, int64_t v) {
-    asm volatile("st.global.L1::no_allocate.s64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ float ld_volatile_f32(const float* p) {
-    float v; asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v;
-}

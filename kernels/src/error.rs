@@ -118,6 +118,12 @@ pub enum Phase {
     InternodeDispatch = 15,
     InternodeForward = 16,
     InternodeCombine = 17,
+    ElasticPlan = 18,
+    ElasticDispatchSend = 19,
+    ElasticDispatchRecv = 20,
+    ElasticCombineSend = 21,
+    ElasticCombineRecv = 22,
+    ElasticBarrier = 23,
 }
 
 impl Phase {
@@ -141,6 +147,12 @@ impl Phase {
             15 => InternodeDispatch,
             16 => InternodeForward,
             17 => InternodeCombine,
+            18 => ElasticPlan,
+            19 => ElasticDispatchSend,
+            20 => ElasticDispatchRecv,
+            21 => ElasticCombineSend,
+            22 => ElasticCombineRecv,
+            23 => ElasticBarrier,
             _ => return None,
         })
     }
@@ -164,6 +176,12 @@ impl Phase {
             InternodeDispatch => "internode dispatch",
             InternodeForward => "internode forward",
             InternodeCombine => "internode combine",
+            ElasticPlan => "elastic dispatch/plan",
+            ElasticDispatchSend => "elastic dispatch/send",
+            ElasticDispatchRecv => "elastic dispatch/recv",
+            ElasticCombineSend => "elastic combine/send",
+            ElasticCombineRecv => "elastic combine/recv",
+            ElasticBarrier => "elastic barrier",
         }
     }
     /// The `Buffer` call (Python names) whose kernel runs this phase.
@@ -178,6 +196,9 @@ impl Phase {
             LlCombineSend | LlCombineRecv => "low_latency_combine",
             InternodeNotify | InternodeDispatch => "internode dispatch",
             InternodeForward | InternodeCombine => "internode combine",
+            ElasticPlan | ElasticDispatchSend | ElasticDispatchRecv => "ElasticBuffer.dispatch",
+            ElasticCombineSend | ElasticCombineRecv => "ElasticBuffer.combine",
+            ElasticBarrier => "ElasticBuffer.barrier",
         }
     }
 }

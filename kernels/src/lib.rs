@@ -37,6 +37,7 @@ pub mod config;
 pub mod context;
 pub mod arch;
 pub mod cubins;
+pub mod elastic;
 pub mod internode;
 pub mod intranode;
 pub mod low_latency;

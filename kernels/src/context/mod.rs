@@ -28,6 +28,7 @@ pub use sizing::{inter_bytes, inter_config, inter_dims, inter_max_tokens, intran
 
 use crate::args::{self as checks, Arg};
 use crate::config::{buffer_size_hint, BufferLayout, Config};
+use crate::elastic::ElasticBuffer;
 use crate::error::{EpError, ErrorRecord, RecordKind};
 use crate::internode::{self as inter, InternodeBuffer};
 use crate::intranode::checks::CombinePlan;
@@ -91,6 +92,7 @@ pub struct NormalDispatch<'a> {
 /// `gpu` and go first.
 pub struct RankContext {
     intra: Option<intranode::Buffer<'static>>,
+    elastic: Option<ElasticBuffer<'static>>,
     inter: Option<InternodeBuffer<'static>>,
     ll: Option<LowLatencyBuffer<'static>>,
     intra_dims: Option<(usize, usize)>,
@@ -130,6 +132,7 @@ impl RankContext {
         let comm = Comm::with_exchange(rank, world, local_rank, local_world, exchange)?;
         Ok(RankContext {
             intra: None,
+            elastic: None,
             inter: None,
             ll: None,
             intra_dims: None,
@@ -329,6 +332,23 @@ impl RankContext {
     }
     fn inter_mut(&mut self) -> Result<&mut InternodeBuffer<'static>> {
         self.inter.as_mut().ok_or_else(|| EpError::InvalidArgument("the internode buffer is not created (destroyed, or the group is within one host)".into()))
+    }
+    /// The V2 buffer (DeepEP's `ElasticBuffer`), if created.
+    pub fn elastic_mut(&mut self) -> Result<&mut ElasticBuffer<'static>> {
+        self.elastic.as_mut().ok_or_else(|| EpError::InvalidArgument("the ElasticBuffer is destroyed; create a new one".into()))
+    }
+    /// Create (collectively: every rank passes the same `num_bytes`) the V2 buffer; replaces an
+    /// earlier one after every rank finished its work on it.
+    pub fn elastic_create(&mut self, num_bytes: usize) -> Result<()> {
+        self.bind()?;
+        let gpu = self.gpu_static();
+        if let Some(old) = self.elastic.take() {
+            gpu.sync("re-creating the ElasticBuffer")?;
+            self.comm.barrier()?;
+            drop(old);
+        }
+        self.elastic = Some(ElasticBuffer::new(gpu, &self.comm, num_bytes)?);
+        Ok(())
     }
     fn ll_mut(&mut self) -> Result<&mut LowLatencyBuffer<'static>> {
         self.ll.as_mut().ok_or_else(|| EpError::InvalidArgument("the low-latency buffer is not created (destroyed, or low_latency_mode was off)".into()))
@@ -734,12 +754,14 @@ impl RankContext {
         let gpu = self.gpu_static();
         let had_nvshmem = self.ll.is_some() || self.inter.is_some();
         let (intra, inter, ll) = (self.intra.take(), self.inter.take(), self.ll.take());
+        let elastic = self.elastic.take();
         self.intra_dims = None;
         self.retire_ll();
         gpu.sync("destroying the buffers")?;
         // every rank finished before the collective frees of the symmetric buffers
         self.comm.barrier()?;
         drop(intra);
+        drop(elastic);
         drop(inter);
         drop(ll);
         if had_nvshmem {
@@ -751,12 +773,14 @@ impl RankContext {
     /// [`RankContext::destroy`] after `lost` (an expired wait): no collective step at all.
     fn destroy_local(&mut self, lost: &ErrorRecord) -> Result<()> {
         let intra = self.intra.take();
+        let elastic = self.elastic.take();
         self.abandon_nvshmem_buffers(lost);
         self.intra_dims = None;
         self.retire_ll();
         // every kernel of this rank ends within its wait bound; then the NVLink buffer is ours alone
         let synced = self.gpu.sync("destroying the buffers after a lost peer");
         drop(intra);
+        drop(elastic);
         self.gpu.clear_error();
         match synced {
             Err(e) if !matches!(e, EpError::GpuTimeout { .. }) => Err(e),
