@@ -111,14 +111,11 @@ pub fn rows(lock: &Lock) -> Vec<Row> {
 }
 
 fn sources_text(c: &Cell) -> String {
-    if c.sources.is_empty() {
+    let names: Vec<&str> = c.sources.iter().map(|s| s.as_str()).collect();
+    if names.is_empty() {
         "-".into()
     } else {
-        c.sources
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join("+")
+        names.join("+")
     }
 }
 

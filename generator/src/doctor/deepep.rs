@@ -262,6 +262,17 @@ fn host_limits() -> &'static Result<Vec<HostLimit>, String> {
     LIMITS.get_or_init(|| parse_host_limits(PAIRINGS_JSON))
 }
 
+/// The failure of check `id` when `what` (the pairing rules or the host limits) built into this
+/// binary from `pkgs/deep-ep/pairings.json` does not parse.
+fn invalid_pairings_json(id: &str, what: &str, e: &str) -> Check {
+    Check::fail(
+        id,
+        caps::NVSHMEM,
+        format!("the {what} built into this deepep-nix (pkgs/deep-ep/pairings.json) are invalid: {e}"),
+        "fix pkgs/deep-ep/pairings.json (cargo test -p deepep-nix pairing_data names the problem) and rebuild deepep-nix",
+    )
+}
+
 /// The `deepep.host-limits` check: the `hostLimits` of `pkgs/deep-ep/pairings.json` that cover
 /// DeepEP `dv` and one of the NVSHMEM versions in play, applied to this host (`rdma`). A limit
 /// that holds here is a warning for the modes it breaks (the same build works on other hosts).
@@ -1050,6 +1061,8 @@ fn check_upstream(
     if let (Some(_), Some(v)) = (&torch.torch_lib, torch.version) {
         in_play.push((v, "torch's host library".into()));
     }
+    // The DeepEP version as its metadata spells it.
+    let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
     match (&parsed, &needed_host, in_play.is_empty(), pairing_rules()) {
         (_, None, _, _) => out.push(Check::skip(
             pairing_id,
@@ -1066,14 +1079,8 @@ fn check_upstream(
             caps::NVSHMEM,
             "NVSHMEM version unknown",
         )),
-        (_, _, _, Err(e)) => out.push(Check::fail(
-            pairing_id,
-            caps::NVSHMEM,
-            format!("the pairing rules built into this deepep-nix (pkgs/deep-ep/pairings.json) are invalid: {e}"),
-            "fix pkgs/deep-ep/pairings.json (cargo test -p deepep-nix pairing_data names the problem) and rebuild deepep-nix",
-        )),
+        (_, _, _, Err(e)) => out.push(invalid_pairings_json(pairing_id, "pairing rules", e)),
         (Some((dv, local)), Some(_), false, Ok(rules)) => {
-            let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
             out.push(pairing_check(rules, raw, *dv, local.as_deref(), &in_play));
         }
     }
@@ -1087,14 +1094,8 @@ fn check_upstream(
             caps::NVSHMEM,
             "DeepEP or NVSHMEM version unknown (see deepep.pairing)",
         )),
-        (_, _, _, Err(e)) => out.push(Check::fail(
-            limits_id,
-            caps::NVSHMEM,
-            format!("the host limits built into this deepep-nix (pkgs/deep-ep/pairings.json) are invalid: {e}"),
-            "fix pkgs/deep-ep/pairings.json (cargo test -p deepep-nix pairing_data names the problem) and rebuild deepep-nix",
-        )),
+        (_, _, _, Err(e)) => out.push(invalid_pairings_json(limits_id, "host limits", e)),
         (Some((dv, _)), Some(_), false, Ok(limits)) => {
-            let raw = version.as_ref().map(|(r, _)| r.as_str()).unwrap_or("");
             out.push(host_limit_check(limits, raw, *dv, &in_play, rdma));
         }
     }
@@ -1272,25 +1273,8 @@ mod tests {
         assert!(!Image::Ptx(10, 0).runs_on((9, 0)));
     }
 
-    /// A fat binary as nvcc lays it out (see [`fatbin_images`]), entries of 64-byte headers.
-    fn fatbin(entries: &[(u16, u32)]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for &(kind, arch) in entries {
-            let mut h = [0u8; 64];
-            h[0..2].copy_from_slice(&kind.to_le_bytes());
-            h[4..8].copy_from_slice(&64u32.to_le_bytes());
-            h[8..16].copy_from_slice(&8u64.to_le_bytes());
-            h[28..32].copy_from_slice(&arch.to_le_bytes());
-            body.extend_from_slice(&h);
-            body.extend_from_slice(&[0xAA; 8]);
-        }
-        let mut out = FATBIN_MAGIC.to_le_bytes().to_vec();
-        out.extend_from_slice(&1u16.to_le_bytes());
-        out.extend_from_slice(&16u16.to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        out.extend(body);
-        out
-    }
+    // `fatbin(&[(kind, arch)])`: the writer `tests/doctor.rs` uses too.
+    include!("../../tests/common/fatbin.rs");
 
     #[test]
     fn fat_binaries_are_read_and_garbage_is_survived() {
