@@ -15,8 +15,11 @@
 //! FIFO, which would block a naive reader forever, and a directory).
 
 mod common;
+#[path = "common/fatbin.rs"]
+mod fatbin;
 
 use common::json_check;
+use fatbin::fatbin;
 use deepep_nix::doctor::{run_with, Capability, DoctorArgs, Report, Status, ToolOutput, Tools};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1508,35 +1511,12 @@ fn binary_exit_codes_and_usage_errors() {
 // the `deep_ep_cpp*.so` DeepEP v1.2.1's setup.py links (`-l:libnvshmem_host.so
 // -l:libnvshmem_device.a -Wl,-rpath,$NVSHMEM_DIR/lib`): DT_NEEDED libnvshmem_host.so.3, a
 // RUNPATH, the device library's local version symbol, and a `.nv_fatbin` section. The one mock
-// is that section's content: fat-binary headers written here (magic, entry kind, arch) without
+// is that section's content: fat-binary headers (magic, entry kind, arch; common/fatbin.rs) without
 // real GPU code, because a C compiler cannot emit CUDA images. `tests/deepep_build.rs` checks
 // the same reader against a real nvcc build linked against the real NVSHMEM wheel.
 
 const SITE: &str = "/opt/venv/lib/python3.12/site-packages";
 const EXT: &str = "deep_ep_cpp.cpython-312-x86_64-linux-gnu.so";
-
-/// Fat binary bytes with one entry per (kind 1 PTX / 2 ELF, arch such as 90), each with a
-/// 64-byte entry header and 16 bytes of payload.
-fn fatbin(images: &[(u16, u32)]) -> Vec<u8> {
-    let mut entries = Vec::new();
-    for &(kind, arch) in images {
-        let mut h = [0u8; 64];
-        h[0..2].copy_from_slice(&kind.to_le_bytes());
-        h[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
-        h[4..8].copy_from_slice(&64u32.to_le_bytes());
-        h[8..16].copy_from_slice(&16u64.to_le_bytes());
-        h[28..32].copy_from_slice(&arch.to_le_bytes());
-        entries.extend_from_slice(&h);
-        entries.extend_from_slice(&[0u8; 16]);
-    }
-    let mut out = Vec::new();
-    out.extend_from_slice(&0xBA55_ED50u32.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&16u16.to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    out.extend(entries);
-    out
-}
 
 impl TestHost {
     /// Puts a DeepEP build into the site directory: the extension (device library `device`
