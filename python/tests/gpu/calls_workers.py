@@ -106,25 +106,26 @@ def low_latency(rank, world, group):
     counts = {}
     for async_finish, hook_mode in ((False, False), (True, False), (False, True)):
         tag = (" async" if async_finish else "") + (" hook" if hook_mode else "")
+
+        def finish(what, ev, hook):
+            # the receive hook is one more counted call; an async call's event is waited for
+            if hook_mode:
+                _, n, names = counted(hook)
+                _expect(what + " hook", n, names, counts)
+            if async_finish:
+                ev.current_stream_wait()
+
         (rx, cnt, h, ev, hook), n, names = counted(lambda: buf.low_latency_dispatch(
             xd, idxd, num_max, num_experts, use_fp8=False, async_finish=async_finish, return_recv_hook=hook_mode))
         _expect("ll dispatch" + tag, n, names, counts)
-        if hook_mode:
-            _, n, names = counted(hook)
-            _expect("ll dispatch hook", n, names, counts)
-        if async_finish:
-            ev.current_stream_wait()
+        finish("ll dispatch", ev, hook)
         assert cnt.cpu().tolist() == [len(r) for r in want]
         for le, rows in enumerate(want):
             assert row_keys(rx[le, : len(rows)].cpu()) == row_keys(rows)
         (out, ev, hook), n, names = counted(lambda: buf.low_latency_combine(rx, idxd, wd, h, async_finish=async_finish,
                                                                            return_recv_hook=hook_mode))
         _expect("ll combine" + tag, n, names, counts)
-        if hook_mode:
-            _, n, names = counted(hook)
-            _expect("ll combine hook", n, names, counts)
-        if async_finish:
-            ev.current_stream_wait()
+        finish("ll combine", ev, hook)
         assert out.shape == (x.shape[0], HIDDEN)
     print(f"rank {rank}: low-latency extension calls {counts}")
     buf.destroy()

@@ -33,32 +33,29 @@ def _only_once():
         pytest.skip("runs once, in the 2-rank pass (it starts its own 4 and 3 ranks)")
 
 
-def test_dead_peer_normal_mode_4_to_2():
+def _survivors_of(body, world, new_ll):
+    """Runs `body` at `world` ranks, of which the last dies, and checks every survivor; the reports."""
     _only_once()
-    codes, reports = dead_peer.run(dead_peer.normal_body, 4)
+    codes, reports = dead_peer.run(body, world)
     print(reports)
-    _check_survivors(codes, reports, 4, 3, new_ll=False)
+    _check_survivors(codes, reports, world, world - 1, new_ll=new_ll)
+    return reports
+
+
+def test_dead_peer_normal_mode_4_to_2():
+    reports = _survivors_of(dead_peer.normal_body, 4, new_ll=False)
     assert all(reports[r]["sticky"] for r in range(3)), "the Buffer that lost a peer must keep refusing until destroy()"
 
 
 def test_dead_peer_low_latency_3_to_2():
-    _only_once()
-    codes, reports = dead_peer.run(dead_peer.ll_body, 3)
-    print(reports)
-    _check_survivors(codes, reports, 3, 2, new_ll=True)
+    _survivors_of(dead_peer.ll_body, 3, new_ll=True)
 
 
 def test_dead_peer_between_dispatch_and_combine_default_options_normal_4_to_2():
-    _only_once()
-    codes, reports = dead_peer.run(dead_peer.normal_default_body, 4)
-    print(reports)
-    _check_survivors(codes, reports, 4, 3, new_ll=False)
+    reports = _survivors_of(dead_peer.normal_default_body, 4, new_ll=False)
     assert all(reports[r]["old_record_gone"] for r in range(3)), "dropping the Buffer must retire its error record"
 
 
 def test_dead_peer_between_dispatch_and_combine_default_options_low_latency_3_to_2():
-    _only_once()
-    codes, reports = dead_peer.run(dead_peer.ll_default_body, 3)
-    print(reports)
-    _check_survivors(codes, reports, 3, 2, new_ll=True)
+    reports = _survivors_of(dead_peer.ll_default_body, 3, new_ll=True)
     assert all(reports[r]["old_record_gone"] for r in range(2)), "dropping the Buffer must retire its error record"

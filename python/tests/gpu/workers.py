@@ -110,6 +110,20 @@ def check_equal(name, got, want):
     raise AssertionError(f"{name}: {detail}")
 
 
+def _check_dispatch_aligned_to_4(got, all_x, all_idx, all_w, rank, world, num_experts):
+    """Checks a fresh BF16 dispatch with expert_alignment=4 (`got`: what buf.dispatch returned, after
+    an EventOverlap without event) against expected_recv: rows, top-k ids and weights, the counts
+    list and no event. Returns the expected rows, top-k ids and sources."""
+    rx, ri, rw, counts, _, ev = got
+    ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
+    check_equal("recv_x", rx, ex)
+    check_equal("recv_topk_idx", ri, ei)
+    check_equal("recv_topk_weights", rw, ew)
+    assert counts == ecounts, (counts, ecounts)
+    assert isinstance(counts, list) and ev.event is None
+    return ex, ei, src
+
+
 def _check_cached_dispatch(buf, group, x, handle, src, dev):
     """A cached dispatch of other data (2x + 1) along the routes of `handle`: the rows of every
     rank's data at the sources `src` (pairs of (rank, token)), and no layout outputs."""
@@ -176,15 +190,11 @@ def intranode(rank, world, group):
             buf.dispatch(xd, **{**layout, name: wrong})
 
     # fresh BF16 dispatch with alignment 4
-    rx, ri, rw, counts, handle, ev = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                                  num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd, expert_alignment=4,
-                                                  previous_event=ev)  # an EventOverlap without event, as Megatron passes it
-    ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
-    check_equal("recv_x", rx, ex)
-    check_equal("recv_topk_idx", ri, ei)
-    check_equal("recv_topk_weights", rw, ew)
-    assert counts == ecounts, (counts, ecounts)
-    assert isinstance(counts, list) and ev.event is None
+    got = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                       topk_idx=idxd, topk_weights=wd, expert_alignment=4,
+                       previous_event=ev)  # an EventOverlap without event, as Megatron passes it
+    rx, _, rw, _, handle, _ = got
+    ex, ei, src = _check_dispatch_aligned_to_4(got, all_x, all_idx, all_w, rank, world, num_experts)
 
     _check_cached_dispatch(buf, group, x, handle, src, dev)
 
@@ -789,13 +799,9 @@ def internode(rank, world, group, ranks_per_host=None):
                   num_tokens_per_expert=per_expert)
 
     # fresh BF16 dispatch with alignment 4
-    rx, ri, rw, counts, handle, ev = buf.dispatch(xd, topk_idx=idxd, topk_weights=wd, expert_alignment=4, previous_event=ev, **layout)
-    ex, _, ei, ew, ecounts, src = expected_recv(all_x, all_idx, all_w, rank, world, num_experts, alignment=4)
-    check_equal("recv_x", rx, ex)
-    check_equal("recv_topk_idx", ri, ei)
-    check_equal("recv_topk_weights", rw, ew)
-    assert counts == ecounts, (counts, ecounts)
-    assert isinstance(counts, list) and ev.event is None
+    got = buf.dispatch(xd, topk_idx=idxd, topk_weights=wd, expert_alignment=4, previous_event=ev, **layout)
+    rx, _, rw, _, handle, _ = got
+    ex, ei, src = _check_dispatch_aligned_to_4(got, all_x, all_idx, all_w, rank, world, num_experts)
     assert handle.num_recv_tokens == ex.shape[0]
     # handle[-4]: DeepEP's recv_gbl_rank_prefix_sum, rows grouped by source rank (what
     # test_internode.py's check_data reads; its padding bug showed at 16 ranks in hosts of 8)
