@@ -220,14 +220,31 @@ impl SelectArgs {
     }
 }
 
+/// The lock, the artifact of it and how to download it: shared by `verify` and `install`.
 #[derive(Debug, Clone, Args)]
-pub struct VerifyArgs {
+pub struct PinnedArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
     #[command(flatten)]
     pub net: NetArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+}
+
+impl PinnedArgs {
+    /// The lock (the checkout's, else the snapshot embedded in this binary) and the selector the
+    /// flags give.
+    fn lock_and_selector(&self) -> Result<(crate::lock::Lock, crate::verify::Selector)> {
+        let found = repo::find_repo(self.repo.repo.as_deref())?;
+        let (lock, _, _) = repo::read_lock(found.as_ref())?;
+        Ok((lock, self.select.selector()?))
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub pinned: PinnedArgs,
     /// Local file to verify instead of downloading (repeatable). Its lock entry is found by
     /// its file name; --version/--cuda/--system/--source, if given, must agree with the name.
     /// A file the lock does not name needs --version and --cuda (its extension gives the
@@ -258,11 +275,7 @@ pub struct HashArgs {
 #[derive(Debug, Clone, Args)]
 pub struct InstallArgs {
     #[command(flatten)]
-    pub repo: RepoArgs,
-    #[command(flatten)]
-    pub net: NetArgs,
-    #[command(flatten)]
-    pub select: SelectArgs,
+    pub pinned: PinnedArgs,
     /// Install into this directory (must not exist or be empty, unless --replace); missing
     /// parents are created, and removed again if the install fails or is interrupted. An
     /// existing directory (a mount point, or one in a parent you cannot write) is kept and
@@ -431,13 +444,11 @@ fn print_json(v: &serde_json::Value) {
 
 pub fn verify(args: &VerifyArgs) -> Result<i32> {
     use crate::verify::{self as v, OnMismatch};
-    let found = repo::find_repo(args.repo.repo.as_deref())?;
-    let (lock, _, _) = repo::read_lock(found.as_ref())?;
-    let sel = args.select.selector()?;
+    let (lock, sel) = args.pinned.lock_and_selector()?;
     let mut report = Vec::new();
     if args.files.is_empty() {
         let pinned = v::select(&lock, &sel)?;
-        let http = args.net.http(true, PINNED_URL_HINT)?;
+        let http = args.pinned.net.http(true, PINNED_URL_HINT)?;
         let path = v::fetch_verified(&http, &pinned, &args.dest)
             .map_err(|e| verify_pypi_hint(e, &lock, &pinned, args))?;
         report.push((pinned, path));
@@ -626,7 +637,7 @@ fn suggest_pypi(e: Error, lock: &crate::lock::Lock, pinned: &crate::verify::Pinn
             w.system,
             sh_word(&args.prefix.display().to_string())
         );
-        if let Some(r) = &args.repo.repo {
+        if let Some(r) = &args.pinned.repo.repo {
             cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
         }
         if let Some(c) = &args.cache {
@@ -664,7 +675,7 @@ fn verify_pypi_hint(e: Error, lock: &crate::lock::Lock, pinned: &crate::verify::
             "deepep-nix verify --version {} --cuda {} --system {} --source pypi",
             w.version, w.cuda, w.system
         );
-        if let Some(r) = &args.repo.repo {
+        if let Some(r) = &args.pinned.repo.repo {
             cmd += &format!(" --repo {}", sh_word(&r.display().to_string()));
         }
         cmd += &format!(" --dest {}", sh_word(&args.dest.display().to_string()));
@@ -693,9 +704,7 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             inst::STAGING_PREFIX
         );
     }
-    let found = repo::find_repo(args.repo.repo.as_deref())?;
-    let (lock, _, _) = repo::read_lock(found.as_ref())?;
-    let sel = args.select.selector()?;
+    let (lock, sel) = args.pinned.lock_and_selector()?;
     let pinned = match &args.file {
         Some(f) => v::resolve_file(&lock, &sel, f)?,
         None => v::select(&lock, &sel)?,
@@ -729,7 +738,7 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
             f.clone()
         }
         None => v::fetch_verified(
-            &args.net.http(true, PINNED_URL_HINT)?,
+            &args.pinned.net.http(true, PINNED_URL_HINT)?,
             &pinned,
             &args.cache.clone().unwrap_or_else(default_cache),
         )
