@@ -269,13 +269,14 @@ pub fn check(
         .map(PathBuf::from)
         .or_else(|| nvshmem_dir.map(Path::to_path_buf));
     let mut nccl: Option<Check> = None;
+    // Both checks from one maps text: the NVSHMEM check returned, the NCCL one kept for the end.
+    let mut judge_both = |origin: &str, text: &str| {
+        nccl = Some(judge_nccl(origin, text));
+        judge(origin, text, expect.as_deref())
+    };
     if let Some(file) = env.get(ENV_MAPS).filter(|s| !s.is_empty()) {
         out.push(match std::fs::read_to_string(file) {
-            Ok(text) => {
-                let origin = format!("{ENV_MAPS}={file}");
-                nccl = Some(judge_nccl(&origin, &text));
-                judge(&origin, &text, expect.as_deref())
-            }
+            Ok(text) => judge_both(&format!("{ENV_MAPS}={file}"), &text),
             Err(e) => Check::fail(
                 ID,
                 caps::NVSHMEM,
@@ -291,10 +292,7 @@ pub fn check(
             Check::new(ID, caps::NVSHMEM, Status::Skip, format!("{origin}: not run (--root describes another host)"))
         } else {
             match run_probe(python, &ms, PYTHON_TIMEOUT) {
-                Ok(text) => {
-                    nccl = Some(judge_nccl(&origin, &text));
-                    judge(&origin, &text, expect.as_deref())
-                }
+                Ok(text) => judge_both(&origin, &text),
                 Err(e) => Check::fail(
                     ID,
                     caps::NVSHMEM,
@@ -325,6 +323,13 @@ mod tests {
 7ffd1c7e5000-7ffd1c7e9000 r--p 00000000 00:00 0 [vvar]
 ";
     const OURS: &str = "/nix/store/nnn-libnvshmem-3.4.5-lib/lib/libnvshmem_host.so.3";
+    /// The NVSHMEM the device code was built with (OURS's prefix).
+    const EXPECTED: &str = "/nix/store/nnn-libnvshmem-3.4.5-lib";
+
+    /// `judge` of `text` with EXPECTED as the NVSHMEM to expect.
+    fn judge_expecting_ours(text: &str) -> Check {
+        judge("sample", text, Some(Path::new(EXPECTED)))
+    }
     const TORCHS: &str = "/nix/store/qqq-cuda13-libnvshmem-3.6.5-0/lib/libnvshmem_host.so.3";
 
     fn lib_lines(path: &str, inode: u32) -> String {
@@ -441,11 +446,7 @@ mod tests {
 
     #[test]
     fn the_one_mapped_must_be_the_expected_one() {
-        let ok = judge(
-            "sample",
-            &maps(&[OURS]),
-            Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib")),
-        );
+        let ok = judge_expecting_ours(&maps(&[OURS]));
         assert_eq!(ok.status, Status::Ok, "{}", ok.found);
         let ok_lib = judge(
             "sample",
@@ -454,19 +455,12 @@ mod tests {
         );
         assert_eq!(ok_lib.status, Status::Ok, "{}", ok_lib.found);
         // torch's copy only: DeepEP got torch's NVSHMEM through the SONAME.
-        let bad = judge(
-            "sample",
-            &maps(&[TORCHS]),
-            Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib")),
-        );
-        assert_eq!(bad.status, Status::Fail);
-        assert!(
-            bad.found.contains(TORCHS)
-                && bad
-                    .found
-                    .contains("not the one the device code was built with"),
-            "{}",
-            bad.found
+        let bad = judge_expecting_ours(&maps(&[TORCHS]));
+        assert_check(&bad, Status::Fail, TORCHS);
+        assert_check(
+            &bad,
+            Status::Fail,
+            "not the one the device code was built with",
         );
     }
 
@@ -479,53 +473,32 @@ mod tests {
     #[test]
     fn a_library_loaded_and_closed_again_is_judged_by_what_was_reported() {
         let ok = format!("{LOADED_MARKER}{OURS}\n{}", maps(&[]));
-        assert_eq!(
-            judge(
-                "p",
-                &ok,
-                Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib"))
-            )
-            .status,
-            Status::Ok
-        );
+        assert_eq!(judge_expecting_ours(&ok).status, Status::Ok);
         let soname = format!("{LOADED_MARKER}libnvshmem_host.so.3\n{}", maps(&[]));
-        assert_eq!(
-            judge(
-                "p",
-                &soname,
-                Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib"))
-            )
-            .status,
-            Status::Ok
-        );
+        assert_eq!(judge_expecting_ours(&soname).status, Status::Ok);
         let other = format!("{LOADED_MARKER}{TORCHS}\n{}", maps(&[]));
-        assert_eq!(
-            judge(
-                "p",
-                &other,
-                Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib"))
-            )
-            .status,
-            Status::Fail
-        );
+        assert_eq!(judge_expecting_ours(&other).status, Status::Fail);
         // Loaded and closed while torch's other copy stays mapped: the mapped one is judged.
         let beside = format!("{LOADED_MARKER}{OURS}\n{}", maps(&[TORCHS]));
-        assert_eq!(
-            judge(
-                "p",
-                &beside,
-                Some(Path::new("/nix/store/nnn-libnvshmem-3.4.5-lib"))
-            )
-            .status,
-            Status::Fail
-        );
+        assert_eq!(judge_expecting_ours(&beside).status, Status::Fail);
     }
 
-    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
+    /// Asserts the check's status and that its `found` text contains `needle`.
+    #[track_caller]
+    fn assert_check(c: &Check, status: Status, needle: &str) {
+        assert_eq!(c.status, status, "{}", c.found);
+        assert!(c.found.contains(needle), "{needle:?} not in {}", c.found);
+    }
+
+    /// What `check` reports with the environment `pairs`.
+    fn checks(pairs: &[(&str, &str)], nvshmem_dir: Option<&Path>, real_host: bool) -> Vec<Check> {
+        let env: BTreeMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+            .collect();
+        let mut out = Vec::new();
+        check(&env, nvshmem_dir, real_host, &mut out);
+        out
     }
 
     #[test]
@@ -533,13 +506,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("maps.txt");
         std::fs::write(&f, maps(&[TORCHS, OURS])).unwrap();
-        let mut out = Vec::new();
-        check(
-            &env(&[(ENV_MAPS, f.to_str().unwrap())]),
-            None,
-            false,
-            &mut out,
-        );
+        let out = checks(&[(ENV_MAPS, f.to_str().unwrap())], None, false);
         // process.nvshmem-maps, then process.nccl-maps from the same text (no libnccl there)
         assert_eq!(out.len(), 2);
         assert_eq!((out[1].id.as_str(), out[1].status), (NCCL_ID, Status::Skip));
@@ -552,29 +519,16 @@ mod tests {
             out[0].found
         );
 
-        let mut missing = Vec::new();
-        check(
-            &env(&[(ENV_MAPS, "/nonexistent/maps.txt")]),
-            None,
-            true,
-            &mut missing,
-        );
-        assert_eq!(missing[0].status, Status::Fail);
-        assert!(
-            missing[0].found.contains("cannot be read"),
-            "{}",
-            missing[0].found
-        );
+        let missing = checks(&[(ENV_MAPS, "/nonexistent/maps.txt")], None, true);
+        assert_check(&missing[0], Status::Fail, "cannot be read");
     }
 
     #[test]
     fn nothing_asked_nothing_reported() {
-        let mut out = Vec::new();
-        check(
-            &env(&[("NVSHMEM_DIR", "/opt/nvshmem")]),
+        let out = checks(
+            &[("NVSHMEM_DIR", "/opt/nvshmem")],
             Some(Path::new("/opt/nvshmem")),
             true,
-            &mut out,
         );
         assert!(out.is_empty());
     }
@@ -584,23 +538,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("maps.txt");
         std::fs::write(&f, maps(&[TORCHS])).unwrap();
-        let mut by_env = Vec::new();
-        check(
-            &env(&[
-                (ENV_MAPS, f.to_str().unwrap()),
-                (ENV_EXPECT, "/nix/store/nnn-libnvshmem-3.4.5-lib"),
-            ]),
+        let by_env = checks(
+            &[(ENV_MAPS, f.to_str().unwrap()), (ENV_EXPECT, EXPECTED)],
             None,
             true,
-            &mut by_env,
         );
         assert_eq!(by_env[0].status, Status::Fail);
-        let mut by_dir = Vec::new();
-        check(
-            &env(&[(ENV_MAPS, f.to_str().unwrap())]),
+        let by_dir = checks(
+            &[(ENV_MAPS, f.to_str().unwrap())],
             Some(Path::new("/nix/store/qqq-cuda13-libnvshmem-3.6.5-0")),
             true,
-            &mut by_dir,
         );
         assert_eq!(by_dir[0].status, Status::Ok, "{}", by_dir[0].found);
     }
@@ -630,23 +577,18 @@ mod tests {
                 f.display()
             ),
         );
-        let mut out = Vec::new();
-        check(
-            &env(&[
+        let out = checks(
+            &[
                 (ENV_PYTHON, py.to_str().unwrap()),
                 (ENV_MODULES, "deep_ep, deepep_kernels"),
-            ]),
+            ],
             None,
             true,
-            &mut out,
         );
-        assert_eq!(out[0].status, Status::Ok, "{}", out[0].found);
-        assert!(
-            out[0]
-                .found
-                .contains("after import torch, deep_ep, deepep_kernels"),
-            "{}",
-            out[0].found
+        assert_check(
+            &out[0],
+            Status::Ok,
+            "after import torch, deep_ep, deepep_kernels",
         );
         assert_eq!(
             std::fs::read_to_string(&args_file).unwrap(),
@@ -658,30 +600,13 @@ mod tests {
     fn a_failing_python_is_a_failure_with_its_last_error_line() {
         let dir = tempfile::tempdir().unwrap();
         let py = fake_python(dir.path(), "echo 'Traceback (most recent call last):' >&2; echo \"ModuleNotFoundError: No module named 'deep_ep'\" >&2; exit 1");
-        let mut out = Vec::new();
-        check(
-            &env(&[(ENV_PYTHON, py.to_str().unwrap())]),
-            None,
-            true,
-            &mut out,
-        );
-        assert_eq!(out[0].status, Status::Fail);
-        assert!(
-            out[0].found.contains("No module named 'deep_ep'"),
-            "{}",
-            out[0].found
-        );
+        let out = checks(&[(ENV_PYTHON, py.to_str().unwrap())], None, true);
+        assert_check(&out[0], Status::Fail, "No module named 'deep_ep'");
     }
 
     #[test]
     fn python_is_not_run_for_another_root() {
-        let mut out = Vec::new();
-        check(
-            &env(&[(ENV_PYTHON, "/nonexistent/python")]),
-            None,
-            false,
-            &mut out,
-        );
+        let out = checks(&[(ENV_PYTHON, "/nonexistent/python")], None, false);
         assert_eq!(out[0].status, Status::Skip);
     }
 
