@@ -204,39 +204,28 @@ fn invalid(name: &str, value: &str, needed: &[Capability], expected: &str) -> Ch
 
 fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Check> {
     let ok = |needed: &[Capability], found: String| Some(Check::ok(id(name), needed, found));
+    let fail = |needed: &[Capability], found: String, fix: String| {
+        Some(Check::fail(id(name), needed, found, fix))
+    };
+    let invalid_value =
+        |needed: &[Capability], expected: &str| Some(invalid(name, value, needed, expected));
     match name {
         "NVSHMEM_CUMEM_GRANULARITY" => match parse_size(value) {
-            None => Some(invalid(
-                name,
-                value,
-                caps::NVSHMEM,
-                "a size such as 536870912 or 512M",
-            )),
-            Some(b) if b < MIN_GRANULARITY => Some(Check::fail(
-                id(name),
+            None => invalid_value(caps::NVSHMEM, "a size such as 536870912 or 512M"),
+            Some(b) if b < MIN_GRANULARITY => fail(
                 caps::NVSHMEM,
                 format!("{value} = {} < 256 MiB", mib(b)),
                 format!("export {name}=536870912 (512 MiB, DeepEP's value; at least 256 MiB)"),
-            )),
+            ),
             Some(b) => ok(caps::NVSHMEM, format!("{value} = {} >= 256 MiB", mib(b))),
         },
         "NVSHMEM_SYMMETRIC_SIZE" => match parse_size(value) {
-            None | Some(0) => Some(invalid(
-                name,
-                value,
-                caps::NVSHMEM,
-                "a non-zero size such as 4G",
-            )),
+            None | Some(0) => invalid_value(caps::NVSHMEM, "a non-zero size such as 4G"),
             Some(b) => ok(caps::NVSHMEM, format!("{value} = {b} bytes")),
         },
         "NVSHMEM_QP_DEPTH" => match parse_int(value) {
             Some(d) if d > 0 => Some(qp_depth(ctx, d, "exported")),
-            _ => Some(invalid(
-                name,
-                value,
-                caps::NVSHMEM,
-                "a positive integer such as 1024",
-            )),
+            _ => invalid_value(caps::NVSHMEM, "a positive integer such as 1024"),
         },
         "NVSHMEM_MAX_TEAMS" => match parse_int(value) {
             Some(t) if t >= 1 => {
@@ -251,21 +240,15 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                     ok(caps::NVSHMEM, format!("{t}"))
                 }
             }
-            _ => Some(invalid(
-                name,
-                value,
-                caps::NVSHMEM,
-                "a positive integer such as 7",
-            )),
+            _ => invalid_value(caps::NVSHMEM, "a positive integer such as 7"),
         },
         "NVSHMEM_DISABLE_P2P" => {
             if parse_bool(value) {
-                Some(Check::fail(
-                    id(name),
+                fail(
                     caps::LOW_LATENCY,
                     format!("{value:?} = true: NVSHMEM will not use NVLink between local GPUs"),
                     format!("unset {name} (or export {name}=0)"),
-                ))
+                )
             } else {
                 ok(caps::LOW_LATENCY, format!("{value:?} = false"))
             }
@@ -274,66 +257,43 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
             if parse_bool(value) {
                 ok(caps::NVSHMEM, format!("{value:?} = true"))
             } else {
-                Some(Check::fail(
-                    id(name),
+                fail(
                     caps::NVSHMEM,
                     format!("{value:?} = false: NVLink multicast on; our runtime refuses it"),
                     format!("export {name}=1 (or unset it: the launcher sets 1)"),
-                ))
+                )
             }
         }
         "NVSHMEM_IB_ENABLE_IBGDA" => {
             if parse_bool(value) {
                 ok(caps::INTERNODE, format!("{value:?} = true"))
             } else {
-                Some(Check::fail(
-                    id(name),
-                    caps::INTERNODE,
-                    format!("{value:?} = false: IBGDA is off (an exported value overrides the runtime's default of 1)"),
-                    format!("export {name}=1 (or unset it)"),
-                ))
+                fail(caps::INTERNODE, format!("{value:?} = false: IBGDA is off (an exported value overrides the runtime's default of 1)"), format!("export {name}=1 (or unset it)"))
             }
         }
         "NVSHMEM_IBGDA_NIC_HANDLER" => match value.to_ascii_lowercase().as_str() {
             "auto" => ok(caps::INTERNODE, "auto: GPU handler, CPU fallback".into()),
-            "gpu" => Some(Check::fail(
-                id(name),
+            "gpu" => fail(
                 caps::CPU_IBGDA,
                 "gpu: forces the GPU handler, so no CPU-assisted fallback".to_string(),
                 format!("unset {name} (default auto)"),
-            )),
-            "cpu" => Some(Check::fail(
-                id(name),
+            ),
+            "cpu" => fail(
                 caps::GPU_IBGDA,
                 "cpu: forces the CPU-assisted handler".to_string(),
                 format!("unset {name} (default auto)"),
-            )),
-            _ => Some(invalid(
-                name,
-                value,
-                caps::INTERNODE,
-                "one of auto, gpu, cpu",
-            )),
+            ),
+            _ => invalid_value(caps::INTERNODE, "one of auto, gpu, cpu"),
         },
         "NVSHMEM_IBGDA_NUM_RC_PER_PE" | "NVSHMEM_IB_GID_INDEX" | "NVSHMEM_IB_TRAFFIC_CLASS" => {
             match parse_int(value) {
                 Some(v) if v >= 0 => ok(caps::INTERNODE, format!("{v}")),
-                _ => Some(invalid(
-                    name,
-                    value,
-                    caps::INTERNODE,
-                    "a non-negative integer",
-                )),
+                _ => invalid_value(caps::INTERNODE, "a non-negative integer"),
             }
         }
         "NVSHMEM_IB_SL" => match parse_int(value) {
             Some(v) if (0..=15).contains(&v) => ok(caps::INTERNODE, format!("{v}")),
-            _ => Some(invalid(
-                name,
-                value,
-                caps::INTERNODE,
-                "a service level 0..15",
-            )),
+            _ => invalid_value(caps::INTERNODE, "a service level 0..15"),
         },
         "NVSHMEM_REMOTE_TRANSPORT" => match value.to_ascii_lowercase().as_str() {
             "ibrc" | "ucx" | "libfabric" | "ibdevx" => ok(caps::INTERNODE, value.to_string()),
@@ -343,23 +303,16 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
                 "none: NVSHMEM skips its InfiniBand probe (fine on a single host)",
                 format!("unset {name} for internode runs"),
             )),
-            _ => Some(invalid(
-                name,
-                value,
-                caps::INTERNODE,
-                "one of ibrc, ucx, libfabric, ibdevx, none",
-            )),
+            _ => invalid_value(caps::INTERNODE, "one of ibrc, ucx, libfabric, ibdevx, none"),
         },
         "NVSHMEM_BOOTSTRAP" => match value.to_ascii_uppercase().as_str() {
             "UID" | "PMI" | "MPI" | "SHMEM" | "PLUGIN" | "PMIX" | "PMI2" | "PMI-2" => {
                 ok(caps::NVSHMEM, value.to_string())
             }
-            _ => Some(invalid(
-                name,
-                value,
+            _ => invalid_value(
                 caps::NVSHMEM,
                 "one of UID, PMI, PMI-2, PMIX, MPI, SHMEM, plugin",
-            )),
+            ),
         },
         "NVSHMEM_HCA_LIST" => Some(hca_list(ctx, name, value)),
         "NVSHMEM_HCA_PREFIX" => {
@@ -394,12 +347,7 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
             {
                 ok(caps::NVSHMEM, value.to_string())
             } else {
-                Some(Check::fail(
-                    id(name),
-                    caps::NVSHMEM,
-                    format!("{value:?} matches no network interface in /sys/class/net ({})", present.join(" ")),
-                    format!("export {name}=lo for a single host, or the name of an interface all hosts reach each other on"),
-                ))
+                fail(caps::NVSHMEM, format!("{value:?} matches no network interface in /sys/class/net ({})", present.join(" ")), format!("export {name}=lo for a single host, or the name of an interface all hosts reach each other on"))
             }
         }
         "NVSHMEM_CUDA_PATH" => {
@@ -407,12 +355,7 @@ fn check_one(host: &Host, ctx: &Context, name: &str, value: &str) -> Option<Chec
             if host.exists(&dir.join("libcuda.so.1")) || host.exists(&dir.join("libcuda.so")) {
                 ok(caps::NVSHMEM, format!("{value} has libcuda"))
             } else {
-                Some(Check::fail(
-                    id(name),
-                    caps::NVSHMEM,
-                    format!("{value} has no libcuda.so.1"),
-                    format!("unset {name} or point it at the directory holding the driver's libcuda.so.1"),
-                ))
+                fail(caps::NVSHMEM, format!("{value} has no libcuda.so.1"), format!("unset {name} or point it at the directory holding the driver's libcuda.so.1"))
             }
         }
         "NVSHMEM_DEBUG" => match value.to_ascii_uppercase().as_str() {
