@@ -71,17 +71,9 @@ pub fn bit_exact<T: Bits>(what: &str, got: &[T], want: &[T], cols: usize) -> Che
             want.len() as f64 / cols as f64
         ));
     }
-    let mut first = None;
-    let mut count = 0usize;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        if g.bits() != w.bits() {
-            count += 1;
-            first.get_or_insert(i);
-        }
-    }
-    match first {
+    match first_failure(got.iter().zip(want).map(|(g, w)| g.bits() != w.bits())) {
         None => Ok(()),
-        Some(i) => Err(format!(
+        Some((i, count)) => Err(format!(
             "{what}: first mismatch at row {}, column {}: got {:?} (bits {:#x}), expected {:?} (bits {:#x}); {count} of {} elements differ",
             i / cols,
             i % cols,
@@ -92,6 +84,19 @@ pub fn bit_exact<T: Bits>(what: &str, got: &[T], want: &[T], cols: usize) -> Che
             got.len()
         )),
     }
+}
+
+/// The index of the first element that fails and how many fail, or None when none does.
+fn first_failure(fails: impl Iterator<Item = bool>) -> Option<(usize, usize)> {
+    let mut first = None;
+    let mut count = 0usize;
+    for (i, fail) in fails.enumerate() {
+        if fail {
+            count += 1;
+            first.get_or_insert(i);
+        }
+    }
+    first.map(|i| (i, count))
 }
 
 /// DeepEP's similarity measure: `1 − 2·Σ(x+1)(y+1) / Σ((x+1)² + (y+1)²)`, in f64. 0 means equal.
@@ -151,18 +156,13 @@ impl<T: Bits> Bounded<T> {
             return Err(format!("{what}: length {} but expected {} ({} rows of {})", got.len(), self.value.len(), self.rows(), self.cols));
         }
         let cols = self.cols.max(1);
-        let mut first = None;
-        let mut count = 0usize;
-        for (i, g) in got.iter().enumerate() {
+        let out_of_bounds = got.iter().enumerate().map(|(i, g)| {
             let err = (g.to_f64() - self.exact[i]).abs();
-            if err.is_nan() || err > self.bound[i] {
-                count += 1;
-                first.get_or_insert(i);
-            }
-        }
-        match first {
+            err.is_nan() || err > self.bound[i]
+        });
+        match first_failure(out_of_bounds) {
             None => Ok(()),
-            Some(i) => Err(format!(
+            Some((i, count)) => Err(format!(
                 "{what}: row {}, column {}: got {:?}, reference {:?}, exact {:e}, |error| {:e} exceeds the bound {:e}; {count} of {} elements out of bounds",
                 i / cols,
                 i % cols,
