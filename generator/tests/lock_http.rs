@@ -159,16 +159,16 @@ fn lock_fails_writing_nothing(s: &Server) -> Output {
     out
 }
 
+/// `lock` against `s` fails, writes nothing, and its stderr names every one of `needles`.
+fn lock_fails_naming(s: &Server, needles: &[&str]) {
+    common::assert_contains_all(&stderr(&lock_fails_writing_nothing(s)), needles);
+}
+
 #[test]
 fn lock_404_fails_naming_the_url_and_writes_nothing() {
     let s = upstream();
     s.route("/redist/redistrib_3.4.5.json", Behaviour::Status(404));
-    let out = lock_fails_writing_nothing(&s);
-    let err = stderr(&out);
-    assert!(
-        err.contains("404") && err.contains("redistrib_3.4.5.json"),
-        "{err}"
-    );
+    lock_fails_naming(&s, &["404", "redistrib_3.4.5.json"]);
     assert_eq!(
         s.hits("/redist/redistrib_3.4.5.json"),
         1,
@@ -592,11 +592,7 @@ fn lock_refuses_percent_encoded_traversal_in_paths_and_urls() {
             &format!("https://files.pythonhosted.org/packages/%2e%2e/%2e%2e/{name}"),
         )),
     );
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("nvidia-nvshmem-cu13") && err.contains("url") && err.contains(".."),
-        "{err}"
-    );
+    lock_fails_naming(&s, &["nvidia-nvshmem-cu13", "url", ".."]);
 }
 
 #[test]
@@ -611,11 +607,7 @@ fn lock_refuses_a_wheel_filename_that_is_not_a_plain_file_name() {
             "https://files.pythonhosted.org/packages/aa/bb/cc/nvidia_nvshmem_cu12-3.4.5-py3-none-manylinux2014_x86_64.whl",
         )),
     );
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    assert!(
-        err.contains("filename") && err.contains(name) && err.contains("plain file name"),
-        "{err}"
-    );
+    lock_fails_naming(&s, &["filename", name, "plain file name"]);
 }
 
 #[test]
@@ -636,9 +628,8 @@ fn lock_refuses_an_index_listing_one_version_under_two_names() {
         );
         s.route(&format!("/redist/redistrib_{name}.json"), Behaviour::ok(m));
     }
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    common::assert_contains_all(
-        &err,
+    lock_fails_naming(
+        &s,
         &[
             "duplicate",
             "redistrib_3.9.0.json",
@@ -660,9 +651,8 @@ fn lock_refuses_duplicate_json_keys_naming_both() {
         "/redist/redistrib_3.4.5.json",
         Behaviour::ok(manifest_text("3.4.5", true, &platform)),
     );
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    common::assert_contains_all(
-        &err,
+    lock_fails_naming(
+        &s,
         &[
             "duplicate",
             "libnvshmem.linux-x86_64.cuda13",
@@ -685,11 +675,7 @@ fn lock_refuses_duplicate_json_keys_naming_both() {
     );
     let s = upstream();
     s.route("/pypi/nvidia-nvshmem-cu13/json", Behaviour::ok(doubled));
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    common::assert_contains_all(
-        &err,
-        &["duplicate", "releases.3.4.5", "nvidia-nvshmem-cu13"],
-    );
+    lock_fails_naming(&s, &["duplicate", "releases.3.4.5", "nvidia-nvshmem-cu13"]);
 }
 
 #[test]
@@ -727,9 +713,8 @@ fn lock_accepts_cuda_keyed_platforms_without_cuda_variant() {
             &format!("\"sha256\": \"{SHA_A}\""),
         )),
     );
-    let err = stderr(&lock_fails_writing_nothing(&s));
-    common::assert_contains_all(
-        &err,
+    lock_fails_naming(
+        &s,
         &["libnvshmem.linux-x86_64", "relative_path", "cuda<major>"],
     );
 }
