@@ -19,8 +19,8 @@ mod common;
 mod fatbin;
 
 use common::json_check;
-use fatbin::fatbin;
 use deepep_nix::doctor::{run_with, Capability, DoctorArgs, Report, Status, ToolOutput, Tools};
+use fatbin::fatbin;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -398,6 +398,13 @@ impl TestHost {
         let p = self.path(host_path);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
+    }
+
+    /// `--maps FILE`, FILE holding `text` (a process's `/proc/<pid>/maps`), written into the tree.
+    fn with_maps(mut self, text: &str) -> Self {
+        self.write("/tmp/process-maps.txt", text);
+        self.args.maps = Some(self.path("/tmp/process-maps.txt"));
+        self
     }
 
     fn remove(&self, host_path: &str) {
@@ -2937,21 +2944,13 @@ fn multi_release_marker_that_is_malformed_or_disagrees_with_the_cubins_is_a_fail
 
 #[test]
 fn maps_flag_names_every_nvshmem_host_library_a_process_mapped() {
-    let h = TestHost::ibgda();
-    let maps = tempfile::NamedTempFile::new().unwrap();
     let torchs = "/site/nvidia/nvshmem/lib/libnvshmem_host.so.3";
     let ours = "/opt/nvshmem-3.4.5/lib/libnvshmem_host.so.3";
-    std::fs::write(
-        maps.path(),
-        format!(
-            "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n\
-             7f0000200000-7f0000300000 r-xp 00000000 08:01 12 {ours}\n\
-             7f0000400000-7f0000500000 r-xp 00000000 08:01 13 /usr/lib/libc.so.6\n"
-        ),
-    )
-    .unwrap();
-    let mut h = h;
-    h.args.maps = Some(maps.path().to_path_buf());
+    let mut h = TestHost::ibgda().with_maps(&format!(
+        "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n\
+         7f0000200000-7f0000300000 r-xp 00000000 08:01 12 {ours}\n\
+         7f0000400000-7f0000500000 r-xp 00000000 08:01 13 /usr/lib/libc.so.6\n"
+    ));
     let r = h.run();
     assert_eq!(
         status(&r, "process.nvshmem-maps"),
@@ -2971,11 +2970,9 @@ fn maps_flag_names_every_nvshmem_host_library_a_process_mapped() {
     );
 
     // one library: ok
-    std::fs::write(
-        maps.path(),
-        format!("7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n"),
-    )
-    .unwrap();
+    h = h.with_maps(&format!(
+        "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 {torchs}\n"
+    ));
     assert_eq!(status(&h.run(), "process.nvshmem-maps"), Status::Ok);
     // without the flag the check is not run
     h.args.maps = None;
@@ -3225,17 +3222,11 @@ fn deepep_v2_needs_nccl_2_30_4_and_one_libnccl() {
 
 #[test]
 fn two_libnccl_in_one_process_fail_like_deepep_v2s_import() {
-    let dir = tempfile::tempdir().unwrap();
-    let maps = dir.path().join("maps.txt");
-    std::fs::write(
-        &maps,
+    let h = TestHost::ibgda().with_maps(
         "7f00-7f01 r--p 00000000 08:01 12 /venv/site-packages/nvidia/nccl/lib/libnccl.so.2\n\
          7f01-7f02 r--p 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3\n\
          7f02-7f03 r--p 00000000 08:01 14 /venv/site-packages/nvidia/nvshmem/lib/libnvshmem_host.so.3\n",
-    )
-    .unwrap();
-    let mut h = TestHost::ibgda();
-    h.args.maps = Some(maps.clone());
+    );
     let r = h.run();
     assert_eq!(status(&r, "process.nvshmem-maps"), Status::Ok);
     assert_eq!(status(&r, "process.nccl-maps"), Status::Fail);
@@ -3244,11 +3235,9 @@ fn two_libnccl_in_one_process_fail_like_deepep_v2s_import() {
          /usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3"
     ));
     assert!(!r.verdict(Intranode).ready);
-    std::fs::write(
-        &maps,
+    let h = h.with_maps(
         "7f00-7f01 r--p 00000000 08:01 12 /venv/site-packages/nvidia/nccl/lib/libnccl.so.2\n",
-    )
-    .unwrap();
+    );
     assert_eq!(status(&h.run(), "process.nccl-maps"), Status::Ok);
 }
 
