@@ -71,23 +71,22 @@ pub fn bit_exact<T: Bits>(what: &str, got: &[T], want: &[T], cols: usize) -> Che
             want.len() as f64 / cols as f64
         ));
     }
-    match first_failure(got.iter().zip(want).map(|(g, w)| g.bits() != w.bits())) {
-        None => Ok(()),
-        Some((i, count)) => Err(format!(
-            "{what}: first mismatch at row {}, column {}: got {:?} (bits {:#x}), expected {:?} (bits {:#x}); {count} of {} elements differ",
-            i / cols,
-            i % cols,
+    all_pass(got.iter().zip(want).map(|(g, w)| g.bits() != w.bits()), |i, count| {
+        format!(
+            "{what}: first mismatch at {}: got {:?} (bits {:#x}), expected {:?} (bits {:#x}); {count} of {} elements differ",
+            position(i, cols),
             got[i],
             got[i].bits(),
             want[i],
             want[i].bits(),
             got.len()
-        )),
-    }
+        )
+    })
 }
 
-/// The index of the first element that fails and how many fail, or None when none does.
-fn first_failure(fails: impl Iterator<Item = bool>) -> Option<(usize, usize)> {
+/// Ok when no element fails; else the error `describe(index of the first failing element, how
+/// many fail)`.
+fn all_pass(fails: impl Iterator<Item = bool>, describe: impl FnOnce(usize, usize) -> String) -> CheckResult {
     let mut first = None;
     let mut count = 0usize;
     for (i, fail) in fails.enumerate() {
@@ -96,7 +95,15 @@ fn first_failure(fails: impl Iterator<Item = bool>) -> Option<(usize, usize)> {
             first.get_or_insert(i);
         }
     }
-    first.map(|i| (i, count))
+    match first {
+        None => Ok(()),
+        Some(i) => Err(describe(i, count)),
+    }
+}
+
+/// `row R, column C` of element `i` of a row-major `[rows, cols]` array.
+fn position(i: usize, cols: usize) -> String {
+    format!("row {}, column {}", i / cols, i % cols)
 }
 
 /// DeepEP's similarity measure: `1 − 2·Σ(x+1)(y+1) / Σ((x+1)² + (y+1)²)`, in f64. 0 means equal.
@@ -160,20 +167,18 @@ impl<T: Bits> Bounded<T> {
             let err = (g.to_f64() - self.exact[i]).abs();
             err.is_nan() || err > self.bound[i]
         });
-        match first_failure(out_of_bounds) {
-            None => Ok(()),
-            Some((i, count)) => Err(format!(
-                "{what}: row {}, column {}: got {:?}, reference {:?}, exact {:e}, |error| {:e} exceeds the bound {:e}; {count} of {} elements out of bounds",
-                i / cols,
-                i % cols,
+        all_pass(out_of_bounds, |i, count| {
+            format!(
+                "{what}: {}: got {:?}, reference {:?}, exact {:e}, |error| {:e} exceeds the bound {:e}; {count} of {} elements out of bounds",
+                position(i, cols),
                 got[i],
                 self.value[i],
                 self.exact[i],
                 (got[i].to_f64() - self.exact[i]).abs(),
                 self.bound[i],
                 got.len()
-            )),
-        }
+            )
+        })
     }
 
     /// Bit-exact check against [`Bounded::value`] (only meaningful when the GPU sums in the
