@@ -124,6 +124,28 @@ def _check_dispatch_aligned_to_4(got, all_x, all_idx, all_w, rank, world, num_ex
     return ex, ei, src
 
 
+def _micro_batch_b(buf, group, rank, world, num_experts, dev, batch_a, seed, rdma_layout=False):
+    """Micro-batch B (fresh routing from `seed`, its layout, a dispatch) while micro-batch A's
+    outputs are in use (`batch_a`: A's received rows, the rows expected and A's handle): both
+    received rows must still be right, then both are combined. `rdma_layout`: the dispatch gets
+    B's num_tokens_per_rdma_rank too (internode). Returns A's and B's combined rows, and B's
+    tokens and top-k ids."""
+    rxa, exa, handle_a = batch_a
+    xb, idxb, wb = make_routing(rank, world, 64 + 7 * rank, num_experts, seed=seed)
+    all_xb, all_idxb, all_wb = zip(*gather(group, (xb, idxb, wb)))
+    pr_b, ph_b, pe_b, ir_b, _ = buf.get_dispatch_layout(idxb.to(dev), num_experts)
+    layout = dict(num_tokens_per_rank=pr_b, is_token_in_rank=ir_b, num_tokens_per_expert=pe_b)
+    if rdma_layout:
+        layout["num_tokens_per_rdma_rank"] = ph_b
+    rxb, _, _, _, handle_b, _ = buf.dispatch(xb.to(dev), topk_idx=idxb.to(dev), topk_weights=wb.to(dev), **layout)
+    exb = expected_recv(all_xb, all_idxb, all_wb, rank, world, num_experts)[0]
+    check_equal("micro-batch A recv_x after B's dispatch", rxa, exa)
+    check_equal("micro-batch B recv_x", rxb, exb)
+    ca, _, _ = buf.combine(rxa, handle_a)
+    cb, _, _ = buf.combine(rxb, handle_b)
+    return ca, cb, xb, idxb
+
+
 def _check_cached_dispatch(buf, group, x, handle, src, dev):
     """A cached dispatch of other data (2x + 1) along the routes of `handle`: the rows of every
     rank's data at the sources `src` (pairs of (rank, token)), and no layout outputs."""
@@ -273,16 +295,7 @@ def intranode(rank, world, group):
     check_equal("async recv_x", rxa, ex)
 
     # two micro-batches: dispatch A, dispatch B, then use both
-    xb, idxb, wb = make_routing(rank, world, 64 + 7 * rank, num_experts, seed=2)
-    all_xb, all_idxb, all_wb = zip(*gather(group, (xb, idxb, wb)))
-    pr_b, _, pe_b, ir_b, _ = buf.get_dispatch_layout(idxb.to(dev), num_experts)
-    rxb, _, rwb, _, handle_b, _ = buf.dispatch(xb.to(dev), num_tokens_per_rank=pr_b, is_token_in_rank=ir_b, num_tokens_per_expert=pe_b,
-                                               topk_idx=idxb.to(dev), topk_weights=wb.to(dev))
-    exb, _, _, _, _, _ = expected_recv(all_xb, all_idxb, all_wb, rank, world, num_experts)
-    check_equal("micro-batch A recv_x after B's dispatch", rxa, ex)
-    check_equal("micro-batch B recv_x", rxb, exb)
-    ca, _, _ = buf.combine(rxa, handle_a)
-    cb, _, _ = buf.combine(rxb, handle_b)
+    ca, cb, xb, idxb = _micro_batch_b(buf, group, rank, world, num_experts, dev, (rxa, ex, handle_a), seed=2)
     for name, c, xx, ii in (("A", ca, x, idx), ("B", cb, xb, idxb)):
         sends = torch.stack([torch.tensor([any(d * local <= e < (d + 1) * local for e in row.tolist()) for row in ii]) for d in range(world)], 1)
         want = combined_copies(xx, sends)
@@ -880,16 +893,7 @@ def internode(rank, world, group, ranks_per_host=None):
     ca_ev[2].current_stream_wait()
 
     # two micro-batches: dispatch A (above), dispatch B, then use both
-    xb, idxb, wb = make_routing(rank, world, 64 + 7 * rank, num_experts, seed=12)
-    all_xb, all_idxb, all_wb = zip(*gather(group, (xb, idxb, wb)))
-    pr_b, ph_b, pe_b, ir_b, _ = buf.get_dispatch_layout(idxb.to(dev), num_experts)
-    rxb, _, _, _, handle_b, _ = buf.dispatch(xb.to(dev), num_tokens_per_rank=pr_b, num_tokens_per_rdma_rank=ph_b, is_token_in_rank=ir_b,
-                                             num_tokens_per_expert=pe_b, topk_idx=idxb.to(dev), topk_weights=wb.to(dev))
-    exb, _, _, _, _, _ = expected_recv(all_xb, all_idxb, all_wb, rank, world, num_experts)
-    check_equal("micro-batch A recv_x after B's dispatch", rxa, ex)
-    check_equal("micro-batch B recv_x", rxb, exb)
-    ca, _, _ = buf.combine(rxa, handle_a)
-    cb, _, _ = buf.combine(rxb, handle_b)
+    ca, cb, xb, idxb = _micro_batch_b(buf, group, rank, world, num_experts, dev, (rxa, ex, handle_a), seed=12, rdma_layout=True)
     for name, cc, xx, ii in (("A", ca, x, idx), ("B", cb, xb, idxb)):
         parts = []
         for dst in range(world):
