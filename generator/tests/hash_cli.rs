@@ -215,8 +215,7 @@ fn hash_refuses_fifos_and_devices_instead_of_blocking() {
         (&Path::new("/dev/null").to_path_buf(), "character device"),
     ] {
         let out = hash_with_deadline(p);
-        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
-        let err = common::stderr(&out);
+        let err = common::assert_exit(&out, 2);
         assert!(err.contains(kind) && err.contains("regular file"), "{err}");
     }
 }

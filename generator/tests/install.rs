@@ -645,8 +645,7 @@ fn replace_refuses_a_directory_that_is_not_an_earlier_install() {
     let before = common::snapshot(&work);
     for (dir, expect) in [("d", "lib/libnvshmem_host.so.3"), ("mixed", "notes.txt")] {
         let out = install_pinned(&good_tar(), files.path(), &work.join(dir), &["--replace"]);
-        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
-        let err = common::stderr(&out);
+        let err = common::assert_exit(&out, 2);
         common::assert_contains_all(&err, &["not an earlier NVSHMEM install", expect, "remove"]);
         assert_eq!(common::snapshot(&work), before, "nothing changed");
     }
@@ -685,7 +684,7 @@ fn failing_install_in_work(tarball: &[u8], sub: &str) -> (tempfile::TempDir, Pat
     let work = files.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let out = install_pinned(tarball, files.path(), &work.join(sub), &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    common::assert_exit(&out, 1);
     (files, work, common::stderr(&out))
 }
 
@@ -892,7 +891,7 @@ fn flags_that_contradict_the_file_name_are_named_with_it() {
         repo.path(),
         &["verify", "--cuda", "12", "--file", w.to_str().unwrap()],
     );
-    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    common::assert_exit(&out, 2);
     common::assert_stderr_contains(&out, "cuda13 pypi artifact, but --cuda 12");
 }
 
@@ -922,8 +921,7 @@ fn a_file_name_the_lock_lacks_is_refused_with_the_nearest_entries() {
     ] {
         let f = write(files.path(), &name, &whl);
         let out = run_bare(repo.path(), &["--file", f.to_str().unwrap(), "--prefix", p]);
-        assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
-        let err = common::stderr(&out);
+        let err = common::assert_exit(&out, 2);
         assert!(
             err.contains(&format!(
                 "--file {name}: the lock has no artifact of this name (the name says {says})"
@@ -1009,8 +1007,7 @@ fn a_build_for_another_system_than_the_hosts_needs_system() {
         prefix.to_str().unwrap(),
     ];
     let out = run_bare(repo.path(), &args);
-    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
-    let err = common::stderr(&out);
+    let err = common::assert_exit(&out, 2);
     assert!(
         err.contains(&format!(
             "is the {foreign_sys} build, but this machine is {host_sys}; pass --system {foreign_sys}"
@@ -1059,8 +1056,7 @@ fn an_unreachable_nvidia_host_gets_the_pypi_command_which_works() {
         prefix.to_str().unwrap(),
     ]);
     let out = run_bare(repo.path(), &args);
-    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
-    let err = common::stderr(&out);
+    let err = common::assert_exit(&out, 1);
     let expected = format!(
         "deepep-nix install --version 3.4.5 --cuda 13 --system x86_64-linux --source pypi --prefix {} --cache {}",
         prefix.display(),
@@ -1089,7 +1085,7 @@ fn an_unreachable_nvidia_host_gets_the_pypi_command_which_works() {
     let at = args.iter().position(|a| *a == "--cache").unwrap();
     args[at + 1] = files.path().to_str().unwrap();
     let out = run_bare(repo.path(), &args);
-    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    common::assert_exit(&out, 1);
     assert!(
         !common::stderr(&out).contains("also pins"),
         "{}",
@@ -1328,13 +1324,7 @@ fn installs_into_a_prefix_whose_parent_is_not_writable() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(prefix.join("lib/libnvshmem_host.so.3").is_file());
     // A prefix that does not exist cannot be created there: the message says how to make one.
-    assert_eq!(
-        refused.status.code(),
-        Some(2),
-        "{}",
-        common::stderr(&refused)
-    );
-    let err = common::stderr(&refused);
+    let err = common::assert_exit(&refused, 2);
     assert!(
         err.contains(&format!(
             "cannot create --prefix {}: {} is not writable by you",
@@ -1343,13 +1333,7 @@ fn installs_into_a_prefix_whose_parent_is_not_writable() {
         )) && err.contains(&format!("sudo mkdir -p '{}'", missing.display())),
         "{err}"
     );
-    assert_eq!(
-        not_mine.status.code(),
-        Some(2),
-        "{}",
-        common::stderr(&not_mine)
-    );
-    let err = common::stderr(&not_mine);
+    let err = common::assert_exit(&not_mine, 2);
     assert!(
         err.contains(&format!(
             "--prefix {} is not writable by you (Permission denied (os error 13)); make it yours",

@@ -415,8 +415,7 @@ fn verify_hash_mismatch_deletes_file_and_exits_2() {
     served[1234] ^= 0xff; // same size, different bytes
     let (_s, repo, dest) = verify_case(&pinned, Behaviour::ok(served.clone()));
     let out = run_verify(repo.path(), dest.path());
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
+    let err = common::assert_exit(&out, 2);
     use sha2::Digest;
     let expected = hex::encode(sha2::Sha256::digest(&pinned));
     let actual = hex::encode(sha2::Sha256::digest(&served));
@@ -513,7 +512,7 @@ fn verify_refuses_a_download_larger_than_pinned() {
     served.extend_from_slice(&[0u8; 70_000]);
     let (_s, repo, dest) = verify_case(&pinned, Behaviour::ok(served));
     let out = run_verify(repo.path(), dest.path());
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    common::assert_exit(&out, 2);
     assert!(
         stderr(&out).contains("size mismatch") && stderr(&out).contains("deleted"),
         "{}",

@@ -366,3 +366,11 @@ pub fn json_check<'a>(json: &'a serde_json::Value, id: &str) -> &'a serde_json::
         .find(|c| c["id"] == id)
         .unwrap_or_else(|| panic!("no {id} in {json}"))
 }
+
+/// Asserts that the command exited with `code` (printing its stderr if not) and returns its stderr.
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    err
+}
