@@ -613,6 +613,20 @@ fn noise(n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A tar.xz cut off at two thirds, inside the host library's (incompressible) bytes.
+fn truncated_tar() -> Vec<u8> {
+    let mut tarball = tar_xz(&[
+        E::Dir(&format!("{TOP}/")),
+        E::File(
+            &format!("{TOP}/lib/libnvshmem_host.so.3"),
+            &noise(300_000),
+            0o644,
+        ),
+    ]);
+    tarball.truncate(tarball.len() * 2 / 3);
+    tarball
+}
+
 /// Runs `install --file archive --prefix prefix extra...` against a lock pinning `tarball`.
 fn install_pinned(
     tarball: &[u8],
@@ -690,16 +704,7 @@ fn failing_install_in_work(tarball: &[u8], sub: &str) -> (tempfile::TempDir, Pat
 
 #[test]
 fn failed_install_into_a_new_nested_prefix_leaves_no_directories() {
-    let mut tarball = tar_xz(&[
-        E::Dir(&format!("{TOP}/")),
-        E::File(
-            &format!("{TOP}/lib/libnvshmem_host.so.3"),
-            &noise(300_000),
-            0o644,
-        ),
-    ]);
-    tarball.truncate(tarball.len() * 2 / 3);
-    let (_files, work, err) = failing_install_in_work(&tarball, "new1/new2/pfx");
+    let (_files, work, err) = failing_install_in_work(&truncated_tar(), "new1/new2/pfx");
     // The truncated archive is named, not the temporary staging directory, and each cause
     // is printed once.
     assert!(
@@ -1149,16 +1154,7 @@ fn an_existing_prefix_is_filled_in_place_and_nothing_is_written_beside_it() {
 #[test]
 fn a_failed_install_into_an_existing_prefix_leaves_it_as_it_was() {
     let t = tempfile::tempdir().unwrap();
-    let mut truncated = tar_xz(&[
-        E::Dir(&format!("{TOP}/")),
-        E::File(
-            &format!("{TOP}/lib/libnvshmem_host.so.3"),
-            &noise(300_000),
-            0o644,
-        ),
-    ]);
-    truncated.truncate(truncated.len() * 2 / 3);
-    let archive = write(t.path(), "a.tar.xz", &truncated);
+    let archive = write(t.path(), "a.tar.xz", &truncated_tar());
     let root = t.path().join("root");
     let (empty, earlier) = (root.join("empty"), root.join("earlier"));
     std::fs::create_dir_all(&empty).unwrap();
