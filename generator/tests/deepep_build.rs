@@ -53,12 +53,7 @@ fn required_file(var: &str, what: &str) -> Option<PathBuf> {
 fn install(archive: &Path, source: &[&str], prefix: &Path) -> PathBuf {
     let mut args = vec!["install"];
     args.extend_from_slice(source);
-    args.extend_from_slice(&[
-        "--file",
-        archive.to_str().unwrap(),
-        "--prefix",
-        prefix.to_str().unwrap(),
-    ]);
+    args.extend(common::file_and_prefix(archive, prefix));
     args.extend_from_slice(common::SELECT_3_4_5);
     let out = common::run_in(&common::repo_root(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));

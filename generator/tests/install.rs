@@ -375,14 +375,8 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     let w = write(files.path(), WHEEL_X86, &whl);
     let t = write(files.path(), &format!("{TOP}.tar.xz"), &tarball);
     let prefix = files.path().join("wheel-prefix");
-    let args = [
-        "--source",
-        "pypi",
-        "--file",
-        w.to_str().unwrap(),
-        "--prefix",
-        prefix.to_str().unwrap(),
-    ];
+    let mut args = vec!["--source", "pypi"];
+    args.extend(common::file_and_prefix(&w, &prefix));
     let out = run_install(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let exports = common::stdout(&out);
@@ -489,12 +483,7 @@ fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
     let tprefix = files.path().join("tar-prefix");
     let out = run_install(
         repo.path(),
-        &[
-            "--file",
-            t.to_str().unwrap(),
-            "--prefix",
-            tprefix.to_str().unwrap(),
-        ],
+        &common::file_and_prefix(&t, &tprefix),
     );
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(tprefix.join("bin/nvshmem-info").is_file());
@@ -564,17 +553,9 @@ fn cli_install_refuses_a_file_that_does_not_match_the_lock() {
     tampered[n - 30] ^= 1;
     let w = write(files.path(), "x.whl", &tampered);
     let prefix = files.path().join("p");
-    let out = run_install(
-        repo.path(),
-        &[
-            "--source",
-            "pypi",
-            "--file",
-            w.to_str().unwrap(),
-            "--prefix",
-            prefix.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec!["--source", "pypi"];
+    args.extend(common::file_and_prefix(&w, &prefix));
+    let out = run_install(repo.path(), &args);
     assert_eq!(out.status.code(), Some(2));
     common::assert_stderr_contains(&out, "sha256 mismatch");
     assert!(!prefix.exists());
@@ -636,12 +617,7 @@ fn install_pinned(
 ) -> std::process::Output {
     let repo = repo_pinning(tarball, &good_wheel());
     let t = write(dir, &format!("{TOP}.tar.xz"), tarball);
-    let mut args = vec![
-        "--file",
-        t.to_str().unwrap(),
-        "--prefix",
-        prefix.to_str().unwrap(),
-    ];
+    let mut args = common::file_and_prefix(&t, prefix).to_vec();
     args.extend_from_slice(extra);
     run_install(repo.path(), &args)
 }
@@ -806,12 +782,7 @@ fn install_file_takes_release_cuda_and_source_from_its_name() {
     // tarball's hash ("sha256 mismatch"); the wheel's name says it is the PyPI artifact.
     let p1 = files.path().join("p1");
     let mut args = common::SELECT_3_4_5.to_vec();
-    args.extend_from_slice(&[
-        "--file",
-        w.to_str().unwrap(),
-        "--prefix",
-        p1.to_str().unwrap(),
-    ]);
+    args.extend(common::file_and_prefix(&w, &p1));
     let out = run_bare(repo.path(), &args);
     assert!(out.status.success(), "{}", common::stderr(&out));
     common::assert_stderr_contains(&out, "3.4.5 x86_64-linux cuda13 pypi");
@@ -827,12 +798,7 @@ fn install_file_takes_release_cuda_and_source_from_its_name() {
     ] {
         let f = write(files.path(), &name, bytes);
         let p = files.path().join(format!("p-{name}"));
-        let mut args = vec![
-            "--file",
-            f.to_str().unwrap(),
-            "--prefix",
-            p.to_str().unwrap(),
-        ];
+        let mut args = common::file_and_prefix(&f, &p).to_vec();
         args.extend(x86_unless_host());
         let out = run_bare(repo.path(), &args);
         assert!(out.status.success(), "{name}: {}", common::stderr(&out));
@@ -862,12 +828,7 @@ fn flags_that_contradict_the_file_name_are_named_with_it() {
         ),
     ] {
         let mut args = flags.to_vec();
-        args.extend_from_slice(&[
-            "--file",
-            w.to_str().unwrap(),
-            "--prefix",
-            prefix.to_str().unwrap(),
-        ]);
+        args.extend(common::file_and_prefix(&w, &prefix));
         let out = run_bare(repo.path(), &args);
         assert_eq!(
             out.status.code(),
@@ -1005,12 +966,7 @@ fn a_build_for_another_system_than_the_hosts_needs_system() {
     let files = tempfile::tempdir().unwrap();
     let f = write(files.path(), foreign.0, foreign.1);
     let prefix = files.path().join("p");
-    let args = [
-        "--file",
-        f.to_str().unwrap(),
-        "--prefix",
-        prefix.to_str().unwrap(),
-    ];
+    let args = common::file_and_prefix(&f, &prefix);
     let out = run_bare(repo.path(), &args);
     let err = common::assert_exit(&out, 2);
     assert!(
@@ -1271,12 +1227,7 @@ fn installs_into_a_prefix_whose_parent_is_not_writable() {
     let run = |prefix: &Path| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_deepep-nix"));
         cmd.args(["install", "--repo", repo.path().to_str().unwrap()])
-            .args([
-                "--file",
-                w.to_str().unwrap(),
-                "--prefix",
-                prefix.to_str().unwrap(),
-            ])
+            .args(common::file_and_prefix(&w, prefix))
             .args(x86_unless_host())
             .env_remove("DEEPEP_NIX_REPO")
             .env("DEEPEP_NIX_LOG", "warn");

@@ -49,17 +49,8 @@ fn pinned_wheel_installs_without_naming_its_source() {
     let Some(wheel) = real_wheel() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let prefix = tmp.path().join("nvshmem");
-    let mut args = vec![
-        "install",
-        "--version",
-        "3.4.5",
-        "--cuda",
-        "13",
-        "--file",
-        wheel.to_str().unwrap(),
-        "--prefix",
-        prefix.to_str().unwrap(),
-    ];
+    let mut args = vec!["install", "--version", "3.4.5", "--cuda", "13"];
+    args.extend(common::file_and_prefix(&wheel, &prefix));
     if std::env::consts::ARCH != "x86_64" {
         args.extend_from_slice(&["--system", "x86_64-linux"]);
     }

@@ -374,3 +374,14 @@ pub fn assert_exit(out: &Output, code: i32) -> String {
     assert_eq!(out.status.code(), Some(code), "{err}");
     err
 }
+
+/// `--file FILE --prefix PREFIX`: the arguments that install the local archive `file` into
+/// `prefix`.
+pub fn file_and_prefix<'a>(file: &'a Path, prefix: &'a Path) -> [&'a str; 4] {
+    [
+        "--file",
+        file.to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ]
+}
