@@ -359,6 +359,31 @@ fn repo_pinning_with(
     repo
 }
 
+/// A lock pinning `good_tar()` and `good_wheel()`, and a directory of local files holding the
+/// wheel under its PyPI name.
+struct WheelFixture {
+    tarball: Vec<u8>,
+    whl: Vec<u8>,
+    repo: tempfile::TempDir,
+    files: tempfile::TempDir,
+    /// `files`/WHEEL_X86.
+    w: PathBuf,
+}
+
+fn wheel_fixture() -> WheelFixture {
+    let (tarball, whl) = (good_tar(), good_wheel());
+    let repo = repo_pinning(&tarball, &whl);
+    let files = tempfile::tempdir().unwrap();
+    let w = write(files.path(), WHEEL_X86, &whl);
+    WheelFixture {
+        tarball,
+        whl,
+        repo,
+        files,
+        w,
+    }
+}
+
 /// Runs `install` in `repo` with `args` and the pinned release selection.
 fn run_install(repo: &Path, args: &[&str]) -> std::process::Output {
     let mut all = vec!["install"];
@@ -369,10 +394,7 @@ fn run_install(repo: &Path, args: &[&str]) -> std::process::Output {
 
 #[test]
 fn cli_install_from_local_files_prints_exports_and_env_repeats_them() {
-    let (tarball, whl) = (good_tar(), good_wheel());
-    let repo = repo_pinning(&tarball, &whl);
-    let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), WHEEL_X86, &whl);
+    let WheelFixture { tarball, repo, files, w, .. } = wheel_fixture();
     let t = write(files.path(), &format!("{TOP}.tar.xz"), &tarball);
     let prefix = files.path().join("wheel-prefix");
     let mut args = vec!["--source", "pypi"];
@@ -774,10 +796,13 @@ fn x86_unless_host() -> Vec<&'static str> {
 
 #[test]
 fn install_file_takes_release_cuda_and_source_from_its_name() {
-    let (tarball, whl) = (good_tar(), good_wheel());
-    let repo = repo_pinning(&tarball, &whl);
-    let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), WHEEL_X86, &whl);
+    let WheelFixture {
+        tarball,
+        whl,
+        repo,
+        files,
+        w,
+    } = wheel_fixture();
     // Issue 20: --version and --cuda without --source compared the wheel with the
     // tarball's hash ("sha256 mismatch"); the wheel's name says it is the PyPI artifact.
     let p1 = files.path().join("p1");
@@ -808,10 +833,7 @@ fn install_file_takes_release_cuda_and_source_from_its_name() {
 
 #[test]
 fn flags_that_contradict_the_file_name_are_named_with_it() {
-    let (tarball, whl) = (good_tar(), good_wheel());
-    let repo = repo_pinning(&tarball, &whl);
-    let files = tempfile::tempdir().unwrap();
-    let w = write(files.path(), WHEEL_X86, &whl);
+    let WheelFixture { repo, files, w, .. } = wheel_fixture();
     let prefix = files.path().join("p");
     let tar_name = format!("{TOP}.tar.xz");
     for (flags, expect, names) in [
