@@ -192,6 +192,44 @@ class Runtime:
     def destroy(self) -> None:
         """Release the buffers (collective; local only after a lost peer)."""
 
+class ElasticRuntime:
+    """One rank's DeepEP V2 buffer (``deepep_kernels.elastic.ElasticBuffer``): its own rank context
+    with a CUDA IPC buffer of the same size on every rank. Each dispatch and combine is one call:
+    this buffer's recorded error raised first, the Rust checks (``kernels/src/elastic/checks.rs``),
+    the joins of ``previous_event`` (or ``stream``), the launches, the outputs as torch tensors made
+    on the current stream, and the join back to ``stream`` (or, with ``async_finish``, an event)."""
+    def __init__(self, device: int, rank: int, world: int, all_gather: Callable[[bytes], List[bytes]], ranks_per_gpu: int,
+                 num_bytes: int, gpu_timeout_secs: float, cpu_timeout_secs: float) -> None:
+        """Collective: every rank of the group passes the same ``num_bytes``."""
+    def comm_stream(self) -> int:
+        """Raw ``CUstream`` of the comm stream."""
+    def num_bytes(self) -> int: ...
+    def num_sms(self) -> int:
+        """SMs this rank's kernels may use (its share when ranks share a GPU)."""
+    def barrier(self, stream: int, with_cpu_sync: bool) -> None:
+        """Collective barrier on the comm stream (``stream`` 0) or on ``stream``."""
+    def destroy(self) -> None: ...
+    def dispatch(self, x: Any, sf: Optional[Any], topk_idx: Any, topk_weights: Optional[Any], stats: Optional[Any],
+                 cached: Optional[Tuple[Any, Any, Any, Any, Any, bool, int]], num_experts: int, max_tokens: int,
+                 expert_alignment: int, num_sms: int, expand: bool, zero_padding: bool, cpu_sync: bool, handle_copy: bool,
+                 tma_sf: bool, previous_event: Optional[Event], event_before_epilogue: Optional[Event], async_finish: bool,
+                 stream: int) -> Tuple[Any, Optional[Any], Optional[Any], Optional[Any], Optional[Tuple[Any, ...]], Optional[Event]]:
+        """``(recv_x, recv_sf, recv_topk_idx, recv_topk_weights, handle parts, event)``; ``cached`` is
+        the handle's ``(plan, psum_rank, psum_expert, unaligned, recv_src_metadata, do_expand, rows)``;
+        the handle parts (None for a cached call) are ``(plan, topk copy or None, psum_rank,
+        psum_expert, unaligned, recv_src_metadata, num_recv_tokens, num_expanded_tokens,
+        num_recv_tokens_per_expert_list)``."""
+    def combine(self, x: Any, topk_weights: Optional[Any], bias0: Optional[Any], bias1: Optional[Any], meta: Any, psum_rank: Any,
+                topk_idx: Any, plan: Any, num_experts: int, max_tokens: int, expand: bool, allow_multiple_reduction: bool,
+                num_sms: int, previous_event: Optional[Event], event_before_epilogue: Optional[Event], async_finish: bool,
+                stream: int) -> Tuple[Any, Optional[Any], Optional[Event]]:
+        """``(combined_x, combined_topk_weights or None, event)``."""
+
+def elastic_buffer_size_hint(num_ranks: int, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
+                             use_fp8_dispatch: bool = False) -> int:
+    """``ElasticBuffer.get_buffer_size_hint``: bytes per rank, a multiple of 2 MiB (``num_topk`` 0:
+    sized for ``max(num_ranks, 8)``)."""
+
 def launch_timing(reset: bool = False) -> Tuple[int, int]:
     """(launches, ns) spent in cuLaunchKernelEx (DEEPEP_HOST_TIMING=1)."""
 def intranode_buffer_bytes(num_ranks: int, max_tokens: int, hidden: int) -> int: ...

@@ -273,7 +273,7 @@ pub fn read(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Arg> {
     read_with(what, obj, Path::Attributes)
 }
 
-fn read_opt(what: &str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arg>> {
+pub(crate) fn read_opt(what: &str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arg>> {
     match obj {
         Some(o) if !o.is_none() => Ok(Some(read(what, o)?)),
         _ => Ok(None),

@@ -7,6 +7,8 @@
 //!   device) into the kernels crate's `Arg`s, which its checks (`deepep_kernels::args`) accept or
 //!   refuse before any launch.
 //! - [`outputs`]: every output as a torch tensor made here (views, fresh tensors, async copies).
+//! - [`elastic`]: `ElasticRuntime`, the binding of DeepEP V2's `ElasticBuffer` (its own rank
+//!   context with a `kernels::elastic` buffer).
 //! - [`handles`]: the handles, indexable like DeepEP's tuples; [`config`]: DeepEP's native
 //!   `Config`; [`settings`]: the environment settings and group layout, checked here.
 //!
@@ -21,6 +23,7 @@
 
 mod config;
 mod doorway;
+mod elastic;
 mod handles;
 mod outputs;
 mod runtime;
@@ -325,6 +328,7 @@ fn capture(stream: u64) -> PyResult<Event> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<runtime::Runtime>()?;
+    m.add_class::<elastic::ElasticRuntime>()?;
     m.add_class::<runtime::NativeHook>()?;
     m.add_class::<runtime::Keep>()?;
     m.add_class::<Event>()?;
@@ -354,6 +358,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(recorded_cause, m)?,
         wrap_pyfunction!(_register_error_types, m)?,
         wrap_pyfunction!(handles::handle_elements, m)?,
+        wrap_pyfunction!(elastic::elastic_buffer_size_hint, m)?,
         wrap_pyfunction!(settings::ranks_per_host_from_env, m)?,
         wrap_pyfunction!(settings::host_topology, m)?,
         wrap_pyfunction!(settings::recv_arena_from_env, m)?,

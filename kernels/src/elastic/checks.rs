@@ -457,7 +457,7 @@ mod tests {
         r.expert_alignment = 8;
         let p = dispatch(&r, 4, 1 << 30, 0).unwrap();
         let rows = p.output_rows(Some(&Counts { num_recv_tokens: 7, per_expert: vec![3, 0, 9, 1] }));
-        assert_eq!((rows.recv_rows, rows.meta_rows, rows.num_expanded_tokens), (8 + 0 + 16 + 8, 7, 32));
+        assert_eq!((rows.recv_rows, rows.meta_rows, rows.num_expanded_tokens), (8 + 16 + 8, 7, 32)); // aligned 3, 0, 9, 1
         // every token of 4 ranks x 64 selecting min(4, 4) local experts, plus padding
         assert_eq!(p.output_rows(None).recv_rows, align(4 * 64 * 4 + 4 * 7, 8));
     }
