@@ -12,6 +12,11 @@ Usage (GPU machine, the wheel on PYTHONPATH or installed):
         [--calls 300] [--call-warmup 30] [--normal-calls 50] [--rounds 1] [--no-graph] [--json FILE]
         (and the shape options above)
 
+  V2 vs V1 side by side (ours: DeepEP 2.1's ElasticBuffer vs DeepEP v1.2.1's Buffer, intranode):
+    DEEPEP_KERNELS_ELASTIC=1 python3 python/scripts/bench.py --mode v2 --ranks 2 [--gpus N]
+        [--tokens 4096] [--hidden 7168] [--topk 8] [--experts 256] [--num-sms 24]
+        [--normal-calls 50] [--call-warmup 30] [--reps 30] [--warmup 5] [--rounds 1] [--no-profile] [--json FILE]
+
 Per op: the median of ``--reps`` repetitions after ``--warmup`` warm-ups, CUDA events around each
 call on the current stream (so the binding, the stream joins and, for dispatch, the copy of the
 outputs into torch-owned tensors are inside), the L2 flushed between repetitions, the slowest
@@ -73,6 +78,31 @@ context, torch's caching allocator and the environment variables each library se
 (``NVSHMEM_*``) from leaking from one library's figures into the other's. The cost is that the
 two libraries run seconds apart rather than interleaved: same GPU, same shapes, same inputs,
 not the same instant (``--rounds`` shows the drift).
+
+V2 vs V1 (``--mode v2``)
+------------------------
+The same machinery, statistics and table, with our two APIs in place of the two libraries (each
+cell V1 / V2, the ratio V2 / V1): V1 is ``deepep_kernels.Buffer`` (intranode normal mode, set up as
+the normal ops above: its default configs with ``--num-sms`` SMs, NVLink bytes from its size hint),
+V2 is ``deepep_kernels.elastic.ElasticBuffer`` (``DEEPEP_KERNELS_ELASTIC=1`` is set in V2's rank
+processes; sized by its hint for ``--tokens`` x ``--hidden``, top-``--topk``). BF16, ``--tokens``
+x ``--hidden`` per rank, top-``--topk`` of ``--experts``, the normal ops' inputs (seed = rank),
+``--normal-calls`` back-to-back calls, ``--ranks`` >= 2 (ranks may share one GPU: then the table
+is headed by the NOT PERFORMANCE line). Ops, each through both APIs:
+
+- fresh dispatch: V1 ``get_dispatch_layout`` + ``dispatch`` (topk_idx, topk_weights); V2
+  ``dispatch(x, topk_idx=, topk_weights=, num_experts=--experts, num_max_tokens_per_rank=--tokens,
+  num_sms=--num-sms, do_cpu_sync=True)``;
+- fresh dispatch without a CPU sync: V2 ``do_cpu_sync=False`` (worst-case output sizes); V1 has
+  none, its cell is V1's fresh dispatch measured again;
+- cached dispatch: ``handle=`` of a first fresh (V2: synced) dispatch;
+- combine: that dispatch's rows and handle (V2: the plain handle);
+- dispatch + combine: a fresh (synced) dispatch, then the combine of its rows, per call.
+
+Under the table the issue's criterion is read off the dispatch + combine row: V2's device kernel
+time at most 1.1x V1's, V2's host time per call at most V1's (met / NOT met, the ratios).
+``--json FILE`` writes the document of ``--compare-deep-ep`` (``meta`` with ``mode``, ``shapes``
+and ``criterion``, every run's rows, the table with ``ratio_v2_over_v1``).
 """
 
 import argparse
@@ -89,6 +119,13 @@ LIB_DEEP_EP = "deep_ep"
 LIB_OURS = "deepep_kernels"
 LIBRARIES = (LIB_DEEP_EP, LIB_OURS)
 LABELS = {LIB_DEEP_EP: "DeepEP", LIB_OURS: "ours"}
+# The two APIs of --mode v2 (both ours, each in its own rank processes), and how the report names them.
+LIB_V1 = "deepep_kernels.Buffer"
+LIB_V2 = "deepep_kernels.elastic.ElasticBuffer"
+V_LIBRARIES = (LIB_V1, LIB_V2)
+LABELS.update({LIB_V1: "V1", LIB_V2: "V2"})
+# The key of a table entry's ratio (second library / first), per pair of libraries.
+RATIO_KEYS = {LIBRARIES: "ratio_ours_over_deep_ep", V_LIBRARIES: "ratio_v2_over_v1"}
 # Statistics of a compare row: JSON key, the column header (formatted with the group's counts).
 STATS = (
     ("kernel_us", "device kernel time per call, us (torch profiler: all kernels + memcpys + memsets of {calls} back-to-back "
@@ -103,13 +140,28 @@ STATS = (
 _SYNC_ACTIVITIES = ("Stream Sync", "Event Sync", "Context Sync", "Stream Wait Event", "Device Sync")
 GROUP_LL = "low-latency"
 GROUP_NORMAL = "intranode"
+GROUP_V2 = "V2 vs V1"
+# The ops of --mode v2: (op, V1's callable, V2's callable), keys of v1_ops / v2_ops. V1 has no
+# dispatch without a CPU sync: its row there is V1's fresh dispatch measured again.
+V2_OPS = (
+    ("dispatch BF16, fresh (V1: layout + dispatch; V2: do_cpu_sync=True)", "fresh", "fresh"),
+    ("dispatch BF16, fresh, V2 do_cpu_sync=False (V1: its fresh dispatch again, always synced)", "fresh", "fresh_nosync"),
+    ("dispatch BF16, cached (handle= of the fresh synced dispatch)", "cached", "cached"),
+    ("combine BF16 (rows and handle of the fresh synced dispatch)", "combine", "combine"),
+    ("dispatch + combine BF16 (fresh synced dispatch, then combine of its rows)", "pair", "pair"),
+)
+V2_PAIR_OP = V2_OPS[-1][0]
+# The issue's criterion on the pair: V2 / V1 at most this, per statistic.
+V2_CRITERION = (("kernel_us", 1.1), ("host_us", 1.0))
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all visible, at most --ranks)")
-    p.add_argument("--mode", choices=["intranode", "ll", "all"], default="all")
+    p.add_argument("--mode", choices=["intranode", "ll", "all", "v2"], default="all",
+                   help="intranode, ll, all (default), or v2: V2 (ElasticBuffer) vs V1 (Buffer) side by side, intranode, "
+                        "BF16, the statistics of --compare-deep-ep (needs --ranks >= 2)")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--topk", type=int, default=8)
@@ -121,7 +173,7 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON to FILE")
-    c = p.add_argument_group("side by side with DeepEP")
+    c = p.add_argument_group("side by side with DeepEP (and --mode v2)")
     c.add_argument("--compare-deep-ep", metavar="DIR", default=None,
                    help="run the same calls through the real DeepEP in DIR (holding deep_ep/ and deep_ep_cpp*.so) and through ours")
     c.add_argument("--calls", type=int, default=300, help="back-to-back calls for the profiler and host-time statistics (low latency)")
@@ -160,24 +212,30 @@ def validate(args):
         out.append(f"--warmup must be >= 0, got {args.warmup}")
     if args.gpus < 0:
         out.append(f"--gpus must be >= 0 (0: all visible), got {args.gpus}")
-    if args.compare_deep_ep is None:
+    if args.mode == "v2":
+        if args.compare_deep_ep is not None:
+            out.append("--mode v2 compares our two APIs (V2 ElasticBuffer vs V1 Buffer); drop --compare-deep-ep, or pick another --mode")
+        if args.ranks < 2:
+            out.append(f"--mode v2 needs --ranks >= 2 (the intranode ops exchange between ranks; ranks may share one GPU), "
+                       f"got --ranks {args.ranks}; use --ranks 2")
+    elif args.compare_deep_ep is None:
         return out
     for name in ("calls", "normal_calls", "rounds"):
         if getattr(args, name) < 1:
             out.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.call_warmup < 0:
         out.append(f"--call-warmup must be >= 0, got {args.call_warmup}")
-    if args.hidden % 128 != 0:
+    if args.hidden % 128 != 0 and args.mode != "v2":
         out.append(f"--hidden {args.hidden}: the FP8 ops need a multiple of 128")
     if args.ranks >= 1 and args.ll_experts % args.ranks != 0 and args.mode in ("ll", "all"):
         out.append(f"--ll-experts {args.ll_experts} must be a multiple of --ranks {args.ranks}")
-    if args.ranks >= 2 and args.experts % args.ranks != 0 and args.mode in ("intranode", "all"):
+    if args.ranks >= 2 and args.experts % args.ranks != 0 and args.mode in ("intranode", "all", "v2"):
         out.append(f"--experts {args.experts} must be a multiple of --ranks {args.ranks}")
     if args.mode == "intranode" and args.ranks < 2:
         out.append("--mode intranode needs --ranks >= 2 (the normal ops exchange between ranks); use --mode ll at one rank")
     if args.num_sms % 2 != 0:
         out.append(f"--num-sms {args.num_sms} must be even (both libraries run num_sms / 2 channels)")
-    problem = deep_ep_dir_problem(args.compare_deep_ep)
+    problem = args.compare_deep_ep is not None and deep_ep_dir_problem(args.compare_deep_ep)
     if problem:
         out.append(problem)
     return out
@@ -196,13 +254,12 @@ def oversubscription_line(ranks, gpus):
     return f"NOT PERFORMANCE: {ranks} ranks share {where}; ratios only"
 
 
-def run_order(rounds):
+def run_order(rounds, libs=LIBRARIES):
     """(round, library) in run order: DeepEP, ours, then ours, DeepEP, ... (alternating, so a drift
-    over the session weighs on both)."""
+    over the session weighs on both; V1, V2, V2, V1, ... with ``V_LIBRARIES``)."""
     order = []
     for r in range(rounds):
-        libs = LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]
-        order.extend((r, lib) for lib in libs)
+        order.extend((r, lib) for lib in (libs if r % 2 == 0 else libs[::-1]))
     return order
 
 
@@ -252,10 +309,11 @@ def _median_range(vals):
     return statistics.median(vals), min(vals), max(vals)
 
 
-def build_table(runs):
+def build_table(runs, libs=LIBRARIES):
     """Join the rows of every run (``{"library", "round", "rows": [...]}``) into one entry per
     (group, op), in the order the ops first appear: per library the figures of every round and
-    their median / min / max, and the ratio ours / DeepEP of the medians."""
+    their median / min / max, and the ratio of the medians, second library / first (ours / DeepEP
+    under ``ratio_ours_over_deep_ep``; with ``V_LIBRARIES`` V2 / V1 under ``ratio_v2_over_v1``)."""
     entries = {}
     for run in runs:
         lib = run["library"]
@@ -265,7 +323,7 @@ def build_table(runs):
             if e is None:
                 e = entries[key] = {"group": row["group"], "title": row.get("title"), "op": row["op"],
                                     "counts": {c: row.get(c) for c in ("calls", "call_warmup", "reps", "warmup")},
-                                    "libraries": {lib_: {"rounds": []} for lib_ in LIBRARIES}}
+                                    "libraries": {lib_: {"rounds": []} for lib_ in libs}}
             e["libraries"][lib]["rounds"].append(row)
     for e in entries.values():
         for lib, d in e["libraries"].items():
@@ -280,10 +338,10 @@ def build_table(runs):
             d["input_sha256"] = [list(t) for t in dict.fromkeys(tuple(r.get("input_sha256") or [None]) for r in rows)]
         ratios = {}
         for key, _ in STATS:
-            a = e["libraries"][LIB_DEEP_EP][key]["median"]
-            b = e["libraries"][LIB_OURS][key]["median"]
+            a = e["libraries"][libs[0]][key]["median"]
+            b = e["libraries"][libs[1]][key]["median"]
             ratios[key] = b / a if a and b is not None else None
-        e["ratio_ours_over_deep_ep"] = ratios
+        e[RATIO_KEYS[libs]] = ratios
     return list(entries.values())
 
 
@@ -296,11 +354,11 @@ def _fmt_us(stat, rounds):
     return s
 
 
-def format_cell(entry, key, rounds):
-    """``DeepEP / ours (ratio x)`` for one statistic of one table entry."""
-    a = _fmt_us(entry["libraries"][LIB_DEEP_EP][key], rounds)
-    b = _fmt_us(entry["libraries"][LIB_OURS][key], rounds)
-    r = entry["ratio_ours_over_deep_ep"][key]
+def format_cell(entry, key, rounds, libs=LIBRARIES):
+    """``DeepEP / ours (ratio x)`` (``V1 / V2 (V2 / V1 x)``) for one statistic of one table entry."""
+    a = _fmt_us(entry["libraries"][libs[0]][key], rounds)
+    b = _fmt_us(entry["libraries"][libs[1]][key], rounds)
+    r = entry[RATIO_KEYS[libs]][key]
     return f"{a} / {b}" + (f" ({r:.2f}x)" if r is not None else "")
 
 
@@ -308,12 +366,12 @@ def _short(name, width=90):
     return name if name is None or len(name) <= width else name[: width - 3] + "..."
 
 
-def inputs_line(entries):
+def inputs_line(entries, libs=LIBRARIES):
     """Whether both libraries got the same input bytes, per group (from the recorded digests)."""
     parts = []
     for group in dict.fromkeys(e["group"] for e in entries):
         per_lib = {lib: [tuple(d) for e in entries if e["group"] == group for d in e["libraries"][lib]["input_sha256"]]
-                   for lib in LIBRARIES}
+                   for lib in libs}
         seen = {d for ds in per_lib.values() for d in ds}
         if not all(per_lib.values()) or any(None in d for d in seen):
             parts.append(f"{group}: not checked")
@@ -324,18 +382,42 @@ def inputs_line(entries):
     return "inputs (SHA-256 of every rank's input tensors): " + "; ".join(parts)
 
 
-def format_report(entries, meta):
+def v2_criterion(entries):
+    """The issue's criterion read off the --mode v2 table's pair row: per statistic of
+    ``V2_CRITERION`` the ratio V2 / V1, its bound and whether it holds (None: not measured)."""
+    pair = next((e for e in entries if e["op"] == V2_PAIR_OP), None)
+    out = {}
+    for key, bound in V2_CRITERION:
+        r = pair[RATIO_KEYS[V_LIBRARIES]][key] if pair else None
+        out[key] = {"ratio_v2_over_v1": r, "at_most": bound, "met": None if r is None else r <= bound}
+    return out
+
+
+def criterion_line(crit):
+    parts = []
+    for (key, bound), name in zip(V2_CRITERION, ("device kernel time", "host time per call")):
+        c = crit[key]
+        verdict = "not measured" if c["met"] is None else f"{c['ratio_v2_over_v1']:.2f}x, {'met' if c['met'] else 'NOT met'}"
+        parts.append(f"{name} V2 / V1 <= {bound:g}x: {verdict}")
+    return "criterion, dispatch + combine (fresh synced dispatch, then combine): " + "; ".join(parts)
+
+
+def format_report(entries, meta, libs=LIBRARIES):
     """The side-by-side report: the NOT PERFORMANCE label when ranks share a GPU, what ran, then per
-    group a title with the shape and a markdown table whose headers name the statistics."""
+    group a title with the shape and a markdown table whose headers name the statistics (with
+    ``V_LIBRARIES``: V1 / V2, then the issue's criterion on the pair row)."""
     lines = []
     over = oversubscription_line(meta["ranks"], meta["gpus"])
     if over:
         lines.append(over)
-    lines.append(f"DeepEP: {meta.get('deep_ep') or '?'}; ours: {meta.get('ours') or '?'}; device: {meta.get('device') or '?'}; "
-                 f"torch {meta.get('torch') or '?'}; {meta['rounds']} round(s); each cell DeepEP / ours (ours / DeepEP), "
+    first, second = (LABELS[lib] for lib in libs)
+    what = (f"DeepEP: {meta.get('deep_ep') or '?'}; ours: {meta.get('ours') or '?'}" if libs == LIBRARIES else
+            f"V1: {LIB_V1} (intranode), V2: {LIB_V2}, both from {meta.get('ours') or '?'}")
+    lines.append(f"{what}; device: {meta.get('device') or '?'}; "
+                 f"torch {meta.get('torch') or '?'}; {meta['rounds']} round(s); each cell {first} / {second} ({second} / {first}), "
                  "slowest rank" + ("; median [min-max] over the rounds" if meta["rounds"] > 1 else ""))
     if entries:
-        lines.append(inputs_line(entries))
+        lines.append(inputs_line(entries, libs))
     for note in meta.get("notes", []):
         lines.append(note)
     for group in dict.fromkeys(e["group"] for e in entries):
@@ -345,17 +427,19 @@ def format_report(entries, meta):
         lines.append("")
         lines.append(rows[0]["title"] or group)
         lines.append("")
-        lines.append("| op | " + " | ".join(h.format(**fill) + ": DeepEP / ours" for _, h in STATS) + " |")
+        lines.append("| op | " + " | ".join(h.format(**fill) + f": {first} / {second}" for _, h in STATS) + " |")
         lines.append("|---" * (len(STATS) + 1) + "|")
         for e in rows:
-            lines.append(f"| {e['op']} | " + " | ".join(format_cell(e, key, meta["rounds"]) for key, _ in STATS) + " |")
+            lines.append(f"| {e['op']} | " + " | ".join(format_cell(e, key, meta["rounds"], libs) for key, _ in STATS) + " |")
         lines.append("")
+        if libs == V_LIBRARIES:
+            lines.append(criterion_line(v2_criterion(rows)))
         for e in rows:
-            names = [f"{LABELS[lib]} `{_short(e['libraries'][lib]['largest_kernel'])}`" for lib in LIBRARIES
+            names = [f"{LABELS[lib]} `{_short(e['libraries'][lib]['largest_kernel'])}`" for lib in libs
                      if e["libraries"][lib]["largest_kernel"]]
             if names:
                 lines.append(f"largest kernel, {e['op']}: " + ", ".join(names))
-            for lib in LIBRARIES:
+            for lib in libs:
                 for err in e["libraries"][lib]["errors"]:
                     lines.append(f"ERROR {LABELS[lib]}, {e['op']}: {_short(err, 300)}")
                 for err in e["libraries"][lib]["profiler_errors"][:1]:
@@ -464,8 +548,8 @@ def cast_fp8(torch, x):
 def load_library(name, deep_ep_dir):
     """(Buffer, Config, where) of one library, in a rank process. DeepEP comes from DIR (put first on
     sys.path here, never in the parent, whose sys.path the spawned ranks inherit); ours from the
-    installed wheel, with DIR kept off sys.path."""
-    d = os.path.realpath(deep_ep_dir)
+    installed wheel, with DIR kept off sys.path (V1 and V2 of --mode v2: ours, no DIR)."""
+    d = os.path.realpath(deep_ep_dir) if deep_ep_dir else None
     if name == LIB_DEEP_EP:
         sys.path.insert(0, d)
         import deep_ep  # noqa: F401
@@ -478,7 +562,8 @@ def load_library(name, deep_ep_dir):
         if LIB_OURS in sys.modules:
             raise RuntimeError(f"importing deep_ep from {d} imported {LIB_OURS} (is it our shim?); point --compare-deep-ep at a DeepEP build")
         return deep_ep.Buffer, deep_ep.Config, {"module": deep_ep.__file__, "extension": deep_ep_cpp.__file__}
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != d]
+    if d:
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != d]
     import deepep_kernels
     from deepep_kernels import Buffer, Config
 
@@ -550,51 +635,130 @@ class _Session:
         self.save()
 
 
-def compare_normal(ses, Buffer, Config, gpus):
-    torch, a, world, rank = ses.torch, ses.args, ses.world, ses.rank
+def normal_inputs(ses):
+    """The normal ops' inputs, the same in every library and mode: seed = rank, then x [--tokens,
+    --hidden] BF16, top---topk of --experts int64 expert ids, float weights."""
+    torch, a = ses.torch, ses.args
     dev = torch.device("cuda", torch.cuda.current_device())
-    n, h, k, e = a.tokens, a.hidden, a.topk, a.experts
-    torch.manual_seed(rank)
-    x = torch.randn(n, h, device=dev).to(torch.bfloat16)
-    idx = torch.randn(n, e, device=dev).abs().topk(k, dim=1).indices.to(torch.int64)
-    w = torch.rand(n, k, device=dev)
-    xq, sc = cast_fp8(torch, x)
-    digest = input_digest(torch, (x, idx, w, xq, sc))
-    if ses.library == LIB_OURS:
+    torch.manual_seed(ses.rank)
+    x = torch.randn(a.tokens, a.hidden, device=dev).to(torch.bfloat16)
+    idx = torch.randn(a.tokens, a.experts, device=dev).abs().topk(a.topk, dim=1).indices.to(torch.int64)
+    w = torch.rand(a.tokens, a.topk, device=dev)
+    return x, idx, w
+
+
+def v1_buffer(ses, Buffer, Config):
+    """(Buffer, dispatch config, combine config) of the normal ops: the library's default configs
+    for the rank count with --num-sms SMs, the NVLink bytes from its size hint (the larger of the
+    two configs'), ``explicitly_destroy=True``."""
+    a = ses.args
+    if ses.library in (LIB_OURS, LIB_V1):
         # ours sizes its NVLink buffer for a token capacity and a hidden size (docs/python.md)
-        os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(h))
-        if n > 4096:
-            os.environ.setdefault("DEEPEP_KERNELS_MAX_TOKENS", str(n))
-    dcfg, ccfg = normal_configs(Buffer, Config, world, a.num_sms)
-    nvl = max(c.get_nvl_buffer_size_hint(h * 2, world) for c in (dcfg, ccfg))
-    title = (f"{GROUP_NORMAL} (normal mode): {n} tokens x {h} hidden per rank, top-{k} of {e} experts, {a.num_sms} SMs; "
-             f"{world} ranks on {gpus} GPU(s); num_nvl_bytes from each library's size hint")
-    buf = Buffer(ses.group, nvl, 0, explicitly_destroy=True)
+        os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(a.hidden))
+        if a.tokens > 4096:
+            os.environ.setdefault("DEEPEP_KERNELS_MAX_TOKENS", str(a.tokens))
+    dcfg, ccfg = normal_configs(Buffer, Config, ses.world, a.num_sms)
+    nvl = max(c.get_nvl_buffer_size_hint(a.hidden * 2, ses.world) for c in (dcfg, ccfg))
+    return Buffer(ses.group, nvl, 0, explicitly_destroy=True), dcfg, ccfg
+
+
+def v1_ops(buf, dcfg, ccfg, num_experts, x, idx, w, fp8=None):
+    """V1 (``Buffer``, intranode; DeepEP's or ours) callables by key: fresh (get_dispatch_layout +
+    dispatch with topk_idx / topk_weights), cached (handle= of a first fresh dispatch), cached_fp8
+    (with ``fp8`` = (values, scales)), combine (that dispatch's rows), pair (fresh, then combine)."""
+    def fresh():
+        lay = buf.get_dispatch_layout(idx, num_experts)
+        return buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
+                            topk_idx=idx, topk_weights=w, config=dcfg)
+
+    def pair():
+        r, _, _, _, hd, _ = fresh()
+        return buf.combine(r, hd, config=ccfg)
+
+    rx, _, _, _, handle, _ = fresh()
+    ops = {"fresh": fresh, "cached": lambda: buf.dispatch(x, handle=handle, config=dcfg),
+           "combine": lambda: buf.combine(rx, handle, config=ccfg), "pair": pair}
+    if fp8 is not None:
+        ops["cached_fp8"] = lambda: buf.dispatch(fp8, handle=handle, config=dcfg)
+    return ops
+
+
+def v2_buffer(ses):
+    """V2's ``ElasticBuffer`` (DEEPEP_KERNELS_ELASTIC=1) sized by its hint for --tokens x --hidden, top---topk."""
+    a = ses.args
+    os.environ["DEEPEP_KERNELS_ELASTIC"] = "1"
+    from deepep_kernels.elastic import ElasticBuffer
+
+    return ElasticBuffer(ses.group, num_max_tokens_per_rank=a.tokens, hidden=a.hidden, num_topk=a.topk, explicitly_destroy=True)
+
+
+def v2_ops(buf, num_experts, num_max_tokens_per_rank, num_sms, x, idx, w):
+    """V2 (``ElasticBuffer``) callables by key: fresh (do_cpu_sync=True), fresh_nosync
+    (do_cpu_sync=False: worst-case sizes), cached (handle= of a first fresh synced dispatch),
+    combine (that dispatch's rows, plain handle), pair (fresh synced, then combine)."""
+    def fresh(sync=True):
+        return buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=num_experts, num_max_tokens_per_rank=num_max_tokens_per_rank,
+                            num_sms=num_sms, do_cpu_sync=sync)
+
+    def pair():
+        r, _, _, hd, _ = fresh()
+        return buf.combine(r, hd)
+
+    rx, _, _, handle, _ = fresh()
+    return {"fresh": fresh, "fresh_nosync": lambda: fresh(False), "cached": lambda: buf.dispatch(x, handle=handle, num_sms=num_sms),
+            "combine": lambda: buf.combine(rx, handle), "pair": pair}
+
+
+def measure_buffer_ops(ses, buf, make_ops, group_name, title, ops, digest):
+    """``ses.op`` for each ``(op, key)`` of ``ops`` over the callables ``make_ops()`` returns, then
+    the buffer destroyed (collectively)."""
+    torch = ses.torch
     try:
-        lay = buf.get_dispatch_layout(idx, e)
-        rx, _, _, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
-                                              topk_idx=idx, topk_weights=w, config=dcfg)
+        fns = make_ops()
         torch.cuda.synchronize()
-
-        def fresh():
-            lay = buf.get_dispatch_layout(idx, e)
-            return buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
-                                topk_idx=idx, topk_weights=w, config=dcfg)
-
-        ops = [
-            ("dispatch BF16, fresh (layout + dispatch)", fresh),
-            ("dispatch BF16, cached", lambda: buf.dispatch(x, handle=handle, config=dcfg)),
-            ("dispatch FP8, cached", lambda: buf.dispatch((xq, sc), handle=handle, config=dcfg)),
-            ("combine BF16", lambda: buf.combine(rx, handle, config=ccfg)),
-        ]
-        for op, fn in ops:
-            ses.op(GROUP_NORMAL, title, op, fn, a.normal_calls, digest)
+        for op, key in ops:
+            ses.op(group_name, title, op, fns[key], ses.args.normal_calls, digest)
         torch.cuda.synchronize()
-        del rx, handle, lay
+        fns.clear()
     finally:
         torch.cuda.synchronize()
         ses.barrier()
         buf.destroy()
+
+
+def compare_normal(ses, Buffer, Config, gpus):
+    torch, a, world = ses.torch, ses.args, ses.world
+    n, h, k, e = a.tokens, a.hidden, a.topk, a.experts
+    x, idx, w = normal_inputs(ses)
+    xq, sc = cast_fp8(torch, x)
+    digest = input_digest(torch, (x, idx, w, xq, sc))
+    title = (f"{GROUP_NORMAL} (normal mode): {n} tokens x {h} hidden per rank, top-{k} of {e} experts, {a.num_sms} SMs; "
+             f"{world} ranks on {gpus} GPU(s); num_nvl_bytes from each library's size hint")
+    buf, dcfg, ccfg = v1_buffer(ses, Buffer, Config)
+    ops = [("dispatch BF16, fresh (layout + dispatch)", "fresh"), ("dispatch BF16, cached", "cached"),
+           ("dispatch FP8, cached", "cached_fp8"), ("combine BF16", "combine")]
+    measure_buffer_ops(ses, buf, lambda: v1_ops(buf, dcfg, ccfg, e, x, idx, w, (xq, sc)), GROUP_NORMAL, title, ops, digest)
+
+
+def compare_v2(ses, Buffer, Config, gpus):
+    """--mode v2, one library's rank process: V1 (``Buffer``) or V2 (``ElasticBuffer``), the ops of
+    ``V2_OPS`` over the inputs of the normal ops."""
+    torch, a, world = ses.torch, ses.args, ses.world
+    n, h, k, e = a.tokens, a.hidden, a.topk, a.experts
+    x, idx, w = normal_inputs(ses)
+    digest = input_digest(torch, (x, idx, w))
+    title = (f"{GROUP_V2}, intranode, BF16: {n} tokens x {h} hidden per rank, top-{k} of {e} experts, {a.num_sms} SMs; "
+             f"{world} ranks on {gpus} GPU(s); V1: Buffer with num_nvl_bytes from its size hint and its default configs; "
+             f"V2: ElasticBuffer sized by its hint, num_max_tokens_per_rank={n}, num_sms={a.num_sms}")
+    if ses.library == LIB_V1:
+        buf, dcfg, ccfg = v1_buffer(ses, Buffer, Config)
+        make = lambda: v1_ops(buf, dcfg, ccfg, e, x, idx, w)  # noqa: E731
+        ops = [(op, key) for op, key, _ in V2_OPS]
+    else:
+        buf = v2_buffer(ses)
+        make = lambda: v2_ops(buf, e, n, a.num_sms, x, idx, w)  # noqa: E731
+        ops = [(op, key) for op, _, key in V2_OPS]
+    measure_buffer_ops(ses, buf, make, GROUP_V2, title, ops, digest)
 
 
 def compare_ll(ses, Buffer, gpus):
@@ -668,6 +832,8 @@ def compare_worker(rank, world, gpus, init, args, library, out_path):
     group = dist.group.WORLD
     meta = dict(where, torch=torch.__version__, device=torch.cuda.get_device_name(), ranks=world, gpus=gpus)
     ses = _Session(torch, dist, group, rank, world, library, args, out_path, meta)
+    if args.mode == "v2":
+        compare_v2(ses, Buffer, Config, gpus)
     if args.mode in ("intranode", "all") and world >= 2:
         compare_normal(ses, Buffer, Config, gpus)
     if args.mode in ("ll", "all"):
@@ -683,7 +849,7 @@ def compare_main(args):
     gpus = gpus_for(args.ranks, args.gpus, torch.cuda.device_count())
     runs = []
     with tempfile.TemporaryDirectory() as d:
-        for i, (rnd, lib) in enumerate(run_order(args.rounds)):
+        for i, (rnd, lib) in enumerate(run_order(args.rounds, libraries_of(args))):
             out = os.path.join(d, f"run{i}.json")
             print(f"[bench] round {rnd + 1}/{args.rounds}: {LABELS[lib]}, {args.ranks} rank process(es) on {gpus} GPU(s)",
                   file=sys.stderr, flush=True)
@@ -699,21 +865,50 @@ def compare_main(args):
                     run = json.load(f)
             run.update(round=rnd, error=err)
             runs.append(run)
-    entries = build_table(runs)
-    first = {lib: next((r["meta"] for r in runs if r["library"] == lib and r["meta"]), {}) for lib in LIBRARIES}
-    any_meta = first[LIB_OURS] or first[LIB_DEEP_EP]
+    text, doc, status = summarize_runs(args, gpus, runs)
+    print(text, flush=True)
+    if args.json:
+        write_json(args.json, doc)
+    return status
+
+
+def libraries_of(args):
+    """The two libraries the side-by-side table compares: V1 and V2 (--mode v2) or DeepEP and ours."""
+    return V_LIBRARIES if args.mode == "v2" else LIBRARIES
+
+
+def shapes_of(args):
+    """The shapes the run measured (for the JSON and the records made from it)."""
+    names = []
+    if args.mode in ("intranode", "all", "v2"):
+        names += ["tokens", "hidden", "topk", "experts", "num_sms"]
+    if args.mode in ("ll", "all"):
+        names += ["ll_tokens", "hidden", "topk", "ll_experts"]
+    return dict({k: getattr(args, k) for k in names}, ranks=args.ranks)
+
+
+def summarize_runs(args, gpus, runs):
+    """(report text, --json document, exit status) of the side-by-side runs (``{"library", "round",
+    "meta", "rows", "error"}`` each, in run order): the table, the meta with the mode and the
+    shapes (and, --mode v2, the issue's criterion), every run's rows."""
+    libs = libraries_of(args)
+    entries = build_table(runs, libs)
+    first = {lib: next((r["meta"] for r in runs if r["library"] == lib and r["meta"]), {}) for lib in libs}
+    any_meta = first[libs[1]] or first[libs[0]]
     notes = []
     if args.mode == "all" and args.ranks < 2:
         notes.append("normal (intranode) ops skipped: they need --ranks >= 2")
-    meta = {"ranks": args.ranks, "gpus": gpus, "rounds": args.rounds, "notes": notes,
-            "deep_ep": first[LIB_DEEP_EP].get("extension") or os.path.abspath(args.compare_deep_ep),
-            "ours": first[LIB_OURS].get("module"), "device": any_meta.get("device"), "torch": any_meta.get("torch"),
+    meta = {"mode": args.mode, "shapes": shapes_of(args), "ranks": args.ranks, "gpus": gpus, "rounds": args.rounds, "notes": notes,
+            "ours": any_meta.get("module"), "device": any_meta.get("device"), "torch": any_meta.get("torch"),
             "failed_runs": [{"library": r["library"], "round": r["round"], "error": r["error"]} for r in runs if r["error"]]}
-    print(format_report(entries, meta), flush=True)
-    if args.json:
-        write_json(args.json, {"meta": dict(meta, args=vars(args), not_performance=oversubscription_line(args.ranks, gpus)),
-                               "runs": runs, "table": entries})
-    return 1 if meta["failed_runs"] or any(e["libraries"][lib]["errors"] for e in entries for lib in LIBRARIES) else 0
+    if libs == LIBRARIES:
+        meta.update(deep_ep=first[LIB_DEEP_EP].get("extension") or os.path.abspath(args.compare_deep_ep),
+                    ours=first[LIB_OURS].get("module"))
+    else:
+        meta["criterion"] = v2_criterion(entries)
+    doc = {"meta": dict(meta, args=vars(args), not_performance=oversubscription_line(args.ranks, gpus)), "runs": runs, "table": entries}
+    status = 1 if meta["failed_runs"] or any(e["libraries"][lib]["errors"] for e in entries for lib in libs) else 0
+    return format_report(entries, meta, libs), doc, status
 
 
 def worker(rank, world, gpus, init, args):
@@ -872,7 +1067,7 @@ def main(argv=None):
         for p in problems:
             print(f"bench.py: {p}", file=sys.stderr)
         return 2
-    if args.compare_deep_ep is not None:
+    if args.compare_deep_ep is not None or args.mode == "v2":
         return compare_main(args)
     import torch
     import torch.multiprocessing as mp

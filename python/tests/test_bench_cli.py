@@ -295,3 +295,161 @@ def test_benchmarks_md_has_the_side_by_side_command():
     assert "## Side by side with DeepEP" in text
     section = text.split("## Side by side with DeepEP", 1)[1].split("\n## ", 1)[0]
     assert "bench.py --ranks 1 --mode ll --compare-deep-ep" in section
+
+
+# --- --mode v2: V2 (ElasticBuffer) vs V1 (Buffer) -------------------------------------------------
+V1, V2 = bench.LIB_V1, bench.LIB_V2
+
+
+def test_mode_v2_is_accepted_with_the_normal_shapes():
+    a = bench.parse(["--mode", "v2", "--ranks", "4", "--tokens", "2048", "--hidden", "4096", "--topk", "6", "--experts", "128",
+                     "--num-sms", "20", "--normal-calls", "40", "--json", "v2.json"])
+    assert (a.mode, a.ranks, a.tokens, a.hidden, a.topk, a.experts, a.num_sms, a.normal_calls, a.json) == \
+        ("v2", 4, 2048, 4096, 6, 128, 20, 40, "v2.json")
+    assert a.compare_deep_ep is None
+    assert bench.validate(a) == []
+    assert bench.validate(bench.parse(["--mode", "v2"])) == []  # the defaults: 2 ranks
+    assert bench.libraries_of(a) == (V1, V2) and bench.libraries_of(bench.parse([])) == (DE, OURS)
+
+
+def test_mode_v2_refuses_one_rank_naming_the_fix(capsys):
+    problems = bench.validate(bench.parse(["--mode", "v2", "--ranks", "1"]))
+    assert problems == ["--mode v2 needs --ranks >= 2 (the intranode ops exchange between ranks; ranks may share one GPU), "
+                        "got --ranks 1; use --ranks 2"]
+    # refused before torch is imported (main returns 2)
+    assert bench.main(["--mode", "v2", "--ranks", "1"]) == 2
+    assert "--mode v2 needs --ranks >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--ranks", "3"], "--experts 256 must be a multiple of --ranks 3"),
+    (["--num-sms", "23"], "--num-sms 23 must be even"),
+    (["--normal-calls", "0"], "--normal-calls must be >= 1"),
+    (["--call-warmup", "-1"], "--call-warmup must be >= 0"),
+    (["--rounds", "0"], "--rounds must be >= 1"),
+])
+def test_mode_v2_checks_its_shapes(argv, fragment):
+    problems = bench.validate(bench.parse(["--mode", "v2"] + argv))
+    assert any(fragment in p for p in problems), problems
+
+
+def test_mode_v2_takes_no_deep_ep_and_no_fp8_constraint(tmp_path):
+    problems = bench.validate(bench.parse(["--mode", "v2", "--compare-deep-ep", deep_ep_dir(tmp_path)]))
+    assert problems == ["--mode v2 compares our two APIs (V2 ElasticBuffer vs V1 Buffer); drop --compare-deep-ep, or pick another --mode"]
+    # BF16 only: no multiple of 128 needed
+    assert bench.validate(bench.parse(["--mode", "v2", "--hidden", "7000"])) == []
+
+
+def test_help_and_usage_name_mode_v2():
+    out = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "v2" in out and "ElasticBuffer" in out and "--ranks >= 2" in out
+    for text in ("--mode v2", "DEEPEP_KERNELS_ELASTIC=1", "deepep_kernels.elastic.ElasticBuffer", "do_cpu_sync=False",
+                 "ratio_v2_over_v1", "1.1x"):
+        assert text in bench.__doc__, text
+
+
+def test_v2_ops_pair_both_apis_and_keys():
+    ops = [op for op, _, _ in bench.V2_OPS]
+    assert len(set(ops)) == len(ops) == 5 and bench.V2_PAIR_OP == ops[-1]
+    assert [v1 for _, v1, _ in bench.V2_OPS] == ["fresh", "fresh", "cached", "combine", "pair"]
+    assert [v2 for _, _, v2 in bench.V2_OPS] == ["fresh", "fresh_nosync", "cached", "combine", "pair"]
+    assert bench.run_order(2, bench.V_LIBRARIES) == [(0, V1), (0, V2), (1, V2), (1, V1)]
+
+
+def _v2_runs(kernel=1.0, host=1.0, rounds=1):
+    runs = []
+    title = "V2 vs V1, intranode, BF16: 4096 tokens x 7168 hidden per rank, top-8 of 256 experts, 24 SMs"
+    for rnd, lib in bench.run_order(rounds, bench.V_LIBRARIES):
+        kf, hf = (kernel, host) if lib == V2 else (1.0, 1.0)
+        rows = []
+        for i, (op, _, _) in enumerate(bench.V2_OPS):
+            base = 100.0 * (i + 1)
+            rows.append({"group": bench.GROUP_V2, "title": title, "op": op, "library": lib, "calls": 50, "call_warmup": 30,
+                         "reps": 30, "warmup": 5, "kernel_us": base * kf, "largest_kernel": f"{lib}_k{i}",
+                         "largest_kernel_mean_us": base * kf / 2, "host_us": base / 10 * hf, "event_us": base * 1.2,
+                         "input_sha256": ["aa", "bb"], "error": None})
+        runs.append({"library": lib, "round": rnd, "meta": {"module": "/site/deepep_kernels/__init__.py", "device": "NVIDIA H100",
+                                                            "torch": "2.9.0"}, "rows": rows, "error": None})
+    return runs
+
+
+def test_format_report_v2_names_v1_and_v2_and_the_criterion():
+    runs = _v2_runs(kernel=1.05, host=0.9)
+    entries = bench.build_table(runs, bench.V_LIBRARIES)
+    assert entries[0]["ratio_v2_over_v1"]["kernel_us"] == pytest.approx(1.05)
+    assert "ratio_ours_over_deep_ep" not in entries[0]
+    text = bench.format_report(entries, _meta(ranks=2, gpus=2, ours="/site/deepep_kernels"), bench.V_LIBRARIES)
+    lines = text.splitlines()
+    assert not any("NOT PERFORMANCE" in ln for ln in lines)
+    assert lines[0].startswith("V1: deepep_kernels.Buffer (intranode), V2: deepep_kernels.elastic.ElasticBuffer, both from /site")
+    assert "each cell V1 / V2 (V2 / V1), slowest rank" in lines[0]
+    assert "inputs (SHA-256 of every rank's input tensors): V2 vs V1: identical in both libraries" in lines
+    header = next(ln for ln in lines if ln.startswith("| op |"))
+    assert header.count(": V1 / V2") == 4 and "DeepEP" not in header
+    assert "device kernel time per call, us (torch profiler: all kernels + memcpys + memsets of 50 back-to-back calls" in header
+    assert "host time per call, us (perf_counter_ns around 50 back-to-back calls" in header
+    assert "event time per call, us (CUDA events around each call, median of 30 after 5 warm-ups, L2 flushed" in header
+    pair = next(ln for ln in lines if ln.startswith("| dispatch + combine BF16"))
+    assert pair == ("| dispatch + combine BF16 (fresh synced dispatch, then combine of its rows) | 500.0 / 525.0 (1.05x) | "
+                    "250.0 / 262.5 (1.05x) | 50.0 / 45.0 (0.90x) | 600.0 / 600.0 (1.00x) |")
+    assert ("criterion, dispatch + combine (fresh synced dispatch, then combine): device kernel time V2 / V1 <= 1.1x: 1.05x, met; "
+            "host time per call V2 / V1 <= 1x: 0.90x, met") in lines
+    assert "largest kernel, combine BF16 (rows and handle of the fresh synced dispatch): V1 `deepep_kernels.Buffer_k3`, " \
+           "V2 `deepep_kernels.elastic.ElasticBuffer_k3`" in lines
+
+
+def test_v2_criterion_not_met_and_not_measured():
+    crit = bench.v2_criterion(bench.build_table(_v2_runs(kernel=1.2, host=1.5), bench.V_LIBRARIES))
+    assert crit["kernel_us"] == {"ratio_v2_over_v1": pytest.approx(1.2), "at_most": 1.1, "met": False}
+    assert crit["host_us"]["met"] is False
+    assert "device kernel time V2 / V1 <= 1.1x: 1.20x, NOT met" in bench.criterion_line(crit)
+    runs = _v2_runs()
+    runs[1]["rows"] = [r for r in runs[1]["rows"] if r["op"] != bench.V2_PAIR_OP]  # V2's pair failed to run
+    crit = bench.v2_criterion(bench.build_table(runs, bench.V_LIBRARIES))
+    assert crit["kernel_us"]["met"] is None and "not measured" in bench.criterion_line(crit)
+
+
+def test_summarize_runs_v2_json_has_mode_shapes_criterion_and_rows(tmp_path):
+    args = bench.parse(["--mode", "v2", "--ranks", "2", "--json", str(tmp_path / "v2.json")])
+    text, doc, status = bench.summarize_runs(args, 1, _v2_runs(kernel=1.0, host=1.1))
+    assert status == 0
+    assert text.splitlines()[0] == "NOT PERFORMANCE: 2 ranks share one GPU; ratios only"
+    assert "host time per call V2 / V1 <= 1x: 1.10x, NOT met" in text
+    meta = doc["meta"]
+    assert meta["mode"] == "v2" and meta["not_performance"] == "NOT PERFORMANCE: 2 ranks share one GPU; ratios only"
+    assert meta["shapes"] == {"tokens": 4096, "hidden": 7168, "topk": 8, "experts": 256, "num_sms": 24, "ranks": 2}
+    assert meta["criterion"]["kernel_us"]["met"] is True and meta["criterion"]["host_us"]["met"] is False
+    assert meta["ours"] == "/site/deepep_kernels/__init__.py" and "deep_ep" not in meta
+    assert meta["args"]["mode"] == "v2"
+    assert [r["library"] for r in doc["runs"]] == [V1, V2]
+    assert [e["op"] for e in doc["table"]] == [op for op, _, _ in bench.V2_OPS]
+    bench.write_json(args.json, doc)
+    with open(args.json) as f:
+        back = json.load(f)
+    assert back["table"][-1]["ratio_v2_over_v1"]["host_us"] == pytest.approx(1.1)
+    assert back["table"][0]["libraries"][V2]["rounds"][0]["op"] == bench.V2_OPS[0][0]
+
+
+def test_summarize_runs_v2_errors_give_status_1():
+    runs = _v2_runs()
+    runs[1]["rows"][2] = dict(runs[1]["rows"][2], kernel_us=None, host_us=None, event_us=None, error="rank 1: RuntimeError: x")
+    _, _, status = bench.summarize_runs(bench.parse(["--mode", "v2"]), 2, runs)
+    assert status == 1
+    runs = _v2_runs()
+    runs[1]["error"] = "ProcessRaisedException: boom"
+    text, doc, status = bench.summarize_runs(bench.parse(["--mode", "v2"]), 2, runs)
+    assert status == 1 and "ERROR: the V2 ranks of round 1 failed: ProcessRaisedException: boom" in text
+
+
+def test_summarize_runs_compare_mode_keeps_its_meta(tmp_path):
+    d = deep_ep_dir(tmp_path)
+    args = bench.parse(["--compare-deep-ep", d, "--ranks", "1", "--mode", "ll"])
+    runs = _runs()
+    runs[0]["meta"] = {"extension": "/x/deep_ep_cpp.so", "device": "NVIDIA H200", "torch": "2.9.0"}
+    runs[1]["meta"] = {"module": "/y/deepep_kernels/__init__.py", "device": "NVIDIA H200", "torch": "2.9.0"}
+    text, doc, status = bench.summarize_runs(args, 1, runs)
+    assert status == 0
+    assert text.splitlines()[0].startswith("DeepEP: /x/deep_ep_cpp.so; ours: /y/deepep_kernels/__init__.py; device: NVIDIA H200")
+    assert doc["meta"]["mode"] == "ll" and "criterion" not in doc["meta"]
+    assert doc["meta"]["shapes"] == {"ll_tokens": 128, "hidden": 7168, "topk": 8, "ll_experts": 288, "ranks": 1}
+    assert "ratio_ours_over_deep_ep" in doc["table"][0]
