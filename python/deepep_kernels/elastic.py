@@ -394,12 +394,13 @@ class ElasticBuffer:
         expert_alignment = 1 if expert_alignment is None else expert_alignment
         do_cpu_sync = True if do_cpu_sync is None else bool(do_cpu_sync)
         num_sms = num_sms or self.get_theoretical_num_sms(num_experts, topk_idx.shape[1])
-        with self._alloc_ctx(allocate_on_comm_stream):
+        stream = _current_raw_stream(self._device_index)  # the caller's, read before the allocation stream is made current
+        with self._alloc_ctx(bool(allocate_on_comm_stream)):
             recv_x, recv_sf, recv_idx, recv_w, parts, ev = rt.dispatch(
                 x, sf, topk_idx, topk_weights, cumulative_local_expert_recv_stats, cached, num_experts, num_max_tokens_per_rank,
-                expert_alignment, num_sms, do_expand, do_zero_padding, do_cpu_sync, do_handle_copy, use_tma_aligned_col_major_sf,
-                self._event(previous_event), self._event(previous_event_before_epilogue), async_with_compute_stream,
-                _current_raw_stream(self._device_index))
+                expert_alignment, num_sms, bool(do_expand), bool(do_zero_padding), do_cpu_sync, bool(do_handle_copy),
+                bool(use_tma_aligned_col_major_sf), self._event(previous_event), self._event(previous_event_before_epilogue),
+                bool(async_with_compute_stream), stream)
         if parts is not None:
             plan, copy, psum_rank, psum_expert, unaligned, meta, num_recv, num_expanded, per_expert = parts
             n, k = topk_idx.shape
@@ -450,12 +451,12 @@ class ElasticBuffer:
             bias_0, bias_1 = bias
         elif bias is not None:
             bias_0 = bias
-        with self._alloc_ctx(allocate_on_comm_stream):
+        stream = _current_raw_stream(self._device_index)  # the caller's, read before the allocation stream is made current
+        with self._alloc_ctx(bool(allocate_on_comm_stream)):
             out, out_w, ev = rt.combine(x, topk_weights, bias_0, bias_1, handle.recv_src_metadata,
                                         handle.psum_num_recv_tokens_per_scaleup_rank, handle.topk_idx, handle._plan,
-                                        handle.num_experts, handle.num_max_tokens_per_rank, handle.do_expand,
-                                        self.allow_multiple_reduction, num_sms or handle.num_sms, self._event(previous_event),
-                                        self._event(previous_event_before_epilogue), async_with_compute_stream,
-                                        _current_raw_stream(self._device_index))
+                                        handle.num_experts, handle.num_max_tokens_per_rank, bool(handle.do_expand),
+                                        bool(self.allow_multiple_reduction), num_sms or handle.num_sms, self._event(previous_event),
+                                        self._event(previous_event_before_epilogue), bool(async_with_compute_stream), stream)
         event = self._finish(ev, async_with_compute_stream, allocate_on_comm_stream, (x, topk_weights, bias_0, bias_1), (out, out_w))
         return out, out_w, event
