@@ -64,3 +64,8 @@ pub fn record_event(gpu: &Gpu) -> Result<CudaEvent> {
         message: format!("{:?}", e.0),
     })
 }
+
+/// `v` rounded up to a multiple of `a` (> 0): the one rounding rule of every buffer layout.
+pub const fn align_up(v: usize, a: usize) -> usize {
+    v.div_ceil(a) * a
+}

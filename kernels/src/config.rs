@@ -182,9 +182,7 @@ impl DeepEpConfig {
 
 use crate::args::bad;
 
-fn align(v: usize, a: usize) -> usize {
-    v.div_ceil(a) * a
-}
+use crate::common::align_up as align;
 
 /// Byte offsets of the regions of one rank's NVLink buffer (identical on every rank).
 ///

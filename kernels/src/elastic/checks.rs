@@ -4,18 +4,11 @@
 //! and say what sizes the outputs get ([`DispatchPlan::output_rows`]).
 
 use super::{combine_bytes, dispatch_bytes, Counts, MAX_EXPERTS, MAX_LOCAL_EXPERTS, MAX_TOPK};
-use crate::args::{contiguous, kind, on_device, Arg};
-use crate::error::EpError;
+use crate::args::{bad, contiguous, kind, on_device, Arg};
 use crate::tensor::DType;
 use crate::Result;
 
-fn bad<T>(msg: String) -> Result<T> {
-    Err(EpError::InvalidArgument(msg))
-}
-
-fn align(v: usize, a: usize) -> usize {
-    v.div_ceil(a) * a
-}
+use crate::common::align_up as align;
 
 /// Elements of the handle's plan tensor (i32): `dst_slot [N][K]`, `exp_pos [N][K]`,
 /// `send_counts [2R + E]`.

@@ -35,9 +35,7 @@ pub const THREADS: u32 = 512;
 /// DeepEP V2 sizes buffers in multiples of 2 MiB (`get_buffer_size_hint` returns such a size).
 pub const SIZE_ALIGNMENT: usize = 2 << 20;
 
-fn align(v: usize, a: usize) -> usize {
-    v.div_ceil(a) * a
-}
+use crate::common::align_up as align;
 
 /// Byte offsets of the control region (see `ElasticArgs` in `cuda/elastic.cuh`) and the data
 /// region that follows it.
@@ -55,7 +53,7 @@ pub struct Layout {
 
 impl Layout {
     /// Bytes of the control region (counters, flags and the per-expert counts of every source).
-    pub const CTRL_BYTES: usize = align_const(192 + MAX_RANKS * MAX_LOCAL_EXPERTS * 8, 4096);
+    pub const CTRL_BYTES: usize = align(192 + MAX_RANKS * MAX_LOCAL_EXPERTS * 8, 4096);
 
     /// The layout of a buffer of `total_bytes` (at least [`Layout::CTRL_BYTES`] plus some data).
     pub fn new(total_bytes: usize) -> Result<Layout> {
@@ -79,9 +77,6 @@ impl Layout {
     }
 }
 
-const fn align_const(v: usize, a: usize) -> usize {
-    v.div_ceil(a) * a
-}
 
 /// Bytes of one dispatch slot (a token as one destination receives it): the row, its 4-byte
 /// scale packs and its metadata (`ep_slot_layout` in `cuda/elastic.cuh`).

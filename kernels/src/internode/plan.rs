@@ -32,9 +32,7 @@ fn bad<T>(msg: String) -> Result<T> {
     Err(EpError::InvalidArgument(msg))
 }
 
-fn align(v: usize, a: usize) -> usize {
-    v.div_ceil(a) * a
-}
+use crate::common::align_up as align;
 
 /// Row types the internode dispatch moves: `Bf16`, or `Fp8E4m3` with f32 scales `[N, H/128]`.
 pub fn elem_bytes(dtype: DType) -> usize {
