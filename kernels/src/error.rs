@@ -373,16 +373,22 @@ mod tests {
             (Phase::InternodeDispatch, "internode dispatch"),
             (Phase::InternodeForward, "internode combine"),
             (Phase::InternodeCombine, "internode combine"),
+            (Phase::ElasticPlan, "ElasticBuffer.dispatch"),
+            (Phase::ElasticDispatchSend, "ElasticBuffer.dispatch"),
+            (Phase::ElasticDispatchRecv, "ElasticBuffer.dispatch"),
+            (Phase::ElasticCombineSend, "ElasticBuffer.combine"),
+            (Phase::ElasticCombineRecv, "ElasticBuffer.combine"),
+            (Phase::ElasticBarrier, "ElasticBuffer.barrier"),
         ];
-        // Every phase number the CUDA header defines (1..=17) is covered, once.
-        assert_eq!(want.len(), 17);
+        // Every phase number the CUDA header defines (1..=23) is covered, once.
+        assert_eq!(want.len(), 23);
         for (i, (phase, call)) in want.iter().enumerate() {
             assert_eq!(Phase::from_i32(i as i32 + 1), Some(*phase));
             let msg = timeout(*phase, 3, 2).to_error().unwrap().to_string();
             let head = format!("rank 0: {call} waited 5.0 s for rank 2 (phase {}, channel 3);", phase.name());
             assert!(msg.starts_with(&head), "{msg}\nwanted it to start with: {head}");
         }
-        assert_eq!(Phase::from_i32(18), None);
+        assert_eq!(Phase::from_i32(24), None);
     }
 
     #[test]
