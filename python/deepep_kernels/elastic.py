@@ -12,7 +12,6 @@ supported, what is refused and how it differs from DeepEP 2.1.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -24,8 +23,6 @@ from .utils.event import EventHandle, EventOverlap
 __all__ = ["ElasticBuffer", "EPHandle"]
 
 _DESTROYED = "this ElasticBuffer was destroyed; create a new one"
-# Off by default until the V2 path has passed DeepEP 2.1's test on a GPU (docs/python.md).
-_SWITCH = "DEEPEP_KERNELS_ELASTIC"
 
 
 def _refused(feature: str, instead: str) -> NotImplementedError:
@@ -137,10 +134,6 @@ class ElasticBuffer:
             raise _refused(f"RDMA queue pairs (num_allocated_qps={num_allocated_qps})", "pass num_allocated_qps=0 (NVLink needs none), or use DeepEP 2.x for RDMA")
         if not isinstance(sl_idx, int) or not 0 <= sl_idx <= 15:
             raise ValueError(f"sl_idx={sl_idx!r} is not an InfiniBand service level (0 to 15); it is unused within one NVLink node")
-        if os.environ.get(_SWITCH) != "1":
-            raise NotImplementedError(
-                f"deepep_kernels.ElasticBuffer is not yet verified on a GPU in this build; set {_SWITCH}=1 to use it anyway "
-                "(docs/python.md, 'DeepEP V2: ElasticBuffer'), or use deepep_kernels.Buffer (DeepEP V1's API)")
         torch = _torch()
         import torch.distributed as dist
 

@@ -106,8 +106,3 @@ def test_one_node_domain_sizes_and_no_qps():
     assert b.get_logical_domain_size() == (1, 6)
     assert b.get_theoretical_num_qps(24) == 0
 
-
-def test_the_unverified_v2_path_is_off_unless_switched_on(monkeypatch):
-    monkeypatch.delenv("DEEPEP_KERNELS_ELASTIC", raising=False)
-    with pytest.raises(NotImplementedError, match="DEEPEP_KERNELS_ELASTIC=1"):
-        ElasticBuffer(object())
