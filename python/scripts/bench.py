@@ -13,7 +13,7 @@ Usage (GPU machine, the wheel on PYTHONPATH or installed):
         (and the shape options above)
 
   V2 vs V1 side by side (ours: DeepEP 2.1's ElasticBuffer vs DeepEP v1.2.1's Buffer, intranode):
-    DEEPEP_KERNELS_ELASTIC=1 python3 python/scripts/bench.py --mode v2 --ranks 2 [--gpus N]
+    python3 python/scripts/bench.py --mode v2 --ranks 2 [--gpus N]
         [--tokens 4096] [--hidden 7168] [--topk 8] [--experts 256] [--num-sms 24]
         [--normal-calls 50] [--call-warmup 30] [--reps 30] [--warmup 5] [--rounds 1] [--no-profile] [--json FILE]
 
@@ -84,8 +84,7 @@ V2 vs V1 (``--mode v2``)
 The same machinery, statistics and table, with our two APIs in place of the two libraries (each
 cell V1 / V2, the ratio V2 / V1): V1 is ``deepep_kernels.Buffer`` (intranode normal mode, set up as
 the normal ops above: its default configs with ``--num-sms`` SMs, NVLink bytes from its size hint),
-V2 is ``deepep_kernels.elastic.ElasticBuffer`` (``DEEPEP_KERNELS_ELASTIC=1`` is set in V2's rank
-processes; sized by its hint for ``--tokens`` x ``--hidden``, top-``--topk``). BF16, ``--tokens``
+V2 is ``deepep_kernels.elastic.ElasticBuffer`` (sized by its hint for ``--tokens`` x ``--hidden``, top-``--topk``). BF16, ``--tokens``
 x ``--hidden`` per rank, top-``--topk`` of ``--experts``, the normal ops' inputs (seed = rank),
 ``--normal-calls`` back-to-back calls, ``--ranks`` >= 2 (ranks may share one GPU: then the table
 is headed by the NOT PERFORMANCE line). Ops, each through both APIs:
@@ -684,9 +683,8 @@ def v1_ops(buf, dcfg, ccfg, num_experts, x, idx, w, fp8=None):
 
 
 def v2_buffer(ses):
-    """V2's ``ElasticBuffer`` (DEEPEP_KERNELS_ELASTIC=1) sized by its hint for --tokens x --hidden, top---topk."""
+    """V2's ``ElasticBuffer`` sized by its hint for --tokens x --hidden, top---topk."""
     a = ses.args
-    os.environ["DEEPEP_KERNELS_ELASTIC"] = "1"
     from deepep_kernels.elastic import ElasticBuffer
 
     return ElasticBuffer(ses.group, num_max_tokens_per_rank=a.tokens, hidden=a.hidden, num_topk=a.topk, explicitly_destroy=True)
