@@ -1,14 +1,15 @@
 //! The rank context: one owner for everything a rank's `Buffer` holds, what DeepEP's C++
 //! `Buffer` is (csrc/deep_ep.hpp): its GPU (primary context, comm stream, error record), the
-//! rank's exchange ([`Comm`]), the three buffers (NVLink, internode, low-latency) with their
-//! sizes, lifecycle and generations, the stream joins around every launch, the capacity checks
-//! and the error records of its kernels.
+//! rank's exchange ([`Comm`]), the three V1 buffers (NVLink, internode, low-latency) with their
+//! sizes, lifecycle and generations, DeepEP V2's `ElasticBuffer` ([`crate::elastic`]), the
+//! stream joins around every launch, the capacity checks and the error records of its kernels.
 //!
 //! The Python binding (`python/src`) is a thin layer over it: it reads the caller's tensors into
 //! [`Arg`]s, the kernels crate's checks (`crate::args`) accept or refuse them, and a
 //! [`RankContext`] method sizes, joins and launches; the binding only turns the outputs into torch
-//! tensors. Plain Rust callers (the GPU harness, V2's `ElasticBuffer`) use it the same way, with
-//! their own [`Exchange`].
+//! tensors. The Python `ElasticBuffer` binding (`python/src/elastic.rs`) holds a context of its own
+//! whose one buffer is the V2 one. Plain Rust callers can use it the same way with their own
+//! [`Exchange`] (the GPU harness still drives the buffers directly).
 //!
 //! Lifecycle: a buffer is created (collectively) on first use for the sizes a call needs, and
 //! re-created when a call needs others; each (re-)creation bumps its generation, so handles and
