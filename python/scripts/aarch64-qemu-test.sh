@@ -21,8 +21,11 @@
 # python/usr/bin/python3-qemu that is also sys.executable (tests start subprocesses with it).
 # Left out: tests/test_wheel.py::test_doctor_recognises_the_installed_wheel, which runs this
 # machine's x86_64 deepep-nix doctor on the extension (it rightly refuses one for another CPU).
+# The x86_64 toolchain's NVSHMEM_DIR / DEEPEP_NVSHMEM_RELEASES (scripts/install-toolchain.sh
+# --print-env) are cleared: under qemu the tests would try to load those x86_64 libraries.
 # Needs: qemu-aarch64, apt-get, dpkg-deb, python3 with pip, network the first time.
 set -euo pipefail
+unset NVSHMEM_DIR DEEPEP_NVSHMEM_RELEASES
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dir=${DEEPEP_AARCH64_DIR:-$repo/target/tools/aarch64}
 record=0
