@@ -4,6 +4,7 @@
 // channel, peer), explicit-ordering PTX loads/stores, and the global nanosecond timer.
 // Every kernel takes an `EpDiag` by value as its LAST argument.
 #pragma once
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 // ---- diagnostics -------------------------------------------------------------------------
@@ -264,4 +265,28 @@ __device__ __forceinline__ void st_na_s64(int64_t* p, int64_t v) {
 }
 __device__ __forceinline__ float ld_volatile_f32(const float* p) {
     float v; asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v;
+}
+
+// ---- bf16 rows in 16-byte words (intranode and elastic combine) --------------------------------
+// Add the eight bf16 values of `v` to `acc` in float32.
+__device__ __forceinline__ void ep_accumulate_bf16x8(float (&acc)[8], const int4& v) {
+    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y),
+                           static_cast<uint32_t>(v.z), static_cast<uint32_t>(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc[2 * i] += __uint_as_float(w[i] << 16);
+        acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// Round eight float32 sums to bf16, to nearest even (as torch's `.to(torch.bfloat16)`).
+__device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);  // .x = low half
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    return make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]),
+                     static_cast<int>(w[3]));
 }

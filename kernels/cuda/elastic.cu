@@ -10,7 +10,6 @@
 //   ep_elastic_combine           grid num_sms, EP_ELASTIC_THREADS (collective: one epoch)
 //   ep_elastic_combine_reduce    grid num_sms, EP_ELASTIC_THREADS (local: waits for the rows)
 //   ep_elastic_barrier           grid 1, 32 threads (collective: one epoch)
-#include <cuda_bf16.h>
 
 #include "elastic.cuh"
 
@@ -108,27 +107,6 @@ __device__ __forceinline__ int el_wait_tagged(const uint64_t* p, uint32_t epoch,
         if (!w.tick(phase, blockIdx.x, peer, detail)) return -1;
     }
     return static_cast<int>(static_cast<uint32_t>(v));
-}
-
-__device__ __forceinline__ void el_accumulate_bf16x8(float (&acc)[8], const int4& v) {
-    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y),
-                           static_cast<uint32_t>(v.z), static_cast<uint32_t>(v.w)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        acc[2 * i] += __uint_as_float(w[i] << 16);
-        acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
-// Round to nearest even, as torch's `.to(torch.bfloat16)`.
-__device__ __forceinline__ int4 el_pack_bf16x8(const float (&acc)[8]) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);  // .x = low half
-        w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    return make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]), static_cast<int>(w[3]));
 }
 
 // Copies `n16` 16-byte words from `src` (read-only input of this kernel) to `dst`, one warp.
@@ -618,9 +596,9 @@ ep_elastic_combine(ElasticArgs a, ElasticCombineParams p, EpDiag diag) {
                     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
                     for (unsigned mm = m; mm != 0; mm &= mm - 1) {
                         const int r = __shfl_sync(kElFull, c, __ffs(mm) - 1);
-                        if (q < n16) el_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.x + static_cast<int64_t>(r) * H) + q));
+                        if (q < n16) ep_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.x + static_cast<int64_t>(r) * H) + q));
                     }
-                    if (q < n16) st_na_v4(dst + q, el_pack_bf16x8(acc));
+                    if (q < n16) st_na_v4(dst + q, ep_pack_bf16x8(acc));
                 }
                 units = 1;
             } else {
@@ -681,14 +659,14 @@ ep_elastic_combine_reduce(ElasticArgs a, ElasticReduceParams p, EpDiag diag) {
             const int q = q0 + lane;
             float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
             if (q < n16) {
-                if (p.bias0 != nullptr) el_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.bias0 + t * H) + q));
-                if (p.bias1 != nullptr) el_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.bias1 + t * H) + q));
+                if (p.bias0 != nullptr) ep_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.bias0 + t * H) + q));
+                if (p.bias1 != nullptr) ep_accumulate_bf16x8(acc, ld_nc_v4(reinterpret_cast<const int4*>(p.bias1 + t * H) + q));
                 int c = 0;
                 for (unsigned mm = take; mm != 0; mm &= mm - 1, ++c) {
                     const int slot = p.per_rank ? c : __ffs(mm) - 1;
-                    el_accumulate_bf16x8(acc, ld_volatile_v4(rows + static_cast<int64_t>(slot) * n16 + q));
+                    ep_accumulate_bf16x8(acc, ld_volatile_v4(rows + static_cast<int64_t>(slot) * n16 + q));
                 }
-                st_na_v4(reinterpret_cast<int4*>(p.out + t * H) + q, el_pack_bf16x8(acc));
+                st_na_v4(reinterpret_cast<int4*>(p.out + t * H) + q, ep_pack_bf16x8(acc));
             }
         }
         if (p.out_w != nullptr && lane < K) p.out_w[t * K + lane] = dj >= 0 ? ld_volatile_f32(wsrc + t * K + lane) : 0.f;

@@ -404,26 +404,6 @@ ep_intranode_dispatch_r8(IntranodeArgs a, DispatchParams p, EpDiag diag) {
 // =========================================================================================
 // combine: push y rows back to their origin's staging slots, reduce at the origin
 // =========================================================================================
-__device__ __forceinline__ void ep_accumulate_bf16x8(float (&acc)[8], const int4& v) {
-    const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y),
-                           static_cast<uint32_t>(v.z), static_cast<uint32_t>(v.w)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        acc[2 * i] += __uint_as_float(w[i] << 16);
-        acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ int4 ep_pack_bf16x8(const float (&acc)[8]) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);  // .x = low half
-        w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    return make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]),
-                     static_cast<int>(w[3]));
-}
 
 // Warps [0, push_warps) of every block push; the rest reduce.
 //  push: unit u = g*(R-1) + q (q-th peer after me, rows [g*G, g*G+G) that peer sent me), so rows go out in
