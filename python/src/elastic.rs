@@ -6,7 +6,7 @@
 //! and joins back (or records the event of `async_with_compute_stream`).
 
 use crate::outputs;
-use crate::{doorway, py_err, recorded_error, without_gil, Event, PyExchange};
+use crate::{context_error, doorway, py_err, without_gil, Event, PyExchange};
 use deepep_kernels::args::Arg;
 use deepep_kernels::context::{self, RankContext};
 use deepep_kernels::elastic::{self, checks, Counts, EpiloguePtrs, SendPtrs};
@@ -41,17 +41,11 @@ crate::thread_safe!(ElasticRuntime);
 
 impl ElasticRuntime {
     fn check(&self, py: Python<'_>) -> PyResult<()> {
-        match self.ctx.take_error() {
-            Some((kind, e)) => Err(recorded_error(py, kind.name(), e.to_string())),
-            None => Ok(()),
-        }
+        context_error(py, &self.ctx).map_or(Ok(()), Err)
     }
     /// A failed step's error: what this buffer's kernels recorded, if anything, else `e`.
     fn failed(&self, py: Python<'_>, e: deepep_kernels::error::EpError) -> PyErr {
-        match self.ctx.take_error() {
-            Some((kind, rec)) => recorded_error(py, kind.name(), rec.to_string()),
-            None => py_err(e),
-        }
+        context_error(py, &self.ctx).unwrap_or_else(|| py_err(e))
     }
     fn data_bytes(&mut self) -> PyResult<usize> {
         Ok(self.ctx.elastic_mut().map_err(py_err)?.layout().data_bytes)

@@ -283,6 +283,13 @@ pub(crate) fn recorded_error(py: Python<'_>, kind: &str, msg: String) -> PyErr {
     PyErr::from_type(t[i].bind(py).clone(), msg)
 }
 
+/// The exception for what `ctx`'s kernels recorded (`RankContext::take_error`: an argument record
+/// is taken, a fatal one stays), or None: the first thing each Buffer / ElasticBuffer call raises,
+/// and the cause a failed step reports instead of its own error.
+pub(crate) fn context_error(py: Python<'_>, ctx: &context::RankContext) -> Option<PyErr> {
+    ctx.take_error().map(|(kind, e)| recorded_error(py, kind.name(), e.to_string()))
+}
+
 /// Raise what a kernel of any live Buffer of this process recorded, if anything:
 /// `DeviceArgumentError` once (the record is cleared), `PeerTimeoutError` or `DeviceError` every
 /// time until that Buffer is destroyed or dropped. The Buffer methods look at their own Buffer's

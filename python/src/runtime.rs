@@ -8,7 +8,7 @@
 
 use crate::handles::{Handle, InterHandle, LlPyHandle};
 use crate::outputs;
-use crate::{doorway, py_err, recorded_error, without_gil, Event, PyExchange};
+use crate::{context_error, doorway, py_err, recorded_error, without_gil, Event, PyExchange};
 use deepep_kernels::args::{Arg, CombineDims, Device, LlCombineDims};
 use deepep_kernels::context::{self, NormalDispatch, RankContext, Sizes};
 use deepep_kernels::intranode::DispatchOutput;
@@ -65,10 +65,7 @@ pub struct Runtime {
 
 impl Runtime {
     fn check(&self, py: Python<'_>) -> PyResult<()> {
-        match self.ctx.take_error() {
-            Some((kind, e)) => Err(recorded_error(py, kind.name(), e.to_string())),
-            None => Ok(()),
-        }
+        context_error(py, &self.ctx).map_or(Ok(()), Err)
     }
     fn end(&mut self, async_finish: bool, stream: u64) -> PyResult<Option<Event>> {
         Ok(self.ctx.end(async_finish, Some(stream)).map_err(py_err)?.map(Event::from))

@@ -147,6 +147,17 @@ fn expect_i32(what: &str, a: &Arg, shape: &[usize], device: usize) -> Result<()>
     on_device(what, a, device)
 }
 
+/// The handle's `recv_src_metadata`: i32 `[rows, num_topk + 2]`, contiguous, on `device` (a
+/// cached dispatch and a combine read it).
+fn handle_meta(meta: &Arg, k: usize, device: usize) -> Result<()> {
+    kind("handle.recv_src_metadata", meta, &[DType::I32], 2)?;
+    if meta.shape[1] != k + 2 {
+        return bad(format!("handle.recv_src_metadata must have num_topk + 2 = {} columns, got {:?}", k + 2, meta.shape));
+    }
+    contiguous("handle.recv_src_metadata", meta)?;
+    on_device("handle.recv_src_metadata", meta, device)
+}
+
 /// Check a dispatch on a group of `num_ranks` whose buffers hold `data_bytes` of data on
 /// `device`; the plan it returns is what [`super::ElasticBuffer::send`] takes.
 pub fn dispatch(req: &DispatchRequest<'_>, num_ranks: usize, data_bytes: usize, device: usize) -> Result<DispatchPlan> {
@@ -243,12 +254,7 @@ pub fn dispatch(req: &DispatchRequest<'_>, num_ranks: usize, data_bytes: usize, 
         expect_i32("handle.psum_num_recv_tokens_per_scaleup_rank", c.psum_rank, &[num_ranks], device)?;
         expect_i32("handle.psum_num_recv_tokens_per_expert", c.psum_expert, &[l], device)?;
         expect_i32("handle.num_unaligned_recv_tokens_per_expert", c.unaligned, &[l], device)?;
-        kind("handle.recv_src_metadata", c.meta, &[DType::I32], 2)?;
-        if c.meta.shape[1] != k + 2 {
-            return bad(format!("handle.recv_src_metadata must have num_topk + 2 = {} columns, got {:?}", k + 2, c.meta.shape));
-        }
-        contiguous("handle.recv_src_metadata", c.meta)?;
-        on_device("handle.recv_src_metadata", c.meta, device)?;
+        handle_meta(c.meta, k, device)?;
         cached_rows = Some(c.recv_rows);
     }
     Ok(DispatchPlan {
@@ -339,12 +345,7 @@ pub fn combine(req: &CombineRequest<'_>, num_ranks: usize, data_bytes: usize, de
     let e = req.num_experts;
     expect_i32("handle's plan", req.plan, &[plan_len(n, k, num_ranks, e)], device)?;
     expect_i32("handle.psum_num_recv_tokens_per_scaleup_rank", req.psum_rank, &[num_ranks], device)?;
-    kind("handle.recv_src_metadata", req.meta, &[DType::I32], 2)?;
-    if req.meta.shape[1] != k + 2 {
-        return bad(format!("handle.recv_src_metadata must have num_topk + 2 = {} columns, got {:?}", k + 2, req.meta.shape));
-    }
-    contiguous("handle.recv_src_metadata", req.meta)?;
-    on_device("handle.recv_src_metadata", req.meta, device)?;
+    handle_meta(req.meta, k, device)?;
     on_device("handle.topk_idx", idx, device)?;
     if let Some(w) = req.topk_weights {
         kind("topk_weights", w, &[DType::F32], if req.expand { 1 } else { 2 })?;
