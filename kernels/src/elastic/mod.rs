@@ -249,11 +249,10 @@ impl<'g> ElasticBuffer<'g> {
         }
     }
 
-    /// The grid of the data kernels: `num_sms`, at most this rank's share of the GPU when several
-    /// ranks share it (their spinning blocks must all be resident).
+    /// The grid of the data kernels: `num_sms`, at most this rank's SMs (the whole GPU, or its share
+    /// when several ranks share it: their spinning blocks must all be resident; `Gpu::fit_sms`).
     fn grid(&self, num_sms: usize) -> u32 {
-        let sms = if self.gpu.oversubscribed() { self.gpu.fit_sms(num_sms) } else { num_sms };
-        sms.clamp(1, self.gpu.device_sm_count() as usize) as u32
+        self.gpu.fit_sms(num_sms) as u32
     }
 
     /// Launch a fresh call's plan (no communication) and the collective dispatch kernel; with
