@@ -618,7 +618,7 @@ def rows_from_pytest(log_text, ranks):
     for line in log_text.splitlines():
         m = SECTION_RE.match(line)
         if m:
-            current = m.group(1)
+            current = m.group(1) + (m.group(2) or "")  # a parametrized test keeps its id: test_x[intranode]
             sections[current] = []
         elif current and line.startswith("E "):
             sections[current].append(line[1:])
@@ -626,7 +626,7 @@ def rows_from_pytest(log_text, ranks):
         m = PYTEST_RE.match(line)
         if not m:
             continue
-        name, status = m.group(1), m.group(3)
+        name, status = m.group(1) + (m.group(2) or ""), m.group(3)
         st = {"PASSED": "pass", "SKIPPED": "skip"}.get(status, "fail")
         err = first_error(sections.get(name, [])) if st == "fail" else None
         rows.append({"suite": f"python/tests/gpu::{name}", "ranks": ranks, "status": st, "seconds": None,

@@ -258,6 +258,8 @@ PYTEST_LOG = """\
 python/tests/gpu/test_gpu.py::test_intranode_layout_dispatch_combine FAILED [ 33%]
 python/tests/gpu/test_gpu.py::test_low_latency_dispatch_combine_hooks_graphs PASSED [ 66%]
 python/tests/gpu/test_gpu.py::test_peer_that_stops_calling_is_reported_not_partial_rows SKIPPED [100%]
+python/tests/gpu/test_calls.py::test_calls_into_the_extension[intranode] FAILED [  3%]
+python/tests/gpu/test_calls.py::test_calls_into_the_extension[low_latency] PASSED [  6%]
 
 =================================== FAILURES ===================================
 ____________________ test_intranode_layout_dispatch_combine ____________________
@@ -265,7 +267,9 @@ E       torch.multiprocessing.spawn.ProcessRaisedException:
 E       -- Process 0 terminated with the following error:
 E           assert not all(in_arena), f"the arena never filled"
 E       AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows
-=================== 1 failed, 1 passed, 1 skipped in 32.31s ====================
+___________________ test_calls_into_the_extension[intranode] ___________________
+E               torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV
+=================== 2 failed, 2 passed, 1 skipped in 32.31s ====================
 """
 
 SUMMARY = """\
@@ -290,7 +294,11 @@ def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
         ("python/tests/gpu::test_intranode_layout_dispatch_combine", 8, "fail",
          "AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows"),
         ("python/tests/gpu::test_low_latency_dispatch_combine_hooks_graphs", 8, "pass", None),
-        ("python/tests/gpu::test_peer_that_stops_calling_is_reported_not_partial_rows", 8, "skip", None)]
+        ("python/tests/gpu::test_peer_that_stops_calling_is_reported_not_partial_rows", 8, "skip", None),
+        # a parametrized test: one row per parameter, each with its own error
+        ("python/tests/gpu::test_calls_into_the_extension[intranode]", 8, "fail",
+         "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV"),
+        ("python/tests/gpu::test_calls_into_the_extension[low_latency]", 8, "pass", None)]
     assert rec["runs"] == [{"suite": "python/tests/gpu", "part": None, "ranks": [8]}] and rec["machine_kind"] == "1xH200"
     # a log without test lines is not a record
     (tmp_path / "gpu-ranks2.log").write_text("ImportError: no torch\n")
