@@ -48,6 +48,8 @@ pub struct Gpu {
     /// Recorded and waited on at once by [`Gpu::stream_wait`].
     join: sys::CUevent,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    /// [`KEEP_COMM_STREAMS_ENV`] when this GPU was made: the stream outlives it ([`comm_stream`]).
+    keep_stream: bool,
 }
 
 // SAFETY: the raw event is only used with the context bound; CUDA handles are thread-safe.
@@ -101,7 +103,8 @@ impl Gpu {
         // We pass raw pointers everywhere; cudarc's per-slice event tracking is not needed.
         // SAFETY: no cudarc slices are shared between streams by this crate.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let keep_stream = keep_comm_streams()?;
+        let stream = comm_stream(&ctx, ordinal, keep_stream)?;
         let record = Arc::new(HostMapped::<ErrorRecord>::new(&ctx, 1)?);
         register_record(&record);
         let device_sms = attr(&ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
@@ -143,6 +146,7 @@ impl Gpu {
             done,
             join,
             modules: Mutex::new(HashMap::new()),
+            keep_stream,
         })
     }
 
@@ -634,6 +638,9 @@ impl Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        if self.keep_stream {
+            kept_streams().push((self.ordinal, self.stream.clone()));
+        }
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: our event.
             unsafe {
@@ -1134,6 +1141,52 @@ pub fn device_for(rank: usize, local_rank: usize, local_world: usize, k: usize, 
 /// whole GPU in its time slice).
 pub const SHARED_GRIDS_ENV: &str = "DEEPEP_SHARED_GPU_GRIDS";
 
+/// `1`: the stream of a dropped [`Gpu`] is kept for the rest of the process (and given to the next
+/// `Gpu` of the device once it is idle) instead of being destroyed. Off by default: written after
+/// a GPU run showed the hazard, not yet run on a GPU (see docs/python.md, "Knobs").
+///
+/// The hazard: the Python facades tie tensors to the comm stream (`record_stream`, as DeepEP does
+/// for `async_finish`, and allocations under `allocate_on_comm_stream`), and such a tensor may be
+/// freed after its Buffer was destroyed or collected. torch then records an event on the dead
+/// stream (`insert_events` in its caching allocator) and the process aborts ("invalid device
+/// context"). DeepEP's comm stream comes from torch's stream pool and is never destroyed.
+pub const KEEP_COMM_STREAMS_ENV: &str = "DEEPEP_KERNELS_KEEP_COMM_STREAMS";
+
+fn keep_comm_streams() -> Result<bool> {
+    keep_comm_streams_from(std::env::var(KEEP_COMM_STREAMS_ENV).ok().as_deref())
+}
+
+fn keep_comm_streams_from(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(EpError::InvalidArgument(format!("{KEEP_COMM_STREAMS_ENV}={v:?}: use 0 (the default: destroy a Buffer's stream with it) or 1 (keep it)"))),
+    }
+}
+
+/// Streams of dropped GPUs, by device ordinal (with [`KEEP_COMM_STREAMS_ENV`]). Never destroyed: at
+/// most one per `Gpu` that was alive at once, plus any still busy when the next one was made.
+static KEPT_STREAMS: Mutex<Vec<(usize, Arc<CudaStream>)>> = Mutex::new(Vec::new());
+
+fn kept_streams() -> std::sync::MutexGuard<'static, Vec<(usize, Arc<CudaStream>)>> {
+    KEPT_STREAMS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The stream of a new [`Gpu`] on device `ordinal` (its context current): with `keep`, a kept
+/// stream of that device with no work left on it (one still running a kernel of the dropped
+/// Buffer, e.g. one timing out on a lost peer, is left alone), else a new non-blocking stream.
+fn comm_stream(ctx: &Arc<CudaContext>, ordinal: usize, keep: bool) -> Result<Arc<CudaStream>> {
+    if keep {
+        let mut kept = kept_streams();
+        // SAFETY: a query of a live stream of this device (the pool holds it).
+        let idle = |s: &CudaStream| unsafe { sys::cuStreamQuery(s.cu_stream()) } == sys::CUresult::CUDA_SUCCESS;
+        if let Some(i) = kept.iter().position(|(o, s)| *o == ordinal && idle(s)) {
+            return Ok(kept.swap_remove(i).1);
+        }
+    }
+    ctx.new_stream().map_err(drv("creating a stream"))
+}
+
 fn whole_grids() -> Result<bool> {
     match std::env::var(SHARED_GRIDS_ENV).as_deref() {
         Err(_) | Ok("") | Ok("share") => Ok(false),
@@ -1145,6 +1198,16 @@ fn whole_grids() -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn keeping_comm_streams_is_off_unless_asked_and_a_bad_value_is_named() {
+        assert!(!keep_comm_streams_from(None).unwrap());
+        assert!(!keep_comm_streams_from(Some("")).unwrap());
+        assert!(!keep_comm_streams_from(Some("0")).unwrap());
+        assert!(keep_comm_streams_from(Some(" 1 ")).unwrap());
+        let e = keep_comm_streams_from(Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("DEEPEP_KERNELS_KEEP_COMM_STREAMS=\"yes\"") && e.contains("use 0"), "{e}");
+    }
+
     #[test]
     fn args_keep_values_and_sizes() {
         let d = Diag { err: 0x1000, timeout_ns: 5, rank: 3, flags: 0 };
