@@ -7,7 +7,10 @@ relative imports need). As in DeepEP 2.1's tests (its init_dist), torch's defaul
 bfloat16 and its default device CUDA while they run.
 """
 
+import contextlib
 import importlib
+import importlib.util
+import os
 import sys
 
 import torch
@@ -132,8 +135,38 @@ def check_combine(up, ours, world):
              f"generate_pre_combine_data topk={topk_} hidden={hidden_}")
 
 
+def _staging():
+    """The conformance adapter's staging module (python/scripts/conformance/), by path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "conformance",
+                        "deepep_conformance_staging.py")
+    spec = importlib.util.spec_from_file_location("deepep_conformance_staging", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def all_to_all_through_cpu():
+    """``dist.all_to_all_single`` as the conformance run makes it (its adapter's staging): every
+    tensor travels through the CPU as rows of bytes, since gloo refuses bfloat16 and float8
+    ("Invalid scalar type") and CUDA tensors, and both ``refs.dispatch`` exchange bf16 / fp8 rows
+    (their outputs on the default device, CUDA here). Both sides get the same exchange."""
+    staging = _staging()
+    orig = dist.all_to_all_single
+
+    def exchange(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        assert not async_op, "refs.dispatch exchanges synchronously"
+        staging.all_to_all_single_through_cpu(orig, output, input, output_split_sizes, input_split_sizes, group=group)
+
+    dist.all_to_all_single = exchange
+    try:
+        yield
+    finally:
+        dist.all_to_all_single = orig
+
+
 def check_dispatch(up, ours, rank, world):
-    # over the gloo group on CPU tensors (gloo exchanges no CUDA tensors)
+    # inputs on the CPU; the exchanges go through the CPU as bytes (all_to_all_through_cpu)
     g = torch.Generator(device="cpu").manual_seed(1000 + rank)
     experts, topk, hidden, max_tokens = 8 * world, 4, 256, 64
     tokens = max_tokens - 3 * rank
@@ -143,8 +176,9 @@ def check_dispatch(up, ours, rank, world):
     x = torch.randn((tokens, hidden), generator=g, device="cpu", dtype=torch.float32).to(torch.bfloat16)
     fp8 = (x.float().clamp(-400, 400).to(torch.float8_e4m3fn),
            torch.rand((tokens, hidden // 128), generator=g, device="cpu", dtype=torch.float32))
-    for name, data in (("bf16", x), ("fp8", fp8)):
-        a = up.dispatch(data, topk_idx, weights, max_tokens, experts)
-        b = ours.dispatch(data, topk_idx, weights, max_tokens, experts)
-        same(a, b, f"dispatch {name} rank {rank}")
+    with all_to_all_through_cpu():
+        for name, data in (("bf16", x), ("fp8", fp8)):
+            a = up.dispatch(data, topk_idx, weights, max_tokens, experts)
+            b = ours.dispatch(data, topk_idx, weights, max_tokens, experts)
+            same(a, b, f"dispatch {name} rank {rank}")
     dist.barrier()
