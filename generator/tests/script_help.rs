@@ -25,6 +25,7 @@ fn scripts_print_help_and_exit_0_touching_nothing() {
         ("scripts/test-all.sh", "Usage: scripts/test-all.sh"),
         ("scripts/nix-checks.sh", "Usage: scripts/nix-checks.sh"),
         ("python/scripts/gpu-run.sh", "Usage: python/scripts/gpu-run.sh"),
+        ("python/scripts/gpu-sweep.sh", "Usage: python/scripts/gpu-sweep.sh"),
         ("python/scripts/nvshmem-matrix.sh", "usage:"),
         ("python/scripts/nvshmem-subset.sh", "Usage: python/scripts/nvshmem-subset.sh"),
         ("python/scripts/nvshmem-prefixes.sh", "Usage: python/scripts/nvshmem-prefixes.sh"),

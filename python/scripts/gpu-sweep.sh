@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Several GPU checks of the Python package in one device call, in the order given, each under its
+# own time limit. Logs go to a scratch folder that is packed into $OUT/logs.tgz (with
+# $OUT/summary.txt) after every job, so a call that hits its limit still brings back every job
+# that finished. Each conformance and gpu-tests job writes a record (RECORD=1) into its log folder.
+#
+# Usage: python/scripts/gpu-sweep.sh JOB[:LIMIT_S] ... | --help
+# Jobs (LIMIT_S: seconds for each run inside the job; the default is in brackets):
+#   info              nvidia-smi, torch, the wheel
+#   gpu-tests-N       python/tests/gpu at N ranks on one GPU under MPS (gpu-run.sh) [300]
+#   v1-N[_N...]       DeepEP v1.2.1's test_intranode.py + test_low_latency.py at N ranks [120]
+#   internode16       DeepEP v1.2.1's test_internode.py, 2 emulated hosts x 8 ranks (an H200) [240]
+#   v2-N              DeepEP 2.1's elastic/test_ep.py --skip-perf-test at N ranks [200]
+#   v2-variants-N     the same with each of --do-cpu-sync 0, --allow-multiple-reduction 0,
+#                     --deterministic, --masked-ratio 0.2, --num-tokens 1024, at N ranks [150]
+#   deepep-build      DeepEP v1.2.1 built into /tmp/deepep-site against torch's NVSHMEM wheel [200]
+#   bench-ll          bench.py --ranks 1 --mode ll --compare-deep-ep /tmp/deepep-site --rounds 3 [200]
+#   bench-2           bench.py --ranks 2 --compare-deep-ep /tmp/deepep-site, under MPS [300]
+#   host-profile      host_profile.py, three runs [60 each]
+#   bench-v2          bench.py --mode v2 --ranks 2 --rounds 3, under MPS [300]
+# A job written big:JOB runs only on a GPU of more than 100 GB (an H200), small:JOB only on a
+# smaller one (an H100): one command line serves whichever machine comes.
+# Environment: OUT (the folder that comes back; required), WHEEL (default: the one
+# target/wheels/*x86_64*.whl), DEEPEP_V1 (default gpu-carry/deep-ep-v1.2.1: `git archive v1.2.1`
+# of DeepEP), DEEPEP_V2 (default gpu-carry/deepep-2.1: python/scripts/deepep-v2-subset.sh),
+# RECORD_COMMIT (the full commit the wheel was built from; default: the checkout's HEAD, which a
+# copy without .git lacks), SCRATCH (default /tmp/gpu-sweep). NVSHMEM_DISABLE_NVLS=1,
+# NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are always set; any other variable
+# (DEEPEP_KERNELS_KEEP_COMM_STREAMS=1, ...) passes through to the runs.
+# Exits 0 once every job ran (read summary.txt for each one's status), 2 on bad usage.
+set -uo pipefail
+usage() { sed -n '2,/^# Exits/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  "") usage >&2; exit 2 ;;
+esac
+[ -n "${OUT:-}" ] || { echo "gpu-sweep: set OUT (the folder that comes back)" >&2; exit 2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo" || exit 2
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+wheel=${WHEEL:-$(ls target/wheels/*x86_64*.whl 2>/dev/null | head -1)}
+v1=${DEEPEP_V1:-gpu-carry/deep-ep-v1.2.1}
+v2=${DEEPEP_V2:-gpu-carry/deepep-2.1}
+commit=${RECORD_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+scratch=${SCRATCH:-/tmp/gpu-sweep}
+mkdir -p "$scratch" "$OUT"
+t0=$(date +%s)
+note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$scratch/summary.txt"; }
+pack() { cp "$scratch/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$scratch" . 2>/dev/null; }
+ours() { pip install -q --no-index --no-deps --target /tmp/gpu-sweep-ours "$wheel" >/dev/null 2>&1; echo /tmp/gpu-sweep-ours; }
+mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
+mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
+conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with a record
+  local slug=$1 limit=$2; shift 2
+  OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
+    python/scripts/deepep-conformance.sh --ours "$wheel" --only ours --timeout "$limit" "$@"
+}
+[ -n "$wheel" ] && [ -f "$wheel" ] || { echo "gpu-sweep: no wheel (build it: python/scripts/build-wheel.sh --release, or set WHEEL)" >&2; exit 2; }
+mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+big=0; [ "${mem:-0}" -gt 100000 ] 2>/dev/null && big=1
+note "GPU memory ${mem:-?} MiB (big=$big), wheel $wheel, commit ${commit:-unknown}"
+for spec in "$@"; do
+  case $spec in
+    big:*) spec=${spec#big:}; [ $big = 1 ] || { note "skip $spec (not more than 100 GB)"; continue; } ;;
+    small:*) spec=${spec#small:}; [ $big = 0 ] || { note "skip $spec (more than 100 GB)"; continue; } ;;
+  esac
+  job=${spec%%:*}; limit=${spec#*:}; [ "$limit" = "$spec" ] && limit=
+  note "start $job"
+  case $job in
+    info) { nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'; ls -l "$wheel"; } >"$scratch/info.txt" 2>&1 ;;
+    gpu-tests-*) n=${job#gpu-tests-}
+      OUT=$scratch/gpu-tests-$n MPS=1 RECORD=1 RECORD_SLUG=gpu-tests-$n RECORD_COMMIT=$commit SKIP_CPU_EXAMPLE=1 \
+        DEEPEP_TEST_GPUS=1 DEEPEP_TEST_TIMEOUT_S=${limit:-300} DEEPEP_V2_SRC=$PWD/$v2 python/scripts/gpu-run.sh "$wheel" "$n" ;;
+    v1-*) n=${job#v1-}; conf "v1-$n" "${limit:-120}" "$v1" ${n//_/ } ;;
+    internode16) conf internode-16 "${limit:-240}" --tests test_internode.py --hosts 2 "$v1" 8 ;;
+    v2-variants-*) n=${job#v2-variants-}
+      for a in "--do-cpu-sync 0" "--allow-multiple-reduction 0" "--deterministic" "--masked-ratio 0.2" "--num-tokens 1024"; do
+        conf "v2-$n-$(echo "$a" | tr -d ' .-')" "${limit:-150}" --tests elastic/test_ep.py --test-args "--skip-perf-test $a" "$v2" "$n"
+        note "  $a at $n ranks: exit $?"; pack
+      done ;;
+    v2-*) n=${job#v2-}; conf "v2-$n" "${limit:-200}" --tests elastic/test_ep.py --test-args --skip-perf-test "$v2" "$n" ;;
+    deepep-build) ( cd "$v1" && CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
+        timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
+        >"$scratch/deepep-build.log" 2>&1 ;;
+    bench-ll) PYTHONPATH=$(ours) timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
+        --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
+    bench-2) site=$(ours); mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
+        --compare-deep-ep /tmp/deepep-site --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; mps_off ;;
+    host-profile) site=$(ours); for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
+        --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1; done ;;
+    bench-v2) site=$(ours); mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
+        --rounds 3 --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; mps_off ;;
+    *) note "unknown job '$job' (see --help)"; continue ;;
+  esac
+  note "end $job: exit $?"
+  pack
+done
+note "all done"
+pack
