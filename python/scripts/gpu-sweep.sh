@@ -48,7 +48,10 @@ mkdir -p "$scratch" "$OUT"
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$scratch/summary.txt"; }
 pack() { cp "$scratch/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$scratch" . 2>/dev/null; }
-ours() { pip install -q --no-index --no-deps --target /tmp/gpu-sweep-ours "$wheel" >/dev/null 2>&1; echo /tmp/gpu-sweep-ours; }
+ours() { # our wheel in a --target folder, installed once per sweep by the pip of the Python that has torch
+  [ -d /tmp/gpu-sweep-ours/deepep_kernels ] \
+    || python3 -m pip install -q --no-index --no-deps --target /tmp/gpu-sweep-ours "$wheel" >"$scratch/pip.log" 2>&1
+  echo /tmp/gpu-sweep-ours; }
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
@@ -87,11 +90,11 @@ for spec in "$@"; do
     bench-ll) PYTHONPATH=$(ours) timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
         --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
     bench-2) site=$(ours); mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
-        --compare-deep-ep /tmp/deepep-site --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; mps_off ;;
-    host-profile) site=$(ours); for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
-        --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1; done ;;
+        --compare-deep-ep /tmp/deepep-site --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
+    host-profile) site=$(ours); rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
+        --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1 || rc=$?; done; (exit $rc) ;;
     bench-v2) site=$(ours); mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
-        --rounds 3 --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; mps_off ;;
+        --rounds 3 --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     *) note "unknown job '$job' (see --help)"; continue ;;
   esac
   note "end $job: exit $?"
