@@ -10,9 +10,12 @@
 #   gpu-tests-N       python/tests/gpu at N ranks on one GPU under MPS (gpu-run.sh) [300]
 #   v1-N[_N...]       DeepEP v1.2.1's test_intranode.py + test_low_latency.py at N ranks [120]
 #   internode16       DeepEP v1.2.1's test_internode.py, 2 emulated hosts x 8 ranks (an H200) [240]
-#   v2-N              DeepEP 2.1's elastic/test_ep.py --skip-perf-test at N ranks [200]
+#   v2-N              DeepEP 2.1's elastic/test_ep.py --skip-perf-test at N ranks [200]; where
+#                     the test's 256 experts do not divide among N ranks, --num-experts is the
+#                     first of 256 + 32k that does (288 at 3 and 6 ranks)
 #   v2-variants-N     the same with each of --do-cpu-sync 0, --allow-multiple-reduction 0,
-#                     --deterministic, --masked-ratio 0.2, --num-tokens 1024, at N ranks [150]
+#                     --deterministic, --masked-ratio 0.2, --num-tokens 1024, at N ranks [150];
+#                     V2_VARIANTS='--deterministic|--num-tokens 1024' runs only those
 #   deepep-build      DeepEP v1.2.1 built into /tmp/deepep-site against torch's NVSHMEM wheel [200]
 #   bench-ll          bench.py --ranks 1 --mode ll --compare-deep-ep /tmp/deepep-site --rounds 3 [200]
 #   bench-2           bench.py --ranks 2 --compare-deep-ep /tmp/deepep-site, under MPS [300]
@@ -60,6 +63,8 @@ conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with 
   OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
     python/scripts/deepep-conformance.sh --ours "$wheel" --only ours --timeout "$limit" "$@"
 }
+v2_experts() { # N: '--num-experts E ' where the test's default 256 experts do not divide among N ranks
+  local e=256; while (( e % $1 )); do e=$((e + 32)); done; [ $e = 256 ] || echo -n "--num-experts $e "; }
 [ -n "$wheel" ] && [ -f "$wheel" ] || { echo "gpu-sweep: no wheel (build it: python/scripts/build-wheel.sh --release, or set WHEEL)" >&2; exit 2; }
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 big=0; [ "${mem:-0}" -gt 100000 ] 2>/dev/null && big=1
@@ -79,11 +84,12 @@ for spec in "$@"; do
     v1-*) n=${job#v1-}; conf "v1-$n" "${limit:-120}" "$v1" ${n//_/ } ;;
     internode16) conf internode-16 "${limit:-240}" --tests test_internode.py --hosts 2 "$v1" 8 ;;
     v2-variants-*) n=${job#v2-variants-}
-      for a in "--do-cpu-sync 0" "--allow-multiple-reduction 0" "--deterministic" "--masked-ratio 0.2" "--num-tokens 1024"; do
-        conf "v2-$n-$(echo "$a" | tr -d ' .-')" "${limit:-150}" --tests elastic/test_ep.py --test-args "--skip-perf-test $a" "$v2" "$n"
+      IFS='|' read -r -a variants <<<"${V2_VARIANTS:---do-cpu-sync 0|--allow-multiple-reduction 0|--deterministic|--masked-ratio 0.2|--num-tokens 1024}"
+      for a in "${variants[@]}"; do
+        conf "v2-$n-$(echo "$a" | tr -d ' .-')" "${limit:-150}" --tests elastic/test_ep.py --test-args "--skip-perf-test $(v2_experts "$n")$a" "$v2" "$n"
         note "  $a at $n ranks: exit $?"; pack
       done ;;
-    v2-*) n=${job#v2-}; conf "v2-$n" "${limit:-200}" --tests elastic/test_ep.py --test-args --skip-perf-test "$v2" "$n" ;;
+    v2-*) n=${job#v2-}; conf "v2-$n" "${limit:-200}" --tests elastic/test_ep.py --test-args "--skip-perf-test$(v2_experts "$n" | sed 's/ $//; s/^./ &/')" "$v2" "$n" ;;
     deepep-build) ( cd "$v1" && CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
         timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
         >"$scratch/deepep-build.log" 2>&1 ;;
