@@ -1141,15 +1141,17 @@ pub fn device_for(rank: usize, local_rank: usize, local_world: usize, k: usize, 
 /// whole GPU in its time slice).
 pub const SHARED_GRIDS_ENV: &str = "DEEPEP_SHARED_GPU_GRIDS";
 
-/// `1`: the stream of a dropped [`Gpu`] is kept for the rest of the process (and given to the next
-/// `Gpu` of the device once it is idle) instead of being destroyed. Off by default: written after
-/// a GPU run showed the hazard, not yet run on a GPU (see docs/python.md, "Knobs").
+/// `1` (the default): the stream of a dropped [`Gpu`] is kept for the rest of the process (and
+/// given to the next `Gpu` of the device once it is idle) instead of being destroyed; `0` destroys
+/// it with the `Gpu`. On by default since python/tests/gpu passed with it on an H200 (see
+/// docs/python.md, "Knobs").
 ///
-/// The hazard: the Python facades tie tensors to the comm stream (`record_stream`, as DeepEP does
+/// Why: the Python facades tie tensors to the comm stream (`record_stream`, as DeepEP does
 /// for `async_finish`, and allocations under `allocate_on_comm_stream`), and such a tensor may be
-/// freed after its Buffer was destroyed or collected. torch then records an event on the dead
-/// stream (`insert_events` in its caching allocator) and the process aborts ("invalid device
-/// context"). DeepEP's comm stream comes from torch's stream pool and is never destroyed.
+/// freed after its Buffer was destroyed or collected. torch then records an event on the
+/// stream (`insert_events` in its caching allocator); had the stream been destroyed, the process
+/// would abort ("invalid device context"). DeepEP's comm stream comes from torch's stream pool and
+/// is never destroyed either.
 pub const KEEP_COMM_STREAMS_ENV: &str = "DEEPEP_KERNELS_KEEP_COMM_STREAMS";
 
 fn keep_comm_streams() -> Result<bool> {
@@ -1158,13 +1160,13 @@ fn keep_comm_streams() -> Result<bool> {
 
 fn keep_comm_streams_from(value: Option<&str>) -> Result<bool> {
     match value.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(v) => Err(EpError::InvalidArgument(format!("{KEEP_COMM_STREAMS_ENV}={v:?}: use 0 (the default: destroy a Buffer's stream with it) or 1 (keep it)"))),
+        None | Some("") | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(EpError::InvalidArgument(format!("{KEEP_COMM_STREAMS_ENV}={v:?}: use 1 (the default: keep a Buffer's stream for the next one) or 0 (destroy it with the Buffer)"))),
     }
 }
 
-/// Streams of dropped GPUs, by device ordinal (with [`KEEP_COMM_STREAMS_ENV`]). Never destroyed: at
+/// Streams of dropped GPUs, by device ordinal (unless [`KEEP_COMM_STREAMS_ENV`] is `0`). Never destroyed: at
 /// most one per `Gpu` that was alive at once, plus any still busy when the next one was made.
 static KEPT_STREAMS: Mutex<Vec<(usize, Arc<CudaStream>)>> = Mutex::new(Vec::new());
 
@@ -1199,13 +1201,13 @@ fn whole_grids() -> Result<bool> {
 mod tests {
     use super::*;
     #[test]
-    fn keeping_comm_streams_is_off_unless_asked_and_a_bad_value_is_named() {
-        assert!(!keep_comm_streams_from(None).unwrap());
-        assert!(!keep_comm_streams_from(Some("")).unwrap());
-        assert!(!keep_comm_streams_from(Some("0")).unwrap());
+    fn keeping_comm_streams_is_on_unless_turned_off_and_a_bad_value_is_named() {
+        assert!(keep_comm_streams_from(None).unwrap());
+        assert!(keep_comm_streams_from(Some("")).unwrap());
         assert!(keep_comm_streams_from(Some(" 1 ")).unwrap());
+        assert!(!keep_comm_streams_from(Some("0")).unwrap());
         let e = keep_comm_streams_from(Some("yes")).unwrap_err().to_string();
-        assert!(e.contains("DEEPEP_KERNELS_KEEP_COMM_STREAMS=\"yes\"") && e.contains("use 0"), "{e}");
+        assert!(e.contains("DEEPEP_KERNELS_KEEP_COMM_STREAMS=\"yes\"") && e.contains("use 1"), "{e}");
     }
 
     #[test]
