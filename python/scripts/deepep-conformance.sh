@@ -43,8 +43,9 @@
 #   RECORD=1 (also write a conformance record of this invocation's runs into $OUT,
 #   <date>-conformance-<slug>.json with RECORD_SLUG (default run); a row's suite names the library,
 #   the test file and --test-args, e.g. "ours: elastic/test_ep.py --skip-perf-test"; the commit is
-#   the checkout's HEAD or RECORD_COMMIT; copy it into kernels/results/ and run scripts/results.py:
-#   kernels/TESTING.md, "Results as data").
+#   the checkout's HEAD or RECORD_COMMIT; its command starts with the library's knobs set for the
+#   run, e.g. DEEPEP_KERNELS_KEEP_COMM_STREAMS=0; copy it into kernels/results/ and run
+#   scripts/results.py: kernels/TESTING.md, "Results as data").
 #
 # The adapter (python/scripts/conformance/sitecustomize.py) changes only the environment: set_device
 # modulo the GPU count, gloo instead of NCCL, CUDA collectives (all_to_all_single too) staged
@@ -52,7 +53,9 @@
 # (a test path's / as _); $OUT/summary.txt has one line per run (its test arguments at the end).
 # Exits 1 when a run of our package failed (DeepEP's results are reported only), 2 on bad usage.
 set -uo pipefail
-invocation="python/scripts/deepep-conformance.sh $*"
+# the record's command names the library's knobs set for this run (docs/python.md, "Knobs")
+knobs=$(env | grep -E '^DEEPEP_(KERNELS_[A-Z_]+|GPU_TIMEOUT_MS|HOST_TIMEOUT_S|SHARED_GPU_GRIDS)=' | sort | tr '\n' ' ' || true)
+invocation="$knobs"python/scripts/deepep-conformance.sh" $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
 ours="" deepep_site="" only="" tests="test_intranode.py test_low_latency.py" gpus=1 limit=600 mps=1 test_args="" hosts=1 stop_at=""

@@ -14,7 +14,8 @@
 #   MPS=1 (each rank count under its own private MPS server, stopped after it: spin-waiting
 #   kernels of several ranks on one GPU progress far faster under MPS; default 0, time-sliced),
 #   RECORD=1 (also write a gpu-tests record of the GPU tests into $OUT, as deepep-conformance.sh
-#   does: RECORD_SLUG, RECORD_COMMIT; kernels/TESTING.md, "Results as data"),
+#   does: RECORD_SLUG, RECORD_COMMIT, the knobs set named in its command; kernels/TESTING.md,
+#   "Results as data"),
 #   OUT (logs go there; default ./gpu-run-logs). Any variable the kernels read (e.g. the
 #   ranks-per-GPU setting of the oversubscribed mode, DEEPEP_GPU_TIMEOUT_MS) passes through.
 # The wheel is installed with pip --no-index --no-deps into a fresh --target folder, which is put
@@ -23,7 +24,9 @@
 set -uo pipefail
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
 case "${1:-}" in -h|--help) usage; exit 0 ;; -*) echo "gpu-run: unknown option '$1' (the first argument is the wheel or its folder; see --help)" >&2; exit 2 ;; esac
-invocation="python/scripts/gpu-run.sh $*"
+# the record's command names the library's knobs set for this run (docs/python.md, "Knobs")
+knobs=$(env | grep -E '^DEEPEP_(KERNELS_[A-Z_]+|GPU_TIMEOUT_MS|HOST_TIMEOUT_S|SHARED_GPU_GRIDS)=' | sort | tr '\n' ' ' || true)
+invocation="$knobs"python/scripts/gpu-run.sh" $*"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}

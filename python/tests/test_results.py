@@ -335,6 +335,23 @@ def test_the_gpu_scripts_write_records_through_this_tool():
         assert 'if [ "${RECORD:-0}" = 1 ]' in text and "RECORD=1" in text.split("set -uo pipefail")[0], script
 
 
+def test_the_gpu_scripts_name_the_knobs_of_a_run_in_its_record():
+    # the knobs= and invocation= lines of each script, run by bash with some knobs set: the
+    # record's command must say how the run was made (DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 ...)
+    for script in ("python/scripts/gpu-run.sh", "python/scripts/deepep-conformance.sh"):
+        with open(os.path.join(REPO, script)) as f:
+            lines = [l for l in f.read().splitlines() if l.startswith(("knobs=", "invocation="))]
+        assert len(lines) == 2, script
+        code = "set -uo pipefail; set -- a 'b c'; " + "; ".join(lines) + '; printf %s "$invocation"'
+        env = {"PATH": os.environ["PATH"], "DEEPEP_KERNELS_KEEP_COMM_STREAMS": "0",
+               "DEEPEP_GPU_TIMEOUT_MS": "9000", "DEEPEP_TEST_GPUS": "1"}
+        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out == f"DEEPEP_GPU_TIMEOUT_MS=9000 DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 {script} a b c", (script, out)
+        del env["DEEPEP_KERNELS_KEEP_COMM_STREAMS"], env["DEEPEP_GPU_TIMEOUT_MS"]
+        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out == f"{script} a b c", (script, out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Retention: one current record per (suite, machine kind), plus the cited ones.
 
