@@ -43,3 +43,9 @@ def test_peer_that_stops_calling_is_reported_not_partial_rows():
         pytest.skip("runs at 2 ranks only (one peer stops; the other reports it)")
     harness.run(workers.peer_stops_calling)
 
+
+
+def test_tensors_freed_after_their_buffer_and_the_stream_taken_over():
+    # tensors tied to a destroyed or collected Buffer's comm stream are freed afterwards without
+    # an abort; the next Buffer reuses the idle stream (DEEPEP_KERNELS_KEEP_COMM_STREAMS, default 1)
+    harness.run(workers.tensors_outlive_their_buffer)

@@ -918,3 +918,65 @@ def internode(rank, world, group, ranks_per_host=None):
 def internode_hosts_of_one(rank, world, group):
     """The internode mode with every rank its own host (every token takes the NVSHMEM path)."""
     internode(rank, world, group, ranks_per_host=1)
+
+
+def tensors_outlive_their_buffer(rank, world, group):
+    """Tensors that async_finish tied to a Buffer's comm stream (record_stream) and outputs
+    allocated on it, freed after that Buffer was destroyed (explicitly_destroy=True) or collected
+    (DeepEP's default options): torch then records an event on the comm stream, which must still
+    exist (at 7a7d2c3 it did not, and the process aborted with 'invalid device context'). The next
+    Buffer of the device takes the idle stream over, and a round on it is checked."""
+    import gc
+
+    num_experts = LOCAL_EXPERTS * world
+    nvl_bytes = _native.intranode_buffer_bytes(world, 512, 7168)
+    n = 64 + 7 * rank
+    x, idx, w = make_routing(rank, world, n, num_experts, seed=5)
+    all_x, all_idx, all_w = zip(*gather(group, (x, idx, w)))
+    want_x, _, _, _, _, _ = expected_recv(all_x, all_idx, all_w, rank, world, num_experts)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    xd, idxd, wd = x.to(dev), idx.to(dev), w.to(dev)
+
+    def async_round(buf):
+        """Layout and dispatch with previous_event + async_finish + allocate_on_comm_stream, then
+        an async combine: every output tied to the comm stream. Returns the outputs, unread."""
+        lay = buf.get_dispatch_layout(idxd, num_experts, previous_event=EventOverlap(EventHandle()), async_finish=True,
+                                      allocate_on_comm_stream=True)
+        per_rank, _, per_expert, in_rank, lev = lay
+        rx, ri, rw, counts, handle, ev = buf.dispatch(xd, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                                      num_tokens_per_expert=per_expert, topk_idx=idxd, topk_weights=wd,
+                                                      previous_event=lev, async_finish=True, allocate_on_comm_stream=True)
+        cx, cw, cev = buf.combine(rx, handle, topk_weights=rw, previous_event=ev, async_finish=True, allocate_on_comm_stream=True)
+        cev.current_stream_wait()
+        return [per_rank, per_expert, in_rank, rx, ri, rw, cx, cw]
+
+    streams = []
+    for explicit in (True, False):
+        buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=explicit)
+        streams.append(buf.get_comm_stream().cuda_stream)
+        kept = async_round(buf)
+        check_equal(f"recv_x (explicitly_destroy={explicit})", kept[3], want_x)
+        torch.cuda.synchronize()
+        group.barrier()  # every rank done with the buffer before any destroys it
+        if explicit:
+            buf.destroy()
+        del buf
+        gc.collect()  # the default Buffer is collected here
+        del kept  # the tensors recorded on the old comm stream are freed after their Buffer
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    # the second Buffer took the first one's idle stream over (the default keeps it)
+    assert streams[0] == streams[1], f"comm streams {streams}: a dropped Buffer's idle stream should be reused"
+
+    buf = Buffer(group, nvl_bytes, 0, explicitly_destroy=True)
+    assert buf.get_comm_stream().cuda_stream == streams[0]
+    out = async_round(buf)
+    check_equal("recv_x on the Buffer after", out[3], want_x)
+    sends = torch.stack([torch.tensor([any(d * LOCAL_EXPERTS <= e < (d + 1) * LOCAL_EXPERTS for e in row.tolist()) for row in idx])
+                         for d in range(world)], 1)
+    check_equal("combine on the Buffer after", out[6], combined_copies(x, sends))
+    torch.cuda.synchronize()
+    group.barrier()
+    buf.destroy()
+    del out
+    torch.cuda.synchronize()
