@@ -63,8 +63,8 @@ conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with 
   OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
     python/scripts/deepep-conformance.sh --ours "$wheel" --only ours --timeout "$limit" "$@"
 }
-v2_experts() { # N: '--num-experts E ' where the test's default 256 experts do not divide among N ranks
-  local e=256; while (( e % $1 )); do e=$((e + 32)); done; [ $e = 256 ] || echo -n "--num-experts $e "; }
+v2_experts() { # N: ' --num-experts E' where the test's default 256 experts do not divide among N ranks
+  local e=256; while (( e % $1 )); do e=$((e + 32)); done; [ $e = 256 ] || echo -n " --num-experts $e"; }
 [ -n "$wheel" ] && [ -f "$wheel" ] || { echo "gpu-sweep: no wheel (build it: python/scripts/build-wheel.sh --release, or set WHEEL)" >&2; exit 2; }
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 big=0; [ "${mem:-0}" -gt 100000 ] 2>/dev/null && big=1
@@ -86,10 +86,10 @@ for spec in "$@"; do
     v2-variants-*) n=${job#v2-variants-}
       IFS='|' read -r -a variants <<<"${V2_VARIANTS:---do-cpu-sync 0|--allow-multiple-reduction 0|--deterministic|--masked-ratio 0.2|--num-tokens 1024}"
       for a in "${variants[@]}"; do
-        conf "v2-$n-$(echo "$a" | tr -d ' .-')" "${limit:-150}" --tests elastic/test_ep.py --test-args "--skip-perf-test $(v2_experts "$n")$a" "$v2" "$n"
+        conf "v2-$n-$(echo "$a" | tr -d ' .-')" "${limit:-150}" --tests elastic/test_ep.py --test-args "--skip-perf-test$(v2_experts "$n") $a" "$v2" "$n"
         note "  $a at $n ranks: exit $?"; pack
       done ;;
-    v2-*) n=${job#v2-}; conf "v2-$n" "${limit:-200}" --tests elastic/test_ep.py --test-args "--skip-perf-test$(v2_experts "$n" | sed 's/ $//; s/^./ &/')" "$v2" "$n" ;;
+    v2-*) n=${job#v2-}; conf "v2-$n" "${limit:-200}" --tests elastic/test_ep.py --test-args "--skip-perf-test$(v2_experts "$n")" "$v2" "$n" ;;
     deepep-build) ( cd "$v1" && CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
         timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
         >"$scratch/deepep-build.log" 2>&1 ;;

@@ -1143,7 +1143,7 @@ pub const SHARED_GRIDS_ENV: &str = "DEEPEP_SHARED_GPU_GRIDS";
 
 /// `1` (the default): the stream of a dropped [`Gpu`] is kept for the rest of the process (and
 /// given to the next `Gpu` of the device once it is idle) instead of being destroyed; `0` destroys
-/// it with the `Gpu`. On by default since python/tests/gpu passed with it on an H200 (see
+/// it with the `Gpu`. On by default since python/tests/gpu passed with it on an H100 (see
 /// docs/python.md, "Knobs").
 ///
 /// Why: the Python facades tie tensors to the comm stream (`record_stream`, as DeepEP does
