@@ -33,8 +33,8 @@ whole run replaces every earlier run, a part (`part` set) replaces earlier parts
 that are neither current nor cited by a doc go (`prune --apply`).
 A doc holds a rendered table between
   <!-- results:table KIND [suite=PREFIX] [record=NAME] -->  and  <!-- /results -->
-KIND gpu-tests / conformance / nvshmem-matrix: the latest row per (suite, ranks) (per release,
-suite, ranks for nvshmem-matrix) over the current records of the kind, with a provenance line per
+KIND gpu-tests / conformance / nvshmem-matrix: the latest row per (suite, ranks, machine kind) (per
+release too for nvshmem-matrix) over the current records of the kind, with a provenance line per
 record; with record=NAME that record's rows; KIND bench with record=NAME (the file name without
 .json): that record's figures.
 Exit status: 0 ok, 1 a record is invalid, a table drifted or (--check) a record is neither current
@@ -433,7 +433,8 @@ def render_rows_table(kind, records, doc_dir, history, suite_prefix=None):
         for row in rec["results"]:
             if suite_prefix and not row["suite"].startswith(suite_prefix):
                 continue
-            key = (rec.get("nvshmem", ""), row["suite"], row["ranks"]) if kind == "nvshmem-matrix" else ("", row["suite"], row["ranks"])
+            # per machine kind too: an H100 run does not hide the H200 run of the same suite
+            key = (rec.get("nvshmem", "") if kind == "nvshmem-matrix" else "", row["suite"], row["ranks"], rec["machine_kind"])
             if key in latest and latest[key][1] is not rec:
                 order = later(rec, latest[key][1], history)
                 if order == 0:
@@ -445,11 +446,11 @@ def render_rows_table(kind, records, doc_dir, history, suite_prefix=None):
     if not latest:
         return f"No record yet ({what} under kernels/results/).\n"
     if kind == "nvshmem-matrix":
-        keys = sorted(latest, key=lambda k: (_version_key(k[0]), k[1], k[2]))
-        head = "| NVSHMEM | suite | ranks | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|---|\n"
+        keys = sorted(latest, key=lambda k: (_version_key(k[0]), k[1], k[2], k[3]))
+        head = "| NVSHMEM | suite | ranks | machine | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|---|---|\n"
     else:
-        keys = sorted(latest, key=lambda k: (k[1], k[2]))
-        head = "| suite | ranks | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|\n"
+        keys = sorted(latest, key=lambda k: (k[1], k[2], k[3]))
+        head = "| suite | ranks | machine | status | seconds | first error | detail | source |\n|---|---|---|---|---|---|---|---|\n"
     sources = []
     lines = []
     for k in keys:
@@ -457,7 +458,7 @@ def render_rows_table(kind, records, doc_dir, history, suite_prefix=None):
         if rec["_name"] not in sources:
             sources.append(rec["_name"])
         n = sources.index(rec["_name"]) + 1
-        cells = [row["suite"], row["ranks"], row["status"].upper(), _fmt_num(row["seconds"]),
+        cells = [row["suite"], row["ranks"], k[3], row["status"].upper(), _fmt_num(row["seconds"]),
                  row["first_error"] or "-", row["detail"] or "-", f"[{n}]"]
         if kind == "nvshmem-matrix":
             cells.insert(0, k[0])

@@ -149,19 +149,25 @@ def test_rows_render_latest_per_suite_and_ranks_with_provenance(tmp_path):
         {"suite": "deepep-gpu-tests", "ranks": 4, "status": "pass", "seconds": 60, "first_error": None, "detail": "40 passed"},
         {"suite": "python/tests/gpu::t", "ranks": 2, "status": "pass", "seconds": 1, "first_error": None, "detail": ""}])
     new = record(date="2026-12-03", commit="6d560a1e534996c6fb16e057e699f5fdffb37255")
+    # the latest of all, on another machine kind: its row stands beside the H200's, replacing none
+    h100 = record(date="2026-12-04", machine="1x NVIDIA H100 80GB HBM3", machine_kind="1xH100", results=[
+        {"suite": "deepep-gpu-tests", "ranks": 2, "status": "skip", "seconds": None, "first_error": None, "detail": "cut off"}])
     doc = "# T\n\n<!-- results:table gpu-tests suite=deepep-gpu-tests -->\nstale\n<!-- /results -->\n\nafter\n"
-    d = repo(tmp_path, [("2026-12-01-gpu-tests-a.json", old), ("2026-12-03-gpu-tests-b.json", new)], doc)
+    d = repo(tmp_path, [("2026-12-01-gpu-tests-a.json", old), ("2026-12-03-gpu-tests-b.json", new),
+                        ("2026-12-04-gpu-tests-c.json", h100)], doc)
     p = run("--root", str(d))
     assert p.returncode == 0, p.stderr
     text = (d / "kernels" / "DOC.md").read_text()
     assert "stale" not in text and text.endswith("<!-- /results -->\n\nafter\n")
     rows = [l for l in text.splitlines() if l.startswith("| deepep")]
-    # the later record replaces the 2-rank failure; the 4-rank row stays from the older record
-    assert rows == ["| deepep-gpu-tests | 2 | PASS | 41.2 | - | 37 passed | [1] |",
-                    "| deepep-gpu-tests | 4 | PASS | 60 | - | 40 passed | [2] |"]
+    # the later record replaces the 2-rank failure; the 4-rank row stays from the older record; the
+    # H100's skip does not hide the H200's pass
+    assert rows == ["| deepep-gpu-tests | 2 | 1xH100 | SKIP | - | - | cut off | [1] |",
+                    "| deepep-gpu-tests | 2 | 1xH200 | PASS | 41.2 | - | 37 passed | [2] |",
+                    "| deepep-gpu-tests | 4 | 1xH200 | PASS | 60 | - | 40 passed | [3] |"]
     assert "python/tests/gpu::t" not in text  # filtered out by suite=
-    assert "- [1] commit `6d560a1`, 2026-12-03, 1x NVIDIA H200 (driver 580.159.04), CUDA 13.0; `kernels/scripts/gpu-oversub.sh` (record [`2026-12-03-gpu-tests-b`](results/2026-12-03-gpu-tests-b.json))" in text
-    assert "- [2] commit `4cbe359`, 2026-12-01" in text
+    assert "- [2] commit `6d560a1`, 2026-12-03, 1x NVIDIA H200 (driver 580.159.04), CUDA 13.0; `kernels/scripts/gpu-oversub.sh` (record [`2026-12-03-gpu-tests-b`](results/2026-12-03-gpu-tests-b.json))" in text
+    assert "- [3] commit `4cbe359`, 2026-12-01" in text
     # a second run changes nothing, and --check agrees
     assert run("--root", str(d)).stdout == ""
     assert run("--check", "--root", str(d)).returncode == 0
@@ -207,8 +213,9 @@ def test_nvshmem_matrix_rows_per_release_suite_and_ranks(tmp_path):
     text = (d / "kernels" / "DOC.md").read_text()
     got = [l.split(" | ")[0:4] for l in text.splitlines() if l.startswith("| 3.")]
     # releases sort as versions (3.10.0 after 3.8.0), each release keeps its own row
-    assert got == [["| 3.4.5", "ours-gpu-tests", "2", "PASS"], ["| 3.8.0", "ours-gpu-tests", "2", "FAIL"],
-                   ["| 3.10.0", "ours-gpu-tests", "2", "PASS"]]
+    assert got == [["| 3.4.5", "ours-gpu-tests", "2", "1xH200"], ["| 3.8.0", "ours-gpu-tests", "2", "1xH200"],
+                   ["| 3.10.0", "ours-gpu-tests", "2", "1xH200"]]
+    assert [l.split(" | ")[4] for l in text.splitlines() if l.startswith("| 3.")] == ["PASS", "FAIL", "PASS"]
     assert "nvshmem_init failed" in text and ", NVSHMEM 3.8.0;" in text
 
 
@@ -401,7 +408,7 @@ def test_the_latest_by_date_then_commit_order_is_current_never_the_file_name(tmp
     # the rendered table takes its row from the current record only
     assert run("--root", str(d)).returncode == 0
     text = (d / "kernels" / "DOC.md").read_text()
-    assert f"| python/tests/gpu::test_x | 2 | PASS | - | - | at {c[1][:7]} | [1] |" in text, text
+    assert f"| python/tests/gpu::test_x | 2 | 1xH200 | PASS | - | - | at {c[1][:7]} | [1] |" in text, text
     assert "z-older" not in text and "0-early" not in text
 
 
