@@ -18,7 +18,9 @@
 #                     V2_VARIANTS='--deterministic|--num-tokens 1024' runs only those
 #   deepep-build      DeepEP v1.2.1 built into /tmp/deepep-site against torch's NVSHMEM wheel [200]
 #   bench-ll          bench.py --ranks 1 --mode ll --compare-deep-ep /tmp/deepep-site --rounds 3 [200]
-#   bench-2           bench.py --ranks 2 --compare-deep-ep /tmp/deepep-site, under MPS [300]
+#   bench-2           bench.py --ranks 2 --mode intranode --compare-deep-ep /tmp/deepep-site --rounds 3,
+#                     under MPS [300] (the low-latency ops are bench-ll's: under MPS DeepEP's LL
+#                     grids of two ranks cannot all be resident on one GPU)
 #   host-profile      host_profile.py, three runs [60 each]
 #   bench-v2          bench.py --mode v2 --ranks 2 --rounds 3, under MPS [300]
 # A job written big:JOB runs only on a GPU of more than 100 GB (an H200), small:JOB only on a
@@ -96,7 +98,7 @@ for spec in "$@"; do
     bench-ll) PYTHONPATH=$(ours) timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
         --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
     bench-2) site=$(ours); mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
-        --compare-deep-ep /tmp/deepep-site --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
+        --mode intranode --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     host-profile) site=$(ours); rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
         --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1 || rc=$?; done; (exit $rc) ;;
     bench-v2) site=$(ours); mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
