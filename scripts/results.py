@@ -22,7 +22,8 @@ Usage:
                      [--test-args ARGS] [...]
                                      a conformance record from deepep-conformance.sh's summary.txt
   (python/scripts/gpu-run.sh and deepep-conformance.sh call these with RECORD=1; --machine auto
-  asks nvidia-smi and torch)
+  asks nvidia-smi and torch; the from-* records' command starts with the library's knobs set in
+  the environment, e.g. DEEPEP_KERNELS_KEEP_COMM_STREAMS=0, so that it says how the run was made)
 Options: --root DIR (the repository; default: this script's parent folder).
 
 A record is kernels/results/<YYYY-MM-DD>-<kind>-<slug>.json, schema 2 (kernels/TESTING.md,
@@ -708,6 +709,15 @@ def parse_result(spec):
             "first_error": detail if status == "fail" else None, "detail": "" if status == "fail" else detail}
 
 
+# The library's knobs (docs/python.md, "Knobs"): the settings that change how a run behaves.
+KNOB_NAME = re.compile(r"DEEPEP_(KERNELS_[A-Z_]+|GPU_TIMEOUT_MS|HOST_TIMEOUT_S|SHARED_GPU_GRIDS)")
+
+
+def with_knobs(command, environ):
+    """``command`` preceded by the knobs set in ``environ`` (``NAME=VALUE `` each, sorted)."""
+    return "".join(f"{k}={v} " for k, v in sorted(environ.items()) if KNOB_NAME.fullmatch(k)) + command
+
+
 def main(argv=None):
     default_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -827,7 +837,7 @@ def main(argv=None):
         rec = {"schema": SCHEMA, "kind": kind, "date": date}
         if time:
             rec["time"] = time
-        rec.update({"commit": a.commit, "machine": machine, "machine_kind": machine_kind, "command": a.command})
+        rec.update({"commit": a.commit, "machine": machine, "machine_kind": machine_kind, "command": a.command if sub == "new" else with_knobs(a.command, os.environ)})
         if a.nvshmem:
             rec["nvshmem"] = a.nvshmem
         rec.update({"runs": runs, "results": rows, "figures": figures, "notes": a.notes})

@@ -24,9 +24,7 @@
 set -uo pipefail
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
 case "${1:-}" in -h|--help) usage; exit 0 ;; -*) echo "gpu-run: unknown option '$1' (the first argument is the wheel or its folder; see --help)" >&2; exit 2 ;; esac
-# the record's command names the library's knobs set for this run (docs/python.md, "Knobs")
-knobs=$(env | grep -E '^DEEPEP_(KERNELS_[A-Z_]+|GPU_TIMEOUT_MS|HOST_TIMEOUT_S|SHARED_GPU_GRIDS)=' | sort | tr '\n' ' ' || true)
-invocation="$knobs"python/scripts/gpu-run.sh" $*"
+invocation="python/scripts/gpu-run.sh $*"  # results.py puts the knobs set for the run before it
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tests="$here/../tests"
 py=${PYTHON:-python3}

@@ -342,21 +342,32 @@ def test_the_gpu_scripts_write_records_through_this_tool():
         assert 'if [ "${RECORD:-0}" = 1 ]' in text and "RECORD=1" in text.split("set -uo pipefail")[0], script
 
 
-def test_the_gpu_scripts_name_the_knobs_of_a_run_in_its_record():
-    # the knobs= and invocation= lines of each script, run by bash with some knobs set: the
-    # record's command must say how the run was made (DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 ...)
-    for script in ("python/scripts/gpu-run.sh", "python/scripts/deepep-conformance.sh"):
+def test_the_gpu_scripts_name_the_knobs_of_a_run_in_its_record(tmp_path):
+    # the record's command must say how the run was made (DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 ...):
+    # the scripts pass their bare invocation, and the from-* subcommands they call put the knobs
+    # of the environment (the run's, inherited) before it; DEEPEP_TEST_GPUS is the harness's, no knob
+    for script, sub, log in (("python/scripts/gpu-run.sh", "from-pytest", "gpu-ranks2.log"),
+                             ("python/scripts/deepep-conformance.sh", "from-conformance", "summary.txt")):
         with open(os.path.join(REPO, script)) as f:
-            lines = [l for l in f.read().splitlines() if l.startswith(("knobs=", "invocation="))]
-        assert len(lines) == 2, script
-        code = "set -uo pipefail; set -- a 'b c'; " + "; ".join(lines) + '; printf %s "$invocation"'
-        env = {"PATH": os.environ["PATH"], "DEEPEP_KERNELS_KEEP_COMM_STREAMS": "0",
-               "DEEPEP_GPU_TIMEOUT_MS": "9000", "DEEPEP_TEST_GPUS": "1"}
-        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-        assert out == f"DEEPEP_GPU_TIMEOUT_MS=9000 DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 {script} a b c", (script, out)
-        del env["DEEPEP_KERNELS_KEEP_COMM_STREAMS"], env["DEEPEP_GPU_TIMEOUT_MS"]
-        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-        assert out == f"{script} a b c", (script, out)
+            text = f.read()
+        assert f'invocation="{script} $*"' in text and '--command "$invocation"' in text, script
+        (tmp_path / log).write_text(PYTEST_LOG if sub == "from-pytest" else SUMMARY)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DEEPEP_")}
+        for knobs, want in (({"DEEPEP_KERNELS_KEEP_COMM_STREAMS": "0", "DEEPEP_GPU_TIMEOUT_MS": "9000", "DEEPEP_TEST_GPUS": "1"},
+                             f"DEEPEP_GPU_TIMEOUT_MS=9000 DEEPEP_KERNELS_KEEP_COMM_STREAMS=0 {script} a b c"),
+                            ({"DEEPEP_TEST_GPUS": "1"}, f"{script} a b c")):
+            out = tmp_path / f"out-{sub}-{len(knobs)}"
+            p = subprocess.run([sys.executable, SCRIPT, sub, str(tmp_path / log), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
+                                "--command", f"{script} a b c", "--out", str(out)],
+                               env=dict(base, **knobs), capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+            assert results.validate(p.stdout.strip())["command"] == want, (script, knobs)
+    # a record written by hand (new) keeps its command as given, whatever this shell has set
+    p = subprocess.run([sys.executable, SCRIPT, "new", "--kind", "gpu-tests", "--commit", COMMIT, "--machine", "1x NVIDIA H200",
+                        "--command", "c", "--result", "s:2:pass:1", "--out", str(tmp_path / "new")],
+                       env=dict(os.environ, DEEPEP_KERNELS_KEEP_COMM_STREAMS="0"), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert results.validate(p.stdout.strip())["command"] == "c"
 
 
 # ---------------------------------------------------------------------------------------------
