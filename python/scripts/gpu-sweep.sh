@@ -17,21 +17,23 @@
 #                     --deterministic, --masked-ratio 0.2, --num-tokens 1024, at N ranks [150];
 #                     V2_VARIANTS='--deterministic|--num-tokens 1024' runs only those
 #   deepep-build      DeepEP v1.2.1 built into /tmp/deepep-site against torch's NVSHMEM wheel [200]
-#   bench-ll          bench.py --ranks 1 --mode ll --compare-deep-ep /tmp/deepep-site --rounds 3 [200]
-#   bench-2           bench.py --ranks 2 --mode intranode --compare-deep-ep /tmp/deepep-site --rounds 3,
+#   bench-ll          bench.py --ranks 1 --mode ll --compare-deep-ep /tmp/deepep-site --rounds R [200]
+#   bench-2           bench.py --ranks 2 --mode intranode --compare-deep-ep /tmp/deepep-site --rounds R,
 #                     under MPS [300] (the low-latency ops are bench-ll's: under MPS DeepEP's LL
 #                     grids of two ranks cannot all be resident on one GPU)
 #   host-profile      host_profile.py, three runs [60 each]
-#   bench-v2          bench.py --mode v2 --ranks 2 --rounds 3, under MPS [300]
+#   host-profile-2    host_profile.py --mode intranode --ranks 2, under MPS [120]
+#   bench-v2          bench.py --mode v2 --ranks 2 --rounds R, under MPS [300]
 # A job written big:JOB runs only on a GPU of more than 100 GB (an H200), small:JOB only on a
 # smaller one (an H100): one command line serves whichever machine comes.
 # Environment: OUT (the folder that comes back; required), WHEEL (default: the one
 # target/wheels/*x86_64*.whl), DEEPEP_V1 (default gpu-carry/deep-ep-v1.2.1: `git archive v1.2.1`
 # of DeepEP), DEEPEP_V2 (default gpu-carry/deepep-2.1: python/scripts/deepep-v2-subset.sh),
 # RECORD_COMMIT (the full commit the wheel was built from; default: the checkout's HEAD, which a
-# copy without .git lacks), SCRATCH (default /tmp/gpu-sweep). NVSHMEM_DISABLE_NVLS=1,
-# NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are always set; any other variable
-# (DEEPEP_KERNELS_KEEP_COMM_STREAMS=1, ...) passes through to the runs.
+# copy without .git lacks), SCRATCH (default /tmp/gpu-sweep), BENCH_ROUNDS (R of the bench jobs;
+# default 3). NVSHMEM_DISABLE_NVLS=1, NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
+# always set; any other variable (DEEPEP_KERNELS_KEEP_COMM_STREAMS=1, ...) passes through to the
+# runs.
 # Exits 0 once every job ran (read summary.txt for each one's status), 2 on bad usage.
 set -uo pipefail
 usage() { sed -n '2,/^# Exits/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -96,13 +98,15 @@ for spec in "$@"; do
         timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
         >"$scratch/deepep-build.log" 2>&1 ;;
     bench-ll) PYTHONPATH=$(ours) timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
-        --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
+        --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
     bench-2) site=$(ours); mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
-        --mode intranode --compare-deep-ep /tmp/deepep-site --rounds 3 --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
+        --mode intranode --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     host-profile) site=$(ours); rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
         --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1 || rc=$?; done; (exit $rc) ;;
+    host-profile-2) site=$(ours); mps_on hp2; PYTHONPATH=$site timeout "${limit:-120}" python3 python/scripts/host_profile.py \
+        --mode intranode --ranks 2 --json "$scratch/host-profile-2.json" >"$scratch/host-profile-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     bench-v2) site=$(ours); mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
-        --rounds 3 --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
+        --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     *) note "unknown job '$job' (see --help)"; continue ;;
   esac
   note "end $job: exit $?"

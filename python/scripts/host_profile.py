@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Where the host time of one low-latency call goes: the ``deep_ep`` API call of our package,
-and each step of it alone, timed the way ``bench.py`` times host cost (``perf_counter_ns``
-around back-to-back calls, no synchronisation inside the loop, divided by the calls).
+"""Where the host time of one call goes: the ``deep_ep`` API call of our package, and each step
+of it alone, timed the way ``bench.py`` times host cost (``perf_counter_ns`` around back-to-back
+calls, no synchronisation inside the loop, divided by the calls).
 
-    python3 python/scripts/host_profile.py [--tokens 128] [--hidden 7168] [--topk 8] [--experts 288]
-                                            [--calls 300] [--repeats 5] [--json FILE]
+    python3 python/scripts/host_profile.py [--mode ll] [--tokens 128] [--hidden 7168] [--topk 8]
+                                            [--experts 288] [--calls 300] [--repeats 5] [--json FILE]
+    python3 python/scripts/host_profile.py --mode intranode [--ranks 2] [--tokens 4096] [--topk 8]
+                                            [--experts 256] [--num-sms 24] [--calls 50] [--repeats 5]
 
-One rank on GPU 0 (a gloo group of one). Steps:
+``--mode ll`` (the default): one rank on GPU 0 (a gloo group of one). Steps:
 
 - ``api dispatch FP8`` / ``api dispatch BF16`` / ``api combine BF16``: ``Buffer.low_latency_*``
   as a user calls it (all steps below together);
@@ -30,12 +32,31 @@ One rank on GPU 0 (a gloo group of one). Steps:
 - ``cupy launch`` / ``cupy cooperative launch``: an empty kernel of the same grid (the SM count)
   and block (512 threads) launched through cupy, plain and cooperative: the driver's floor.
 
+``--mode intranode``: ``--ranks`` processes on GPU 0 (run it under MPS, as ``bench.py --ranks 2``:
+the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py``'s normal ops
+(the same inputs: ``--tokens`` x ``--hidden`` BF16 per rank, top-``--topk`` of ``--experts``,
+``--num-sms`` SMs). Every rank makes the same calls in the same order. Rows:
+
+- ``api cached BF16`` / ``api cached FP8``: ``Buffer.dispatch(x, handle=...)`` as a user calls it,
+  the outputs written into the receive arena (the default);
+- ``..., copied``: the same without the arena (the kernel writes the fixed receive region and the
+  rows are copied into ``torch.empty`` tensors), as ``DEEPEP_KERNELS_RECV_ARENA_BYTES=0``;
+- ``..., views``: the opt-in zero-copy views (``DEEPEP_KERNELS_DISPATCH_VIEWS=1``);
+- ``api combine BF16``: ``Buffer.combine`` of the fresh dispatch's rows;
+- ``native cached BF16``: the one crossing into Rust the API makes (``Runtime.dispatch``);
+- ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it.
+
+Each of these rows is timed three ways, so that a host cost that only shows when the GPU lags
+behind can be told from one that is there on an idle GPU: ``b2b N`` (``N`` back-to-back calls, as
+``bench.py``; ``--calls`` and a tenth of it), and ``isolated`` (each call timed alone after a
+``torch.cuda.synchronize()``, the GPU idle: the call's own host cost, no queue behind it).
+
 With ``DEEPEP_HOST_TIMING=1`` (set by this script) our runtime also counts the host time spent
 inside ``cuLaunchKernelEx``; the ``launch`` column is that time per call.
 
-Each figure is the median over ``--repeats`` loops of ``--calls`` calls (after a warm-up); the
-``no joins`` rows leave the outputs unordered for the current stream (a measurement, not a
-usage). Not a benchmark against anything: it says which
+Each figure is the median over ``--repeats`` loops of its calls (after a warm-up); in the
+intranode mode, the slowest rank's. The ``no joins`` rows leave the outputs unordered for the
+current stream (a measurement, not a usage). Not a benchmark against anything: it says which
 part of our host path costs what, on this machine.
 """
 
@@ -68,15 +89,42 @@ def timed(torch, native, fn, calls, repeats, warmup=30):
     return statistics.median(per), min(per), max(per), statistics.median(launch)
 
 
-def main(argv=None):
+# Defaults by mode: DeepEP's low-latency test shape; bench.py's normal ops (its --normal-calls)
+DEFAULTS = {
+    "ll": {"tokens": 128, "hidden": 7168, "topk": 8, "experts": 288, "calls": 300, "repeats": 5, "ranks": 1, "num_sms": 24},
+    "intranode": {"tokens": 4096, "hidden": 7168, "topk": 8, "experts": 256, "calls": 50, "repeats": 5, "ranks": 2, "num_sms": 24},
+}
+
+
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # DeepEP's low-latency test shape; calls per loop and loops of each timing
-    for name, default in (("tokens", 128), ("hidden", 7168), ("topk", 8), ("experts", 288), ("calls", 300), ("repeats", 5)):
-        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--mode", choices=sorted(DEFAULTS), default="ll")
+    # calls per loop and loops of each timing; None: the mode's default
+    for name in DEFAULTS["ll"]:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    for name, default in DEFAULTS[a.mode].items():
+        if getattr(a, name) is None:
+            setattr(a, name, default)
+    if a.mode == "ll" and a.ranks != 1:
+        p.error("--mode ll runs one rank; --ranks applies to --mode intranode")
+    if a.mode == "intranode" and a.ranks < 2:
+        p.error(f"--mode intranode needs --ranks >= 2 (got {a.ranks}): the intranode Buffer exchanges rows between ranks")
+    if min(a.calls, a.repeats) < 1:
+        p.error("--calls and --repeats must be >= 1")
+    return a
 
+
+def main(argv=None):
+    a = parse(argv)
     os.environ["DEEPEP_HOST_TIMING"] = "1"  # read at the first launch
+    if a.mode == "intranode":
+        return intranode_main(a)
+    return ll_main(a)
+
+
+def ll_main(a):
     import torch
     import torch.distributed as dist
 
@@ -177,6 +225,142 @@ def main(argv=None):
         buf.destroy()
         dist.destroy_process_group()
     return 0
+
+
+def isolated(torch, native, fn, calls, repeats, warmup=5):
+    """As :func:`timed`, each call timed alone after ``torch.cuda.synchronize()`` (the GPU idle):
+    the call's own host cost, with no queued work behind it."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per, launch = [], []
+    for _ in range(repeats):
+        native.launch_timing(True)
+        total = 0
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            fn()
+            total += time.perf_counter_ns() - t0
+        _, ns = native.launch_timing(True)
+        torch.cuda.synchronize()
+        per.append(total / calls / 1e3)
+        launch.append(ns / calls / 1e3)
+    return statistics.median(per), min(per), max(per), statistics.median(launch)
+
+
+def intranode_main(a):
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.json")
+        mp.spawn(intranode_worker, args=(a.ranks, os.path.join(d, "pg"), a, out), nprocs=a.ranks, join=True)
+        with open(out) as f:
+            doc = json.load(f)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+def intranode_worker(rank, world, init, a, out_path):
+    """One rank of ``--mode intranode``: every rank times the same calls in the same order (the
+    ranks' kernels wait for each other); rank 0 prints each row (the slowest rank's figures)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench  # the inputs, FP8 cast and configs of bench.py's normal ops
+    import torch
+    import torch.distributed as dist
+
+    import deepep_kernels
+    from deepep_kernels import _native
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(a.hidden))
+    ses = argparse.Namespace(torch=torch, args=argparse.Namespace(tokens=a.tokens, hidden=a.hidden, topk=a.topk, experts=a.experts),
+                             rank=rank)
+    x, idx, w = bench.normal_inputs(ses)
+    fp8 = bench.cast_fp8(torch, x)
+    dcfg, ccfg = bench.normal_configs(deepep_kernels.Buffer, deepep_kernels.Config, world, a.num_sms)
+    nvl = max(c.get_nvl_buffer_size_hint(a.hidden * 2, world) for c in (dcfg, ccfg))
+    buf = deepep_kernels.Buffer(group, nvl, 0, explicitly_destroy=True)
+    lay = buf.get_dispatch_layout(idx, a.experts)
+    rx, _, _, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
+                                          topk_idx=idx, topk_weights=w, config=dcfg)
+    rt, cur = buf._rt(), buf._cur()
+
+    def switched(attr, value, fn):
+        # fn with one setting of this Buffer switched for the call only (as bench.py's worker)
+        def run():
+            old = getattr(buf, attr)
+            setattr(buf, attr, value)
+            try:
+                return fn()
+            finally:
+                setattr(buf, attr, old)
+        return run
+
+    cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=dcfg)  # noqa: E731
+    cached_fp8 = lambda: buf.dispatch(fp8, handle=handle, config=dcfg)  # noqa: E731
+
+    def native_cached_bf16():
+        # the crossing Buffer.dispatch makes for a cached dispatch (arena on, no event)
+        return rt.dispatch(x, None, None, None, None, None, None, handle, 1, dcfg.num_sms, 0, None, False, cur, True, False)
+
+    launching = [
+        ("api cached BF16", cached_bf16),
+        ("api cached FP8", cached_fp8),
+        ("api cached BF16, copied", switched("_use_arena", False, cached_bf16)),
+        ("api cached FP8, copied", switched("_use_arena", False, cached_fp8)),
+        ("api cached BF16, views", switched("_dispatch_views", True, cached_bf16)),
+        ("api combine BF16", lambda: buf.combine(rx, handle, config=ccfg)),
+        ("native cached BF16", native_cached_bf16),
+    ]
+    host_only = [
+        ("arena_ok", buf._arena_ok),
+        ("current stream", buf._cur),
+        ("is_current_stream_capturing", torch.cuda.is_current_stream_capturing),
+    ]
+    short = max(1, a.calls // 10)
+    rows = []
+    if rank == 0:
+        print(f"{'step':34s} {'timing':10s} {'host/call':>10s}  [min-max]        launch/call", flush=True)
+    for name, fn, timings in ([(n, f, ("b2b", "b2b short", "isolated")) for n, f in launching]
+                              + [(n, f, ("b2b",)) for n, f in host_only]):
+        for how in timings:
+            torch.cuda.synchronize()
+            dist.barrier(group)
+            if how == "isolated":
+                med, lo, hi, launch = isolated(torch, _native, fn, a.calls, a.repeats)
+                label = f"isolated {a.calls}"
+            else:
+                calls = a.calls if how == "b2b" else short
+                med, lo, hi, launch = timed(torch, _native, fn, calls, a.repeats, warmup=min(30, calls))
+                label = f"b2b {calls}"
+            mine = {"step": name, "timing": label, "median_us": med, "min_us": lo, "max_us": hi, "launch_us": launch}
+            every = [None] * world
+            dist.all_gather_object(every, mine, group)
+            worst = max(every, key=lambda r: r["median_us"])
+            row = dict(worst, rank=every.index(worst), per_rank_median_us=[r["median_us"] for r in every])
+            rows.append(row)
+            if rank == 0:
+                print(f"{name:34s} {label:10s} {worst['median_us']:7.2f} us  "
+                      f"[{worst['min_us']:.2f}-{worst['max_us']:.2f}]  {worst['launch_us']:6.2f} us", flush=True)
+    torch.cuda.synchronize()
+    dist.barrier(group)
+    m = rx.shape[0]
+    meta = {"mode": "intranode", "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "module": deepep_kernels.__file__,
+            "ranks": world, "shape": f"{a.tokens} x {a.hidden}, top-{a.topk} of {a.experts}, {dcfg.num_sms} SMs, {m} rows received by rank 0",
+            "calls": a.calls, "short_calls": short, "repeats": a.repeats, "arena": rt.arena_usage(),
+            "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))}
+    if rank == 0:
+        print(json.dumps(meta), flush=True)
+        with open(out_path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f)
+    del rx, handle
+    buf.destroy()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -453,3 +453,29 @@ def test_summarize_runs_compare_mode_keeps_its_meta(tmp_path):
     assert doc["meta"]["mode"] == "ll" and "criterion" not in doc["meta"]
     assert doc["meta"]["shapes"] == {"ll_tokens": 128, "hidden": 7168, "topk": 8, "ll_experts": 288, "ranks": 1}
     assert "ratio_ours_over_deep_ep" in doc["table"][0]
+
+
+def _load_host_profile():
+    path = os.path.join(os.path.dirname(HERE), "scripts", "host_profile.py")
+    spec = importlib.util.spec_from_file_location("deepep_host_profile_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_profile_modes_take_their_own_defaults_and_refuse_wrong_rank_counts(capsys):
+    hp = _load_host_profile()
+    ll = hp.parse([])
+    assert (ll.mode, ll.tokens, ll.experts, ll.calls, ll.ranks) == ("ll", 128, 288, 300, 1)
+    intra = hp.parse(["--mode", "intranode"])
+    # bench.py's normal ops: its shapes and --normal-calls, so the two tools time the same calls
+    b = bench.parse([])
+    assert (intra.tokens, intra.hidden, intra.topk, intra.experts, intra.num_sms) == (b.tokens, b.hidden, b.topk, b.experts, b.num_sms)
+    assert (intra.calls, intra.ranks) == (b.normal_calls, 2)
+    assert hp.parse(["--mode", "intranode", "--ranks", "4", "--calls", "20"]).calls == 20
+    for argv, fragment in ((["--ranks", "2"], "--mode ll runs one rank"),
+                           (["--mode", "intranode", "--ranks", "1"], "needs --ranks >= 2"),
+                           (["--calls", "0"], "must be >= 1")):
+        with pytest.raises(SystemExit):
+            hp.parse(argv)
+        assert fragment in capsys.readouterr().err
