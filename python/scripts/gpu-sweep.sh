@@ -55,10 +55,12 @@ mkdir -p "$scratch" "$OUT"
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$scratch/summary.txt"; }
 pack() { cp "$scratch/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$scratch" . 2>/dev/null; }
-ours() { # our wheel in a --target folder, installed once per sweep by the pip of the Python that has torch
-  [ -d /tmp/gpu-sweep-ours/deepep_kernels ] \
-    || python3 -m pip install -q --no-index --no-deps --target /tmp/gpu-sweep-ours "$wheel" >"$scratch/pip.log" 2>&1
-  echo /tmp/gpu-sweep-ours; }
+ours() { # our wheel in a --target folder of its own (by its hash: two sweeps in one call may test two
+  # wheels), installed once by the pip of the Python that has torch
+  local site; site=/tmp/gpu-sweep-ours-$(sha256sum "$wheel" | cut -c1-12)
+  [ -d "$site/deepep_kernels" ] \
+    || python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel" >"$scratch/pip.log" 2>&1
+  echo "$site"; }
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }

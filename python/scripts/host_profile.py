@@ -43,7 +43,8 @@ the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py`
   rows are copied into ``torch.empty`` tensors), as ``DEEPEP_KERNELS_RECV_ARENA_BYTES=0``;
 - ``..., views``: the opt-in zero-copy views (``DEEPEP_KERNELS_DISPATCH_VIEWS=1``);
 - ``api combine BF16``: ``Buffer.combine`` of the fresh dispatch's rows;
-- ``native cached BF16``: the one crossing into Rust the API makes (``Runtime.dispatch``);
+- ``native cached BF16`` / ``FP8`` / ``BF16, copied``: the one crossing into Rust the API makes
+  (``Runtime.dispatch``), without the Python around it;
 - ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it.
 
 Each of these rows is timed three ways, so that a host cost that only shows when the GPU lags
@@ -304,9 +305,9 @@ def intranode_worker(rank, world, init, a, out_path):
     cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=dcfg)  # noqa: E731
     cached_fp8 = lambda: buf.dispatch(fp8, handle=handle, config=dcfg)  # noqa: E731
 
-    def native_cached_bf16():
-        # the crossing Buffer.dispatch makes for a cached dispatch (arena on, no event)
-        return rt.dispatch(x, None, None, None, None, None, None, handle, 1, dcfg.num_sms, 0, None, False, cur, True, False)
+    def native_cached(values, scales, arena=True):
+        # the crossing Buffer.dispatch makes for a cached dispatch (no event)
+        return lambda: rt.dispatch(values, scales, None, None, None, None, None, handle, 1, dcfg.num_sms, 0, None, False, cur, arena, False)
 
     launching = [
         ("api cached BF16", cached_bf16),
@@ -315,7 +316,9 @@ def intranode_worker(rank, world, init, a, out_path):
         ("api cached FP8, copied", switched("_use_arena", False, cached_fp8)),
         ("api cached BF16, views", switched("_dispatch_views", True, cached_bf16)),
         ("api combine BF16", lambda: buf.combine(rx, handle, config=ccfg)),
-        ("native cached BF16", native_cached_bf16),
+        ("native cached BF16", native_cached(x, None)),
+        ("native cached FP8", native_cached(*fp8)),
+        ("native cached BF16, copied", native_cached(x, None, arena=False)),
     ]
     host_only = [
         ("arena_ok", buf._arena_ok),
