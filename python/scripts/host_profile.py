@@ -45,7 +45,10 @@ the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py`
 - ``api combine BF16``: ``Buffer.combine`` of the fresh dispatch's rows;
 - ``native cached BF16`` / ``FP8`` / ``BF16, copied``: the one crossing into Rust the API makes
   (``Runtime.dispatch``), without the Python around it;
-- ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it.
+- ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it;
+- ``torch.as_tensor(CAI) + 2 views``: how the extension makes one output view (from Python here);
+- ``driver: ...``: a per-call CUDA event (create, record, destroy) and one stream join, through
+  ctypes.
 
 Each of these rows is timed three ways, so that a host cost that only shows when the GPU lags
 behind can be told from one that is there on an idle GPU: ``b2b N`` (``N`` back-to-back calls, as
@@ -250,6 +253,55 @@ def isolated(torch, native, fn, calls, repeats, warmup=5):
     return statistics.median(per), min(per), max(per), statistics.median(launch)
 
 
+class _Raw:
+    """``nbytes`` of device memory at ``ptr`` as ``__cuda_array_interface__`` bytes (what the
+    extension's ``RawRange`` hands ``torch.as_tensor`` for an output view)."""
+
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.nbytes = ptr, nbytes
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3, "strides": None}
+
+
+def _driver_rows(torch, cur, comm):
+    """Rows of single driver calls through ctypes (plus about 0.3 us of ctypes per call): a CUDA
+    event created, recorded and destroyed (what a per-call completion event costs), and one stream
+    join (event record on ``cur`` + ``comm`` waits for it), in this process's context."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        print(f"(no driver rows: {e})", flush=True)
+        return []
+    vp = ctypes.c_void_p
+    for name, args in (("cuEventCreate", [ctypes.POINTER(vp), ctypes.c_uint]), ("cuEventRecord", [vp, vp]),
+                       ("cuEventDestroy_v2", [vp]), ("cuStreamWaitEvent", [vp, vp, ctypes.c_uint])):
+        getattr(cu, name).argtypes = args
+    torch.cuda.current_stream()  # the primary context is current in this thread
+    cur_s, comm_s = vp(cur), vp(comm)
+    join, probe = vp(), vp()
+    rcs = [cu.cuEventCreate(ctypes.byref(join), 2), cu.cuEventCreate(ctypes.byref(probe), 2)]  # CU_EVENT_DISABLE_TIMING
+    rcs += [cu.cuEventRecord(probe, comm_s), cu.cuEventDestroy_v2(probe), cu.cuEventRecord(join, cur_s), cu.cuStreamWaitEvent(comm_s, join, 0)]
+    if any(rcs):  # a call that fails at once would time as fast as nothing
+        print(f"(no driver rows: CUresult {rcs})", flush=True)
+        return []
+
+    def event_cycle():
+        ev = vp()
+        cu.cuEventCreate(ctypes.byref(ev), 2)
+        cu.cuEventRecord(ev, comm_s)
+        cu.cuEventDestroy_v2(ev)
+
+    def stream_join():
+        cu.cuEventRecord(join, cur_s)
+        cu.cuStreamWaitEvent(comm_s, join, 0)
+
+    return [("driver: event create+record+destroy", event_cycle), ("driver: stream join (record + wait)", stream_join)]
+
+
 def intranode_main(a):
     import torch.multiprocessing as mp
 
@@ -324,7 +376,9 @@ def intranode_worker(rank, world, init, a, out_path):
         ("arena_ok", buf._arena_ok),
         ("current stream", buf._cur),
         ("is_current_stream_capturing", torch.cuda.is_current_stream_capturing),
-    ]
+        ("torch.as_tensor(CAI) + 2 views", lambda: torch.as_tensor(_Raw(rx.data_ptr(), rx.numel() * 2), device=rx.device)
+         .view(torch.bfloat16).view(rx.shape)),
+    ] + _driver_rows(torch, cur, rt.comm_stream())
     short = max(1, a.calls // 10)
     rows = []
     if rank == 0:
