@@ -19,12 +19,14 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyDict, PyTuple};
 
-/// `nbytes` of device memory at `ptr` as `__cuda_array_interface__` (bytes), for
-/// `torch.as_tensor`, which keeps this object (and so `owner`) alive as long as the tensor.
+/// Device memory at `ptr` as `__cuda_array_interface__` (bytes), for `torch.as_tensor`, which
+/// keeps this object (and so `owner`) alive as long as the tensor.
 #[pyclass(module = "deepep_kernels._native", frozen)]
 pub struct RawRange {
     ptr: u64,
-    nbytes: usize,
+    /// Bytes as a C-contiguous `u8` shape: the tensor's shape with the last dimension in bytes, so
+    /// that one `.view(dtype)` gives the tensor.
+    shape: Vec<usize>,
     #[allow(dead_code)] // held for its lifetime only
     owner: Option<Py<PyAny>>,
 }
@@ -34,18 +36,12 @@ impl RawRange {
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        d.set_item("shape", (self.nbytes,))?;
+        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         d.set_item("typestr", "|u1")?;
         d.set_item("data", (self.ptr, false))?;
         d.set_item("version", 3)?;
         d.set_item("strides", py.None())?;
         Ok(d)
-    }
-}
-
-impl RawRange {
-    pub(crate) fn new(ptr: u64, nbytes: usize, owner: Option<Py<PyAny>>) -> RawRange {
-        RawRange { ptr, nbytes, owner }
     }
 }
 
@@ -119,8 +115,13 @@ pub(crate) fn empty<'py>(py: Python<'py>, dtype: DType, shape: &[usize], index: 
 /// CUDA device `index`, keeping `owner` alive (zero-copy; an empty tensor when it has no
 /// elements).
 pub(crate) fn view_as<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
-    let t = torch(py)?;
     let elem: usize = dtype.getattr("itemsize")?.extract()?;
+    view_sized(py, ptr, dtype, elem, shape, owner, index)
+}
+
+/// [`view_as`] with the dtype's element size given (`elem` bytes).
+fn view_sized<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, elem: usize, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+    let t = torch(py)?;
     let nbytes = shape.iter().product::<usize>() * elem;
     let kw = PyDict::new(py);
     kw.set_item("device", device(py, index)?)?;
@@ -128,15 +129,22 @@ pub(crate) fn view_as<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>,
         kw.set_item("dtype", dtype)?;
         return t.empty.bind(py).call((PyTuple::new(py, shape)?,), Some(&kw));
     }
-    let raw = Bound::new(py, RawRange::new(ptr, nbytes, owner))?;
-    let v = t.as_tensor.bind(py).call((raw,), Some(&kw))?;
-    v.call_method1("view", (dtype,))?.call_method1("view", (PyTuple::new(py, shape)?,))
+    // u8 of the tensor's shape with its last dimension in bytes: one view to the dtype (a scalar
+    // shape is one element)
+    let mut bytes_shape = if shape.is_empty() { vec![1] } else { shape.to_vec() };
+    *bytes_shape.last_mut().expect("at least one dimension") *= elem;
+    let raw = Bound::new(py, RawRange { ptr, shape: bytes_shape, owner })?;
+    let v = t.as_tensor.bind(py).call((raw,), Some(&kw))?.call_method1("view", (dtype,))?;
+    if shape.is_empty() {
+        return v.call_method1("view", (PyTuple::empty(py),));
+    }
+    Ok(v)
 }
 
 /// [`view_as`] of a kernels-crate dtype.
 pub(crate) fn view<'py>(py: Python<'py>, ptr: u64, dtype: DType, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
     let dt = torch(py)?.dtype(py, dtype).clone();
-    view_as(py, ptr, &dt, shape, owner, index)
+    view_sized(py, ptr, &dt, dtype.size(), shape, owner, index)
 }
 
 /// A view of a kernels-crate tensor, keeping `owner` alive.

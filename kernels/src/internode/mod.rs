@@ -382,6 +382,11 @@ impl<'g> InternodeBuffer<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
     }
+    /// An event recorded on the GPU's stream after the work queued so far (the calls record none
+    /// of their own), as the intranode `Buffer::record_event`.
+    pub fn record_event(&self) -> Result<CudaEvent> {
+        record_event(self.gpu)
+    }
 
     /// Diagnostic hook (GPU tests, `deepep-kernels-harness`): fill every output tensor with
     /// `byte` before the kernel that writes it runs, so that an element the kernel fails to
@@ -605,7 +610,6 @@ impl<'g> InternodeBuffer<'g> {
             Some((i, w)) => (Some(i), Some(w)),
             None => (None, None),
         };
-        let event = record_event(self.gpu)?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -624,7 +628,6 @@ impl<'g> InternodeBuffer<'g> {
                 layout: hl,
                 recv_src_idx,
             },
-            event,
             lease: None,
         })
     }
@@ -647,7 +650,6 @@ impl<'g> InternodeBuffer<'g> {
         self.launch_cached_notify(&args)?;
         let (recv_x, recv_scales, _, _) =
             self.launch_dispatch(args, a, n, hidden, h.num_recv_tokens, None)?;
-        let event = record_event(self.gpu)?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -655,7 +657,6 @@ impl<'g> InternodeBuffer<'g> {
             recv_topk_weights: None,
             num_recv_tokens_per_expert: Vec::new(),
             handle: h.clone(),
-            event,
             lease: None,
         })
     }
@@ -859,11 +860,9 @@ impl<'g> InternodeBuffer<'g> {
         self.launch_cached_notify(&args)?;
         self.gpu
             .launch(&self.kernels.combine, &self.grid(), crate::args![args])?;
-        let event = record_event(self.gpu)?;
         Ok(CombineOutput {
             combined_x: out,
             combined_topk_weights: out_w,
-            event,
         })
     }
 }

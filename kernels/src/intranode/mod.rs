@@ -202,8 +202,6 @@ pub struct DispatchOutput<H = Handle> {
     /// `[L]` aligned received selections per local expert (fresh dispatch only; empty when cached).
     pub num_recv_tokens_per_expert: Vec<usize>,
     pub handle: H,
-    /// Recorded after the dispatch kernel.
-    pub event: CudaEvent,
     /// The arena region the outputs live in (kept alive by every output tensor too), or None:
     /// they are views of the fixed receive region, valid until the next dispatch.
     pub lease: Option<Arc<ArenaLease>>,
@@ -263,7 +261,6 @@ pub struct CombineOutput {
     pub combined_x: Tensor,
     /// f32 `[N, K]` when `topk_weights` was given.
     pub combined_topk_weights: Option<Tensor>,
-    pub event: CudaEvent,
 }
 
 /// The per-rank intranode communication buffer (collective: every rank creates it with the same
@@ -442,11 +439,11 @@ impl<'g> Buffer<'g> {
         Ok(())
     }
 
-    fn record_event(&self) -> Result<CudaEvent> {
-        self.gpu
-            .stream()
-            .record_event(None)
-            .map_err(|e| EpError::Cuda { context: "recording the completion event".into(), message: format!("{:?}", e.0) })
+    /// An event recorded on this buffer's stream after the work queued so far (e.g. after a
+    /// dispatch or combine, for another stream to wait on). The calls record none of their own:
+    /// an event per call costs host time that callers ordering by stream do not need.
+    pub fn record_event(&self) -> Result<CudaEvent> {
+        crate::common::record_event(self.gpu)
     }
 
     /// Per-rank and per-expert counts and `is_token_in_rank` from `topk_idx` (i64 `[N, K]`).
@@ -565,7 +562,6 @@ impl<'g> Buffer<'g> {
         let (recv_topk_idx, recv_topk_weights) = recv_topk.unzip();
         let recv_src_view = self.view(self.layout.off_recv_src_idx, DType::I32, &[m], self.generation());
         let recv_src_idx = recv_src_view.to_owned()?;
-        let event = self.record_event()?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -585,7 +581,6 @@ impl<'g> Buffer<'g> {
                 is_token_in_rank: layout.is_token_in_rank.clone(),
                 recv_src_idx,
             },
-            event,
             lease,
         })
     }
@@ -594,7 +589,6 @@ impl<'g> Buffer<'g> {
         let lease = self.lease(a, plan, h.num_recv_tokens, 0);
         self.launch_dispatch(plan, a, None, &h.send_pos, &h.count_matrix_dev, lease.as_ref())?;
         let (recv_x, recv_scales, _) = self.recv_views(plan, h.num_recv_tokens, 0, lease.as_ref());
-        let event = self.record_event()?;
         Ok(DispatchOutput {
             recv_x,
             recv_scales,
@@ -602,7 +596,6 @@ impl<'g> Buffer<'g> {
             recv_topk_weights: None,
             num_recv_tokens_per_expert: Vec::new(),
             handle: h.clone(),
-            event,
             lease,
         })
     }
@@ -719,13 +712,13 @@ impl<'g> Buffer<'g> {
             Some(w) => Some(Tensor::empty(&s, DType::F32, &[a.handle.num_tokens, w.shape().get(1).copied().unwrap_or(0)])?),
             None => None,
         };
-        let event = self.combine_into(a, &out, out_w.as_ref())?;
-        Ok(CombineOutput { combined_x: out, combined_topk_weights: out_w, event })
+        self.combine_into(a, &out, out_w.as_ref())?;
+        Ok(CombineOutput { combined_x: out, combined_topk_weights: out_w })
     }
 
     /// Combine into caller-provided outputs: `out` bf16 `[N, H]`, `out_weights` f32 `[N, K]`
-    /// (required iff `topk_weights` is given). Returns the completion event.
-    pub fn combine_into(&mut self, a: CombineArgs<'_>, out: &Tensor, out_weights: Option<&Tensor>) -> Result<CombineEvent> {
+    /// (required iff `topk_weights` is given). For an event after it: [`Buffer::record_event`].
+    pub fn combine_into(&mut self, a: CombineArgs<'_>, out: &Tensor, out_weights: Option<&Tensor>) -> Result<()> {
         self.check_usable()?;
         for t in [Some(a.y), a.topk_weights, a.bias0, a.bias1, Some(out), out_weights].into_iter().flatten() {
             t.check_valid()?;
@@ -770,12 +763,12 @@ impl<'g> Buffer<'g> {
         }
         self.wait_event(a.wait)?;
         match self.launch_combine(&a, &plan, out, out_weights) {
-            Ok(ev) => Ok(ev),
+            Ok(()) => Ok(()),
             Err(e) => self.poison(e),
         }
     }
 
-    fn launch_combine(&mut self, a: &CombineArgs<'_>, plan: &CombinePlan, out: &Tensor, out_weights: Option<&Tensor>) -> Result<CudaEvent> {
+    fn launch_combine(&mut self, a: &CombineArgs<'_>, plan: &CombinePlan, out: &Tensor, out_weights: Option<&Tensor>) -> Result<()> {
         self.next_epoch();
         let p = ffi::CombineParams {
             y: a.y.ptr(),
@@ -799,13 +792,9 @@ impl<'g> Buffer<'g> {
         if a.config.combine_tma {
             cfg = cfg.smem(ffi::combine_tma_smem(a.config.combine_push_warps) as u32);
         }
-        self.gpu.launch(&self.kernels.combine, &cfg, crate::args![args, p])?;
-        self.record_event()
+        self.gpu.launch(&self.kernels.combine, &cfg, crate::args![args, p])
     }
 }
-
-/// The completion event of a combine.
-pub type CombineEvent = CudaEvent;
 
 // SAFETY: repr(C) plain data (u64 / i32 fields only), copied by value into kernel parameters.
 unsafe impl crate::runtime::Pod for ffi::IntranodeArgs {}
