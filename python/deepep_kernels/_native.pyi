@@ -267,8 +267,6 @@ def group_layout(places: List[Tuple[str, int]], rank: int, internode_wanted: boo
 def recv_counts_per_expert(all_counts: List[List[int]], rank: int, alignment: int) -> List[int]: ...
 def prepare_nvshmem(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool) -> Tuple[str, str]: ...
 
-class RawRange:
-    """Device memory as ``__cuda_array_interface__`` (bytes), for ``torch.as_tensor``."""
 def check_call(method: str, state: dict, *args: Any) -> None:
     """The argument checks of ``Runtime.<method>`` on ``args`` with plain ``state`` (keys:
     ``device`` always; ``ll_dispatch``: world, num_max, num_experts, args (x, topk_idx, stats);

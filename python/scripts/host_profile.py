@@ -46,7 +46,9 @@ the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py`
 - ``native cached BF16`` / ``FP8`` / ``BF16, copied``: the one crossing into Rust the API makes
   (``Runtime.dispatch``), without the Python around it;
 - ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it;
-- ``torch.as_tensor(CAI) + 2 views``: how the extension makes one output view (from Python here);
+- ``torch.as_tensor(CAI) + 2 views``: how the extension made an output view before it handed
+  torch DLPack capsules (from Python here); ``get_local_buffer_tensor (one view)``: one view the
+  way the extension makes them now (through the API: its Python wrapper included);
 - ``driver: ...``: a per-call CUDA event (create, record, destroy) and one stream join, through
   ctypes.
 
@@ -255,7 +257,7 @@ def isolated(torch, native, fn, calls, repeats, warmup=5):
 
 class _Raw:
     """``nbytes`` of device memory at ``ptr`` as ``__cuda_array_interface__`` bytes (what the
-    extension's ``RawRange`` hands ``torch.as_tensor`` for an output view)."""
+    extension handed ``torch.as_tensor`` for an output view before it used DLPack)."""
 
     def __init__(self, ptr, nbytes):
         self.ptr, self.nbytes = ptr, nbytes
@@ -378,6 +380,7 @@ def intranode_worker(rank, world, init, a, out_path):
         ("is_current_stream_capturing", torch.cuda.is_current_stream_capturing),
         ("torch.as_tensor(CAI) + 2 views", lambda: torch.as_tensor(_Raw(rx.data_ptr(), rx.numel() * 2), device=rx.device)
          .view(torch.bfloat16).view(rx.shape)),
+        ("get_local_buffer_tensor (one view)", lambda: buf.get_local_buffer_tensor(torch.bfloat16, (1024, a.hidden))),
     ] + _driver_rows(torch, cur, rt.comm_stream())
     short = max(1, a.calls // 10)
     rows = []

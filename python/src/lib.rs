@@ -343,7 +343,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::LlPyHandle>()?;
     m.add_class::<handles::InterHandle>()?;
-    m.add_class::<outputs::RawRange>()?;
     for f in [
         wrap_pyfunction!(launch_timing, m)?,
         wrap_pyfunction!(intranode_buffer_bytes, m)?,

@@ -1,8 +1,9 @@
 //! The way out: every output of a `Buffer` call is a torch tensor made here, in one of three ways:
 //!
-//! - a **view** of device memory (`torch.as_tensor` of a [`RawRange`], zero-copy) that keeps an
-//!   owner alive: the arena region of an intranode dispatch, the fixed receive region (views
-//!   mode), the low-latency buffer halves (owner-less, cached per half), the local buffer;
+//! - a **view** of device memory (zero-copy: a DLPack capsule handed to `torch._C._from_dlpack`,
+//!   whose deleter keeps an owner alive as long as torch's storage): the arena region of an
+//!   intranode dispatch, the fixed receive region (views mode), the low-latency buffer halves
+//!   (owner-less, cached per half), the local buffer;
 //! - a **fresh tensor** (`torch.empty` on the caller's current stream, or on the comm stream when
 //!   the caller's `allocate_on_comm_stream` made it current) that a kernel writes (layout,
 //!   combine);
@@ -15,41 +16,150 @@
 use crate::cuda;
 use cudarc::driver::sys;
 use deepep_kernels::tensor::{DType, Tensor};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
+use std::ffi::{c_void, CStr};
 use pyo3::types::{PyDict, PyTuple};
 
-/// Device memory at `ptr` as `__cuda_array_interface__` (bytes), for `torch.as_tensor`, which
-/// keeps this object (and so `owner`) alive as long as the tensor.
-#[pyclass(module = "deepep_kernels._native", frozen)]
-pub struct RawRange {
-    ptr: u64,
-    /// Bytes as a C-contiguous `u8` shape: the tensor's shape with the last dimension in bytes, so
-    /// that one `.view(dtype)` gives the tensor.
-    shape: Vec<usize>,
+// --- DLPack (dlpack.h, the legacy unversioned `DLManagedTensor` every torch release reads) ------
+
+/// `DLDevice`.
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+/// `DLDataType`.
+#[repr(C)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+/// `DLTensor`.
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+/// `DLManagedTensor`.
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+/// `kDLCUDA`.
+const DL_CUDA: i32 = 2;
+/// The capsule name a producer gives and the one torch renames it to once it owns the tensor.
+const DLTENSOR: &CStr = c"dltensor";
+
+/// What one capsule hands torch: the `DLManagedTensor` (first, so that a pointer to it is a
+/// pointer to this), the shape and strides it points into, and the owner it keeps alive until
+/// torch frees the storage (or the capsule dies unconsumed).
+#[repr(C)]
+struct Managed {
+    tensor: DlManagedTensor,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
     #[allow(dead_code)] // held for its lifetime only
     owner: Option<Py<PyAny>>,
 }
 
-#[pymethods]
-impl RawRange {
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
-        d.set_item("typestr", "|u1")?;
-        d.set_item("data", (self.ptr, false))?;
-        d.set_item("version", 3)?;
-        d.set_item("strides", py.None())?;
-        Ok(d)
+/// The `DLManagedTensor` deleter torch calls when the storage goes (maybe without the GIL: the
+/// owner's reference is then released by pyo3 the next time a thread holds it).
+unsafe extern "C" fn delete_managed(t: *mut DlManagedTensor) {
+    if !t.is_null() {
+        // SAFETY: `t` is the `Box<Managed>` leaked by `dlpack_view` (its first field), freed once.
+        drop(unsafe { Box::from_raw(t.cast::<Managed>()) });
     }
+}
+
+/// The capsule's destructor: frees the tensor unless torch consumed it (renamed the capsule).
+unsafe extern "C" fn drop_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with the GIL on a capsule made by `dlpack_view`.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let t = ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();
+            delete_managed(t);
+        }
+    }
+}
+
+/// `(code, bits)` of a dtype torch reads from DLPack in every release we support; None for FP8
+/// (made as bytes and viewed).
+fn dl_dtype(d: DType) -> Option<(u8, u8)> {
+    match d {
+        DType::Bf16 => Some((4, 16)),
+        DType::F32 => Some((2, 32)),
+        DType::I32 => Some((0, 32)),
+        DType::I64 => Some((0, 64)),
+        DType::U8 => Some((1, 8)),
+        DType::Bool => Some((6, 8)),
+        DType::Fp8E4m3 => None,
+    }
+}
+
+/// A contiguous torch tensor of DLPack dtype `(code, bits)` and `shape` over device memory at `ptr`
+/// on CUDA device `index`, keeping `owner` alive as long as torch's storage (zero-copy).
+fn dlpack_view<'py>(py: Python<'py>, ptr: u64, (code, bits): (u8, u8), shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+    let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    let mut m = Box::new(Managed {
+        tensor: DlManagedTensor {
+            dl_tensor: DlTensor {
+                data: ptr as *mut c_void,
+                device: DlDevice { device_type: DL_CUDA, device_id: index as i32 },
+                ndim: shape.len() as i32,
+                dtype: DlDataType { code, bits, lanes: 1 },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_managed),
+        },
+        shape,
+        strides,
+        owner,
+    });
+    // the Vecs' heap buffers do not move with the Box
+    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
+    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
+    let raw = Box::into_raw(m);
+    // SAFETY: `raw` points to a live `Managed` whose first field is the `DLManagedTensor`; the
+    // capsule owns it until torch takes it over (then torch calls the deleter) or it dies unused.
+    let capsule = unsafe { ffi::PyCapsule_New(raw.cast::<c_void>(), DLTENSOR.as_ptr(), Some(drop_capsule)) };
+    if capsule.is_null() {
+        // SAFETY: not handed to anyone: free it here.
+        unsafe { delete_managed(raw.cast::<DlManagedTensor>()) };
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new reference.
+    let capsule = unsafe { Bound::from_owned_ptr(py, capsule) };
+    torch(py)?.from_dlpack.bind(py).call1((capsule,))
 }
 
 /// torch and the objects every output needs, looked up once per process.
 pub(crate) struct Torch {
     pub module: Py<PyModule>,
     empty: Py<PyAny>,
-    as_tensor: Py<PyAny>,
+    /// `torch._C._from_dlpack`: a tensor of a `dltensor` capsule, no stream sync (the outputs are
+    /// ordered by the streams of the call that made them).
+    from_dlpack: Py<PyAny>,
     dtypes: [Py<PyAny>; 7],
 }
 
@@ -76,7 +186,7 @@ pub(crate) fn torch(py: Python<'_>) -> PyResult<&Torch> {
         let dt = |d: DType| -> PyResult<Py<PyAny>> { Ok(m.getattr(torch_name(d))?.unbind()) };
         Ok(Torch {
             empty: m.getattr("empty")?.unbind(),
-            as_tensor: m.getattr("as_tensor")?.unbind(),
+            from_dlpack: m.getattr("_C")?.getattr("_from_dlpack")?.unbind(),
             dtypes: [dt(DTYPE_ORDER[0])?, dt(DTYPE_ORDER[1])?, dt(DTYPE_ORDER[2])?, dt(DTYPE_ORDER[3])?, dt(DTYPE_ORDER[4])?, dt(DTYPE_ORDER[5])?, dt(DTYPE_ORDER[6])?],
             module: m.unbind(),
         })
@@ -121,20 +231,17 @@ pub(crate) fn view_as<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>,
 
 /// [`view_as`] with the dtype's element size given (`elem` bytes).
 fn view_sized<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, elem: usize, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
-    let t = torch(py)?;
-    let nbytes = shape.iter().product::<usize>() * elem;
-    let kw = PyDict::new(py);
-    kw.set_item("device", device(py, index)?)?;
-    if nbytes == 0 {
+    if shape.iter().product::<usize>() * elem == 0 {
+        let kw = PyDict::new(py);
+        kw.set_item("device", device(py, index)?)?;
         kw.set_item("dtype", dtype)?;
-        return t.empty.bind(py).call((PyTuple::new(py, shape)?,), Some(&kw));
+        return torch(py)?.empty.bind(py).call((PyTuple::new(py, shape)?,), Some(&kw));
     }
-    // u8 of the tensor's shape with its last dimension in bytes: one view to the dtype (a scalar
+    // bytes of the tensor's shape with its last dimension in bytes, viewed as the dtype (a scalar
     // shape is one element)
     let mut bytes_shape = if shape.is_empty() { vec![1] } else { shape.to_vec() };
     *bytes_shape.last_mut().expect("at least one dimension") *= elem;
-    let raw = Bound::new(py, RawRange { ptr, shape: bytes_shape, owner })?;
-    let v = t.as_tensor.bind(py).call((raw,), Some(&kw))?.call_method1("view", (dtype,))?;
+    let v = dlpack_view(py, ptr, (1, 8), &bytes_shape, owner, index)?.call_method1("view", (dtype,))?;
     if shape.is_empty() {
         return v.call_method1("view", (PyTuple::empty(py),));
     }
@@ -143,8 +250,13 @@ fn view_sized<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, elem: u
 
 /// [`view_as`] of a kernels-crate dtype.
 pub(crate) fn view<'py>(py: Python<'py>, ptr: u64, dtype: DType, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
-    let dt = torch(py)?.dtype(py, dtype).clone();
-    view_sized(py, ptr, &dt, dtype.size(), shape, owner, index)
+    match dl_dtype(dtype) {
+        Some(code) if shape.iter().product::<usize>() > 0 => dlpack_view(py, ptr, code, shape, owner, index),
+        _ => {
+            let dt = torch(py)?.dtype(py, dtype).clone();
+            view_sized(py, ptr, &dt, dtype.size(), shape, owner, index)
+        }
+    }
 }
 
 /// A view of a kernels-crate tensor, keeping `owner` alive.
