@@ -20,6 +20,7 @@ Tensor = Any  # torch.Tensor, a __dlpack__ exporter, or a DLPack capsule
 Bias = Union[None, Tensor, Tuple[Optional[Tensor], Optional[Tensor]]]
 
 __version__: str
+DEBUG_BUILD: bool  # built with the dev profile (python/scripts/build-wheel.sh --dev): not for timings
 RANKS_PER_HOST_ENV: str  # the environment variables python/src/settings.rs reads
 DISPATCH_VIEWS_ENV: str
 RECV_ARENA_ENV: str

@@ -34,6 +34,8 @@
 # default 3). NVSHMEM_DISABLE_NVLS=1, NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
 # always set; any other variable (DEEPEP_KERNELS_KEEP_COMM_STREAMS=1, ...) passes through to the
 # runs.
+# The timing jobs (bench-*, host-profile*) refuse a dev-profile wheel (build-wheel.sh --dev, which
+# scripts/test-all.sh writes to target/wheels too).
 # Exits 0 once every job ran (read summary.txt for each one's status), 2 on bad usage.
 set -uo pipefail
 usage() { sed -n '2,/^# Exits/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -64,6 +66,10 @@ ours() { # our wheel in a --target folder of its own (by its hash: two sweeps in
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
+timed_ok() { # SITE: true for an optimized wheel; a dev-profile one (build-wheel.sh --dev, which
+  # scripts/test-all.sh also writes to target/wheels) is refused for timings
+  PYTHONPATH=$1 python3 -c 'import sys, deepep_kernels._native as n; sys.exit(1 if n.DEBUG_BUILD else 0)' && return 0
+  note "refused $job: $wheel is a dev-profile build; build python/scripts/build-wheel.sh --release for timings"; return 1; }
 conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with a record
   local slug=$1 limit=$2; shift 2
   OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
@@ -99,15 +105,15 @@ for spec in "$@"; do
     deepep-build) ( cd "$v1" && CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
         timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
         >"$scratch/deepep-build.log" 2>&1 ;;
-    bench-ll) PYTHONPATH=$(ours) timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
+    bench-ll) site=$(ours); timed_ok "$site" || continue; PYTHONPATH=$site timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
         --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
-    bench-2) site=$(ours); mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
+    bench-2) site=$(ours); timed_ok "$site" || continue; mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
         --mode intranode --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
-    host-profile) site=$(ours); rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
+    host-profile) site=$(ours); timed_ok "$site" || continue; rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
         --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1 || rc=$?; done; (exit $rc) ;;
-    host-profile-2) site=$(ours); mps_on hp2; PYTHONPATH=$site timeout "${limit:-120}" python3 python/scripts/host_profile.py \
+    host-profile-2) site=$(ours); timed_ok "$site" || continue; mps_on hp2; PYTHONPATH=$site timeout "${limit:-120}" python3 python/scripts/host_profile.py \
         --mode intranode --ranks 2 --json "$scratch/host-profile-2.json" >"$scratch/host-profile-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
-    bench-v2) site=$(ours); mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
+    bench-v2) site=$(ours); timed_ok "$site" || continue; mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
         --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     *) note "unknown job '$job' (see --help)"; continue ;;
   esac
