@@ -24,6 +24,7 @@ DEBUG_BUILD: bool  # built with the dev profile (python/scripts/build-wheel.sh -
 RANKS_PER_HOST_ENV: str  # the environment variables python/src/settings.rs reads
 DISPATCH_VIEWS_ENV: str
 RECV_ARENA_ENV: str
+DLPACK_VIEWS_ENV: str  # 1: output views from DLPack capsules (not yet run on a GPU); default 0
 DEFAULT_MAX_TOKENS_ENV: str  # tokens per rank the Config size hints size the buffers for
 DEFAULT_MAX_TOKENS: int
 NUM_MAX_NVL_PEERS: int  # DeepEP's GPUs per host (8)
@@ -268,6 +269,9 @@ def group_layout(places: List[Tuple[str, int]], rank: int, internode_wanted: boo
 def recv_counts_per_expert(all_counts: List[List[int]], rank: int, alignment: int) -> List[int]: ...
 def prepare_nvshmem(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bool, allow_mnnvl: bool) -> Tuple[str, str]: ...
 
+class RawRange:
+    """Device memory as ``__cuda_array_interface__`` (bytes), for ``torch.as_tensor``: how output
+    views are made unless ``DEEPEP_KERNELS_DLPACK_VIEWS=1``."""
 def check_call(method: str, state: dict, *args: Any) -> None:
     """The argument checks of ``Runtime.<method>`` on ``args`` with plain ``state`` (keys:
     ``device`` always; ``ll_dispatch``: world, num_max, num_experts, args (x, topk_idx, stats);

@@ -46,9 +46,11 @@ the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py`
 - ``native cached BF16`` / ``FP8`` / ``BF16, copied``: the one crossing into Rust the API makes
   (``Runtime.dispatch``), without the Python around it;
 - ``arena_ok``, ``current stream``, ``is_current_stream_capturing``: the Python steps around it;
-- ``torch.as_tensor(CAI) + 2 views``: how the extension made an output view before it handed
-  torch DLPack capsules (from Python here); ``get_local_buffer_tensor (one view)``: one view the
-  way the extension makes them now (through the API: its Python wrapper included);
+- ``torch.as_tensor(CAI) + 2 views``: an output view made from a ``__cuda_array_interface__``
+  object, as the extension made them until 34c058f (from Python here; it now makes one view
+  fewer); ``get_local_buffer_tensor (one view)``: one view as the extension makes them (through
+  the API, its Python wrapper included), ``__cuda_array_interface__`` by default or DLPack with
+  ``DEEPEP_KERNELS_DLPACK_VIEWS=1``;
 - ``driver: ...``: a per-call CUDA event (create, record, destroy) and one stream join, through
   ctypes.
 
@@ -257,7 +259,7 @@ def isolated(torch, native, fn, calls, repeats, warmup=5):
 
 class _Raw:
     """``nbytes`` of device memory at ``ptr`` as ``__cuda_array_interface__`` bytes (what the
-    extension handed ``torch.as_tensor`` for an output view before it used DLPack)."""
+    extension's ``RawRange`` hands ``torch.as_tensor`` for an output view, 1-D here)."""
 
     def __init__(self, ptr, nbytes):
         self.ptr, self.nbytes = ptr, nbytes

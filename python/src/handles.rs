@@ -7,8 +7,8 @@
 //! matrices and send heads of DeepEP's kernels have no equivalent and raise
 //! `NotImplementedError` naming the element.
 //!
-//! Torch is never imported here at module load: the views are made by [`crate::outputs`]
-//! (DLPack capsules handed to torch), once the caller has torch.
+//! Torch is never imported here at module load: the views are made by [`crate::outputs`], once
+//! the caller has torch.
 
 use deepep_kernels::internode as inter;
 use deepep_kernels::intranode::Handle as IntraHandle;

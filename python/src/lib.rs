@@ -337,6 +337,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // a dev-profile build (unoptimized): what the timing scripts refuse to measure
     m.add("DEBUG_BUILD", cfg!(debug_assertions))?;
     m.add_class::<runtime::Runtime>()?;
+    m.add_class::<outputs::RawRange>()?;
     m.add_class::<elastic::ElasticRuntime>()?;
     m.add_class::<runtime::NativeHook>()?;
     m.add_class::<runtime::Keep>()?;
@@ -385,6 +386,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RANKS_PER_HOST_ENV", settings::RANKS_PER_HOST_ENV)?;
     m.add("DISPATCH_VIEWS_ENV", settings::DISPATCH_VIEWS_ENV)?;
     m.add("RECV_ARENA_ENV", settings::RECV_ARENA_ENV)?;
+    m.add("DLPACK_VIEWS_ENV", settings::DLPACK_VIEWS_ENV)?;
     m.add("DEFAULT_MAX_TOKENS_ENV", config::DEFAULT_MAX_TOKENS_ENV)?;
     m.add("DEFAULT_MAX_TOKENS", config::DEFAULT_MAX_TOKENS)?;
     m.add("NUM_MAX_NVL_PEERS", config::NUM_MAX_NVL_PEERS)?;

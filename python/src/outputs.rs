@@ -1,9 +1,12 @@
 //! The way out: every output of a `Buffer` call is a torch tensor made here, in one of three ways:
 //!
-//! - a **view** of device memory (zero-copy: a DLPack capsule handed to `torch._C._from_dlpack`,
-//!   whose deleter keeps an owner alive as long as torch's storage): the arena region of an
-//!   intranode dispatch, the fixed receive region (views mode), the low-latency buffer halves
-//!   (owner-less, cached per half), the local buffer;
+//! - a **view** of device memory (zero-copy) that keeps an owner alive as long as torch's storage:
+//!   the arena region of an intranode dispatch, the fixed receive region (views mode), the
+//!   low-latency buffer halves (owner-less, cached per half), the local buffer. By default
+//!   `torch.as_tensor` of a [`RawRange`] (`__cuda_array_interface__`, bytes) and one
+//!   `.view(dtype)`; with `DEEPEP_KERNELS_DLPACK_VIEWS=1` (not yet run on a GPU) a DLPack capsule
+//!   handed to `torch._C._from_dlpack`, whose deleter holds the owner (host_profile.py measured
+//!   15 us per view the first way on an H100 under MPS, which this one is meant to cut);
 //! - a **fresh tensor** (`torch.empty` on the caller's current stream, or on the comm stream when
 //!   the caller's `allocate_on_comm_stream` made it current) that a kernel writes (layout,
 //!   combine);
@@ -16,11 +19,49 @@
 use crate::cuda;
 use cudarc::driver::sys;
 use deepep_kernels::tensor::{DType, Tensor};
+use crate::settings;
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
 use pyo3::types::{PyDict, PyTuple};
+
+/// Device memory at `ptr` as `__cuda_array_interface__` (bytes), for `torch.as_tensor`, which
+/// keeps this object (and so `owner`) alive as long as the tensor.
+#[pyclass(module = "deepep_kernels._native", frozen)]
+pub struct RawRange {
+    ptr: u64,
+    /// Bytes as a C-contiguous `u8` shape: the tensor's shape with the last dimension in bytes, so
+    /// that one `.view(dtype)` gives the tensor.
+    shape: Vec<usize>,
+    #[allow(dead_code)] // held for its lifetime only
+    owner: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl RawRange {
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr, false))?;
+        d.set_item("version", 3)?;
+        d.set_item("strides", py.None())?;
+        Ok(d)
+    }
+}
+
+/// Whether output views are made from DLPack capsules (`DEEPEP_KERNELS_DLPACK_VIEWS`, read once
+/// per process, at the first view).
+fn dlpack_on() -> PyResult<bool> {
+    static ON: OnceLock<Result<bool, String>> = OnceLock::new();
+    ON.get_or_init(|| settings::dlpack_views(std::env::var(settings::DLPACK_VIEWS_ENV).ok().as_deref()))
+        .clone()
+        .map_err(PyValueError::new_err)
+}
 
 // --- DLPack (dlpack.h, the legacy unversioned `DLManagedTensor` every torch release reads) ------
 
@@ -157,6 +198,7 @@ fn dlpack_view<'py>(py: Python<'py>, ptr: u64, (code, bits): (u8, u8), shape: &[
 pub(crate) struct Torch {
     pub module: Py<PyModule>,
     empty: Py<PyAny>,
+    as_tensor: Py<PyAny>,
     /// `torch._C._from_dlpack`: a tensor of a `dltensor` capsule, no stream sync (the outputs are
     /// ordered by the streams of the call that made them).
     from_dlpack: Py<PyAny>,
@@ -186,6 +228,7 @@ pub(crate) fn torch(py: Python<'_>) -> PyResult<&Torch> {
         let dt = |d: DType| -> PyResult<Py<PyAny>> { Ok(m.getattr(torch_name(d))?.unbind()) };
         Ok(Torch {
             empty: m.getattr("empty")?.unbind(),
+            as_tensor: m.getattr("as_tensor")?.unbind(),
             from_dlpack: m.getattr("_C")?.getattr("_from_dlpack")?.unbind(),
             dtypes: [dt(DTYPE_ORDER[0])?, dt(DTYPE_ORDER[1])?, dt(DTYPE_ORDER[2])?, dt(DTYPE_ORDER[3])?, dt(DTYPE_ORDER[4])?, dt(DTYPE_ORDER[5])?, dt(DTYPE_ORDER[6])?],
             module: m.unbind(),
@@ -241,7 +284,15 @@ fn view_sized<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, elem: u
     // shape is one element)
     let mut bytes_shape = if shape.is_empty() { vec![1] } else { shape.to_vec() };
     *bytes_shape.last_mut().expect("at least one dimension") *= elem;
-    let v = dlpack_view(py, ptr, (1, 8), &bytes_shape, owner, index)?.call_method1("view", (dtype,))?;
+    let bytes = if dlpack_on()? {
+        dlpack_view(py, ptr, (1, 8), &bytes_shape, owner, index)?
+    } else {
+        let kw = PyDict::new(py);
+        kw.set_item("device", device(py, index)?)?;
+        let raw = Bound::new(py, RawRange { ptr, shape: bytes_shape, owner })?;
+        torch(py)?.as_tensor.bind(py).call((raw,), Some(&kw))?
+    };
+    let v = bytes.call_method1("view", (dtype,))?;
     if shape.is_empty() {
         return v.call_method1("view", (PyTuple::empty(py),));
     }
@@ -251,7 +302,7 @@ fn view_sized<'py>(py: Python<'py>, ptr: u64, dtype: &Bound<'py, PyAny>, elem: u
 /// [`view_as`] of a kernels-crate dtype.
 pub(crate) fn view<'py>(py: Python<'py>, ptr: u64, dtype: DType, shape: &[usize], owner: Option<Py<PyAny>>, index: usize) -> PyResult<Bound<'py, PyAny>> {
     match dl_dtype(dtype) {
-        Some(code) if shape.iter().product::<usize>() > 0 => dlpack_view(py, ptr, code, shape, owner, index),
+        Some(code) if shape.iter().product::<usize>() > 0 && dlpack_on()? => dlpack_view(py, ptr, code, shape, owner, index),
         _ => {
             let dt = torch(py)?.dtype(py, dtype).clone();
             view_sized(py, ptr, &dt, dtype.size(), shape, owner, index)

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 pub(crate) const RANKS_PER_HOST_ENV: &str = "DEEPEP_KERNELS_RANKS_PER_HOST";
 pub(crate) const DISPATCH_VIEWS_ENV: &str = "DEEPEP_KERNELS_DISPATCH_VIEWS";
 pub(crate) const RECV_ARENA_ENV: &str = "DEEPEP_KERNELS_RECV_ARENA_BYTES";
+pub(crate) const DLPACK_VIEWS_ENV: &str = "DEEPEP_KERNELS_DLPACK_VIEWS";
 
 type Environ = Option<HashMap<String, String>>;
 
@@ -83,6 +84,19 @@ pub(crate) fn dispatch_views(v: Option<&str>) -> Result<bool, String> {
         Some(v) => Err(format!(
             "{DISPATCH_VIEWS_ENV}='{v}': use 1 (dispatch outputs are views of the NVLink buffer, valid until the next dispatch on \
              the Buffer) or 0 (torch-owned copies, DeepEP's semantics; the default)"
+        )),
+    }
+}
+
+/// Whether output views are made from DLPack capsules ("1"; not yet run on a GPU) or from
+/// `__cuda_array_interface__` objects ("0", unset: the default).
+pub(crate) fn dlpack_views(v: Option<&str>) -> Result<bool, String> {
+    match v {
+        None | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(format!(
+            "{DLPACK_VIEWS_ENV}='{v}': use 1 (output views made from DLPack capsules, not yet run on a GPU) or 0 (from \
+             __cuda_array_interface__ objects; the default)"
         )),
     }
 }
@@ -339,6 +353,11 @@ mod tests {
         assert_eq!(dispatch_views(Some("1")), Ok(true));
         let e = dispatch_views(Some("yes")).unwrap_err();
         assert!(e.contains("DEEPEP_KERNELS_DISPATCH_VIEWS='yes': use 1") && e.contains("or 0"), "{e}");
+        assert_eq!(dlpack_views(None), Ok(false));
+        assert_eq!(dlpack_views(Some("0")), Ok(false));
+        assert_eq!(dlpack_views(Some("1")), Ok(true));
+        let e = dlpack_views(Some("on")).unwrap_err();
+        assert!(e.contains("DEEPEP_KERNELS_DLPACK_VIEWS='on': use 1") && e.contains("or 0"), "{e}");
     }
 
     #[test]
