@@ -535,6 +535,18 @@ def input_digest(torch, tensors):
     return h.hexdigest()
 
 
+def switched(obj, attr, value, fn):
+    """``fn`` with ``obj.attr`` set to ``value`` for the call only (e.g. a Buffer's ``_use_arena``)."""
+    def run():
+        old = getattr(obj, attr)
+        setattr(obj, attr, value)
+        try:
+            return fn()
+        finally:
+            setattr(obj, attr, old)
+    return run
+
+
 def cast_fp8(torch, x):
     """Per-token, per-128-channel FP8 (e4m3) cast: (values [n, h], float32 scales [n, h/128] row-major)."""
     n, h = x.shape
@@ -960,26 +972,15 @@ def worker(rank, world, gpus, init, args):
             buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
                          topk_idx=idx, topk_weights=w, config=cfg)
 
-        def switched(attr, value, fn):
-            # fn with one setting of this Buffer switched for the call only
-            def run():
-                old = getattr(buf, attr)
-                setattr(buf, attr, value)
-                try:
-                    return fn()
-                finally:
-                    setattr(buf, attr, old)
-            return run
-
         def views(fn):
             # the opt-in zero-copy mode (DEEPEP_KERNELS_DISPATCH_VIEWS=1): outputs are views of
             # the fixed receive region, no copy after the kernel
-            return switched("_dispatch_views", True, fn)
+            return switched(buf, "_dispatch_views", True, fn)
 
         def copied(fn):
             # owned outputs the way they were made before the receive arena: the kernel writes
             # the fixed receive region and a second pass copies the rows into torch tensors
-            return switched("_use_arena", False, fn)
+            return switched(buf, "_use_arena", False, fn)
 
         cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=cfg)  # noqa: E731
         cached_fp8 = lambda: buf.dispatch((xq, sc), handle=handle, config=cfg)  # noqa: E731

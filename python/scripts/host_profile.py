@@ -77,22 +77,32 @@ import tempfile
 import time
 
 
-def timed(torch, native, fn, calls, repeats, warmup=30):
+def timed(torch, native, fn, calls, repeats, warmup=30, isolated=False):
     """(median, min, max) host us per call over ``repeats`` loops, and the median us per call
-    spent inside cuLaunchKernelEx (our launches only)."""
+    spent inside cuLaunchKernelEx (our launches only). Back to back, or ``isolated``: each call
+    timed alone after ``torch.cuda.synchronize()`` (the GPU idle: the call's own host cost, with
+    no queued work behind it)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     per, launch = [], []
     for _ in range(repeats):
         native.launch_timing(True)
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter_ns()
+        total = 0
+        if isolated:
+            for _ in range(calls):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                fn()
+                total += time.perf_counter_ns() - t0
+        else:
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            total = time.perf_counter_ns() - t0
         _, ns = native.launch_timing(True)
         torch.cuda.synchronize()
-        per.append((t1 - t0) / calls / 1e3)
+        per.append(total / calls / 1e3)
         launch.append(ns / calls / 1e3)
     return statistics.median(per), min(per), max(per), statistics.median(launch)
 
@@ -235,28 +245,6 @@ def ll_main(a):
     return 0
 
 
-def isolated(torch, native, fn, calls, repeats, warmup=5):
-    """As :func:`timed`, each call timed alone after ``torch.cuda.synchronize()`` (the GPU idle):
-    the call's own host cost, with no queued work behind it."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per, launch = [], []
-    for _ in range(repeats):
-        native.launch_timing(True)
-        total = 0
-        for _ in range(calls):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter_ns()
-            fn()
-            total += time.perf_counter_ns() - t0
-        _, ns = native.launch_timing(True)
-        torch.cuda.synchronize()
-        per.append(total / calls / 1e3)
-        launch.append(ns / calls / 1e3)
-    return statistics.median(per), min(per), max(per), statistics.median(launch)
-
-
 class _Raw:
     """``nbytes`` of device memory at ``ptr`` as ``__cuda_array_interface__`` bytes (what the
     extension's ``RawRange`` hands ``torch.as_tensor`` for an output view, 1-D here)."""
@@ -347,17 +335,6 @@ def intranode_worker(rank, world, init, a, out_path):
                                           topk_idx=idx, topk_weights=w, config=dcfg)
     rt, cur = buf._rt(), buf._cur()
 
-    def switched(attr, value, fn):
-        # fn with one setting of this Buffer switched for the call only (as bench.py's worker)
-        def run():
-            old = getattr(buf, attr)
-            setattr(buf, attr, value)
-            try:
-                return fn()
-            finally:
-                setattr(buf, attr, old)
-        return run
-
     cached_bf16 = lambda: buf.dispatch(x, handle=handle, config=dcfg)  # noqa: E731
     cached_fp8 = lambda: buf.dispatch(fp8, handle=handle, config=dcfg)  # noqa: E731
 
@@ -368,9 +345,9 @@ def intranode_worker(rank, world, init, a, out_path):
     launching = [
         ("api cached BF16", cached_bf16),
         ("api cached FP8", cached_fp8),
-        ("api cached BF16, copied", switched("_use_arena", False, cached_bf16)),
-        ("api cached FP8, copied", switched("_use_arena", False, cached_fp8)),
-        ("api cached BF16, views", switched("_dispatch_views", True, cached_bf16)),
+        ("api cached BF16, copied", bench.switched(buf, "_use_arena", False, cached_bf16)),
+        ("api cached FP8, copied", bench.switched(buf, "_use_arena", False, cached_fp8)),
+        ("api cached BF16, views", bench.switched(buf, "_dispatch_views", True, cached_bf16)),
         ("api combine BF16", lambda: buf.combine(rx, handle, config=ccfg)),
         ("native cached BF16", native_cached(x, None)),
         ("native cached FP8", native_cached(*fp8)),
@@ -394,7 +371,7 @@ def intranode_worker(rank, world, init, a, out_path):
             torch.cuda.synchronize()
             dist.barrier(group)
             if how == "isolated":
-                med, lo, hi, launch = isolated(torch, _native, fn, a.calls, a.repeats)
+                med, lo, hi, launch = timed(torch, _native, fn, a.calls, a.repeats, warmup=5, isolated=True)
                 label = f"isolated {a.calls}"
             else:
                 calls = a.calls if how == "b2b" else short

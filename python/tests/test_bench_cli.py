@@ -479,3 +479,20 @@ def test_host_profile_modes_take_their_own_defaults_and_refuse_wrong_rank_counts
         with pytest.raises(SystemExit):
             hp.parse(argv)
         assert fragment in capsys.readouterr().err
+
+
+def test_switched_sets_the_attribute_for_the_call_only_even_when_it_raises():
+    class Obj:
+        flag = False
+
+    o = Obj()
+    seen = []
+    bench.switched(o, "flag", True, lambda: seen.append(o.flag))()
+    assert seen == [True] and o.flag is False
+
+    def boom():
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        bench.switched(o, "flag", True, boom)()
+    assert o.flag is False
