@@ -191,7 +191,11 @@ fn dlpack_view<'py>(py: Python<'py>, ptr: u64, (code, bits): (u8, u8), shape: &[
     }
     // SAFETY: a new reference.
     let capsule = unsafe { Bound::from_owned_ptr(py, capsule) };
-    torch(py)?.from_dlpack.bind(py).call1((capsule,))
+    // `torch._C._from_dlpack`: a tensor of a `dltensor` capsule, no stream sync (the outputs are
+    // ordered by the streams of the call that made them); looked up only when the switch is on
+    static FROM_DLPACK: GILOnceCell<Py<PyAny>> = GILOnceCell::new();
+    let f = FROM_DLPACK.get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(torch(py)?.module.bind(py).getattr("_C")?.getattr("_from_dlpack")?.unbind()) })?;
+    f.bind(py).call1((capsule,))
 }
 
 /// torch and the objects every output needs, looked up once per process.
@@ -199,9 +203,6 @@ pub(crate) struct Torch {
     pub module: Py<PyModule>,
     empty: Py<PyAny>,
     as_tensor: Py<PyAny>,
-    /// `torch._C._from_dlpack`: a tensor of a `dltensor` capsule, no stream sync (the outputs are
-    /// ordered by the streams of the call that made them).
-    from_dlpack: Py<PyAny>,
     dtypes: [Py<PyAny>; 7],
 }
 
@@ -229,7 +230,6 @@ pub(crate) fn torch(py: Python<'_>) -> PyResult<&Torch> {
         Ok(Torch {
             empty: m.getattr("empty")?.unbind(),
             as_tensor: m.getattr("as_tensor")?.unbind(),
-            from_dlpack: m.getattr("_C")?.getattr("_from_dlpack")?.unbind(),
             dtypes: [dt(DTYPE_ORDER[0])?, dt(DTYPE_ORDER[1])?, dt(DTYPE_ORDER[2])?, dt(DTYPE_ORDER[3])?, dt(DTYPE_ORDER[4])?, dt(DTYPE_ORDER[5])?, dt(DTYPE_ORDER[6])?],
             module: m.unbind(),
         })
