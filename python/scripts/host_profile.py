@@ -312,7 +312,7 @@ def intranode_worker(rank, world, init, a, out_path):
     """One rank of ``--mode intranode``: every rank times the same calls in the same order (the
     ranks' kernels wait for each other); rank 0 prints each row (the slowest rank's figures)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench  # the inputs, FP8 cast and configs of bench.py's normal ops
+    import bench  # the inputs, FP8 cast, configs and Buffer of bench.py's normal ops
     import torch
     import torch.distributed as dist
 
@@ -322,14 +322,12 @@ def intranode_worker(rank, world, init, a, out_path):
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     group = dist.group.WORLD
-    os.environ.setdefault("DEEPEP_KERNELS_HIDDEN", str(a.hidden))
-    ses = argparse.Namespace(torch=torch, args=argparse.Namespace(tokens=a.tokens, hidden=a.hidden, topk=a.topk, experts=a.experts),
-                             rank=rank)
+    # bench.py's session fields that its normal-ops helpers read
+    ses = argparse.Namespace(torch=torch, rank=rank, world=world, group=group, library=bench.LIB_OURS,
+                             args=argparse.Namespace(tokens=a.tokens, hidden=a.hidden, topk=a.topk, experts=a.experts, num_sms=a.num_sms))
     x, idx, w = bench.normal_inputs(ses)
     fp8 = bench.cast_fp8(torch, x)
-    dcfg, ccfg = bench.normal_configs(deepep_kernels.Buffer, deepep_kernels.Config, world, a.num_sms)
-    nvl = max(c.get_nvl_buffer_size_hint(a.hidden * 2, world) for c in (dcfg, ccfg))
-    buf = deepep_kernels.Buffer(group, nvl, 0, explicitly_destroy=True)
+    buf, dcfg, ccfg = bench.v1_buffer(ses, deepep_kernels.Buffer, deepep_kernels.Config)
     lay = buf.get_dispatch_layout(idx, a.experts)
     rx, _, _, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2],
                                           topk_idx=idx, topk_weights=w, config=dcfg)

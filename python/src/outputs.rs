@@ -16,17 +16,16 @@
 //!
 //! torch is never imported at module load: the first call that hands out a tensor imports it.
 
-use crate::cuda;
+use crate::{cuda, settings};
 use cudarc::driver::sys;
 use deepep_kernels::tensor::{DType, Tensor};
-use crate::settings;
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyDict, PyTuple};
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
-use pyo3::types::{PyDict, PyTuple};
 
 /// Device memory at `ptr` as `__cuda_array_interface__` (bytes), for `torch.as_tensor`, which
 /// keeps this object (and so `owner`) alive as long as the tensor.
