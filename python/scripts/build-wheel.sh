@@ -5,7 +5,8 @@
 # Usage: python/scripts/build-wheel.sh [--release|--dev] [--target x86_64|aarch64] [--nvshmem-releases LIST] [--test] [--help]
 #   --release  optimized build (the default; what the GPU machine should run); reproducible:
 #              the same bytes from any checkout path of one commit (check-reproducible.sh)
-#   --dev      debug profile (reuses the `cargo test` build of deepep-kernels; CI uses it)
+#   --dev      debug profile (reuses the `cargo test` build of deepep-kernels; CI uses it), written
+#              to target/wheels-dev/ so that it never stands in for a release wheel
 #   --nvshmem-releases LIST
 #              NVSHMEM releases to embed cubins for besides NVSHMEM_DIR's: `all` (every CUDA 13
 #              release of the lock, 3.3.20 to 3.8.0: the wheel to publish), a comma-separated
@@ -27,6 +28,7 @@
 # pytest and numpy (the CPU tests pass real arrays to the native checks through DLPack) at pinned
 # versions go into target/pyvenv. No torch, no libtorch, no GPU.
 # Output: target/wheels/deepep_kernels-<version>-cp310-abi3-manylinux_*_<x86_64|aarch64>.whl
+# (--dev: target/wheels-dev/)
 # (stripped; building one architecture leaves the other's wheel in place)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
         *) echo "build-wheel: --target takes x86_64 or aarch64; got '$2'" >&2; exit 2 ;;
       esac
       shift ;;
-    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-wheel: unknown argument '$1' (use --release, --dev, --target ARCH, --nvshmem-releases LIST, --test or --help)" >&2; exit 2 ;;
   esac
   shift
@@ -168,9 +170,11 @@ if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
 fi
 
 # 4. Build.
-rm -f "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*_"$arch".whl
-(cd python && "$venv/bin/maturin" build "${profile[@]}" "${cargo_target[@]}" --locked -o "$repo/target/wheels" "${extra_rustc[@]}")
-wheel=$(ls "$repo"/target/wheels/deepep_kernels-*-cp310-abi3-*_"$arch".whl)
+out_dir=$repo/target/wheels
+[ "$release" = 1 ] || out_dir=$repo/target/wheels-dev
+rm -f "$out_dir"/deepep_kernels-*-cp310-abi3-*_"$arch".whl
+(cd python && "$venv/bin/maturin" build "${profile[@]}" "${cargo_target[@]}" --locked -o "$out_dir" "${extra_rustc[@]}")
+wheel=$(ls "$out_dir"/deepep_kernels-*-cp310-abi3-*_"$arch".whl)
 echo "wheel: $wheel ($(stat -c %s "$wheel") bytes, sha256 $(sha256sum "$wheel" | cut -d' ' -f1))"
 if [ "$run_tests" = 1 ] && [ "$arch" = aarch64 ]; then
   bash "$repo/python/scripts/aarch64-qemu-test.sh" "$wheel"

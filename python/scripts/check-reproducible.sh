@@ -47,7 +47,7 @@ for c in "${clones[@]}"; do
     -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS -u CARGO_TARGET_DIR \
     bash python/scripts/build-wheel.sh "$mode") > "$c.log" 2>&1 \
     || { tail -n 30 "$c.log" >&2; echo "check-reproducible: the build in $c failed (log: $c.log)" >&2; keep=1; exit 1; }
-  whl=$(ls "$c"/target/wheels/deepep_kernels-*.whl)
+  whl=$(ls "$c"/target/wheels$([ "$mode" = --dev ] && echo -dev)/deepep_kernels-*.whl)
   sum=$(sha256sum "$whl" | cut -d' ' -f1)
   sums+=("$sum")
   echo "$sum  $whl ($(stat -c %s "$whl") bytes, built in $(( $(date +%s) - start )) s)"
@@ -59,7 +59,7 @@ fi
 echo "NOT reproducible: commit $rev, $mode wheels differ; members that differ:" >&2
 python3 - "${clones[@]}" <<'EOF' >&2
 import hashlib, sys, zipfile, glob
-zs = [zipfile.ZipFile(glob.glob(c + "/target/wheels/deepep_kernels-*.whl")[0]) for c in sys.argv[1:]]
+zs = [zipfile.ZipFile(glob.glob(c + "/target/wheels*/deepep_kernels-*.whl")[0]) for c in sys.argv[1:]]
 infos = [{i.filename: i for i in z.infolist()} for z in zs]
 for name in sorted(set(infos[0]) | set(infos[1])):
     a, b = (i.get(name) for i in infos)

@@ -34,8 +34,8 @@
 # default 3). NVSHMEM_DISABLE_NVLS=1, NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
 # always set; any other variable (DEEPEP_KERNELS_KEEP_COMM_STREAMS=1, ...) passes through to the
 # runs.
-# The timing jobs (bench-*, host-profile*) refuse a dev-profile wheel (build-wheel.sh --dev, which
-# scripts/test-all.sh writes to target/wheels too).
+# The timing jobs (bench-*, host-profile*) refuse a dev-profile wheel (build-wheel.sh --dev writes
+# one to target/wheels-dev; WHEEL can still name it).
 # Exits 0 once every job ran (read summary.txt for each one's status), 2 on bad usage.
 set -uo pipefail
 usage() { sed -n '2,/^# Exits/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -66,8 +66,8 @@ ours() { # our wheel in a --target folder of its own (by its hash: two sweeps in
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
-timed_ok() { # SITE: true for an optimized wheel; a dev-profile one (build-wheel.sh --dev, which
-  # scripts/test-all.sh also writes to target/wheels) is refused for timings
+timed_ok() { # SITE: true for an optimized wheel; a dev-profile one (build-wheel.sh --dev, in
+  # target/wheels-dev, which WHEEL can name) is refused for timings
   PYTHONPATH=$1 python3 -c 'import sys, deepep_kernels._native as n; sys.exit(1 if n.DEBUG_BUILD else 0)' && return 0
   note "refused $job: $wheel is a dev-profile build; build python/scripts/build-wheel.sh --release for timings"; return 1; }
 conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with a record

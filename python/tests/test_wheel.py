@@ -31,7 +31,7 @@ def _missing(why):
 def wheel():
     path = os.environ.get("DEEPEP_KERNELS_WHEEL")
     if not path:
-        found = sorted(glob.glob(os.path.join(REPO, "target", "wheels", "deepep_kernels-*.whl")))
+        found = sorted(glob.glob(os.path.join(REPO, "target", "wheels*", "deepep_kernels-*.whl")))
         if not found:
             _missing("no wheel: run python/scripts/build-wheel.sh --test (it sets DEEPEP_KERNELS_WHEEL)")
         path = found[-1]
