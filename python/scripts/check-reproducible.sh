@@ -47,7 +47,7 @@ for c in "${clones[@]}"; do
     -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS -u CARGO_TARGET_DIR \
     bash python/scripts/build-wheel.sh "$mode") > "$c.log" 2>&1 \
     || { tail -n 30 "$c.log" >&2; echo "check-reproducible: the build in $c failed (log: $c.log)" >&2; keep=1; exit 1; }
-  whl=$(ls "$c"/target/wheels$([ "$mode" = --dev ] && echo -dev)/deepep_kernels-*.whl)
+  whl=$(ls "$c"/target/wheels*/deepep_kernels-*.whl)  # a fresh clone: the one wheel built (--dev: wheels-dev/)
   sum=$(sha256sum "$whl" | cut -d' ' -f1)
   sums+=("$sum")
   echo "$sum  $whl ($(stat -c %s "$whl") bytes, built in $(( $(date +%s) - start )) s)"

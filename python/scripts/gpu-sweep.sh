@@ -57,18 +57,17 @@ mkdir -p "$scratch" "$OUT"
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$scratch/summary.txt"; }
 pack() { cp "$scratch/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$scratch" . 2>/dev/null; }
-ours() { # our wheel in a --target folder of its own (by its hash: two sweeps in one call may test two
-  # wheels), installed once by the pip of the Python that has torch
-  local site; site=/tmp/gpu-sweep-ours-$(sha256sum "$wheel" | cut -c1-12)
-  [ -d "$site/deepep_kernels" ] \
-    || python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel" >"$scratch/pip.log" 2>&1
-  echo "$site"; }
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpu-sweep-mps-$1 CUDA_MPS_LOG_DIRECTORY=/tmp/gpu-sweep-mpslog-$1
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
-timed_ok() { # SITE: true for an optimized wheel; a dev-profile one (build-wheel.sh --dev, in
-  # target/wheels-dev, which WHEEL can name) is refused for timings
-  PYTHONPATH=$1 python3 -c 'import sys, deepep_kernels._native as n; sys.exit(1 if n.DEBUG_BUILD else 0)' && return 0
+timed_site() { # sets site: our wheel in a --target folder of its own (by its hash: two sweeps in
+  # one call may test two wheels), installed once by the pip of the Python that has torch; false,
+  # with a note, for a dev-profile wheel (build-wheel.sh --dev, in target/wheels-dev, which WHEEL can
+  # name), which the timing jobs refuse
+  site=/tmp/gpu-sweep-ours-$(sha256sum "$wheel" | cut -c1-12)
+  [ -d "$site/deepep_kernels" ] \
+    || python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel" >"$scratch/pip.log" 2>&1
+  PYTHONPATH=$site python3 -c 'import sys, deepep_kernels._native as n; sys.exit(1 if n.DEBUG_BUILD else 0)' && return 0
   note "refused $job: $wheel is a dev-profile build; build python/scripts/build-wheel.sh --release for timings"; return 1; }
 conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with a record
   local slug=$1 limit=$2; shift 2
@@ -105,15 +104,15 @@ for spec in "$@"; do
     deepep-build) ( cd "$v1" && CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
         timeout "${limit:-200}" python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/deepep-site . ) \
         >"$scratch/deepep-build.log" 2>&1 ;;
-    bench-ll) site=$(ours); timed_ok "$site" || continue; PYTHONPATH=$site timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
+    bench-ll) timed_site || continue; PYTHONPATH=$site timeout "${limit:-200}" python3 python/scripts/bench.py --ranks 1 --mode ll \
         --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-ll.json" >"$scratch/bench-ll.log" 2>&1 ;;
-    bench-2) site=$(ours); timed_ok "$site" || continue; mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
+    bench-2) timed_site || continue; mps_on b2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --ranks 2 \
         --mode intranode --compare-deep-ep /tmp/deepep-site --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-2.json" >"$scratch/bench-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
-    host-profile) site=$(ours); timed_ok "$site" || continue; rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
+    host-profile) timed_site || continue; rc=0; for i in 1 2 3; do PYTHONPATH=$site timeout "${limit:-60}" python3 python/scripts/host_profile.py \
         --json "$scratch/host-profile-$i.json" >"$scratch/host-profile-$i.log" 2>&1 || rc=$?; done; (exit $rc) ;;
-    host-profile-2) site=$(ours); timed_ok "$site" || continue; mps_on hp2; PYTHONPATH=$site timeout "${limit:-120}" python3 python/scripts/host_profile.py \
+    host-profile-2) timed_site || continue; mps_on hp2; PYTHONPATH=$site timeout "${limit:-120}" python3 python/scripts/host_profile.py \
         --mode intranode --ranks 2 --json "$scratch/host-profile-2.json" >"$scratch/host-profile-2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
-    bench-v2) site=$(ours); timed_ok "$site" || continue; mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
+    bench-v2) timed_site || continue; mps_on bv2; PYTHONPATH=$site timeout "${limit:-300}" python3 python/scripts/bench.py --mode v2 --ranks 2 \
         --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     *) note "unknown job '$job' (see --help)"; continue ;;
   esac
