@@ -505,10 +505,7 @@ impl<'g> Buffer<'g> {
             Routing::FreshNoTopk { layout, .. } => self.dispatch_fresh(&a, &plan, layout, None),
             Routing::Cached(h) => self.dispatch_cached(&a, &plan, h),
         };
-        match r {
-            Ok(o) => Ok(o),
-            Err(e) => self.poison(e),
-        }
+        r.or_else(|e| self.poison(e))
     }
 
     fn dispatch_fresh(&mut self, a: &DispatchArgs<'_>, plan: &DispatchPlan, layout: &Layout, topk: Option<(&Tensor, &Tensor)>) -> Result<DispatchOutput> {
@@ -762,10 +759,7 @@ impl<'g> Buffer<'g> {
             }
         }
         self.wait_event(a.wait)?;
-        match self.launch_combine(&a, &plan, out, out_weights) {
-            Ok(()) => Ok(()),
-            Err(e) => self.poison(e),
-        }
+        self.launch_combine(&a, &plan, out, out_weights).or_else(|e| self.poison(e))
     }
 
     fn launch_combine(&mut self, a: &CombineArgs<'_>, plan: &CombinePlan, out: &Tensor, out_weights: Option<&Tensor>) -> Result<()> {

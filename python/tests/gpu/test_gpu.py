@@ -44,7 +44,6 @@ def test_peer_that_stops_calling_is_reported_not_partial_rows():
     harness.run(workers.peer_stops_calling)
 
 
-
 def test_tensors_freed_after_their_buffer_and_the_stream_taken_over():
     # tensors tied to a destroyed or collected Buffer's comm stream are freed afterwards without
     # an abort; the next Buffer reuses the idle stream (DEEPEP_KERNELS_KEEP_COMM_STREAMS, default 1)
