@@ -67,6 +67,11 @@ def intranode(rank, world, group):
         tag = " async" if async_finish else ""
         (per_rank, _, per_expert, in_rank, ev), n, names = counted(lambda: buf.get_dispatch_layout(idxd, num_experts, async_finish=async_finish))
         _expect("layout" + tag, n, names, counts)
+        if async_finish:
+            # the layout ran on the comm stream: its outputs are ready only once the current stream
+            # waits for its event (reading them before raced the kernel, and lost at 8 ranks under
+            # MPS: all-zero counts, record 2026-12-07-gpu-tests-1xh100-8-ranks-dlpack-views)
+            ev.current_stream_wait()
         want_rank, want_expert, want_in = expected_layout(idx, world, num_experts)
         check_equal("num_tokens_per_rank", per_rank, want_rank)
         check_equal("is_token_in_rank", in_rank, want_in)
