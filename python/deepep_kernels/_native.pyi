@@ -24,7 +24,7 @@ DEBUG_BUILD: bool  # built with the dev profile (python/scripts/build-wheel.sh -
 RANKS_PER_HOST_ENV: str  # the environment variables python/src/settings.rs reads
 DISPATCH_VIEWS_ENV: str
 RECV_ARENA_ENV: str
-DLPACK_VIEWS_ENV: str  # 1: output views from DLPack capsules (wrong data at 8 ranks in python/tests/gpu); default 0
+DLPACK_VIEWS_ENV: str  # 1 (default): output views from DLPack capsules; 0: from __cuda_array_interface__
 DEFAULT_MAX_TOKENS_ENV: str  # tokens per rank the Config size hints size the buffers for
 DEFAULT_MAX_TOKENS: int
 NUM_MAX_NVL_PEERS: int  # DeepEP's GPUs per host (8)
@@ -271,7 +271,8 @@ def prepare_nvshmem(num_qps_per_rank: int, allow_nvlink_for_low_latency_mode: bo
 
 class RawRange:
     """Device memory as ``__cuda_array_interface__`` (bytes), for ``torch.as_tensor``: how output
-    views are made unless ``DEEPEP_KERNELS_DLPACK_VIEWS=1`` (DLPack capsules)."""
+    views are made with ``DEEPEP_KERNELS_DLPACK_VIEWS=0`` (the default makes them from DLPack
+    capsules)."""
 def check_call(method: str, state: dict, *args: Any) -> None:
     """The argument checks of ``Runtime.<method>`` on ``args`` with plain ``state`` (keys:
     ``device`` always; ``ll_dispatch``: world, num_max, num_experts, args (x, topk_idx, stats);

@@ -49,8 +49,8 @@ the ranks' kernels wait for each other), the intranode ``Buffer`` of ``bench.py`
 - ``torch.as_tensor(CAI) + 2 views``: an output view made from a ``__cuda_array_interface__``
   object, as the extension made them until 34c058f (from Python here; it now makes one view
   fewer); ``get_local_buffer_tensor (one view)``: one view as the extension makes them (through
-  the API, its Python wrapper included), ``__cuda_array_interface__`` by default or DLPack with
-  ``DEEPEP_KERNELS_DLPACK_VIEWS=1``;
+  the API, its Python wrapper included), DLPack by default or ``__cuda_array_interface__`` with
+  ``DEEPEP_KERNELS_DLPACK_VIEWS=0``;
 - ``driver: ...``: a per-call CUDA event (create, record, destroy) and one stream join, through
   ctypes.
 

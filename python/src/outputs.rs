@@ -2,12 +2,12 @@
 //!
 //! - a **view** of device memory (zero-copy) that keeps an owner alive as long as torch's storage:
 //!   the arena region of an intranode dispatch, the fixed receive region (views mode), the
-//!   low-latency buffer halves (owner-less, cached per half), the local buffer. By default
-//!   `torch.as_tensor` of a [`RawRange`] (`__cuda_array_interface__`, bytes) and one
-//!   `.view(dtype)`; with `DEEPEP_KERNELS_DLPACK_VIEWS=1` a DLPack capsule handed to
-//!   `torch._C._from_dlpack`, whose deleter holds the owner (FP8 as bytes, then one
-//!   `.view(dtype)`): 6-7 us less per cached intranode dispatch on an H100 under MPS (record
-//!   `2026-12-07-bench-1xh100-host-time-dlpack-views`), off until a GPU test has checked its data;
+//!   low-latency buffer halves (owner-less, cached per half), the local buffer. By default a
+//!   DLPack capsule handed to `torch._C._from_dlpack`, whose deleter holds the owner (FP8 as
+//!   bytes, then one `.view(dtype)`); with `DEEPEP_KERNELS_DLPACK_VIEWS=0`, `torch.as_tensor` of a
+//!   [`RawRange`] (`__cuda_array_interface__`, bytes) and one `.view(dtype)`, the fallback: 6-7 us
+//!   more per cached intranode dispatch on an H100 under MPS (record
+//!   `2026-12-07-bench-1xh100-host-time-dlpack-views`);
 //! - a **fresh tensor** (`torch.empty` on the caller's current stream, or on the comm stream when
 //!   the caller's `allocate_on_comm_stream` made it current) that a kernel writes (layout,
 //!   combine);
