@@ -614,23 +614,44 @@ def first_error(lines):
     return (errs[-1] if errs else text[0] if text else "failed (no error line in the log)")[:300]
 
 
+def first_traceback_error(lines):
+    """The exception line that ends the first Python traceback in `lines` (a failure's captured
+    stderr), or None. Ranks print their tracebacks as they fail, so the first one is the cause:
+    the error pytest shows is the one torch's spawn picked, often a rank that failed after it."""
+    in_tb = False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb = True
+        elif in_tb and line.strip() and not line[0].isspace():
+            return line.strip()[:300]
+    return None
+
+
 def rows_from_pytest(log_text, ranks):
-    """Result rows from one `pytest -v -rs` log of python/tests/gpu at `ranks` ranks."""
-    rows, sections, current = [], {}, None
+    """Result rows from one `pytest -v -rs` log of python/tests/gpu at `ranks` ranks. A failed
+    row's first_error is the first traceback's error in the test's captured stderr (the rank that
+    failed first), else the most telling `E` line of pytest's report."""
+    rows, sections, stderr, current, in_stderr = [], {}, {}, None, False
     for line in log_text.splitlines():
         m = SECTION_RE.match(line)
         if m:
             current = m.group(1) + (m.group(2) or "")  # a parametrized test keeps its id: test_x[intranode]
-            sections[current] = []
+            sections[current], stderr[current], in_stderr = [], [], False
         elif current and line.startswith("E "):
             sections[current].append(line[1:])
+        elif current and line.startswith("----") and "Captured" in line:
+            in_stderr = "Captured stderr" in line
+        elif current and line.startswith("===="):
+            current = None
+        elif current and in_stderr:
+            stderr[current].append(line)
     for line in log_text.splitlines():
         m = PYTEST_RE.match(line)
         if not m:
             continue
         name, status = m.group(1) + (m.group(2) or ""), m.group(3)
         st = {"PASSED": "pass", "SKIPPED": "skip"}.get(status, "fail")
-        err = first_error(sections.get(name, [])) if st == "fail" else None
+        err = (first_traceback_error(stderr.get(name, [])) or first_error(sections.get(name, []))) if st == "fail" else None
         rows.append({"suite": f"python/tests/gpu::{name}", "ranks": ranks, "status": st, "seconds": None,
                      "first_error": err, "detail": ""})
     return rows

@@ -314,6 +314,47 @@ def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
     assert p.returncode == 1 and "no test results in" in p.stderr and not (tmp_path / "none").exists()
 
 
+# Shaped like a real failure (2 ranks on one H100, record 2026-12-07-gpu-tests-1xh100-2-ranks-184a354):
+# rank 1 failed first and printed its traceback first; torch's spawn reported rank 0, whose
+# all_gather then lost its peer. The captured stderr comes after pytest's E lines.
+SPAWN_LOG = """\
+python/tests/gpu/test_gpu.py::test_deepep_semantics_handles_without_topk_zero_copy FAILED [ 55%]
+python/tests/gpu/test_gpu.py::test_peer_that_stops_calling_is_reported_not_partial_rows PASSED [ 58%]
+
+=================================== FAILURES ===================================
+_____________ test_deepep_semantics_handles_without_topk_zero_copy _____________
+E       torch.multiprocessing.spawn.ProcessRaisedException:
+E       -- Process 0 terminated with the following error:
+E       RuntimeError: rendezvous: the process group's all_gather failed: Connection closed by peer
+/opt/torch/.venv/lib/python3.12/site-packages/torch/multiprocessing/spawn.py:211: ProcessRaisedException
+----------------------------- Captured stderr call -----------------------------
+Traceback (most recent call last):
+  File "/work/main/python/tests/gpu/harness.py", line 33, in _entry
+    fn(rank, world, dist.group.WORLD, *args)
+RuntimeError: CUDA error in rank 1: opening rank 0's IPC buffer: CUDA_ERROR_NOT_PERMITTED: operation not permitted
+Traceback (most recent call last):
+  File "/work/main/python/tests/gpu/harness.py", line 33, in _entry
+RuntimeError: rendezvous: the process group's all_gather failed: Connection closed by peer
+W1207 23:27:06.157000 15564 torch/multiprocessing/spawn.py:165] Terminating process 17937 via signal SIGTERM
+------------------------------ Captured log call -------------------------------
+WARNING  torch.multiprocessing.spawn:spawn.py:165 Terminating process 17937 via signal SIGTERM
+=========================== short test summary info ============================
+============= 1 failed, 1 passed in 214.22s (0:03:34) ==============
+"""
+
+
+def test_a_failed_rows_error_is_the_first_ranks_traceback_not_the_one_spawn_reported(tmp_path):
+    (tmp_path / "gpu-ranks2.log").write_text(SPAWN_LOG)
+    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H100 80GB HBM3",
+            "--command", "python/scripts/gpu-run.sh target/wheels 2", "--date", "2026-12-07", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    rec = results.validate(p.stdout.strip())
+    assert [(r["suite"], r["status"], r["first_error"]) for r in rec["results"]] == [
+        ("python/tests/gpu::test_deepep_semantics_handles_without_topk_zero_copy", "fail",
+         "RuntimeError: CUDA error in rank 1: opening rank 0's IPC buffer: CUDA_ERROR_NOT_PERMITTED: operation not permitted"),
+        ("python/tests/gpu::test_peer_that_stops_calling_is_reported_not_partial_rows", "pass", None)]
+
+
 def test_a_record_from_the_summary_of_deepep_conformance(tmp_path):
     (tmp_path / "summary.txt").write_text(SUMMARY)
     p = run("from-conformance", str(tmp_path / "summary.txt"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
