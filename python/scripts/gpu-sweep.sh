@@ -26,6 +26,9 @@
 #   bench-v2          bench.py --mode v2 --ranks 2 --rounds R, under MPS [300]
 # A job written big:JOB runs only on a GPU of more than 100 GB (an H200), small:JOB only on a
 # smaller one (an H100): one command line serves whichever machine comes.
+# Each job's end line in summary.txt gives its exit status and the most GPU memory in use while it
+# ran (all processes on GPU 0, from nvidia-smi every 2 s; "peak ? MiB" where nvidia-smi gives
+# nothing): how near a job came to the card's limit, e.g. whether internode16 fits an H100.
 # Environment: OUT (the folder that comes back; required), WHEEL (default: the one
 # target/wheels/*x86_64*.whl), DEEPEP_V1 (default gpu-carry/deep-ep-v1.2.1: `git archive v1.2.1`
 # of DeepEP), DEEPEP_V2 (default gpu-carry/deepep-2.1: python/scripts/deepep-v2-subset.sh),
@@ -74,6 +77,18 @@ conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with 
   OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
     python/scripts/deepep-conformance.sh --ours "$wheel" --only ours --timeout "$limit" "$@"
 }
+mem_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9; }
+watcher=
+watch_kill() { if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; watcher=; fi; }
+watch_stop() { # stops the memory watcher; sets peak: the most MiB in use it saw, with one last sample (or "?")
+  watch_kill; local u; u=$(mem_used); peak=$(cat "$scratch/peak-mib" 2>/dev/null)
+  if [ -n "$u" ] && [ "${peak:-0}" -lt "$u" ]; then peak=$u; fi
+  peak=${peak:-?}; }
+watch_start() { # samples GPU 0's memory in use every 2 s into $scratch/peak-mib (the largest seen)
+  watch_kill; rm -f "$scratch/peak-mib"
+  ( p=0; while :; do u=$(mem_used); if [ -n "$u" ] && [ "$u" -gt "$p" ]; then p=$u; echo "$p" >"$scratch/peak-mib"; fi; sleep 2; done ) &
+  watcher=$!; }
+trap watch_kill EXIT
 v2_experts() { # N: ' --num-experts E' where the test's default 256 experts do not divide among N ranks
   local e=256; while (( e % $1 )); do e=$((e + 32)); done; [ $e = 256 ] || echo -n " --num-experts $e"; }
 [ -n "$wheel" ] && [ -f "$wheel" ] || { echo "gpu-sweep: no wheel (build it: python/scripts/build-wheel.sh --release, or set WHEEL)" >&2; exit 2; }
@@ -87,6 +102,7 @@ for spec in "$@"; do
   esac
   job=${spec%%:*}; limit=${spec#*:}; [ "$limit" = "$spec" ] && limit=
   note "start $job"
+  watch_start
   case $job in
     info) { nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'; ls -l "$wheel"; } >"$scratch/info.txt" 2>&1 ;;
     gpu-tests-*) n=${job#gpu-tests-}
@@ -116,7 +132,8 @@ for spec in "$@"; do
         --rounds "${BENCH_ROUNDS:-3}" --json "$scratch/bench-v2.json" >"$scratch/bench-v2.log" 2>&1; rc=$?; mps_off; (exit $rc) ;;
     *) note "unknown job '$job' (see --help)"; continue ;;
   esac
-  note "end $job: exit $?"
+  rc=$?; watch_stop
+  note "end $job: exit $rc, peak $peak MiB of ${mem:-?} MiB GPU memory in use"
   pack
 done
 note "all done"
