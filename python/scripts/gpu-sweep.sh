@@ -77,22 +77,22 @@ conf() { # SLUG LIMIT ARGS...: one deepep-conformance.sh run of our wheel, with 
   OUT=$scratch/$slug RECORD=1 RECORD_SLUG=$slug RECORD_COMMIT=$commit \
     python/scripts/deepep-conformance.sh --ours "$wheel" --only ours --timeout "$limit" "$@"
 }
-mem_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9; }
+gpu_mib() { nvidia-smi --query-gpu="$1" --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9; }  # GPU 0's FIELD in MiB, or nothing
 watcher=
 watch_kill() { if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; watcher=; fi; }
 watch_stop() { # stops the memory watcher; sets peak: the most MiB in use it saw, with one last sample (or "?")
-  watch_kill; local u; u=$(mem_used); peak=$(cat "$scratch/peak-mib" 2>/dev/null)
+  watch_kill; local u; u=$(gpu_mib memory.used); peak=$(cat "$scratch/peak-mib" 2>/dev/null)
   if [ -n "$u" ] && [ "${peak:-0}" -lt "$u" ]; then peak=$u; fi
   peak=${peak:-?}; }
 watch_start() { # samples GPU 0's memory in use every 2 s into $scratch/peak-mib (the largest seen)
   watch_kill; rm -f "$scratch/peak-mib"
-  ( p=0; while :; do u=$(mem_used); if [ -n "$u" ] && [ "$u" -gt "$p" ]; then p=$u; echo "$p" >"$scratch/peak-mib"; fi; sleep 2; done ) &
+  ( p=0; while :; do u=$(gpu_mib memory.used); if [ -n "$u" ] && [ "$u" -gt "$p" ]; then p=$u; echo "$p" >"$scratch/peak-mib"; fi; sleep 2; done ) &
   watcher=$!; }
 trap watch_kill EXIT
 v2_experts() { # N: ' --num-experts E' where the test's default 256 experts do not divide among N ranks
   local e=256; while (( e % $1 )); do e=$((e + 32)); done; [ $e = 256 ] || echo -n " --num-experts $e"; }
 [ -n "$wheel" ] && [ -f "$wheel" ] || { echo "gpu-sweep: no wheel (build it: python/scripts/build-wheel.sh --release, or set WHEEL)" >&2; exit 2; }
-mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+mem=$(gpu_mib memory.total)
 big=0; [ "${mem:-0}" -gt 100000 ] 2>/dev/null && big=1
 note "GPU memory ${mem:-?} MiB (big=$big), wheel $wheel, commit ${commit:-unknown}"
 for spec in "$@"; do
