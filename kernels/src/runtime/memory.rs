@@ -243,17 +243,19 @@ impl IpcBuffer {
         check(unsafe { sys::cuIpcGetMemHandle(&mut handle, local.ptr()) }, || format!("rank {}: cuIpcGetMemHandle", gpu.rank()))?;
         let mine = IpcEntry::local(gpu, bytes, handle.reserved.map(|c| c as u8));
         let all = comm.all_gather(&mine.encode())?;
+        // Every record is read and checked before any handle is opened, so that a refusal leaves
+        // nothing open behind it.
+        let entries = all.iter().enumerate().map(|(r, m)| IpcEntry::decode(r, m)).collect::<Result<Vec<_>>>()?;
+        if let Some((r, theirs)) = entries.iter().enumerate().find(|(_, e)| e.bytes != bytes as u64) {
+            return Err(EpError::InvalidArgument(format!(
+                "IpcBuffer: rank {r} allocated {} bytes but rank {} allocated {bytes}; every rank must pass the same size (same arguments on every rank?)",
+                theirs.bytes,
+                gpu.rank()
+            )));
+        }
         let mut ptrs = Vec::with_capacity(all.len());
         let mut opened = Vec::new();
-        for (r, m) in all.iter().enumerate() {
-            let theirs = IpcEntry::decode(r, m)?;
-            if theirs.bytes != bytes as u64 {
-                return Err(EpError::InvalidArgument(format!(
-                    "IpcBuffer: rank {r} allocated {} bytes but rank {} allocated {bytes}; every rank must pass the same size (same arguments on every rank?)",
-                    theirs.bytes,
-                    gpu.rank()
-                )));
-            }
+        for (r, theirs) in entries.iter().enumerate() {
             if r == comm.rank() {
                 ptrs.push(local.ptr());
                 continue;
@@ -265,7 +267,7 @@ impl IpcBuffer {
             let mut p = 0;
             // SAFETY: handle from a peer process; flag 1 = CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
             let res = unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, 1) };
-            if let Err(e) = check(res, || open_failure_context(gpu.rank(), &mine, r, &theirs)) {
+            if let Err(e) = check(res, || open_failure_context(gpu.rank(), &mine, r, theirs)) {
                 for q in opened {
                     // SAFETY: opened above.
                     unsafe { sys::cuIpcCloseMemHandle(q) };
