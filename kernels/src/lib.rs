@@ -2,6 +2,7 @@
 //!
 //! Module map (see `docs/architecture.md`):
 //! - [`error`]: error type and the GPU diagnostic record (rank / phase / channel on timeout).
+//! - [`hash`]: FNV-1a, the hash every rank and build computes alike (cross-rank comparisons, seeds).
 //! - [`cubins`]: the embedded cubins (sm_90a, sm_100a, sm_103a) and their build manifest (from
 //!   `build.rs`); [`arch`]: the GPU architectures, their GPUs and the untested-architecture warning.
 //! - [`reference`](mod@reference): the CPU oracle of the dispatch/combine contract (pure Rust).
@@ -31,6 +32,7 @@
 //! `low_latency::LowLatencyBuffer::fill_outputs`, `internode::InternodeBuffer::set_output_poison`).
 
 pub mod error;
+pub mod hash;
 pub use error::{EpError, Result};
 pub mod common;
 pub mod config;

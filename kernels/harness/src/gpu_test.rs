@@ -6,6 +6,7 @@
 
 use crate::cases::{Case, Ctx, Skip};
 use deepep_kernels::error::EpError;
+use deepep_kernels::hash::fnv1a;
 use deepep_kernels::runtime::{Comm, Gpu};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -37,11 +38,7 @@ impl Totals {
 
 fn case_seed(seed: u64, name: &str, iteration: usize) -> u64 {
     // FNV-1a of the name, mixed with the run seed and the repetition.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    seed ^ h.rotate_left(17) ^ (iteration as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    seed ^ fnv1a(name.as_bytes()).rotate_left(17) ^ (iteration as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Verdict of one rank for one case: `ok`, or an error message; `fatal` when this rank's GPU

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{EpError, Result};
+use crate::hash::fnv1a;
 
 /// SONAME of the host library.
 pub const HOST_LIB_NAME: &str = "libnvshmem_host.so.3";
@@ -573,11 +574,6 @@ pub struct Nvshmem {
     bootstrap: Bootstrap,
 }
 
-fn short_hash(bytes: &[u8]) -> u64 {
-    // FNV-1a: enough to compare the unique id across rank logs.
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
-}
-
 impl Nvshmem {
     /// Initialize NVSHMEM on this process. The rank's CUDA context must already be current on
     /// the calling thread (NVSHMEM binds to the current device). Collective over all ranks.
@@ -638,7 +634,7 @@ impl Nvshmem {
                     )));
                 }
                 *uid = UniqueId::from_bytes(&bytes)?;
-                tracing::debug!(rank, world, uid_hash = format!("{:016x}", short_hash(&bytes)), "NVSHMEM unique id");
+                tracing::debug!(rank, world, uid_hash = format!("{:016x}", fnv1a(&bytes)), "NVSHMEM unique id");
                 let mut attr = InitAttr::new();
                 // SAFETY: stores a pointer to `uid` in `attr`; `uid` (boxed) outlives init below.
                 let rc = unsafe { (api.set_attr_uniqueid_args)(rank as c_int, world as c_int, &*uid, &mut attr) };
