@@ -29,6 +29,16 @@ def run(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
 
 
+def record_from_log(tmp_path, subcommand, log, text, *args):
+    """Writes TEXT to tmp_path/LOG, runs `results.py SUBCOMMAND LOG ARGS... --out tmp_path`, which
+    must succeed, and returns the record it wrote (validated) and the path it printed."""
+    (tmp_path / log).write_text(text)
+    p = run(subcommand, str(tmp_path / log), *args, "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    path = p.stdout.strip()
+    return results.validate(path), path
+
+
 def record(kind="gpu-tests", date="2026-12-03", **over):
     r = {"schema": 2, "kind": kind, "date": date, "commit": COMMIT,
          "machine": "1x NVIDIA H200 (driver 580.159.04), CUDA 13.0", "machine_kind": "1xH200",
@@ -291,12 +301,9 @@ ours    test_low_latency.py        4  FAIL(1)       10  ours-test_low_latency-4.
 
 
 def test_a_record_from_the_pytest_logs_of_gpu_run(tmp_path):
-    (tmp_path / "gpu-ranks8.log").write_text(PYTEST_LOG)
-    p = run("from-pytest", str(tmp_path / "gpu-ranks8.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
-            "--command", "python/scripts/gpu-run.sh target/wheels 8", "--date", "2026-12-03", "--slug", "h200",
-            "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    rec = results.validate(p.stdout.strip())
+    rec, _ = record_from_log(tmp_path, "from-pytest", "gpu-ranks8.log", PYTEST_LOG, "--commit", COMMIT,
+                             "--machine", "1x NVIDIA H200", "--command", "python/scripts/gpu-run.sh target/wheels 8",
+                             "--date", "2026-12-03", "--slug", "h200")
     assert [(r["suite"], r["ranks"], r["status"], r["first_error"]) for r in rec["results"]] == [
         ("python/tests/gpu::test_intranode_layout_dispatch_combine", 8, "fail",
          "AssertionError: the arena (30971904 bytes) never filled in 32 dispatches of 197 rows"),
@@ -344,11 +351,9 @@ WARNING  torch.multiprocessing.spawn:spawn.py:165 Terminating process 17937 via 
 
 
 def test_a_failed_rows_error_is_the_first_ranks_traceback_not_the_one_spawn_reported(tmp_path):
-    (tmp_path / "gpu-ranks2.log").write_text(SPAWN_LOG)
-    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H100 80GB HBM3",
-            "--command", "python/scripts/gpu-run.sh target/wheels 2", "--date", "2026-12-07", "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    rec = results.validate(p.stdout.strip())
+    rec, _ = record_from_log(tmp_path, "from-pytest", "gpu-ranks2.log", SPAWN_LOG, "--commit", COMMIT,
+                             "--machine", "1x NVIDIA H100 80GB HBM3", "--command", "python/scripts/gpu-run.sh target/wheels 2",
+                             "--date", "2026-12-07")
     assert [(r["suite"], r["status"], r["first_error"]) for r in rec["results"]] == [
         ("python/tests/gpu::test_deepep_semantics_handles_without_topk_zero_copy", "fail",
          "RuntimeError: CUDA error in rank 1: opening rank 0's IPC buffer: CUDA_ERROR_NOT_PERMITTED: operation not permitted"),
@@ -356,12 +361,10 @@ def test_a_failed_rows_error_is_the_first_ranks_traceback_not_the_one_spawn_repo
 
 
 def test_a_record_from_the_summary_of_deepep_conformance(tmp_path):
-    (tmp_path / "summary.txt").write_text(SUMMARY)
-    p = run("from-conformance", str(tmp_path / "summary.txt"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
-            "--command", "python/scripts/deepep-conformance.sh ...", "--date", "2026-12-03", "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    rec = results.validate(p.stdout.strip())
-    assert rec["kind"] == "conformance" and p.stdout.strip().endswith("2026-12-03-conformance-run.json")
+    rec, path = record_from_log(tmp_path, "from-conformance", "summary.txt", SUMMARY, "--commit", COMMIT,
+                                "--machine", "1x NVIDIA H200", "--command", "python/scripts/deepep-conformance.sh ...",
+                                "--date", "2026-12-03")
+    assert rec["kind"] == "conformance" and path.endswith("2026-12-03-conformance-run.json")
     assert [(r["suite"], r["ranks"], r["status"], r["seconds"], r["first_error"]) for r in rec["results"]] == [
         ("ours: test_low_latency.py", 2, "pass", 24.0, None),
         ("ours: test_internode.py, 2 emulated hosts x 8 ranks", 16, "pass", 183.0, None),
@@ -615,11 +618,8 @@ def test_new_and_from_conformance_express_v2_suites_and_bench_figures(tmp_path):
 
 def test_from_pytest_marks_a_run_with_deselected_tests_as_a_part(tmp_path):
     log = "collected 15 items / 14 deselected / 1 selected\n" + PYTEST_LOG.splitlines()[1] + "\n"
-    (tmp_path / "gpu-ranks2.log").write_text(log)
-    p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--commit", COMMIT, "--machine", "1x NVIDIA H200",
-            "--command", "PYTEST_ARGS='-k hooks' python/scripts/gpu-run.sh W 2", "--date", "2026-12-03", "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    rec = results.validate(p.stdout.strip())
+    rec, _ = record_from_log(tmp_path, "from-pytest", "gpu-ranks2.log", log, "--commit", COMMIT, "--machine", "1x NVIDIA H200",
+                             "--command", "PYTEST_ARGS='-k hooks' python/scripts/gpu-run.sh W 2", "--date", "2026-12-03")
     assert rec["runs"] == [{"suite": "python/tests/gpu", "part": "1 of 15 tests selected (pytest -k/-m)", "ranks": [2]}]
     p = run("from-pytest", str(tmp_path / "gpu-ranks2.log"), "--part", "-k hooks", "--commit", COMMIT, "--machine", "1x NVIDIA H200",
             "--command", "c", "--date", "2026-12-03", "--slug", "named", "--out", str(tmp_path))
